@@ -1,0 +1,16 @@
+"""Neuron importance for PyTorch classifiers: scores, pruning curves and a degeneracy check.
+
+    import attribution as at
+    at.list_layers(model, example_input)
+    at.neuron_scores(model, "fc2", inputs, targets, method="gradient")        # [N, n_neurons]
+    at.cluster_scores(model, "fc2", inputs, targets, clusters, reduce="mean_abs")
+"""
+from .errors import AttributionError
+from .layers import LayerInfo, list_layers
+from .methods import METHODS
+from .scores import REDUCTIONS, cluster_scores, neuron_scores
+
+__all__ = [
+    "AttributionError", "LayerInfo", "METHODS", "REDUCTIONS", "cluster_scores",
+    "list_layers", "neuron_scores",
+]

@@ -1,0 +1,76 @@
+"""Temporary changes to a shared model that never outlive a call.
+
+A Streamlit server shares one cached model between sessions (threads), so every change
+made here is either thread-bound (hooks) or reference-counted (eval mode).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+_MODE_LOCK = threading.Lock()
+_MODE_USERS: dict[int, tuple[int, list[tuple[nn.Module, bool]]]] = {}
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put `model` in eval mode; restore every submodule's own mode when the last user leaves.
+
+    Concurrent users of the same model share one eval period, so no thread sees another's
+    restore of train mode in the middle of its computation.
+    """
+    key = id(model)
+    with _MODE_LOCK:
+        count, saved = _MODE_USERS.get(key, (0, None))
+        if count == 0:
+            saved = [(module, module.training) for module in model.modules()]
+            model.eval()
+        _MODE_USERS[key] = (count + 1, saved)
+    try:
+        yield model
+    finally:
+        with _MODE_LOCK:
+            count, saved = _MODE_USERS[key]
+            if count == 1:
+                del _MODE_USERS[key]
+                for module, was_training in saved:
+                    module.training = was_training
+            else:
+                _MODE_USERS[key] = (count - 1, saved)
+
+
+ForwardHook = Callable[[nn.Module, tuple, object], object]
+
+
+@contextlib.contextmanager
+def forward_hooks(hooks: dict[nn.Module, ForwardHook]) -> Iterator[None]:
+    """Register forward hooks that act only for the calling thread; remove them in `finally`.
+
+    Another thread running the same module meanwhile sees its ordinary output.
+    """
+    owner = threading.get_ident()
+
+    def bind(hook: ForwardHook) -> ForwardHook:
+        def thread_bound(module, args, output):
+            if threading.get_ident() != owner:
+                return None
+            return hook(module, args, output)
+        return thread_bound
+
+    handles = []
+    try:
+        for module, hook in hooks.items():
+            handles.append(module.register_forward_hook(bind(hook)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def leaf_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy of `tensor` that requires grad (an autograd leaf)."""
+    return tensor.detach().clone().requires_grad_(True)

@@ -1,0 +1,242 @@
+"""The registry of neuron-scoring methods: one signature, one decorator line per method.
+
+A method maps one batch to per-neuron scores: [B, n_neurons], or [B, n_classes, n_neurons]
+when `batch.targets == "all"`. For conv layers a neuron is a channel: per-position scores are
+summed over spatial positions (the effect of the whole channel), except `activation`, which
+is averaged; `ablation` zeroes the whole channel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import numpy as np
+import torch
+
+from .split import LayerRunner
+
+Targets = Union[torch.Tensor, str, None]  # LongTensor [B], "all", or None (= predicted class)
+
+
+@dataclass
+class Batch:
+    """What a method sees: the runner for the layer and one batch of work.
+
+    Attributes:
+        runner: runs the model around the layer.
+        x: inputs [B, ...] on the model's device.
+        targets: LongTensor [B], None (predicted class) or "all".
+        n_steps: integration steps for path methods.
+        start: index of the batch's first sample in the whole dataset.
+        seed: seed for the `random` method.
+        max_rows: rows per stacked pass when variants are batched.
+    """
+
+    runner: LayerRunner
+    x: torch.Tensor
+    targets: Targets
+    n_steps: int
+    start: int
+    seed: int
+    max_rows: int
+
+
+ScoringFunction = Callable[[Batch], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    function: ScoringFunction
+    summary: str
+
+
+REGISTRY: dict[str, Method] = {}
+
+
+def register(name: str, summary: str) -> Callable[[ScoringFunction], ScoringFunction]:
+    """Add a scoring function to the registry under `name`."""
+    def add(function: ScoringFunction) -> ScoringFunction:
+        REGISTRY[name] = Method(name, function, summary)
+        return function
+    return add
+
+
+def _reduce_spatial(scores: torch.Tensor, neuron_dim: int, how: str) -> torch.Tensor:
+    """Collapse the dims after `neuron_dim` (spatial positions of a conv channel)."""
+    if scores.dim() <= neuron_dim + 1:
+        return scores
+    dims = tuple(range(neuron_dim + 1, scores.dim()))
+    return scores.sum(dims) if how == "sum" else scores.mean(dims)
+
+
+def _resolve_targets(targets: Targets, logits: torch.Tensor) -> Targets:
+    """LongTensor [B] or "all"; None becomes the predicted class."""
+    if targets is None:
+        return logits.argmax(1)
+    return targets
+
+
+def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch.Tensor:
+    """Target logits: [R*B] for class ids (repeated over R stacked variants), [R*B, C] for all."""
+    if isinstance(targets, str):
+        return logits
+    return logits.gather(1, targets.repeat(repeats)[:, None])[:, 0]
+
+
+def _gradients(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int = 1):
+    """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes)."""
+    selected = _selected(logits, targets, repeats)
+    if not isinstance(targets, str):
+        (grad,) = torch.autograd.grad(selected.sum(), z)
+        return grad
+    n_classes = logits.shape[1]
+    one_hot = torch.eye(n_classes, dtype=logits.dtype, device=logits.device)
+    grad_outputs = one_hot[:, None, :].expand(n_classes, *logits.shape)
+    try:
+        (grad,) = torch.autograd.grad(logits, z, grad_outputs, is_grads_batched=True)
+        return grad
+    except RuntimeError:  # an op without a batching rule: one backward per class, one forward
+        return torch.stack([
+            torch.autograd.grad(logits[:, c].sum(), z, retain_graph=c < n_classes - 1)[0]
+            for c in range(n_classes)
+        ])
+
+
+def gauss_legendre(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [n], alphas [n]) of Gauss-Legendre quadrature on [0, 1], alphas ascending."""
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    return (torch.tensor(0.5 * weights, dtype=torch.float32, device=device),
+            torch.tensor(0.5 * (nodes + 1), dtype=torch.float32, device=device))
+
+
+def _classes_first(grad: torch.Tensor, targets: Targets) -> torch.Tensor:
+    """[C, B, ...] -> [B, C, ...] for "all"; unchanged otherwise."""
+    return grad.movedim(0, 1) if isinstance(targets, str) else grad
+
+
+def _with_class_axis(z: torch.Tensor, targets: Targets) -> torch.Tensor:
+    return z.unsqueeze(1) if isinstance(targets, str) else z
+
+
+def _neuron_dim(targets: Targets) -> int:
+    return 2 if isinstance(targets, str) else 1
+
+
+@register("gradient", "dF/dz: gradient of the target logit w.r.t. the layer output")
+def gradient(batch: Batch) -> torch.Tensor:
+    z, logits = batch.runner.forward_with_leaf(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    grad = _classes_first(_gradients(logits, z, targets), targets)
+    return _reduce_spatial(grad, _neuron_dim(targets), "sum")
+
+
+@register("activation", "z: the layer output itself (averaged over positions for conv)")
+def activation(batch: Batch) -> torch.Tensor:
+    z, _, logits = batch.runner.capture(batch.x)
+    scores = _reduce_spatial(z, 1, "mean")
+    if isinstance(batch.targets, str):
+        scores = scores.unsqueeze(1).expand(-1, logits.shape[1], -1)
+    return scores
+
+
+@register("gradient_x_activation", "z * dF/dz: first-order Taylor estimate of removing a neuron")
+def gradient_x_activation(batch: Batch) -> torch.Tensor:
+    z, logits = batch.runner.forward_with_leaf(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    grad = _classes_first(_gradients(logits, z, targets), targets)
+    return _reduce_spatial(_with_class_axis(z.detach(), targets) * grad,
+                           _neuron_dim(targets), "sum")
+
+
+def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
+    per_pass = max(1, max_rows // max(rows_per_step, 1))
+    for begin in range(0, n_steps, per_pass):
+        yield slice(begin, min(n_steps, begin + per_pass))
+
+
+@register("integrated_gradients",
+          "z * integral of dF/dz along 0 -> z (zero baseline at the layer)")
+def integrated_gradients(batch: Batch) -> torch.Tensor:
+    runner = batch.runner
+    z, state, logits = runner.capture(batch.x)  # the front runs once per batch
+    targets = _resolve_targets(batch.targets, logits)
+    weights, alphas = gauss_legendre(batch.n_steps, z.device)
+    n_rows = z.shape[0]
+    total = None
+    for steps in _step_chunks(batch.n_steps, n_rows, batch.max_rows):
+        shape = (-1,) + (1,) * z.dim()
+        scaled = (alphas[steps].view(shape) * z.unsqueeze(0)).flatten(0, 1).requires_grad_(True)
+        repeats = alphas[steps].numel()
+        with torch.enable_grad():
+            step_logits = runner.tail(scaled, state, repeats)
+            grad = _gradients(step_logits, scaled, targets, repeats)
+        grad = grad.unflatten(-z.dim(), (repeats, n_rows))  # [(C,) S, B, n, ...]
+        moved = grad.movedim(-z.dim() - 1, 0)  # [S, (C,) B, n, ...]
+        weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
+        total = weighted if total is None else total + weighted
+    attribution = _with_class_axis(z, targets) * _classes_first(total, targets)
+    return _reduce_spatial(attribution, _neuron_dim(targets), "sum")
+
+
+@register("conductance",
+          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)")
+def conductance(batch: Batch) -> torch.Tensor:
+    runner, x = batch.runner, batch.x
+    targets = batch.targets
+    if targets is None:
+        targets = runner.capture(x)[2].argmax(1)
+    _, alphas = gauss_legendre(batch.n_steps + 1, x.device)
+    scale_shape = (-1,) + (1,) * x.dim()
+    scaled = (alphas.view(scale_shape) * x.unsqueeze(0)).flatten(0, 1)  # [(S+1)*B, ...]
+    evals, grads = [], []
+    for steps in _step_chunks(batch.n_steps + 1, x.shape[0], batch.max_rows):
+        part = scaled[steps.start * x.shape[0]:steps.stop * x.shape[0]]
+        z, logits = runner.forward_with_leaf(part)
+        grads.append(_gradients(logits, z, targets, steps.stop - steps.start).detach())
+        evals.append(z.detach())
+    z_all = torch.cat(evals)  # [(S+1)*B, n, ...]
+    grad_all = torch.cat(grads, dim=1 if isinstance(targets, str) else 0)
+    n = x.shape[0]
+    z_steps = z_all.unflatten(0, (batch.n_steps + 1, n))
+    grad_steps = grad_all.unflatten(-z_all.dim(), (batch.n_steps + 1, n))  # [(C,) S+1, B, ...]
+    difference = z_steps[1:] - z_steps[:-1]  # [S, B, n, ...]
+    if isinstance(targets, str):
+        attribution = (difference.unsqueeze(0) * grad_steps[:, :-1]).sum(1)  # [C, B, n, ...]
+    else:
+        attribution = (difference * grad_steps[:-1]).sum(0)
+    return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum")
+
+
+@register("ablation", "F(x) - F(x with neuron zeroed): exact, one neuron at a time")
+def ablation(batch: Batch) -> torch.Tensor:
+    runner = batch.runner
+    z, state, logits = runner.capture(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    n_rows, n_neurons = z.shape[0], z.shape[1]
+    base = _selected(logits, targets)  # [B] or [B, C]
+    effects = []
+    with torch.no_grad():
+        for chunk in _step_chunks(n_neurons, n_rows, batch.max_rows):
+            neurons = torch.arange(chunk.start, chunk.stop, device=z.device)
+            variants = z.unsqueeze(0).repeat(len(neurons), *([1] * z.dim()))  # [K, B, n, ...]
+            variants[torch.arange(len(neurons)), :, neurons] = 0
+            ablated = _selected(runner.tail(variants.flatten(0, 1), state, len(neurons)),
+                                targets, len(neurons))
+            effects.append(base.unsqueeze(0) - ablated.unflatten(0, (len(neurons), n_rows)))
+    effect = torch.cat(effects)  # [n, B] or [n, B, C]
+    return effect.movedim(0, -1)  # [B, n] or [B, C, n]
+
+
+@register("random", "seeded uniform noise: the baseline every ranking must beat")
+def random(batch: Batch) -> torch.Tensor:
+    z, _, logits = batch.runner.capture(batch.x)
+    shape = (logits.shape[1], z.shape[1]) if isinstance(batch.targets, str) else (z.shape[1],)
+    rows = []
+    for index in range(batch.start, batch.start + z.shape[0]):  # per-sample seeds: batch-size free
+        generator = torch.Generator().manual_seed(batch.seed * 1_000_003 + index)
+        rows.append(torch.rand(shape, generator=generator))
+    return torch.stack(rows).to(z.device)
+
+
+METHODS: tuple[str, ...] = tuple(REGISTRY)

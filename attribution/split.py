@@ -1,0 +1,254 @@
+"""Run a model in two parts around one layer: the front (inputs -> layer output z) and the tail.
+
+Every method and the pruning code go through a `LayerRunner`:
+- `capture(x)` runs the model once without grad and returns (z, state, logits);
+- `tail(z_variants, state, repeats)` maps `repeats` stacked variants of z to logits, so many
+  masks, integration steps or ablated neurons share one pass;
+- `forward_with_leaf(x)` runs once with z an autograd leaf, for gradients w.r.t. z.
+
+`FxRunner` splits a traceable model with torch.fx, so the tail is all that re-runs; values
+that the tail reads from the front (residual inputs, branches) are carried in `state`.
+`HookRunner` works on any model by replacing the layer's output in a full forward.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from .errors import AttributionError
+from .guards import forward_hooks, leaf_like
+from .layers import run_model
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The [B, n_classes] logits from a model's output (a tensor or a 1-tuple of one)."""
+    if isinstance(output, (tuple, list)) and len(output) == 1:
+        output = output[0]
+    if not isinstance(output, torch.Tensor) or output.dim() != 2:
+        shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise AttributionError(
+            f"The model must return logits of shape [N, n_classes]; it returned {shape}. "
+            "Wrap it so forward() returns one [N, n_classes] tensor."
+        )
+    return output
+
+
+def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
+    """Stack `repeats` copies of a per-sample tensor along dim 0 (always a copy)."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        return value.repeat(repeats, *([1] * (value.dim() - 1)))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeat_batch(v, batch, repeats) for v in value)
+    return value
+
+
+class LayerRunner:
+    module: nn.Module
+
+    def capture(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One no-grad pass. Returns z [B, n, ...], state for `tail`, logits [B, C]."""
+        raise NotImplementedError
+
+    def tail(self, z: torch.Tensor, state: Any, repeats: int) -> torch.Tensor:
+        """Logits [repeats*B, C] for z [repeats*B, n, ...], variant-major (row k*B + i)."""
+        raise NotImplementedError
+
+    def forward_with_leaf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass with z an autograd leaf. Returns (z leaf [B, n, ...], logits [B, C])."""
+        raise NotImplementedError
+
+
+class HookRunner(LayerRunner):
+    """Works on any model: replaces the layer's output inside a full forward pass."""
+
+    def __init__(self, model: nn.Module, name: str, module: nn.Module):
+        self.model, self.name, self.module = model, name, module
+
+    def _run(self, x: torch.Tensor, replace) -> torch.Tensor:
+        calls = []
+
+        def hook(module, args, output):
+            calls.append(output)
+            if len(calls) > 1:
+                raise AttributionError(
+                    f"Layer {self.name!r} runs more than once per forward pass (a shared "
+                    "module); score a module that runs once, e.g. the layer feeding it."
+                )
+            if not isinstance(output, torch.Tensor) or output.dim() < 2:
+                raise AttributionError(
+                    f"Layer {self.name!r} has no neuron axis: its output is "
+                    f"{type(output).__name__}{list(getattr(output, 'shape', []))}. "
+                    "Pick a layer from list_layers()."
+                )
+            return replace(output)
+
+        with forward_hooks({self.module: hook}):
+            logits = logits_of(run_model(self.model, x))
+        if not calls:
+            raise AttributionError(f"Layer {self.name!r} did not run in the forward pass; "
+                                   "pick a layer from list_layers().")
+        return logits
+
+    def capture(self, x):
+        captured = {}
+
+        def keep(output):
+            captured["z"] = output.detach().clone()
+            return None
+
+        with torch.no_grad():
+            logits = self._run(x, keep)
+        return captured["z"], x, logits
+
+    def tail(self, z, state, repeats):
+        x = _repeat_batch(state, state.shape[0], repeats)
+
+        def swap(output):
+            if output.shape != z.shape:
+                raise AttributionError(f"Internal shape mismatch at layer {self.name!r}.")
+            return z.clone() if z.requires_grad else z
+
+        return self._run(x, swap)
+
+    def forward_with_leaf(self, x):
+        captured = {}
+
+        def to_leaf(output):
+            torch.set_grad_enabled(True)  # the part before the layer ran without a graph
+            captured["z"] = leaf_like(output)
+            return captured["z"].clone()
+
+        with torch.no_grad():
+            logits = self._run(x, to_leaf)
+        return captured["z"], logits
+
+
+class _LayerLeafTracer(fx.Tracer):
+    """Traces through custom modules but keeps the chosen layer as one call_module node."""
+
+    def __init__(self, layer_name: str):
+        super().__init__()
+        self.layer_name = layer_name
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        if qualified_name == self.layer_name:
+            return True
+        if self.layer_name.startswith(qualified_name + "."):
+            return False
+        return super().is_leaf_module(module, qualified_name)
+
+
+def _graph_of(model: nn.Module, name: str) -> fx.Graph:
+    graph = getattr(model, "graph", None)
+    if isinstance(graph, fx.Graph):  # GraphModule, or torch.export's UnflattenedModule
+        return graph
+    return _LayerLeafTracer(name).trace(model)
+
+
+class FxRunner(LayerRunner):
+    """Splits the model's fx graph at the layer; the tail re-runs alone on stacked variants."""
+
+    def __init__(self, model: nn.Module, name: str, module: nn.Module):
+        self.model, self.name, self.module = model, name, module
+        graph = _graph_of(model, name)
+        nodes = list(graph.nodes)
+        layer_nodes = [n for n in nodes if n.op == "call_module" and n.target == name]
+        if len(layer_nodes) != 1:
+            raise ValueError(f"layer appears {len(layer_nodes)} times in the graph")
+        cut = nodes.index(layer_nodes[0]) + 1
+        front, tail = nodes[:cut], nodes[cut:]
+        tail_set = set(tail)
+        live = [layer_nodes[0]] + [
+            n for n in front[:-1] if any(user in tail_set for user in n.users)
+        ]
+
+        front_graph, env = fx.Graph(), {}
+        for node in front:
+            env[node] = front_graph.node_copy(node, lambda arg: env[arg])
+        front_graph.output(tuple(env[n] for n in live))
+
+        tail_graph = fx.Graph()
+        env = {node: tail_graph.placeholder(f"live_{i}") for i, node in enumerate(live)}
+        for node in tail:
+            if node.op == "output":
+                tail_graph.output(fx.map_arg(node.args[0], lambda arg: env[arg]))
+            else:
+                env[node] = tail_graph.node_copy(node, lambda arg: env[arg])
+        self.front = fx.GraphModule(model, front_graph)
+        self.back = fx.GraphModule(model, tail_graph)
+
+    def _front(self, x):
+        try:
+            return self.front(x)
+        except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
+            run_model(self.model, x)  # re-raise the model's own message as AttributionError
+            raise error
+
+    def capture(self, x):
+        with torch.no_grad():
+            z, *saved = self._front(x)
+            state = (saved, x.shape[0])
+            logits = self.tail(z, state, 1)
+        return z, state, logits
+
+    def tail(self, z, state, repeats):
+        saved, batch = state
+        saved = _repeat_batch(saved, batch, repeats)
+        if z.requires_grad and z.is_leaf:
+            z = z.clone()  # in-place ops after the layer must not touch the leaf
+        return logits_of(self.back(z, *saved))
+
+    def forward_with_leaf(self, x):
+        with torch.no_grad():
+            z, *saved = self._front(x)
+        leaf = leaf_like(z)
+        with torch.enable_grad():
+            logits = self.tail(leaf, (saved, x.shape[0]), 1)
+        return leaf, logits
+
+
+def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
+    """Does `runner` reproduce the model's logits, alone and with two stacked variants?"""
+    with torch.no_grad():
+        reference = logits_of(run_model(model, x))
+        z, state, logits = runner.capture(x)
+        doubled = runner.tail(torch.cat([z, z]), state, 2)
+    tolerance = 1e-4 * (1 + reference.abs().max().item())
+    return (logits.shape == reference.shape and doubled.shape[0] == 2 * x.shape[0]
+            and torch.allclose(logits, reference, rtol=1e-4, atol=tolerance)
+            and torch.allclose(doubled, reference.repeat(2, 1), rtol=1e-4, atol=tolerance))
+
+
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, dict[str, LayerRunner]]" = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) -> LayerRunner:
+    """The fastest runner that reproduces the model on `x` (cached per model and layer).
+
+    Call inside `eval_mode(model)`.
+    """
+    with _CACHE_LOCK:
+        cached = _CACHE.get(model, {}).get(name)
+    if cached is not None and cached.module is module:
+        return cached
+    runner: LayerRunner
+    try:
+        runner = FxRunner(model, name, module)
+        if not _agrees(runner, model, x):
+            runner = HookRunner(model, name, module)
+    except AttributionError:
+        raise
+    except Exception:  # untraceable forward (data-dependent control flow, ...): use hooks
+        runner = HookRunner(model, name, module)
+    if isinstance(runner, HookRunner):
+        with torch.no_grad():
+            runner.capture(x)  # surfaces "runs twice" / "no neuron axis" errors now
+    with _CACHE_LOCK:
+        _CACHE.setdefault(model, {})[name] = runner
+    return runner
