@@ -87,10 +87,13 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
 def _gradients(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int = 1):
     """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes)."""
     selected = _selected(logits, targets, repeats)
+    n_classes = logits.shape[1]
+    if not selected.requires_grad:  # the logits do not depend on this layer at all
+        zeros = torch.zeros_like(z)
+        return zeros if not isinstance(targets, str) else zeros.expand(n_classes, *z.shape)
     if not isinstance(targets, str):
         (grad,) = torch.autograd.grad(selected.sum(), z)
         return grad
-    n_classes = logits.shape[1]
     one_hot = torch.eye(n_classes, dtype=logits.dtype, device=logits.device)
     grad_outputs = one_hot[:, None, :].expand(n_classes, *logits.shape)
     try:

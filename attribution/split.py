@@ -246,9 +246,13 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
         raise
     except Exception:  # untraceable forward (data-dependent control flow, ...): use hooks
         runner = HookRunner(model, name, module)
-    if isinstance(runner, HookRunner):
-        with torch.no_grad():
-            runner.capture(x)  # surfaces "runs twice" / "no neuron axis" errors now
+    with torch.no_grad():
+        z = runner.capture(x)[0]  # a HookRunner raises "runs twice" here
+    if z.dim() < 2:
+        raise AttributionError(
+            f"Layer {name!r} has no neuron axis: its output has shape {list(z.shape)}. "
+            "Pick a layer from list_layers()."
+        )
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner
     return runner

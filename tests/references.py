@@ -1,0 +1,84 @@
+"""Slow, obviously-correct references: one sample, one neuron, one step at a time."""
+import contextlib
+
+import torch
+
+from attribution.methods import gauss_legendre
+
+
+@contextlib.contextmanager
+def replaced_output(module, make_output):
+    """Temporarily replace `module`'s output with make_output(original)."""
+    handle = module.register_forward_hook(lambda mod, args, out: make_output(out))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def layer_output(model, module, x):
+    store = {}
+    with torch.no_grad(), replaced_output(module, lambda out: store.setdefault("z", out.clone())):
+        model(x)
+    return store["z"]
+
+
+def _per_neuron(t):
+    """[n, *spatial] -> [n]: a conv channel's positions are summed."""
+    return t.flatten(1).sum(1) if t.dim() > 1 else t
+
+
+def integrated_gradients(model, module, x, targets, n_steps):
+    """z * sum_k w_k dF/dz(alpha_k z), one sample and one step at a time. [N, n_neurons]"""
+    weights, alphas = gauss_legendre(n_steps)
+    rows = []
+    for i in range(x.shape[0]):
+        z = layer_output(model, module, x[i:i + 1])
+        total = torch.zeros_like(z)
+        for weight, alpha in zip(weights, alphas):
+            leaf = (alpha * z).requires_grad_(True)
+            with replaced_output(module, lambda out: leaf * 1):
+                logit = model(x[i:i + 1])[0, targets[i]]
+            (grad,) = torch.autograd.grad(logit, leaf)
+            total += weight * grad
+        rows.append(_per_neuron((z * total)[0]))
+    return torch.stack(rows)
+
+
+def ablation(model, module, x, targets):
+    """F(x) - F(x with neuron j zeroed), one sample and one neuron at a time. [N, n_neurons]"""
+    rows = []
+    with torch.no_grad():
+        for i in range(x.shape[0]):
+            base = model(x[i:i + 1])[0, targets[i]]
+            n_neurons = layer_output(model, module, x[i:i + 1]).shape[1]
+            effects = []
+            for j in range(n_neurons):
+                def zero_j(out, j=j):
+                    out = out.clone()
+                    out[:, j] = 0
+                    return out
+                with replaced_output(module, zero_j):
+                    effects.append(base - model(x[i:i + 1])[0, targets[i]])
+            rows.append(torch.stack(effects))
+    return torch.stack(rows)
+
+
+def per_sample_gradient(model, module, x, targets):
+    """dF/dz for each sample with its own forward/backward (the correct hand-written loop)."""
+    rows = []
+    for i in range(x.shape[0]):
+        store = {}
+
+        def keep(mod, args, out):
+            store["z"] = out
+            return out.clone()  # an in-place op after the layer must not overwrite z
+
+        handle = module.register_forward_hook(keep)
+        try:
+            logit = model(x[i:i + 1].clone().requires_grad_(True))[0, targets[i]]
+        finally:
+            handle.remove()
+        (grad,) = torch.autograd.grad(logit, store["z"])
+        rows.append(_per_neuron(grad[0]))
+    return torch.stack(rows)

@@ -1,0 +1,447 @@
+"""The engine: every registered method, against independent references and invariants."""
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from captum.attr import LayerActivation, LayerConductance, LayerGradientXActivation
+from torch import nn
+
+import attribution as at
+from attribution.split import FxRunner, HookRunner, runner_for
+from attribution.guards import eval_mode
+from attribution.methods import gauss_legendre
+
+from . import references
+from .zoo import ThreeBranchNet, build
+
+ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
+LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
+          "branching": ["left.0", "right.0"], "untraceable": ["fc1"]}
+CASES = [(arch, layer) for arch in ARCHITECTURES for layer in LAYERS[arch]]
+
+
+@pytest.fixture(params=at.METHODS)
+def method(request):
+    return request.param
+
+
+def captum_scores(model, module, x, targets, method, n_steps=32):
+    """Captum's per-position attribution reduced to one value per neuron (our convention)."""
+    if method == "gradient":
+        result = LayerGradientXActivation(model, module, multiply_by_inputs=False).attribute(x, target=targets)
+    elif method == "gradient_x_activation":
+        result = LayerGradientXActivation(model, module).attribute(x, target=targets)
+    elif method == "activation":
+        # Captum's LayerActivation keeps the live output tensor, which an in-place ReLU after
+        # the layer (fc2 -> ReLU(inplace=True) here) overwrites; it matches wherever nothing does.
+        result = LayerActivation(model, module).attribute(x)
+        if any(getattr(m, "inplace", False) for m in model.modules()):
+            result = references.layer_output(model, module, x)
+        return result.flatten(2).mean(2) if result.dim() > 2 else result
+    elif method == "conductance":
+        result = LayerConductance(model, module).attribute(x, target=targets, n_steps=n_steps)
+    else:
+        raise KeyError(method)
+    return result.detach().flatten(2).sum(2) if result.dim() > 2 else result.detach()
+
+
+# ---------------------------------------------------------------- independent references
+
+@pytest.mark.parametrize("arch,layer", CASES)
+@pytest.mark.parametrize("name", ["gradient", "activation", "gradient_x_activation", "conductance"])
+def test_matches_captum(arch, layer, name):
+    model, x, y = build(arch)
+    module = dict(model.named_modules())[layer]
+    ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16)
+    expected = captum_scores(model, module, x, y, name, n_steps=16)
+    torch.testing.assert_close(ours, expected.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,layer", CASES)
+def test_integrated_gradients_matches_per_sample_loop(arch, layer):
+    model, x, y = build(arch)
+    x, y = x[:6], y[:6]
+    module = dict(model.named_modules())[layer]
+    ours = at.neuron_scores(model, layer, x, y, "integrated_gradients", n_steps=8, batch_size=4)
+    expected = references.integrated_gradients(model, module, x, y, n_steps=8)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,layer", CASES)
+def test_ablation_matches_per_sample_per_neuron_loop(arch, layer):
+    model, x, y = build(arch)
+    x, y = x[:8], y[:8]
+    module = dict(model.named_modules())[layer]
+    ours = at.neuron_scores(model, layer, x, y, "ablation", batch_size=3)
+    expected = references.ablation(model, module, x, y)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,layer", CASES)
+def test_gradient_matches_correct_hand_written_loop(arch, layer):
+    model, x, y = build(arch)
+    module = dict(model.named_modules())[layer]
+    expected = references.per_sample_gradient(model, module, x[:10], y[:10])
+    torch.testing.assert_close(at.neuron_scores(model, layer, x[:10], y[:10]), expected,
+                               rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,layer", [("residual_mlp", "fc2"), ("residual_conv", "conv2")])
+def test_integrated_gradients_completeness(arch, layer):
+    """sum_j IG_j = F(x) - F(x with the layer output set to 0), up to quadrature error."""
+    model, x, y = build(arch)
+    module = dict(model.named_modules())[layer]
+    scores = at.neuron_scores(model, layer, x, y, "integrated_gradients", n_steps=64)
+    with torch.no_grad():
+        full = model(x).gather(1, y[:, None])[:, 0]
+        with references.replaced_output(module, torch.zeros_like):
+            zeroed = model(x).gather(1, y[:, None])[:, 0]
+    torch.testing.assert_close(scores.sum(1), full - zeroed, rtol=1e-3, atol=2e-3)
+
+
+def test_hand_set_weights_give_literal_scores():
+    """z = x (identity), F_1 = 3 relu(z_0) + 4 relu(z_1): at x = (1, -1) everything is exact."""
+    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.ReLU(), nn.Linear(2, 2, bias=False))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(2))
+        model[2].weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    x, y = torch.tensor([[1.0, -1.0]]), torch.tensor([1])
+    expected = {
+        "gradient": [3.0, 0.0],
+        "activation": [1.0, -1.0],
+        "gradient_x_activation": [3.0, 0.0],
+        "integrated_gradients": [3.0, 0.0],
+        "ablation": [3.0, 0.0],
+    }
+    for name, values in expected.items():
+        torch.testing.assert_close(at.neuron_scores(model, "0", x, y, name),
+                                   torch.tensor([values]), msg=name)
+    # Captum's conductance integrates over the Gauss-Legendre nodes alpha_0 .. alpha_S, which
+    # stop short of 0 and 1, so it recovers 3 * (alpha_S - alpha_0) rather than exactly 3.
+    _, alphas = gauss_legendre(33)
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "conductance", n_steps=32),
+                               torch.tensor([[3.0 * float(alphas[-1] - alphas[0]), 0.0]]))
+    all_classes = at.neuron_scores(model, "0", x, "all", "gradient")
+    torch.testing.assert_close(all_classes, torch.tensor([[[1.0, 0.0], [3.0, 0.0]]]))
+
+
+def test_conv_channel_conventions():
+    """A conv neuron is a channel: gradients summed over positions, activations averaged."""
+    model = nn.Sequential(nn.Conv2d(1, 2, 1, bias=False), nn.Flatten(), nn.Linear(8, 2, bias=False))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([1.0, 2.0]).view(2, 1, 1, 1))
+        model[2].weight.copy_(torch.ones(2, 8))
+    x = torch.arange(4.0).view(1, 1, 2, 2)  # positions 0, 1, 2, 3
+    y = torch.tensor([0])
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "gradient"), torch.tensor([[4.0, 4.0]]))
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "activation"), torch.tensor([[1.5, 3.0]]))
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "ablation"), torch.tensor([[6.0, 12.0]]))
+
+
+# ---------------------------------------------------------------- every registered method
+
+@pytest.mark.parametrize("arch,layer", [("residual_mlp", "fc2"), ("residual_conv", "conv1")])
+def test_every_method_shape_dtype_and_batch_size_independence(method, arch, layer):
+    model, x, y = build(arch)
+    small = at.neuron_scores(model, layer, x, y, method, batch_size=7, n_steps=8)
+    large = at.neuron_scores(model, layer, x, y, method, batch_size=64, n_steps=8)
+    n_neurons = dict(model.named_modules())[layer]
+    assert small.dtype == torch.float32 and small.device.type == "cpu"
+    assert small.shape[0] == x.shape[0]
+    torch.testing.assert_close(small, large, rtol=1e-4, atol=1e-5)
+    assert torch.isfinite(small).all()
+
+
+def test_every_method_all_classes_equals_one_class_at_a_time(method):
+    model, x, _ = build("residual_mlp")
+    every = at.neuron_scores(model, "fc2", x, "all", method, n_steps=8)
+    assert every.shape == (x.shape[0], 3, 16)
+    if method == "random":
+        assert not torch.equal(every[:, 0], every[:, 1])
+        return
+    for c in range(3):
+        one = at.neuron_scores(model, "fc2", x, torch.full((x.shape[0],), c), method, n_steps=8)
+        torch.testing.assert_close(every[:, c], one, rtol=1e-4, atol=1e-5)
+
+
+def test_every_method_predicted_class_when_targets_is_none(method):
+    model, x, _ = build("branching")
+    predicted = model(x).argmax(1)
+    torch.testing.assert_close(at.neuron_scores(model, "right.0", x, None, method, n_steps=8),
+                               at.neuron_scores(model, "right.0", x, predicted, method, n_steps=8))
+
+
+def _model_state(model):
+    return {
+        "training": [m.training for m in model.modules()],
+        "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+                     for m in model.modules()),
+        "grads": [p.grad for p in model.parameters()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "params": [p.detach().clone() for p in model.parameters()],
+        "buffers": [b.detach().clone() for b in model.buffers()],
+    }
+
+
+def _assert_same_state(before, after):
+    assert after["training"] == before["training"]
+    assert after["hooks"] == before["hooks"] == 0
+    assert all(g is None for g in after["grads"])
+    assert after["requires_grad"] == before["requires_grad"]
+    for a, b in zip(before["params"] + before["buffers"], after["params"] + after["buffers"]):
+        assert torch.equal(a, b)
+
+
+def test_every_method_leaves_model_and_inputs_untouched(method):
+    model, x, y = build("residual_conv")
+    model.train()
+    model.conv2.eval()  # mixed modes must come back exactly
+    before, x_before = _model_state(model), x.clone()
+    at.neuron_scores(model, "conv2", x, y, method, n_steps=4)
+    at.cluster_scores(model, "conv2", x, y, y.numpy() % 2, method, n_steps=4)
+    _assert_same_state(before, _model_state(model))
+    assert torch.equal(x, x_before)
+
+
+def test_every_method_interrupted_by_progress_leaves_model_untouched(method):
+    model, x, y = build("residual_mlp")
+    model.train()
+    before = _model_state(model)
+
+    def stop(fraction):
+        raise KeyboardInterrupt("user pressed stop")
+
+    with pytest.raises(KeyboardInterrupt):
+        at.neuron_scores(model, "fc2", x, y, method, batch_size=8, progress=stop)
+    with pytest.raises(KeyboardInterrupt):
+        at.cluster_scores(model, "fc2", x, y, y.numpy(), method, batch_size=8, progress=stop)
+    _assert_same_state(before, _model_state(model))
+
+
+def test_progress_reports_increasing_fractions_up_to_one():
+    model, x, y = build("residual_mlp")
+    seen = []
+    at.neuron_scores(model, "fc1", x, y, batch_size=16, progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
+
+
+def test_eval_mode_is_used_even_when_the_caller_is_in_train_mode():
+    model, x, y = build("residual_mlp")
+    expected = at.neuron_scores(model, "fc2", x, y)
+    model.train()
+    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, y), expected)
+    assert model.training and model.bn.training
+
+
+def test_threads_sharing_one_model_get_sequential_results():
+    model, x, y = build("residual_conv")
+    model.train()  # every call must still compute in eval mode, and train mode come back
+    jobs = [(layer, name) for layer in ("conv1", "conv2") for name in
+            ("gradient", "integrated_gradients", "ablation", "activation")]
+    expected = {job: at.neuron_scores(model, job[0], x, y, job[1], n_steps=8) for job in jobs}
+    results, errors = {}, []
+
+    def work(job, repeat):
+        try:
+            results[job, repeat] = at.neuron_scores(model, job[0], x, y, job[1], n_steps=8,
+                                                    batch_size=5)
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(job, r)) for r in range(3) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for (job, _), value in results.items():
+        torch.testing.assert_close(value, expected[job], rtol=1e-4, atol=1e-5)
+    assert model.training and _model_state(model)["hooks"] == 0
+
+
+def test_threads_on_the_hook_path_do_not_see_each_others_hooks():
+    model, x, y = build("untraceable")
+    with eval_mode(model):
+        assert isinstance(runner_for(model, "fc1", model.fc1, x), HookRunner)
+    expected = {name: at.neuron_scores(model, "fc1", x, y, name) for name in ("gradient", "ablation")}
+    results, barrier = [], threading.Barrier(6)
+
+    def work(name):
+        barrier.wait()
+        for _ in range(5):
+            results.append((name, at.neuron_scores(model, "fc1", x, y, name, batch_size=4)))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("gradient", "ablation") * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 30
+    for name, value in results:
+        torch.testing.assert_close(value, expected[name])
+
+
+# ---------------------------------------------------------------- runners
+
+def test_fx_runner_is_used_for_traceable_models_and_reproduces_them():
+    model, x, y = build("residual_conv")
+    with eval_mode(model):
+        runner = runner_for(model, "conv1", model.conv1, x)
+        assert isinstance(runner, FxRunner)
+        z, state, logits = runner.capture(x)
+        torch.testing.assert_close(logits, model(x))
+        stacked = runner.tail(torch.cat([z, torch.zeros_like(z)]), state, 2)
+        torch.testing.assert_close(stacked[:x.shape[0]], model(x))
+
+
+def test_exported_program_keeps_layer_names_and_scores(tmp_path):
+    model, x, y = build("residual_mlp")
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    torch.export.save(program, tmp_path / "model.pt2")
+    loaded = torch.export.unflatten(torch.export.load(tmp_path / "model.pt2"))
+    names = [info.name for info in at.list_layers(loaded, x[:2])]
+    assert {"fc1", "fc2", "out"} <= set(names)
+    for name in ("gradient", "ablation", "integrated_gradients"):
+        torch.testing.assert_close(at.neuron_scores(loaded, "fc2", x, y, name, n_steps=8),
+                                   at.neuron_scores(model, "fc2", x, y, name, n_steps=8),
+                                   rtol=1e-4, atol=1e-5)
+    with eval_mode(loaded):
+        assert isinstance(runner_for(loaded, "fc2", loaded.fc2, x), FxRunner)
+
+
+# ---------------------------------------------------------------- sanity model
+
+def test_sanity_model_ranks_the_informative_branch_first():
+    torch.manual_seed(0)
+    features = torch.randn(200, 3)
+    labels = (features[:, 1] > 0).long()
+    model = ThreeBranchNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(10):
+        for batch in torch.randperm(200).split(16):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(features[batch]), labels[batch]).backward()
+            optimizer.step()
+    importance = {
+        branch: at.neuron_scores(model, f"{branch}.0", features, labels).abs().mean().item()
+        for branch in ("branch0", "branch1", "branch2")
+    }
+    assert max(importance, key=importance.get) == "branch1", importance
+
+
+# ---------------------------------------------------------------- clusters
+
+@pytest.mark.parametrize("reduce", at.REDUCTIONS)
+def test_cluster_scores_equal_a_groupby_of_per_sample_scores(reduce):
+    model, x, y = build("residual_mlp")
+    clusters = np.array(["a", "b", "c", "d"])[np.arange(40) % 4]
+    table = at.cluster_scores(model, "fc2", x, y, clusters, "gradient_x_activation",
+                              reduce=reduce, batch_size=6)
+    per_sample = pd.DataFrame(at.neuron_scores(model, "fc2", x, y, "gradient_x_activation").numpy())
+    grouped = {"mean": per_sample.groupby(clusters).mean(),
+               "mean_abs": per_sample.abs().groupby(clusters).mean(),
+               "std": per_sample.groupby(clusters).std()}[reduce]
+    assert list(table.index) == ["a", "b", "c", "d"] and table.index.name == "cluster"
+    assert table["n"].tolist() == [10, 10, 10, 10]
+    np.testing.assert_allclose(table.drop(columns="n").to_numpy(), grouped.to_numpy(),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_cluster_scores_stream_from_an_iterable_of_batches():
+    model, x, y = build("residual_mlp")
+    clusters = y.numpy()
+    in_memory = at.cluster_scores(model, "fc1", x, y, clusters)
+    streamed = at.cluster_scores(model, "fc1", (chunk for chunk in x.split(9)), y, clusters)
+    pd.testing.assert_frame_equal(in_memory, streamed)
+
+
+def test_cluster_scores_for_all_classes_is_a_table_per_cluster():
+    model, x, _ = build("residual_mlp")
+    clusters = np.arange(40) % 2
+    table = at.cluster_scores(model, "fc2", x, "all", clusters)
+    assert table.index.names == ["cluster", "class"] and table.shape == (6, 17)
+    per_sample = at.neuron_scores(model, "fc2", x, "all")
+    np.testing.assert_allclose(table.loc[1].drop(columns="n").to_numpy(),
+                               per_sample[clusters == 1].mean(0).numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_single_sample_cluster_has_nan_std_not_a_crash():
+    model, x, y = build("residual_mlp")
+    clusters = np.zeros(40, dtype=int)
+    clusters[0] = 7
+    table = at.cluster_scores(model, "fc1", x, y, clusters, reduce="std")
+    assert table.loc[7, "n"] == 1 and table.loc[7].drop("n").isna().all()
+
+
+# ---------------------------------------------------------------- errors a user can cause
+
+def test_unknown_layer_lists_the_valid_names():
+    model, x, y = build("residual_mlp")
+    with pytest.raises(at.AttributionError, match="Valid layer names: fc1, bn, act, fc2"):
+        at.neuron_scores(model, "fc3", x, y)
+
+
+def test_unknown_method_lists_the_methods():
+    model, x, y = build("residual_mlp")
+    with pytest.raises(at.AttributionError, match="Methods: gradient, activation"):
+        at.neuron_scores(model, "fc1", x, y, "saliency")
+
+
+def test_targets_out_of_range_and_of_the_wrong_type():
+    model, x, y = build("residual_mlp")
+    with pytest.raises(at.AttributionError, match=r"0\.\.2"):
+        at.neuron_scores(model, "fc1", x, torch.full((40,), 3))
+    with pytest.raises(at.AttributionError, match="LongTensor"):
+        at.neuron_scores(model, "fc1", x, y.float())
+    with pytest.raises(at.AttributionError, match="LongTensor"):
+        at.neuron_scores(model, "fc1", x, y.tolist())
+    with pytest.raises(at.AttributionError, match="40 samples"):
+        at.neuron_scores(model, "fc1", x, y[:5])
+
+
+def test_inputs_the_model_cannot_take_include_the_models_message():
+    model, x, y = build("residual_mlp")
+    with pytest.raises(at.AttributionError, match=r"shape \[40, 7\].*mat1 and mat2"):
+        at.neuron_scores(model, "fc1", x[:, :7], y)
+
+
+def test_layer_without_a_neuron_axis_and_a_layer_that_runs_twice():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.shared = nn.ReLU()
+            self.total = nn.Flatten(0)
+
+        def forward(self, x):
+            h = self.shared(self.shared(self.fc(x)))
+            self.total(h)  # a 1-D output that the head does not use
+            return h
+
+    model, x = Odd(), torch.randn(5, 4)
+    assert [info.name for info in at.list_layers(model, x)] == ["fc"]
+    with pytest.raises(at.AttributionError, match="more than once"):
+        at.neuron_scores(model, "shared", x)
+    with pytest.raises(at.AttributionError, match="no neuron axis"):
+        at.neuron_scores(model, "total", x)
+
+
+def test_non_finite_scores_are_not_hidden():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].weight.fill_(float("inf"))
+    scores = at.neuron_scores(model, "0", torch.ones(3, 2), torch.zeros(3, dtype=torch.long))
+    assert not torch.isfinite(scores).all()
+
+
+def test_list_layers_reports_names_kinds_and_shapes():
+    model, x, _ = build("residual_conv")
+    layers = at.list_layers(model, x[:2])
+    assert [(l.name, l.kind, l.n_neurons, l.shape) for l in layers] == [
+        ("conv1", "Conv2d", 6, (6, 6, 6)), ("bn1", "BatchNorm2d", 6, (6, 6, 6)),
+        ("relu", "ReLU", 6, (6, 6, 6)), ("conv2", "Conv2d", 6, (6, 6, 6)),
+        ("relu2", "ReLU", 6, (6, 6, 6)), ("head", "Linear", 4, (4,)),
+    ]
+    assert _model_state(model)["hooks"] == 0
