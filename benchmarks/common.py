@@ -1,0 +1,58 @@
+"""Shared benchmark helpers: a digits MLP, and timings interleaved so noise hits all alike."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+
+def digits_mlp(repeat: int = 6, seed: int = 0):
+    """(model, inputs [~10k, 64], labels): an MLP 64-128-64-10 trained briefly on digits."""
+    torch.manual_seed(seed)
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target, dtype=torch.long)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                          nn.Linear(64, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(15):
+        for batch in torch.randperm(len(x)).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    model.eval()
+    return model, x.repeat(repeat, 1), y.repeat(repeat)
+
+
+def interleaved_medians(candidates: dict[str, Callable[[], object]], repeats: int = 5
+                        ) -> dict[str, float]:
+    """Median seconds of each candidate, run round-robin so machine noise is shared."""
+    for run in candidates.values():  # warm-up (tracing, allocator, caches)
+        run()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def report(title: str, medians: dict[str, float], reference: str) -> None:
+    """Print each median and its ratio to `reference` (ratio > 1: slower than reference)."""
+    print(f"\n{title}")
+    base = medians[reference]
+    for name, seconds in medians.items():
+        print(f"  {name:<48} {seconds * 1000:10.1f} ms   {seconds / base:8.2f}x of {reference}")
+
+
+def batches(x: torch.Tensor, size: int):
+    return [x[i:i + size] for i in range(0, len(x), size)]
+
+
+__all__ = ["digits_mlp", "interleaved_medians", "report", "batches", "np"]
