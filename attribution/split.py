@@ -48,7 +48,14 @@ def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
 
 
 class LayerRunner:
-    module: nn.Module
+    """Base of the runners; holds the model weakly so the runner cache never keeps it alive."""
+
+    def __init__(self, model: nn.Module, name: str, module: nn.Module):
+        self._model, self.name, self.module = weakref.ref(model), name, module
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model()
 
     def capture(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
         """One no-grad pass. Returns z [B, n, ...], state for `tail`, logits [B, C]."""
@@ -65,9 +72,6 @@ class LayerRunner:
 
 class HookRunner(LayerRunner):
     """Works on any model: replaces the layer's output inside a full forward pass."""
-
-    def __init__(self, model: nn.Module, name: str, module: nn.Module):
-        self.model, self.name, self.module = model, name, module
 
     def _run(self, x: torch.Tensor, replace) -> torch.Tensor:
         calls = []
@@ -154,7 +158,7 @@ class FxRunner(LayerRunner):
     """Splits the model's fx graph at the layer; the tail re-runs alone on stacked variants."""
 
     def __init__(self, model: nn.Module, name: str, module: nn.Module):
-        self.model, self.name, self.module = model, name, module
+        super().__init__(model, name, module)
         graph = _graph_of(model, name)
         nodes = list(graph.nodes)
         layer_nodes = [n for n in nodes if n.op == "call_module" and n.target == name]

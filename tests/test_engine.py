@@ -311,6 +311,18 @@ def test_exported_program_keeps_layer_names_and_scores(tmp_path):
         assert isinstance(runner_for(loaded, "fc2", loaded.fc2, x), FxRunner)
 
 
+def test_cached_runners_do_not_keep_a_model_alive():
+    import gc
+    import weakref
+
+    model, x, y = build("residual_mlp")
+    at.neuron_scores(model, "fc2", x, y, "ablation")
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
 # ---------------------------------------------------------------- sanity model
 
 def test_sanity_model_ranks_the_informative_branch_first():
