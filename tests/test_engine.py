@@ -389,6 +389,14 @@ def test_single_sample_cluster_has_nan_std_not_a_crash():
 
 # ---------------------------------------------------------------- errors a user can cause
 
+def test_a_layer_may_be_given_as_its_module():
+    model, x, y = build("branching")
+    torch.testing.assert_close(at.neuron_scores(model, model.right[0], x, y),
+                               at.neuron_scores(model, "right.0", x, y))
+    with pytest.raises(at.AttributionError, match="not part of this model"):
+        at.neuron_scores(model, nn.Linear(6, 7), x, y)
+
+
 def test_unknown_layer_lists_the_valid_names():
     model, x, y = build("residual_mlp")
     with pytest.raises(at.AttributionError, match="Valid layer names: fc1, bn, act, fc2"):
