@@ -1,0 +1,434 @@
+"""Figures shared by the dashboard, the HTML report and the command line.
+
+Each figure is a pure function from a tidy DataFrame (plus display options) to a plotly
+Figure; the `tidy_*` helpers turn engine results into those frames. One colour per curve
+kind and per method everywhere; signed scores use a diverging scale centred at zero.
+User-supplied strings (cluster, class, layer names) are escaped before plotly sees them,
+because plotly renders a subset of HTML (including links) in text.
+"""
+from __future__ import annotations
+
+import html
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+CURVE_COLOURS = {"ranked": "#D55E00", "bottom": "#0072B2", "random": "#7A7A7A"}
+CURVE_LABELS = {
+    "ranked": "top-k removed (highest scores first)",
+    "bottom": "bottom-k removed (lowest scores first)",
+    "random": "random order: mean and 5–95% band",
+}
+RANDOM_BAND_FILL = "rgba(122, 122, 122, 0.22)"
+METHOD_COLOURS = {
+    "gradient": "#332288",
+    "activation": "#117733",
+    "gradient_x_activation": "#44AA99",
+    "integrated_gradients": "#88CCEE",
+    "conductance": "#999933",
+    "ablation": "#CC6677",
+    "random": "#AA4499",
+}
+METHOD_LABELS = {
+    "gradient": "gradient",
+    "activation": "activation",
+    "gradient_x_activation": "gradient × activation",
+    "integrated_gradients": "integrated gradients",
+    "conductance": "conductance",
+    "ablation": "ablation",
+    "random": "random (baseline)",
+}
+METHOD_UNITS = {
+    "gradient": "logit per unit activation",
+    "activation": "activation units",
+    "gradient_x_activation": "logits",
+    "integrated_gradients": "logits",
+    "conductance": "logits",
+    "ablation": "logit drop",
+    "random": "arbitrary units",
+}
+REDUCTION_LABELS = {"mean": "signed mean", "mean_abs": "mean |·|", "std": "std"}
+METRIC_AXES = {
+    "accuracy": "accuracy (% of samples)",
+    "target_logit": "mean target logit (logits)",
+    "loss": "cross-entropy loss (nats)",
+}
+SEVERITY_COLOURS = {"ok": "#1A9850", "warning": "#E08E0B", "problem": "#D73027"}
+SIGNED_SCALE = "RdBu_r"          # blue < 0 < red, centred at zero
+MAGNITUDE_SCALE = "Viridis"      # for scores that cannot be negative
+NEGATIVE_COLOUR, POSITIVE_COLOUR = "#2166AC", "#B2182B"  # the ends of SIGNED_SCALE
+_FALLBACK_COLOURS = ("#555555", "#882255", "#661100", "#6699CC", "#888888")
+FONT = dict(family="Inter, system-ui, -apple-system, Segoe UI, sans-serif", size=13)
+
+
+def plain(text: object) -> str:
+    """A user-supplied string made inert for plotly's HTML-like text renderer."""
+    return html.escape(str(text), quote=False)
+
+
+def method_colour(method: str) -> str:
+    if method in METHOD_COLOURS:
+        return METHOD_COLOURS[method]
+    return _FALLBACK_COLOURS[sum(map(ord, method)) % len(_FALLBACK_COLOURS)]
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
+    """e.g. 'gradient score, signed mean (logit per unit activation)'."""
+    head = f"{method_label(method)} score"
+    if reduce:
+        head += f", {REDUCTION_LABELS.get(reduce, reduce)}"
+    return f"{head} ({METHOD_UNITS.get(method, 'score units')})"
+
+
+def _finish(fig: go.Figure, *, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        template="plotly_white", font=FONT, height=height,
+        title=dict(text=title, x=0, xanchor="left", font=dict(size=15)),
+        margin=dict(l=70, r=24, t=56, b=56), hoverlabel=dict(font=FONT),
+    )
+    return fig
+
+
+def _is_signed(values: Iterable[float]) -> bool:
+    array = np.asarray(list(values), dtype=float)
+    return bool(np.nanmin(array, initial=0.0) < 0)
+
+
+def _colour_range(values: np.ndarray, signed: bool) -> dict:
+    finite = values[np.isfinite(values)]
+    top = float(np.abs(finite).max()) if finite.size else 1.0
+    top = top if top > 0 else 1.0
+    if signed:
+        return dict(colorscale=SIGNED_SCALE, zmid=0.0, zmin=-top, zmax=top)
+    return dict(colorscale=MAGNITUDE_SCALE, zmin=0.0, zmax=top)
+
+
+# --- tidy frames -------------------------------------------------------------------------
+
+def tidy_cluster_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The engine's wide cluster table -> rows (cluster, neuron, method, score, n).
+
+    Args:
+        table: `cluster_scores` output: index "cluster", int neuron columns, column "n".
+    """
+    neurons = [c for c in table.columns if c != "n"]
+    wide = table[neurons].copy()
+    wide.index = pd.Index(table.index, name="cluster")
+    tidy = wide.reset_index().melt(id_vars="cluster", var_name="neuron", value_name="score")
+    tidy["neuron"] = tidy["neuron"].astype(np.int64)
+    tidy["n"] = tidy["cluster"].map(table["n"]).astype(np.int64)
+    tidy.insert(2, "method", method)
+    return tidy
+
+
+def cluster_table(per_sample: np.ndarray, clusters: Sequence, reduce: str) -> pd.DataFrame:
+    """Reduce per-sample scores [N, n] over each cluster: the engine's table layout.
+
+    Returns:
+        DataFrame with index "cluster", columns 0..n-1 and "n" (like `cluster_scores`).
+    """
+    values = np.abs(per_sample) if reduce == "mean_abs" else per_sample
+    frame = pd.DataFrame(values.astype(np.float64), columns=range(per_sample.shape[1]))
+    groups = frame.groupby(np.asarray(clusters), sort=True)
+    if reduce == "std":
+        table = groups.std(ddof=1)
+    else:
+        table = groups.mean()
+    table.index.name = "cluster"
+    table["n"] = groups.size().astype(np.int64)
+    return table
+
+
+def neuron_summary(per_sample: np.ndarray, reduce: str, method: str) -> pd.DataFrame:
+    """Per-neuron score and spread over one cluster's samples.
+
+    Args:
+        per_sample: [n_samples, n_neurons] scores of the cluster's samples.
+        reduce: "mean" (signed) or "mean_abs".
+    Returns:
+        rows (method, neuron, score, spread, n): spread is the std across samples of the
+        quantity averaged (the signed score, or its absolute value).
+    """
+    values = np.abs(per_sample) if reduce == "mean_abs" else per_sample
+    values = values.astype(np.float64)
+    n = values.shape[0]
+    spread = values.std(axis=0, ddof=1) if n > 1 else np.zeros(values.shape[1])
+    return pd.DataFrame({
+        "method": method, "neuron": np.arange(values.shape[1]),
+        "score": values.mean(axis=0), "spread": spread, "n": n,
+    })
+
+
+def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *,
+                       max_samples: int = 200) -> pd.DataFrame:
+    """One cluster's samples x neurons as rows (sample, neuron, score), sorted for reading.
+
+    Neurons are ordered by their mean score (highest first); samples by their score on the
+    top neuron. Above `max_samples` samples, evenly spaced rows of that order are kept, so
+    the picture keeps its shape.
+    """
+    values = np.asarray(per_sample, dtype=np.float64)
+    ids = np.asarray(sample_ids)
+    neuron_order = np.argsort(-values.mean(axis=0), kind="stable")
+    sample_order = np.argsort(-values[:, neuron_order[0]], kind="stable") if values.size else []
+    if len(sample_order) > max_samples:
+        keep = np.linspace(0, len(sample_order) - 1, max_samples).round().astype(int)
+        sample_order = np.asarray(sample_order)[keep]
+    block = values[np.ix_(sample_order, neuron_order)]
+    return pd.DataFrame({
+        "sample": np.repeat(ids[sample_order], len(neuron_order)),
+        "neuron": np.tile(neuron_order, len(sample_order)),
+        "score": block.ravel(),
+    })
+
+
+def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
+    """Spearman correlation between methods' rankings of the same neurons.
+
+    Args:
+        scores: rows (method, neuron, score) for one cluster.
+    Returns:
+        rows (method_a, method_b, rho), every ordered pair including the diagonal.
+    """
+    wide = scores.pivot_table(index="neuron", columns="method", values="score", sort=False)
+    rho = wide.rank().corr()
+    rho.index.name, rho.columns.name = "method_a", "method_b"
+    return rho.stack().rename("rho").reset_index()
+
+
+def tidy_curves(curves: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Pruning-curve frames by subset name ("cluster", "rest") -> one frame with a "subset"
+    column first."""
+    parts = [frame.assign(subset=name) for name, frame in curves.items() if frame is not None]
+    if not parts:
+        return pd.DataFrame(columns=["subset", "k", "ranked", "bottom", "random_mean",
+                                     "random_lo", "random_hi"])
+    tidy = pd.concat(parts, ignore_index=True)
+    return tidy[["subset"] + [c for c in tidy.columns if c != "subset"]]
+
+
+# --- figures -----------------------------------------------------------------------------
+
+def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
+                    highlight: object = None) -> go.Figure:
+    """Clusters x neurons heatmap.
+
+    Args:
+        scores: rows (cluster, neuron, score, n) for one method.
+        highlight: a cluster id to mark with a frame, or None.
+    """
+    clusters = list(pd.unique(scores["cluster"]))
+    wide = scores.pivot_table(index="cluster", columns="neuron", values="score",
+                              sort=False, dropna=False).reindex(clusters)
+    sizes = scores.drop_duplicates("cluster").set_index("cluster")["n"].reindex(clusters)
+    z = wide.to_numpy(dtype=float)
+    labels = [plain(c) for c in clusters]
+    custom = np.repeat(sizes.to_numpy()[:, None], z.shape[1], axis=1)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[int(c) for c in wide.columns], y=labels, customdata=custom,
+        colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
+        hovertemplate="cluster %{y}<br>neuron %{x}<br>score %{z:.4g}"
+                      "<br>n = %{customdata} samples<extra></extra>",
+        xgap=1, ygap=1, **_colour_range(z, _is_signed(z.ravel())),
+    ))
+    if highlight is not None and highlight in clusters:
+        row = clusters.index(highlight)
+        fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5,
+                      y1=row + 0.5, line=dict(color="#111111", width=2))
+    fig.update_xaxes(title="neuron (index in the layer)")
+    fig.update_yaxes(title="cluster", type="category", autorange="reversed")
+    title = f"{method_label(method)} score per cluster ({REDUCTION_LABELS.get(reduce, reduce)})"
+    return _finish(fig, title=title, height=max(280, 90 + 26 * len(clusters)))
+
+
+def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
+                   n_total: Optional[int] = None) -> go.Figure:
+    """Samples x neurons heatmap for one cluster.
+
+    Args:
+        samples: rows (sample, neuron, score) in display order (see `tidy_sample_scores`).
+        n_total: the cluster's size before downsampling, for the title.
+    """
+    sample_order = list(pd.unique(samples["sample"]))
+    neuron_order = list(pd.unique(samples["neuron"]))
+    wide = samples.pivot_table(index="sample", columns="neuron", values="score",
+                               sort=False).reindex(index=sample_order, columns=neuron_order)
+    z = wide.to_numpy(dtype=float)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[str(n) for n in neuron_order], y=[str(s) for s in sample_order],
+        colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
+        hovertemplate="sample %{y}<br>neuron %{x}<br>score %{z:.4g}<extra></extra>",
+        **_colour_range(z, _is_signed(z.ravel())),
+    ))
+    fig.update_xaxes(title="neuron (sorted by cluster mean, highest first)", type="category")
+    fig.update_yaxes(title="sample (row in the data)", type="category", showticklabels=False,
+                     autorange="reversed")
+    shown = len(sample_order)
+    count = f"{shown} samples" if not n_total or n_total == shown else \
+        f"{shown} of {n_total} samples, evenly spaced"
+    return _finish(fig, title=f"Per-sample {method_label(method)} scores, cluster "
+                              f"{plain(cluster)} ({count})", height=420)
+
+
+def _bar_frame(summary: pd.DataFrame, top_n: int, bottom: bool) -> pd.DataFrame:
+    ordered = summary.sort_values("score", ascending=bottom, kind="stable")
+    return ordered.head(top_n)
+
+
+def neuron_bars(summary: pd.DataFrame, *, method: str, reduce: str, top_n: int = 15,
+                bottom: bool = False) -> go.Figure:
+    """Ranked neuron bars with error bars (±1 std across the cluster's samples).
+
+    Args:
+        summary: rows (neuron, score, spread, n) for one cluster and method.
+        bottom: show the lowest-scored neurons instead of the highest.
+    """
+    shown = _bar_frame(summary, top_n, bottom)
+    fig = go.Figure(go.Bar(
+        x=shown["score"], y=[f"neuron {n}" for n in shown["neuron"]], orientation="h",
+        marker_color=method_colour(method),
+        error_x=dict(type="data", array=shown["spread"], color="#444444", thickness=1),
+        customdata=np.stack([shown["spread"], shown["n"]], axis=1),
+        hovertemplate="%{y}<br>score %{x:.4g} ± %{customdata[0]:.3g}"
+                      "<br>n = %{customdata[1]} samples<extra></extra>",
+    ))
+    fig.update_yaxes(autorange="reversed", title=None)
+    fig.update_xaxes(title=score_axis_title(method, reduce), zeroline=True,
+                     zerolinecolor="#333333")
+    which = "Lowest" if bottom else "Highest"
+    return _finish(fig, title=f"{which} {len(shown)} neurons by {method_label(method)} score",
+                   height=max(300, 80 + 24 * len(shown)))
+
+
+def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.Figure:
+    """Side-by-side ranked bars, one panel per method (each with its own score axis).
+
+    Args:
+        summaries: rows (method, neuron, score, spread, n) for one cluster.
+    """
+    methods = list(pd.unique(summaries["method"]))
+    fig = make_subplots(rows=1, cols=max(1, len(methods)), horizontal_spacing=0.08,
+                        subplot_titles=[method_label(m) for m in methods])
+    for column, method in enumerate(methods, start=1):
+        shown = _bar_frame(summaries[summaries["method"] == method], top_n, bottom=False)
+        fig.add_trace(go.Bar(
+            x=shown["score"], y=[f"neuron {n}" for n in shown["neuron"]], orientation="h",
+            marker_color=method_colour(method), name=method_label(method), showlegend=False,
+            error_x=dict(type="data", array=shown["spread"], color="#444444", thickness=1),
+            hovertemplate="%{y}<br>score %{x:.4g}<extra>" + method_label(method) + "</extra>",
+        ), row=1, col=column)
+        fig.update_yaxes(autorange="reversed", row=1, col=column)
+        fig.update_xaxes(title=METHOD_UNITS.get(method, "score"), row=1, col=column)
+    return _finish(fig, title=f"Top {top_n} neurons under each method "
+                              f"({REDUCTION_LABELS.get(reduce, reduce)})",
+                   height=max(320, 100 + 24 * top_n))
+
+
+def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accuracy",
+                   titles: Optional[dict[str, str]] = None) -> go.Figure:
+    """Pruning curves: one panel per subset (the cluster, the rest of the data).
+
+    Args:
+        curves: rows (subset, k, ranked, bottom, random_mean, random_lo, random_hi); a
+            partial frame (fewer k) draws the part computed so far.
+        n_neurons: the layer's size; fixes the x range so a growing curve does not jump.
+        titles: panel title per subset name.
+    """
+    subsets = list(pd.unique(curves["subset"])) or ["cluster"]
+    titles = titles or {}
+    fig = make_subplots(rows=1, cols=len(subsets), shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=[titles.get(s, s) for s in subsets])
+    for column, subset in enumerate(subsets, start=1):
+        part = curves[curves["subset"] == subset].sort_values("k")
+        first = column == 1
+        band = part.dropna(subset=["random_lo", "random_hi"])
+        fig.add_trace(go.Scatter(x=band["k"], y=band["random_hi"], mode="lines",
+                                 line=dict(width=0), hoverinfo="skip", showlegend=False,
+                                 legendgroup="random"), row=1, col=column)
+        fig.add_trace(go.Scatter(x=band["k"], y=band["random_lo"], mode="lines",
+                                 line=dict(width=0), fill="tonexty", fillcolor=RANDOM_BAND_FILL,
+                                 hoverinfo="skip", showlegend=False, legendgroup="random"),
+                      row=1, col=column)
+        for kind, column_name in (("random", "random_mean"), ("bottom", "bottom"),
+                                  ("ranked", "ranked")):
+            line = part.dropna(subset=[column_name])
+            fig.add_trace(go.Scatter(
+                x=line["k"], y=line[column_name], mode="lines+markers" if len(line) < 3 else "lines",
+                name=CURVE_LABELS[kind], legendgroup=kind, showlegend=first,
+                line=dict(color=CURVE_COLOURS[kind], width=2.5 if kind == "ranked" else 2,
+                          dash="dash" if kind == "random" else "solid"),
+                hovertemplate="k = %{x}<br>%{y:.3g}<extra>" + CURVE_LABELS[kind] + "</extra>",
+            ), row=1, col=column)
+        fig.update_xaxes(title="neurons removed (k)", range=[0, n_neurons], row=1, col=column)
+    y_axis = dict(title=METRIC_AXES.get(metric, metric))
+    if metric == "accuracy":
+        y_axis.update(range=[0, 1.02], tickformat=".0%")
+    fig.update_yaxes(**y_axis, row=1, col=1)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
+    return _finish(fig, title="What happens when neurons are removed", height=440)
+
+
+def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
+                    bins: int = 40) -> go.Figure:
+    """Histogram of one neuron's per-sample signed scores; bars left of zero are blue and
+    right of zero red, with lines at zero and at the mean, so cancellation shows at a glance.
+
+    Args:
+        values: rows with a column "score" (one per sample).
+    """
+    scores = values["score"].to_numpy(dtype=float)
+    scores = scores[np.isfinite(scores)]
+    low, high = (float(scores.min()), float(scores.max())) if scores.size else (-1.0, 1.0)
+    if low == high:
+        low, high = low - 0.5, high + 0.5
+    counts, edges = np.histogram(scores, bins=bins, range=(low, high))
+    centres = (edges[:-1] + edges[1:]) / 2
+    colours = [NEGATIVE_COLOUR if c < 0 else POSITIVE_COLOUR for c in centres]
+    fig = go.Figure(go.Bar(
+        x=centres, y=counts, width=edges[1] - edges[0], marker_color=colours,
+        marker_line_width=0,
+        customdata=np.stack([edges[:-1], edges[1:]], axis=1),
+        hovertemplate="score %{customdata[0]:.3g} … %{customdata[1]:.3g}"
+                      "<br>%{y} samples<extra></extra>",
+    ))
+    mean = float(scores.mean()) if scores.size else 0.0
+    mean_abs = float(np.abs(scores).mean()) if scores.size else 0.0
+    fig.add_vline(x=0, line=dict(color="#222222", width=1))
+    fig.add_vline(x=mean, line=dict(color=CURVE_COLOURS["ranked"], width=2, dash="dash"),
+                  annotation_text=f"mean {mean:.3g}", annotation_position="top")
+    fig.update_xaxes(title=f"per-sample {method_label(method)} score "
+                           f"({METHOD_UNITS.get(method, 'score units')})")
+    fig.update_yaxes(title="samples (count)")
+    ratio = abs(mean) / mean_abs if mean_abs > 0 else float("nan")
+    return _finish(fig, title=f"Neuron {neuron}: |mean| / mean|·| = {ratio:.2f} "
+                              f"(near 0 means positive and negative scores cancel)",
+                   height=360)
+
+
+def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
+    """Method x method Spearman rank correlation of neuron scores.
+
+    Args:
+        correlations: rows (method_a, method_b, rho) as from `rank_correlations`.
+    """
+    methods = list(pd.unique(correlations["method_a"]))
+    wide = correlations.pivot_table(index="method_a", columns="method_b", values="rho",
+                                    sort=False, dropna=False).reindex(index=methods,
+                                                                      columns=methods)
+    labels = [method_label(m) for m in methods]
+    fig = go.Figure(go.Heatmap(
+        z=wide.to_numpy(dtype=float), x=labels, y=labels, colorscale=SIGNED_SCALE, zmid=0,
+        zmin=-1, zmax=1, texttemplate="%{z:.2f}", xgap=2, ygap=2,
+        colorbar=dict(title=dict(text="Spearman ρ", side="right")),
+        hovertemplate="%{y} vs %{x}<br>ρ = %{z:.3f}<extra></extra>",
+    ))
+    fig.update_yaxes(autorange="reversed")
+    return _finish(fig, title="Do the methods rank neurons alike? (Spearman ρ)",
+                   height=max(320, 120 + 48 * len(methods)))

@@ -1,0 +1,183 @@
+"""The shared figures: tidy frames in, plotly figures out; colours, scales, escaping."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution import plots
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3))
+    inputs = torch.randn(40, 5)
+    clusters = np.array(["a", "b", "c", "d"] * 10)
+    targets = torch.arange(40) % 3
+    return model, inputs, targets, clusters
+
+
+def _summary(values: list[float], method: str = "gradient") -> pd.DataFrame:
+    return pd.DataFrame({"method": method, "neuron": range(len(values)), "score": values,
+                         "spread": [0.1 * (i + 1) for i in range(len(values))], "n": 7})
+
+
+@pytest.mark.parametrize("reduce", ["mean", "mean_abs", "std"])
+def test_cluster_table_equals_engine_cluster_scores(small_model, reduce):
+    model, inputs, targets, clusters = small_model
+    per_sample = at.neuron_scores(model, "0", inputs, targets).numpy()
+    engine = at.cluster_scores(model, "0", inputs, targets, clusters, reduce=reduce)
+    ours = plots.cluster_table(per_sample, clusters, reduce)
+    assert list(ours.index) == list(engine.index)
+    assert list(ours["n"]) == list(engine["n"])
+    np.testing.assert_allclose(ours.drop(columns="n").to_numpy(),
+                               engine.drop(columns="n").to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_tidy_cluster_scores_keeps_every_value(small_model):
+    model, inputs, targets, clusters = small_model
+    table = at.cluster_scores(model, "0", inputs, targets, clusters)
+    tidy = plots.tidy_cluster_scores(table, "gradient")
+    assert list(tidy.columns) == ["cluster", "neuron", "method", "score", "n"]
+    assert len(tidy) == 4 * 6
+    row = tidy[(tidy["cluster"] == "c") & (tidy["neuron"] == 4)].iloc[0]
+    assert row["score"] == pytest.approx(table.loc["c", 4])
+    assert row["n"] == 10
+
+
+def test_cluster_heatmap_signed_scale_is_centred_and_hover_names_everything():
+    tidy = pd.DataFrame({"cluster": ["x", "x", "y", "y"], "neuron": [0, 1, 0, 1],
+                         "score": [-3.0, 1.0, 0.5, 2.0], "n": [4, 4, 9, 9]})
+    heatmap = plots.cluster_heatmap(tidy, method="gradient", reduce="mean").data[0]
+    assert heatmap.zmid == 0 and heatmap.zmin == -3.0 and heatmap.zmax == 3.0
+    assert heatmap.colorscale == plots.cluster_heatmap(tidy.assign(score=-tidy["score"]),
+                                                       method="gradient",
+                                                       reduce="mean").data[0].colorscale
+    for word in ("cluster", "neuron", "score", "n ="):
+        assert word in heatmap.hovertemplate
+    assert np.asarray(heatmap.customdata).tolist() == [[4, 4], [9, 9]]
+    assert np.asarray(heatmap.z).tolist() == [[-3.0, 1.0], [0.5, 2.0]]
+
+
+def test_cluster_heatmap_magnitudes_start_at_zero():
+    tidy = pd.DataFrame({"cluster": [0, 1], "neuron": [0, 0], "score": [0.2, 0.8], "n": [1, 1]})
+    heatmap = plots.cluster_heatmap(tidy, method="ablation", reduce="mean_abs").data[0]
+    assert heatmap.zmin == 0 and heatmap.zmax == pytest.approx(0.8) and heatmap.zmid is None
+
+
+def test_user_strings_are_escaped_in_figures():
+    name = "<a href='javascript:alert(1)'>x</a>"
+    tidy = pd.DataFrame({"cluster": [name], "neuron": [0], "score": [1.0], "n": [3]})
+    figure = plots.cluster_heatmap(tidy, method="gradient", reduce="mean")
+    assert "<a" not in figure.data[0].y[0] and "&lt;a" in figure.data[0].y[0]
+    samples = plots.tidy_sample_scores(np.ones((2, 2)), [0, 1])
+    title = plots.sample_heatmap(samples, method="gradient", cluster=name).layout.title.text
+    assert "<a" not in title
+
+
+def test_neuron_bars_top_and_bottom_with_error_bars():
+    summary = _summary([0.5, -2.0, 3.0, 1.0, -0.1])
+    top = plots.neuron_bars(summary, method="gradient", reduce="mean", top_n=2).data[0]
+    assert list(top.y) == ["neuron 2", "neuron 3"]
+    assert list(top.error_x.array) == pytest.approx([0.3, 0.4])
+    bottom = plots.neuron_bars(summary, method="gradient", reduce="mean", top_n=2,
+                               bottom=True).data[0]
+    assert list(bottom.y) == ["neuron 1", "neuron 4"]
+    assert top.marker.color == plots.METHOD_COLOURS["gradient"]
+
+
+def test_axis_titles_carry_units():
+    summary = _summary([1.0, 2.0], method="ablation")
+    figure = plots.neuron_bars(summary, method="ablation", reduce="mean_abs")
+    assert "(logit drop)" in figure.layout.xaxis.title.text
+    assert "mean |·|" in figure.layout.xaxis.title.text
+
+
+def test_method_bars_one_panel_and_one_colour_per_method():
+    summaries = pd.concat([_summary([1.0, 2.0, 3.0], "gradient"),
+                           _summary([3.0, 2.0, 1.0], "activation")])
+    figure = plots.method_bars(summaries, reduce="mean", top_n=2)
+    assert [t.marker.color for t in figure.data] == [plots.METHOD_COLOURS["gradient"],
+                                                     plots.METHOD_COLOURS["activation"]]
+    assert list(figure.data[0].y) == ["neuron 2", "neuron 1"]
+    assert list(figure.data[1].y) == ["neuron 0", "neuron 1"]
+    assert figure.data[0].xaxis != figure.data[1].xaxis
+
+
+def _curve(n: int, rows: int) -> pd.DataFrame:
+    k = np.arange(rows)
+    return pd.DataFrame({"k": k, "ranked": 1 - k / n, "bottom": np.ones(rows),
+                         "random_mean": 1 - k / (2 * n), "random_lo": 1 - k / (1.5 * n),
+                         "random_hi": 1 - k / (3 * n)})
+
+
+def test_pruning_figure_colours_per_kind_in_both_panels_and_fixed_x_range():
+    curves = plots.tidy_curves({"cluster": _curve(8, 9), "rest": _curve(8, 3)})
+    figure = plots.pruning_figure(curves, n_neurons=8)
+    named = [t for t in figure.data if t.name]
+    by_kind = {kind: [t for t in named if t.name == label]
+               for kind, label in plots.CURVE_LABELS.items()}
+    for kind, traces in by_kind.items():
+        assert len(traces) == 2
+        assert {t.line.color for t in traces} == {plots.CURVE_COLOURS[kind]}
+        assert sum(bool(t.showlegend) for t in traces) == 1
+    ranked_rest = by_kind["ranked"][1]
+    assert list(ranked_rest.x) == [0, 1, 2]
+    assert list(figure.layout.xaxis.range) == [0, 8] == list(figure.layout.xaxis2.range)
+    assert figure.layout.yaxis.tickformat == ".0%"
+
+
+def test_pruning_figure_draws_a_partial_curve():
+    partial = plots.tidy_curves({"cluster": _curve(8, 1), "rest": None})
+    figure = plots.pruning_figure(partial, n_neurons=8)
+    ranked = [t for t in figure.data if t.name == plots.CURVE_LABELS["ranked"]]
+    assert len(ranked) == 1 and list(ranked[0].x) == [0] and "markers" in ranked[0].mode
+
+
+def test_histogram_colours_by_sign_and_counts_every_sample():
+    scores = pd.DataFrame({"score": [-2.0, -1.5, -1.0, 1.0, 1.5, 2.0, 2.5]})
+    figure = plots.score_histogram(scores, method="gradient", neuron=3, bins=10)
+    bars = figure.data[0]
+    assert sum(bars.y) == 7
+    for centre, colour in zip(bars.x, bars.marker.color):
+        assert colour == (plots.NEGATIVE_COLOUR if centre < 0 else plots.POSITIVE_COLOUR)
+    assert "= 0.22 " in figure.layout.title.text  # |mean| / mean|.| = 2.5 / 11.5
+
+
+def test_rank_correlations_and_heatmap():
+    scores = pd.concat([_summary([1.0, 2.0, 3.0, 4.0], "gradient"),
+                        _summary([4.0, 3.0, 2.0, 1.0], "random"),
+                        _summary([10.0, 20.0, 30.0, 40.0], "ablation")])
+    rho = plots.rank_correlations(scores).set_index(["method_a", "method_b"])["rho"]
+    assert rho[("gradient", "ablation")] == pytest.approx(1.0)
+    assert rho[("gradient", "random")] == pytest.approx(-1.0)
+    heatmap = plots.rank_correlation_heatmap(plots.rank_correlations(scores)).data[0]
+    assert (heatmap.zmin, heatmap.zmid, heatmap.zmax) == (-1, 0, 1)
+    assert np.asarray(heatmap.z).shape == (3, 3)
+
+
+def test_sample_scores_sorted_and_downsampled():
+    rng = np.random.default_rng(0)
+    per_sample = rng.normal(size=(500, 4))
+    per_sample[:, 2] += 5  # highest mean: shown first
+    tidy = plots.tidy_sample_scores(per_sample, np.arange(500) + 1000, max_samples=50)
+    assert tidy["sample"].nunique() == 50
+    assert list(pd.unique(tidy["neuron"]))[0] == 2
+    first_neuron = tidy[tidy["neuron"] == 2]["score"].to_numpy()
+    assert np.all(np.diff(first_neuron) <= 0)
+    assert tidy["sample"].iloc[0] == 1000 + int(np.argmax(per_sample[:, 2]))
+    figure = plots.sample_heatmap(tidy, method="gradient", cluster=1, n_total=500)
+    assert np.asarray(figure.data[0].z).shape == (50, 4)
+    assert "50 of 500" in figure.layout.title.text
+
+
+def test_neuron_summary_spread_is_across_samples():
+    per_sample = np.array([[1.0, -1.0], [3.0, 1.0]])
+    signed = plots.neuron_summary(per_sample, "mean", "gradient")
+    assert list(signed["score"]) == [2.0, 0.0]
+    assert list(signed["spread"]) == pytest.approx([np.sqrt(2), np.sqrt(2)])
+    magnitude = plots.neuron_summary(per_sample, "mean_abs", "gradient")
+    assert list(magnitude["score"]) == [2.0, 1.0]
+    assert list(magnitude["spread"]) == pytest.approx([np.sqrt(2), 0.0])
