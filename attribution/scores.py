@@ -1,6 +1,8 @@
 """Per-sample and per-cluster neuron scores for one layer: the engine's public entry points."""
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -26,9 +28,46 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_device(device: Union[str, torch.device]) -> torch.device:
+    """`device` as a torch.device that exists here; AttributionError when it does not."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise AttributionError(f"Unknown device {device!r}; use 'cpu', 'cuda' or "
+                               "'cuda:N'.") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise AttributionError(
+                f"Device {device!r} asks for a GPU, but CUDA is not available here (torch "
+                f"{torch.__version__}); use device 'cpu', or install a CUDA build of torch.")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise AttributionError(f"Device {device!r} does not exist: this machine has "
+                                   f"{torch.cuda.device_count()} GPU(s), cuda:0.. .")
+    elif resolved.type != "cpu":
+        raise AttributionError(f"Device {device!r} is not supported; use 'cpu' or 'cuda'.")
+    return resolved
+
+
+def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Module:
+    """`model` when it already lives on `device` (or device is None), else a copy moved there.
+
+    The caller's model never moves (a model shared by a server stays where it is); move it
+    yourself (`model.to(device)`) to avoid the copy.
+    """
+    if device is None:
+        return model
+    wanted, current = resolve_device(device), model_device(model)
+    if wanted.type == "cuda" and wanted.index is None:
+        wanted = torch.device("cuda", torch.cuda.current_device())
+    if current == wanted:
+        return model
+    return copy.deepcopy(model).to(wanted)
+
+
 def _as_batch_tensor(x, model: nn.Module, device: torch.device) -> torch.Tensor:
     if isinstance(x, np.ndarray):
-        x = torch.from_numpy(np.ascontiguousarray(x))
+        x = np.ascontiguousarray(x)
+        x = torch.from_numpy(x if x.flags.writeable else x.copy())  # a memory map is read-only
     if not isinstance(x, torch.Tensor):
         raise AttributionError(f"Inputs must be a tensor, a NumPy array or an iterable of "
                                f"batches; got {type(x).__name__}.")
@@ -41,21 +80,23 @@ def _as_batch_tensor(x, model: nn.Module, device: torch.device) -> torch.Tensor:
 
 
 def n_samples(inputs: Inputs) -> Optional[int]:
-    """Number of samples when known up front (tensors, arrays, sized loaders), else None."""
-    if isinstance(inputs, (torch.Tensor, np.ndarray)):
-        return int(inputs.shape[0])
+    """Number of samples when known up front (tensors, arrays, `NpyRows`, sized loaders),
+    else None."""
+    shape = getattr(inputs, "shape", None)
+    if shape is not None:
+        return int(shape[0])
     dataset = getattr(inputs, "dataset", None)
     if dataset is not None and hasattr(dataset, "__len__"):
         return len(dataset)
     return None
 
 
-def iter_batches(inputs: Inputs, batch_size: int) -> Iterator[torch.Tensor | np.ndarray]:
-    """Slices of an in-memory array, or the items (a tensor or an (x, ...) tuple's x) of an
-    iterable of batches such as a DataLoader or a memory-mapped array."""
+def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[object, object]]:
+    """(x, y) per batch: slices of an in-memory or memory-mapped array (y None), or the items
+    of an iterable of batches such as a DataLoader (x, or an (x, y, ...) tuple)."""
     if isinstance(inputs, (torch.Tensor, np.ndarray)):
         for begin in range(0, inputs.shape[0], batch_size):
-            yield inputs[begin:begin + batch_size]
+            yield inputs[begin:begin + batch_size], None
         return
     try:
         iterator = iter(inputs)
@@ -63,15 +104,47 @@ def iter_batches(inputs: Inputs, batch_size: int) -> Iterator[torch.Tensor | np.
         raise AttributionError(f"Inputs must be a tensor, a NumPy array or an iterable of "
                                f"batches; got {type(inputs).__name__}.") from None
     for item in iterator:
-        yield item[0] if isinstance(item, (tuple, list)) else item
+        if isinstance(item, (tuple, list)):
+            yield item[0], item[1] if len(item) > 1 else None
+        else:
+            yield item, None
 
 
-def _check_targets(targets: Targets, total: Optional[int]) -> Targets:
+def iter_batches(inputs: Inputs, batch_size: int) -> Iterator[torch.Tensor | np.ndarray]:
+    """The x of each batch of `iter_labelled_batches`."""
+    for x, _ in iter_labelled_batches(inputs, batch_size):
+        yield x
+
+
+def _batch_labels(labels, size: int, device: torch.device) -> torch.Tensor:
+    """The y of one (x, y) batch as a LongTensor [B] (targets="labels")."""
+    if labels is None:
+        raise AttributionError("targets='labels' reads y from batches (x, y, ...), but these "
+                               "batches carry no labels; pass targets as a LongTensor [N] "
+                               "or None (the predicted class).")
+    labels = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor)
+                             else labels)
+    if (labels.dim() != 1 or labels.shape[0] != size or labels.is_floating_point()
+            or labels.dtype == torch.bool or labels.is_complex()):
+        raise AttributionError(f"targets='labels' needs integer class ids y [B] in each "
+                               f"(x, y) batch; got y of shape {list(labels.shape)} and dtype "
+                               f"{labels.dtype} for {size} samples.")
+    return labels.to(device=device, dtype=torch.long)
+
+
+def _check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Targets:
     if targets is None or (isinstance(targets, str) and targets == "all"):
+        return targets
+    if isinstance(targets, str) and targets == "labels":
+        if isinstance(inputs, (torch.Tensor, np.ndarray)):
+            raise AttributionError("targets='labels' reads y from the (x, y) batches of a "
+                                   "DataLoader; with array inputs pass the labels as a "
+                                   "LongTensor [N].")
         return targets
     if isinstance(targets, str):
         raise AttributionError(f"targets={targets!r} is not understood: pass a LongTensor of "
-                               "class ids, None (predicted class) or 'all'.")
+                               "class ids, None (predicted class), 'all', or 'labels' (the y "
+                               "of each (x, y) batch).")
     if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
             or targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool):
         raise AttributionError("targets must be a LongTensor [N] of class ids, None (the "
@@ -89,25 +162,29 @@ def _check_method(method: str) -> None:
 
 def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
                   method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                  progress: Progress = None, seed: int = 0
+                  progress: Progress = None, seed: int = 0, device=None, first_index: int = 0
                   ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (start index, scores) per batch: scores [B, n] (or [B, n_classes, n] for "all").
 
     The streaming core of `neuron_scores` and `cluster_scores`; the model is in eval mode
-    while the generator runs and restored when it finishes or is closed.
+    while the generator runs and restored when it finishes or is closed. `device` as in
+    `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
+    offset), so the seeded `random` method gives every sample the same score in any shard.
     """
     _check_method(method)
     if batch_size < 1 or n_steps < 1:
         raise AttributionError("batch_size and n_steps must be positive integers.")
-    name, module = resolve_layer(model, layer)
+    name, _ = resolve_layer(model, layer)
+    model = on_device(model, device)
+    name, module = resolve_layer(model, name)
     total = n_samples(inputs)
-    targets = _check_targets(targets, total)
+    targets = _check_targets(targets, total, inputs)
     device = model_device(model)
     function = REGISTRY[method].function
     runner = None
     start = 0
     with eval_mode(model):
-        for raw in iter_batches(inputs, batch_size):
+        for raw, labels in iter_labelled_batches(inputs, batch_size):
             x = _as_batch_tensor(raw, model, device)
             if x.shape[0] == 0:
                 continue
@@ -118,9 +195,12 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                 if start + x.shape[0] > targets.shape[0]:
                     raise AttributionError("There are more samples than targets.")
                 batch_targets = targets[start:start + x.shape[0]].to(device)
+            elif targets == "labels":
+                batch_targets = _batch_labels(labels, x.shape[0], device)
             per_row = max(1, x[0].numel())
             scores = function(Batch(runner, x, _validated(batch_targets, runner, x), n_steps,
-                                    start, seed, max(x.shape[0], _MAX_ELEMENTS_PER_PASS // per_row)))
+                                    first_index + start, seed,
+                                    max(x.shape[0], _MAX_ELEMENTS_PER_PASS // per_row)))
             yield start, scores.detach().to("cpu", torch.float32)
             start += x.shape[0]
             if progress is not None:
@@ -148,25 +228,31 @@ def _validated(targets: Targets, runner, x: torch.Tensor) -> Targets:
 
 def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
                   method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                  progress: Progress = None, seed: int = 0) -> torch.Tensor:
+                  progress: Progress = None, seed: int = 0, device=None) -> torch.Tensor:
     """Per-sample neuron scores for one layer.
 
     Args:
         model: a classifier returning logits [N, n_classes]; left exactly as it was found.
         layer: dotted module name (as in `model.named_modules()`) or the module itself.
-        inputs: [N, ...] tensor or array, or an iterable of batches (DataLoader).
-        targets: LongTensor [N] of class ids, None (predicted class) or "all".
+        inputs: [N, ...] tensor or array (a memory-mapped .npy streams batch by batch), or an
+            iterable of batches (a DataLoader) yielding x [B, ...] or (x, y, ...) tuples.
+        targets: LongTensor [N] of class ids (in iteration order), None (predicted class),
+            "all", or "labels": the y [B] of each (x, y) batch of an iterable, so a
+            DataLoader's labels need not be gathered first.
         method: one of `METHODS`.
-        batch_size: samples per pass; results do not depend on it.
+        batch_size: samples per pass for array inputs (an iterable keeps its own batches);
+            results do not depend on it.
         n_steps: integration steps for integrated_gradients and conductance.
         progress: called with the fraction done after each batch; may raise to stop.
         seed: seed of the `random` method.
+        device: where to compute ("cpu", "cuda", "cuda:1"); None = where the model is. A model
+            elsewhere is copied there for the call, never moved.
     Returns:
         float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all".
     """
     parts = [scores for _, scores in score_batches(
         model, layer, inputs, targets, method, batch_size=batch_size, n_steps=n_steps,
-        progress=progress, seed=seed)]
+        progress=progress, seed=seed, device=device)]
     return torch.cat(parts)
 
 
@@ -190,13 +276,82 @@ def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray,
     return codes.astype(np.int64), pd.Index(uniques, name="cluster")
 
 
+@dataclass
+class ClusterStatistics:
+    """Running per-cluster sums of scores: every reduction follows, and shards add up.
+
+    Attributes:
+        ids: the G cluster ids.
+        counts: float64 [G], samples seen per cluster.
+        sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
+    """
+
+    ids: pd.Index
+    counts: torch.Tensor
+    sums: torch.Tensor
+    sums_abs: torch.Tensor
+    sums_sq: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The summable tensors (for an all_reduce across processes)."""
+        return self.counts, self.sums, self.sums_abs, self.sums_sq
+
+    def frame(self, reduce: str = "mean") -> pd.DataFrame:
+        """The `cluster_scores` table for `reduce` ("mean", "mean_abs" or "std")."""
+        if reduce not in REDUCTIONS:
+            raise AttributionError(f"Unknown reduce {reduce!r}; use one of "
+                                   f"{', '.join(REDUCTIONS)}.")
+        sizes = self.counts.view((-1,) + (1,) * (self.sums.dim() - 1))
+        if reduce == "mean":
+            table = self.sums / sizes
+        elif reduce == "mean_abs":
+            table = self.sums_abs / sizes
+        else:
+            variance = (self.sums_sq - self.sums * self.sums / sizes) / (sizes - 1)
+            table = variance.clamp_min(0).sqrt()
+        return _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
+
+
+def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets,
+                       codes: np.ndarray, ids: pd.Index, method: str = "gradient", *,
+                       batch_size: int = 256, n_steps: int = 32, progress: Progress = None,
+                       seed: int = 0, device=None, first_index: int = 0) -> ClusterStatistics:
+    """Stream the scores of `inputs` into per-cluster sums: memory O(clusters x neurons).
+
+    Args:
+        codes: int64 [N], the cluster index (0..G-1) of each input (see `cluster_codes`).
+        ids: the G cluster ids.
+        first_index: dataset index of the first input (see `score_batches`).
+        Other arguments as in `neuron_scores`.
+    """
+    counts = torch.zeros(len(ids), dtype=torch.float64)
+    sums = sums_abs = sums_sq = None
+    for start, scores in score_batches(model, layer, inputs, targets, method,
+                                       batch_size=batch_size, n_steps=n_steps,
+                                       progress=progress, seed=seed, device=device,
+                                       first_index=first_index):
+        if start + scores.shape[0] > len(codes):
+            raise AttributionError("There are more samples than cluster ids.")
+        index = torch.from_numpy(codes[start:start + scores.shape[0]])
+        values = scores.double()
+        if sums is None:
+            sums, sums_abs, sums_sq = (torch.zeros((len(ids),) + values.shape[1:],
+                                                   dtype=torch.float64) for _ in range(3))
+        counts.index_add_(0, index, torch.ones(len(index), dtype=torch.float64))
+        sums.index_add_(0, index, values)
+        sums_abs.index_add_(0, index, values.abs())
+        sums_sq.index_add_(0, index, values * values)
+    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq)
+
+
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
                    method: str = "gradient", *, reduce: str = "mean", batch_size: int = 256,
-                   n_steps: int = 32, progress: Progress = None, seed: int = 0) -> pd.DataFrame:
+                   n_steps: int = 32, progress: Progress = None, seed: int = 0,
+                   device=None) -> pd.DataFrame:
     """Per-cluster neuron scores, streamed: memory O(clusters x neurons), not O(N x neurons).
 
     Args:
-        clusters: 1-D array of hashable ids [N], one per sample.
+        clusters: 1-D array of hashable ids [N], one per sample (in iteration order).
         reduce: "mean" (signed), "mean_abs" or "std" (sample std; NaN for a 1-sample cluster).
         Other arguments as in `neuron_scores`.
     Returns:
@@ -207,32 +362,10 @@ def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, cl
     if reduce not in REDUCTIONS:
         raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
     codes, ids = cluster_codes(clusters, n_samples(inputs))
-    n_groups = len(ids)
-    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
-    sums = sums_abs = sums_sq = None
-    for start, scores in score_batches(model, layer, inputs, targets, method,
-                                       batch_size=batch_size, n_steps=n_steps,
-                                       progress=progress, seed=seed):
-        if start + scores.shape[0] > len(codes):
-            raise AttributionError("There are more samples than cluster ids.")
-        index = torch.from_numpy(codes[start:start + scores.shape[0]])
-        values = scores.double()
-        if sums is None:
-            sums, sums_abs, sums_sq = (torch.zeros((n_groups,) + values.shape[1:],
-                                                   dtype=torch.float64) for _ in range(3))
-        sums.index_add_(0, index, values)
-        sums_abs.index_add_(0, index, values.abs())
-        sums_sq.index_add_(0, index, values * values)
-    sizes = torch.from_numpy(counts).view((-1,) + (1,) * (sums.dim() - 1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if reduce == "mean":
-            table = sums / sizes
-        elif reduce == "mean_abs":
-            table = sums_abs / sizes
-        else:
-            variance = (sums_sq - sums * sums / sizes) / (sizes - 1)
-            table = variance.clamp_min(0).sqrt()
-    return _cluster_frame(table.numpy(), ids, counts)
+    statistics = cluster_statistics(model, layer, inputs, targets, codes, ids, method,
+                                    batch_size=batch_size, n_steps=n_steps,
+                                    progress=progress, seed=seed, device=device)
+    return statistics.frame(reduce)
 
 
 def _cluster_frame(table: np.ndarray, ids: pd.Index, counts: np.ndarray) -> pd.DataFrame:

@@ -1,0 +1,294 @@
+"""Scores across processes with torch.distributed: each rank scores one shard, sums are reduced.
+
+Every rank calls the same function with the same inputs (a tensor, an array, a memory-mapped
+.npy, an `NpyRows`, a DataLoader or any iterable of batches), targets and cluster ids. Each
+rank scores only its own contiguous shard; the streaming statistics (per-cluster counts, sums,
+sums of |s| and of squares) are summed with `all_reduce`, so every rank returns what one
+process would have computed, and rank 0 writes. Without a process group (or with one process)
+the same functions simply run in this process.
+
+    torchrun --nproc_per_node=4 -m attribution score --model m.pt2 --data x.npy ...
+    # or, inside an existing job after torch.distributed.init_process_group(...):
+    table = attribution.distributed.cluster_scores(model, "fc2", x, y, clusters)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Subset
+
+from .errors import AttributionError
+from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
+                     cluster_statistics as shard_statistics, n_samples, on_device,
+                     resolve_device, score_batches)
+
+
+def rank_and_size(group=None) -> tuple[int, int]:
+    """(this process's rank, number of processes); (0, 1) without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def device_for_rank(device) -> torch.device:
+    """`device` for this process: a bare "cuda" becomes cuda:LOCAL_RANK under torchrun."""
+    resolved = resolve_device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    return resolved
+
+
+def join_from_environment(device: torch.device) -> bool:
+    """Join the process group that torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR, ...).
+
+    Returns True when this call created the group (the caller then calls `leave`); False when
+    there is no torchrun environment or a group already exists.
+    """
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return True
+
+
+def leave(joined: bool) -> None:
+    """Destroy the process group if `join_from_environment` created it."""
+    if joined and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_range(total: int, rank: int, size: int) -> range:
+    """Rank `rank`'s contiguous share of `total` samples; shares differ by at most one."""
+    base, extra = divmod(total, size)
+    begin = rank * base + min(rank, extra)
+    return range(begin, begin + base + (rank < extra))
+
+
+@dataclass
+class Shard:
+    """A piece of the data that this rank scores.
+
+    Attributes:
+        inputs: what the engine scores (an array slice, a DataLoader, or [one batch]).
+        first_index: dataset index of its first sample.
+        size: its number of samples; None = all that remain (one process, size unknown).
+    """
+
+    inputs: Inputs
+    first_index: int
+    size: Optional[int]
+
+    def rows(self) -> slice:
+        """Its rows of per-sample arrays of the whole dataset (targets, cluster codes)."""
+        return slice(self.first_index, None if self.size is None
+                     else self.first_index + self.size)
+
+
+def shards(inputs: Inputs, rank: int, size: int) -> Iterator[Shard]:
+    """This rank's pieces of `inputs`.
+
+    Arrays, tensors and `NpyRows` are sliced lazily into one contiguous range per rank; a
+    DataLoader over a map-style dataset read in order gets a DataLoader over its range; any
+    other iterable is dealt out batch by batch (every rank reads every batch, and scores
+    batches rank, rank + size, ...).
+    """
+    total = n_samples(inputs)
+    if size == 1:
+        yield Shard(inputs, 0, total)
+        return
+    if hasattr(inputs, "shape") or _splittable_loader(inputs):
+        share = shard_range(total, rank, size)
+        if len(share):
+            part = (inputs[share.start:share.stop] if hasattr(inputs, "shape")
+                    else _loader_over(inputs, share))
+            yield Shard(part, share.start, len(share))
+        return
+    first_index = 0
+    for number, item in enumerate(inputs):
+        batch_size = len(item[0] if isinstance(item, (tuple, list)) else item)
+        if number % size == rank:
+            yield Shard([item], first_index, batch_size)
+        first_index += batch_size
+
+
+def _splittable_loader(inputs) -> bool:
+    return (isinstance(inputs, DataLoader) and not isinstance(inputs.dataset, IterableDataset)
+            and isinstance(inputs.sampler, SequentialSampler) and inputs.batch_size is not None
+            and not inputs.drop_last)
+
+
+def _loader_over(loader: DataLoader, share: range) -> DataLoader:
+    return DataLoader(Subset(loader.dataset, share), batch_size=loader.batch_size,
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory)
+
+
+def _targets_of(targets: Targets, shard: Shard) -> Targets:
+    if isinstance(targets, torch.Tensor):
+        if shard.size is not None and shard.first_index + shard.size > targets.shape[0]:
+            raise AttributionError("There are more samples than targets.")
+        return targets[shard.rows()]
+    return targets
+
+
+def _ok_everywhere(error: Optional[BaseException], group) -> None:
+    """Raise on every rank when any rank failed (so no rank waits forever for the others)."""
+    failed = torch.tensor([float(error is not None)], device=_reduce_device(group))
+    if rank_and_size(group)[1] > 1:
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
+    if error is not None:
+        raise error
+    if failed.item():
+        raise AttributionError("Another process failed (its message says why); stopping.")
+
+
+def _reduce_device(group) -> torch.device:
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """Element-wise sums of `tensors` over all ranks (the inputs are left as they were)."""
+    if rank_and_size(group)[1] == 1:
+        return tensors
+    device = _reduce_device(group)
+    summed = []
+    for tensor in tensors:
+        on_reduce_device = tensor.to(device, copy=True)
+        dist.all_reduce(on_reduce_device, group=group)
+        summed.append(on_reduce_device.to(tensor.device))
+    return summed
+
+
+def _shape_everywhere(shape: Optional[tuple[int, ...]], group) -> tuple[int, ...]:
+    """The trailing shape of the scores, also on ranks that had no samples."""
+    known = torch.full((4,), -1.0, device=_reduce_device(group))
+    if shape is not None:
+        known[0] = len(shape)
+        known[1:1 + len(shape)] = torch.tensor(shape, dtype=torch.float32)
+    if rank_and_size(group)[1] > 1:
+        dist.all_reduce(known, op=dist.ReduceOp.MAX, group=group)
+    if known[0] < 0:
+        raise AttributionError("There are no samples to score (the inputs are empty).")
+    return tuple(int(d) for d in known[1:1 + int(known[0])].tolist())
+
+
+def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
+                       method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
+                       progress: Progress = None, seed: int = 0, device=None,
+                       group=None) -> ClusterStatistics:
+    """Per-cluster sums over all ranks' shards (every rank gets the totals).
+
+    Args:
+        inputs, targets, clusters: the whole dataset, identical on every rank (targets a
+            LongTensor [N], None, "all" or "labels"; clusters [N] ids).
+        group: the process group; None = the default group, or one process when there is none.
+        Other arguments as in `attribution.neuron_scores`; `progress` gets this rank's fraction.
+    Returns:
+        `ClusterStatistics` whose `frame(reduce)` is the `cluster_scores` table.
+    """
+    rank, size = rank_and_size(group)
+    codes, ids = cluster_codes(clusters, n_samples(inputs))
+    statistics, error = None, None
+    try:
+        model = on_device(model, device)
+        for shard in shards(inputs, rank, size):
+            part = shard_statistics(
+                model, layer, shard.inputs, _targets_of(targets, shard), codes[shard.rows()],
+                ids, method,
+                batch_size=batch_size, n_steps=n_steps, progress=progress, seed=seed,
+                first_index=shard.first_index)
+            statistics = part if statistics is None else ClusterStatistics(
+                ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())))
+    except Exception as caught:  # every rank must learn of it, or the others wait forever
+        error = caught
+    _ok_everywhere(error, group)
+    trailing = _shape_everywhere(None if statistics is None
+                                 else tuple(statistics.sums.shape[1:]), group)
+    if statistics is None:
+        zeros = torch.zeros((len(ids),) + trailing, dtype=torch.float64)
+        statistics = ClusterStatistics(ids, torch.zeros(len(ids), dtype=torch.float64),
+                                       zeros, zeros.clone(), zeros.clone())
+    return ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group))
+
+
+def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
+                   method: str = "gradient", *, reduce: str = "mean", batch_size: int = 256,
+                   n_steps: int = 32, progress: Progress = None, seed: int = 0, device=None,
+                   group=None) -> pd.DataFrame:
+    """`attribution.cluster_scores`, sharded over the ranks of `group`; every rank gets it.
+
+    Arguments as in `cluster_statistics`; `reduce` in "mean", "mean_abs", "std".
+    """
+    return cluster_statistics(model, layer, inputs, targets, clusters, method,
+                              batch_size=batch_size, n_steps=n_steps, progress=progress,
+                              seed=seed, device=device, group=group).frame(reduce)
+
+
+def write_neuron_scores(path, model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
+                        method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
+                        progress: Progress = None, seed: int = 0, device=None,
+                        group=None) -> tuple[int, ...]:
+    """Write the per-sample scores [N, n] (or [N, n_classes, n]) as float32 .npy at `path`.
+
+    Streams batch by batch to disk, so memory stays one batch. Each rank writes its shard to
+    `path.part<rank>` and rank 0 joins the parts in order, so with several machines `path`
+    must be on a filesystem every rank sees. Returns the array's shape (on every rank).
+    """
+    rank, size = rank_and_size(group)
+    path = Path(path)
+    part_path = path.with_name(f"{path.name}.part{rank}")
+    rows, trailing, error = 0, None, None
+    try:
+        model = on_device(model, device)
+        with open(part_path, "wb") as part:
+            for shard in shards(inputs, rank, size):
+                for _, scores in score_batches(
+                        model, layer, shard.inputs, _targets_of(targets, shard), method,
+                        batch_size=batch_size, n_steps=n_steps, progress=progress, seed=seed,
+                        first_index=shard.first_index):
+                    part.write(scores.numpy().tobytes())
+                    rows += scores.shape[0]
+                    trailing = tuple(scores.shape[1:])
+    except OSError as caught:
+        error = AttributionError(f"Cannot write {part_path}: {caught.strerror or caught}.")
+    except Exception as caught:  # every rank must learn of it, or the others wait forever
+        error = caught
+    if error is not None:
+        part_path.unlink(missing_ok=True)
+    _ok_everywhere(error, group)
+    trailing = _shape_everywhere(trailing, group)
+    (total,) = all_reduce_sum([torch.tensor([rows], dtype=torch.float64)], group)
+    shape = (int(total.item()),) + trailing
+    error = None
+    if rank == 0:
+        try:
+            _join_parts(path, shape, [path.with_name(f"{path.name}.part{r}") for r in range(size)])
+        except OSError as caught:
+            error = AttributionError(
+                f"Cannot assemble {path} from the per-rank parts ({caught}); with several "
+                "machines, write to a filesystem that every rank sees.")
+    _ok_everywhere(error, group)
+    return shape
+
+
+def _join_parts(path: Path, shape: tuple[int, ...], parts: list[Path]) -> None:
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+              "fortran_order": False, "shape": shape}
+    with open(path, "wb") as joined:
+        np.lib.format.write_array_header_2_0(joined, header)
+        for part in parts:
+            with open(part, "rb") as source:
+                shutil.copyfileobj(source, joined, 1 << 20)
+            part.unlink()
