@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Subset
 
+from . import pruning
 from .errors import AttributionError
 from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
                      cluster_statistics as shard_statistics, n_samples, on_device,
@@ -292,3 +293,105 @@ def _join_parts(path: Path, shape: tuple[int, ...], parts: list[Path]) -> None:
             with open(part, "rb") as source:
                 shutil.copyfileobj(source, joined, 1 << 20)
             part.unlink()
+
+
+def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *, ks=None,
+                  n_random: int = 20, seed: int = 0, ablation: str = "zero",
+                  metric: str = "accuracy", batch_size: int = 256,
+                  progress=None, device=None, group=None) -> pd.DataFrame:
+    """`attribution.pruning_curve`, sharded over the ranks of `group`; every rank gets it.
+
+    Each rank measures its shard; the per-k metric sums of the ranked, bottom and every
+    random order are all-reduced, so the band's percentiles come from the pooled curves.
+    `ablation="mean"` needs the layer's mean over all the data and runs in one process
+    only. `progress(fraction, partial_frame)` reports this rank's shard.
+    """
+    return _pooled_curves(model, layer, inputs, targets, scores, None, dict(
+        ks=ks, n_random=n_random, seed=seed, ablation=ablation, metric=metric,
+        batch_size=batch_size, progress=progress), device, group)
+
+
+def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
+                           cluster, scores, *, ks=None, n_random: int = 20, seed: int = 0,
+                           ablation: str = "zero", metric: str = "accuracy",
+                           batch_size: int = 256, progress=None, device=None,
+                           group=None) -> pd.DataFrame:
+    """`attribution.cluster_pruning_curves` (subsets "cluster" and "rest"), sharded over the
+    ranks of `group`; arguments and limits as in `pruning_curve` here."""
+    codes, ids = cluster_codes(clusters, n_samples(inputs))
+    if cluster not in ids:
+        shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
+        raise AttributionError(f"Cluster {cluster!r} is not among the cluster ids ({shown}).")
+    in_cluster = codes == ids.get_loc(cluster)
+    return _pooled_curves(model, layer, inputs, targets, scores, in_cluster, dict(
+        ks=ks, n_random=n_random, seed=seed, ablation=ablation, metric=metric,
+        batch_size=batch_size, progress=progress), device, group)
+
+
+_SUBSETS = ("cluster", "rest")
+
+
+def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, device, group):
+    """Sum every rank's per-subset curve sums [G, 2 + n_random, K] and build one frame."""
+    rank, size = rank_and_size(group)
+    if size > 1 and options["ablation"] == "mean":
+        raise AttributionError("ablation='mean' replaces a neuron by its mean over all the "
+                               "data, which one process computes; run it without torchrun, "
+                               "or use ablation='zero'.")
+    n_groups = 1 if in_cluster is None else 2
+    sums, counts, n_neurons, ks, error = None, np.zeros(n_groups), None, None, None
+    try:
+        model = on_device(model, device)
+        for shard in shards(inputs, rank, size):
+            for piece in _shard_curves(model, layer, shard, targets, scores, in_cluster,
+                                       options):
+                if sums is None:
+                    sums = np.zeros((n_groups,) + piece.sums.shape)
+                sums[piece.group] += piece.sums
+                counts[piece.group] += piece.n
+                n_neurons, ks = piece.n_neurons, piece.ks
+    except Exception as caught:  # every rank must learn of it, or the others wait forever
+        error = caught
+    _ok_everywhere(error, group)
+    n_orders, n_ks, n_neurons = _shape_everywhere(
+        None if sums is None else sums.shape[1:] + (n_neurons,), group)
+    if sums is None:
+        sums = np.zeros((n_groups, n_orders, n_ks))
+        ks = pruning._check_ks(options["ks"], n_neurons)
+    sums, counts = all_reduce_sum([torch.from_numpy(sums), torch.from_numpy(counts)], group)
+    orders = torch.cat([torch.zeros(2, n_neurons, dtype=torch.long),  # ranked, bottom: unused
+                        pruning.random_orders(n_neurons, options["n_random"], options["seed"])])
+    return pruning._frame(  # the frame one process builds, from the pooled sums
+        sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
+        None if in_cluster is None else _SUBSETS, orders, options["metric"],
+        options["ablation"], options["n_random"], options["seed"])
+
+
+@dataclass
+class _CurveSums:
+    """One subset's curves on one shard: sums [2 + n_random, K] of ranked, bottom, draws."""
+
+    group: int
+    sums: np.ndarray
+    n: int
+    ks: list
+    n_neurons: int
+
+
+def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
+                  options) -> Iterator[_CurveSums]:
+    shard_targets = _targets_of(targets, shard)
+    member = None if in_cluster is None else in_cluster[shard.rows()]
+    if member is None or member.all() or not member.any():
+        frame = pruning.pruning_curve(model, layer, shard.inputs, shard_targets, scores,
+                                      **options)
+        parts = [(0 if member is None or member.all() else 1, frame, frame.attrs["n_samples"],
+                  frame.attrs["random_curves"])]
+    else:
+        frame = pruning.cluster_pruning_curves(model, layer, shard.inputs, shard_targets,
+                                               member, True, scores, **options)
+        parts = [(group, frame[frame["subset"] == subset], frame.attrs["n_samples"][subset],
+                  frame.attrs["random_curves"][subset]) for group, subset in enumerate(_SUBSETS)]
+    for group, part, n, draws in parts:
+        sums = n * np.vstack([part["ranked"], part["bottom"], np.asarray(draws)])
+        yield _CurveSums(group, sums, n, part["k"].tolist(), frame.attrs["n_neurons"])
