@@ -188,12 +188,16 @@ def _shape_everywhere(shape: Optional[tuple[int, ...]], group) -> tuple[int, ...
 def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
                        method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
                        progress: Progress = None, seed: int = 0, device=None,
-                       group=None) -> ClusterStatistics:
+                       per_sample=None, group=None) -> ClusterStatistics:
     """Per-cluster sums over all ranks' shards (every rank gets the totals).
 
     Args:
         inputs, targets, clusters: the whole dataset, identical on every rank (targets a
             LongTensor [N], None, "all" or "labels"; clusters [N] ids).
+        per_sample: a path: also write the per-sample scores [N, n] (or [N, n_classes, n])
+            there as a float32 .npy, in the same pass and batch by batch (memory stays one
+            batch). Each rank writes `<path>.part<rank>` and rank 0 joins the parts in order,
+            so with several machines the path must be on a filesystem every rank sees.
         group: the process group; None = the default group, or one process when there is none.
         Other arguments as in `attribution.neuron_scores`; `progress` gets this rank's fraction.
     Returns:
@@ -201,19 +205,23 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
     """
     rank, size = rank_and_size(group)
     codes, ids = cluster_codes(clusters, n_samples(inputs))
+    part_path = None if per_sample is None else _part(Path(per_sample), rank)
     statistics, error = None, None
     try:
         model = on_device(model, device)
-        for shard in shards(inputs, rank, size):
-            part = shard_statistics(
-                model, layer, shard.inputs, _targets_of(targets, shard), codes[shard.rows()],
-                ids, method,
-                batch_size=batch_size, n_steps=n_steps, progress=progress, seed=seed,
-                first_index=shard.first_index)
-            statistics = part if statistics is None else ClusterStatistics(
-                ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())))
+        with _PerSampleWriter(part_path) as write:
+            for shard in shards(inputs, rank, size):
+                part = shard_statistics(
+                    model, layer, shard.inputs, _targets_of(targets, shard),
+                    codes[shard.rows()], ids, method, batch_size=batch_size, n_steps=n_steps,
+                    progress=progress, seed=seed, first_index=shard.first_index,
+                    on_batch=write)
+                statistics = part if statistics is None else ClusterStatistics(
+                    ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())))
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
+        if part_path is not None:
+            part_path.unlink(missing_ok=True)
     _ok_everywhere(error, group)
     trailing = _shape_everywhere(None if statistics is None
                                  else tuple(statistics.sums.shape[1:]), group)
@@ -221,7 +229,20 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         zeros = torch.zeros((len(ids),) + trailing, dtype=torch.float64)
         statistics = ClusterStatistics(ids, torch.zeros(len(ids), dtype=torch.float64),
                                        zeros, zeros.clone(), zeros.clone())
-    return ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group))
+    statistics = ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group))
+    if per_sample is not None:
+        shape = (int(statistics.counts.sum().item()),) + trailing
+        error = None
+        if rank == 0:
+            try:
+                _join_parts(Path(per_sample), shape,
+                            [_part(Path(per_sample), r) for r in range(size)])
+            except OSError as caught:
+                error = AttributionError(
+                    f"Cannot assemble {per_sample} from the per-rank parts ({caught}); with "
+                    "several machines, write to a filesystem that every rank sees.")
+        _ok_everywhere(error, group)
+    return statistics
 
 
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
@@ -237,51 +258,34 @@ def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, cl
                               seed=seed, device=device, group=group).frame(reduce)
 
 
-def write_neuron_scores(path, model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
-                        method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                        progress: Progress = None, seed: int = 0, device=None,
-                        group=None) -> tuple[int, ...]:
-    """Write the per-sample scores [N, n] (or [N, n_classes, n]) as float32 .npy at `path`.
+def _part(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.part{rank}")
 
-    Streams batch by batch to disk, so memory stays one batch. Each rank writes its shard to
-    `path.part<rank>` and rank 0 joins the parts in order, so with several machines `path`
-    must be on a filesystem every rank sees. Returns the array's shape (on every rank).
-    """
-    rank, size = rank_and_size(group)
-    path = Path(path)
-    part_path = path.with_name(f"{path.name}.part{rank}")
-    rows, trailing, error = 0, None, None
-    try:
-        model = on_device(model, device)
-        with open(part_path, "wb") as part:
-            for shard in shards(inputs, rank, size):
-                for _, scores in score_batches(
-                        model, layer, shard.inputs, _targets_of(targets, shard), method,
-                        batch_size=batch_size, n_steps=n_steps, progress=progress, seed=seed,
-                        first_index=shard.first_index):
-                    part.write(scores.numpy().tobytes())
-                    rows += scores.shape[0]
-                    trailing = tuple(scores.shape[1:])
-    except OSError as caught:
-        error = AttributionError(f"Cannot write {part_path}: {caught.strerror or caught}.")
-    except Exception as caught:  # every rank must learn of it, or the others wait forever
-        error = caught
-    if error is not None:
-        part_path.unlink(missing_ok=True)
-    _ok_everywhere(error, group)
-    trailing = _shape_everywhere(trailing, group)
-    (total,) = all_reduce_sum([torch.tensor([rows], dtype=torch.float64)], group)
-    shape = (int(total.item()),) + trailing
-    error = None
-    if rank == 0:
+
+class _PerSampleWriter:
+    """Appends each batch's scores as raw float32 rows to a part file (or does nothing)."""
+
+    def __init__(self, path: Optional[Path]):
+        self.path, self.file = path, None
+
+    def __enter__(self):
+        if self.path is None:
+            return None
         try:
-            _join_parts(path, shape, [path.with_name(f"{path.name}.part{r}") for r in range(size)])
-        except OSError as caught:
-            error = AttributionError(
-                f"Cannot assemble {path} from the per-rank parts ({caught}); with several "
-                "machines, write to a filesystem that every rank sees.")
-    _ok_everywhere(error, group)
-    return shape
+            self.file = open(self.path, "wb")
+        except OSError as error:
+            raise AttributionError(f"Cannot write {self.path}: {error.strerror}.") from None
+        return self
+
+    def __call__(self, start: int, scores: torch.Tensor) -> None:
+        try:
+            self.file.write(scores.numpy().tobytes())
+        except OSError as error:
+            raise AttributionError(f"Cannot write {self.path}: {error.strerror}.") from None
+
+    def __exit__(self, *exc_info) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _join_parts(path: Path, shape: tuple[int, ...], parts: list[Path]) -> None:

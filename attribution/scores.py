@@ -315,13 +315,17 @@ class ClusterStatistics:
 def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets,
                        codes: np.ndarray, ids: pd.Index, method: str = "gradient", *,
                        batch_size: int = 256, n_steps: int = 32, progress: Progress = None,
-                       seed: int = 0, device=None, first_index: int = 0) -> ClusterStatistics:
+                       seed: int = 0, device=None, first_index: int = 0,
+                       on_batch: Optional[Callable[[int, torch.Tensor], object]] = None
+                       ) -> ClusterStatistics:
     """Stream the scores of `inputs` into per-cluster sums: memory O(clusters x neurons).
 
     Args:
         codes: int64 [N], the cluster index (0..G-1) of each input (see `cluster_codes`).
         ids: the G cluster ids.
         first_index: dataset index of the first input (see `score_batches`).
+        on_batch: called with (start, scores [B, ...]) of every batch, e.g. to write the
+            per-sample scores to disk in the same pass.
         Other arguments as in `neuron_scores`.
     """
     counts = torch.zeros(len(ids), dtype=torch.float64)
@@ -341,6 +345,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         sums.index_add_(0, index, values)
         sums_abs.index_add_(0, index, values.abs())
         sums_sq.index_add_(0, index, values * values)
+        if on_batch is not None:
+            on_batch(start, scores)
     return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq)
 
 

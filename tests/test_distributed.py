@@ -74,10 +74,11 @@ def compute(model, layer, x, y, clusters, neuron_order, folder):
     results["cluster-curves"] = distributed.cluster_pruning_curves(
         model, layer, loader, "labels", clusters, "b", neuron_order, n_random=N_RANDOM,
         ks=[0, 2, 5, 16])
-    shape = distributed.write_neuron_scores(folder / "per_sample.npy", model, layer, x, "all",
-                                            "gradient", batch_size=5)
+    statistics = distributed.cluster_statistics(model, layer, x, "all", clusters, "gradient",
+                                                batch_size=5,
+                                                per_sample=folder / "per_sample.npy")
     results["per-sample"] = np.load(folder / "per_sample.npy")
-    assert results["per-sample"].shape == shape
+    results["with-per-sample"] = statistics.frame("mean")
     return results
 
 
@@ -102,7 +103,7 @@ def worker(rank, port, folder):
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    """(single-process results, [results of rank 0, rank 1])."""
+    """(single-process results, [results of rank 0, rank 1], the folder they wrote to)."""
     folder = tmp_path_factory.mktemp("distributed")
     np.save(folder / "inputs.npy", problem()[2].numpy())
     single = compute(*problem(), folder)
@@ -114,13 +115,13 @@ def outcomes(tmp_path_factory):
             if attrs is not None:
                 value.attrs = attrs
         ranks.append({key: value for key, (value, _) in saved.items()})
-    return single, ranks
+    return single, ranks, folder
 
 
 @pytest.mark.parametrize("key", [f"{m}-{r}" for m, r in SCORED]
-                         + ["all-classes", "loader", "batches", "npy-rows"])
+                         + ["all-classes", "with-per-sample", "loader", "batches", "npy-rows"])
 def test_cluster_scores_equal_single_process(outcomes, key):
-    single, ranks = outcomes
+    single, ranks, _ = outcomes
     for results in ranks:
         pd.testing.assert_frame_equal(results[key], single[key], rtol=1e-6, atol=1e-7)
     sizes = single[key]["n"]
@@ -136,7 +137,7 @@ def test_direct_call_equals_the_engine():
 
 @pytest.mark.parametrize("key", ["curve", "cluster-curves"])
 def test_pruning_curves_equal_single_process(outcomes, key):
-    single, ranks = outcomes
+    single, ranks, _ = outcomes
     for results in ranks:
         pd.testing.assert_frame_equal(results[key], single[key], rtol=1e-9, atol=1e-12)
         assert results[key].attrs["n_samples"] == single[key].attrs["n_samples"]
@@ -152,7 +153,8 @@ def test_curves_equal_the_engine():
 
 
 def test_per_sample_scores_equal_single_process(outcomes):
-    single, ranks = outcomes
+    single, ranks, folder = outcomes
+    assert not list(folder.glob("*.part*"))  # rank 0 joined and removed every rank's part
     model, layer, x, *_ = problem()
     np.testing.assert_allclose(single["per-sample"],
                                at.neuron_scores(model, layer, x, "all").numpy(), rtol=1e-6)
@@ -162,7 +164,7 @@ def test_per_sample_scores_equal_single_process(outcomes):
 
 
 def test_a_failure_on_one_rank_stops_every_rank(outcomes):
-    _, ranks = outcomes
+    _, ranks, _ = outcomes
     assert [results["rank"] for results in ranks] == [(0, 2), (1, 2)]
     assert "Another process failed" in ranks[0]["failure"]
     assert ranks[1]["failure"] == "sample 52 is unreadable"
