@@ -9,8 +9,13 @@ from .errors import AttributionError
 from .layers import LayerInfo, list_layers
 from .methods import METHODS
 from .scores import REDUCTIONS, cluster_scores, neuron_scores
+from .pruning import cluster_pruning_curves, curve_summary, pruning_curve
+from .oracle import oracle_agreement
+from .diagnose import Finding, diagnose
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "REDUCTIONS", "cluster_scores",
     "list_layers", "neuron_scores",
+    "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
+    "Finding", "diagnose",
 ]
