@@ -1,6 +1,10 @@
 """Two gloo processes on the CPU give the single-process results (scores, per-sample, curves)."""
 import datetime
+import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +15,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import attribution as at
-from attribution import distributed, pruning
+from attribution import cli, distributed, pruning
 from attribution.streaming import NpyRows
 
 from .zoo import build
@@ -182,3 +186,45 @@ def test_mean_ablation_needs_one_process(monkeypatch):
     monkeypatch.setattr(distributed, "rank_and_size", lambda group=None: (0, 2))
     with pytest.raises(at.AttributionError, match="without torchrun"):
         distributed.pruning_curve(model, layer, x, y, neuron_order, ablation="mean")
+
+
+# ------------------------------------------------------------- the command line under torchrun
+
+def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
+    root = Path(__file__).resolve().parents[1]
+    common = ["--model", root / "demo" / "digits_mlp.pt2", "--data", root / "demo" / "digits.npz",
+              "--layer", "fc2", "--reduce", "mean_abs"]
+    commands = {
+        "score": ["score", *common, "--method", "gradient", "random", "--per-sample",
+                  "{folder}/samples.npy", "--out", "{folder}/scores.csv"],
+        "curve": ["curve", *common, "--cluster", "odd", "--n-random", "6", "--ks", "0,1,4,16",
+                  "--out", "{folder}/curve.csv", "--summary", "{folder}/summary.json"],
+    }
+    for folder in ("single", "torchrun"):
+        (tmp_path / folder).mkdir()
+    launched = [subprocess.Popen(  # both torchrun jobs at once; each picks a free port
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={WORLD_SIZE}", "-m", "attribution",
+         *[str(a).format(folder=tmp_path / "torchrun") for a in arguments]],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for arguments in commands.values()]
+    for arguments in commands.values():
+        single = [str(a).format(folder=tmp_path / "single") for a in arguments]
+        assert cli.main(single) == 0, capsys.readouterr().err
+    for process in launched:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+    for table in ("scores.csv", "curve.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "torchrun" / table),
+                                      pd.read_csv(tmp_path / "single" / table), rtol=1e-6)
+    for method in ("gradient", "random"):
+        np.testing.assert_allclose(np.load(tmp_path / "torchrun" / f"samples.{method}.npy"),
+                                   np.load(tmp_path / "single" / f"samples.{method}.npy"),
+                                   rtol=1e-5, atol=1e-7)
+    sharded, single = (json.loads((tmp_path / folder / "summary.json").read_text())
+                       for folder in ("torchrun", "single"))
+    assert sharded["n_samples"] == single["n_samples"] == {"cluster": 363, "rest": 356}
+    for subset in ("cluster", "rest"):
+        assert sharded["subsets"][subset] == pytest.approx(single["subsets"][subset])
+    assert sorted(p.name for p in (tmp_path / "torchrun").iterdir()) == sorted(
+        p.name for p in (tmp_path / "single").iterdir())  # rank 0 alone wrote, no parts left

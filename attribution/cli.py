@@ -1,0 +1,701 @@
+"""The command line: the dashboard's results without a browser, in one process or many.
+
+    python -m attribution layers   --model m.pt2
+    python -m attribution score    --model m.pt2 --data d.npz --layer fc2 --out scores.csv
+    python -m attribution curve    --model m.pt2 --data d.npz --layer fc2 --cluster 3 \\
+                                   --out curve.csv --summary summary.json
+    python -m attribution diagnose --model m.pt2 --data d.npz --layer fc2 --out findings.json
+    python -m attribution report   --model m.pt2 --data d.npz --layer fc2 --out report.html
+    torchrun --nproc_per_node=4 -m attribution score ...   # the data sharded over 4 processes
+
+Data in a `.npy` file is read batch by batch (`NpyRows`), so it may be larger than memory;
+labels and cluster ids then come from `--labels` / `--cluster-ids` files. Other formats
+(.npz, .pt, .csv, .parquet) are loaded into memory by `attribution.load_data`.
+
+Exit codes: 0 done (diagnose: no problem found), 1 diagnose found a problem, 2 bad input
+(arguments, files, data), 3 internal error (a bug: rerun with --traceback and report it),
+130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from . import data as data_module
+from . import distributed, plots
+from .diagnose import diagnose
+from .errors import AttributionError
+from .layers import resolve_layer
+from .loading import LoadedModel, load_model, sniff
+from .methods import METHODS
+from .pruning import ABLATIONS, METRICS, curve_summary
+from .report import AnalysisSettings, collect_report, render_report, report_csvs
+from .scores import REDUCTIONS, cluster_codes
+from .streaming import NpyRows
+
+EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+CLUSTER_SOURCES = data_module.CLUSTER_SOURCES + ("none",)
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+# ---------------------------------------------------------------------------- arguments
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (plus where to find help), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m attribution` parser with its five commands."""
+    parser = _Parser(prog="python -m attribution",
+                     description="Neuron importance for PyTorch classifiers, from the shell.")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the full traceback of an internal error")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                     metavar="{layers,score,curve,diagnose,report}")
+
+    model = _Parser(add_help=False)
+    group = model.add_argument_group("model")
+    group.add_argument("--model", required=True, type=Path,
+                       help=".pt2 (torch.export), or a state dict with --architecture")
+    group.add_argument("--architecture", type=Path,
+                       help="architecture of a state dict: a JSON/YAML description, or a "
+                            "Python file with --trust-code")
+    group.add_argument("--trust-code", action="store_true",
+                       help="allow pickled modules and Python files (only your own files)")
+    group.add_argument("--device", default="cpu",
+                       help="cpu, cuda or cuda:N (default cpu; under torchrun a bare 'cuda' "
+                            "means cuda:LOCAL_RANK)")
+
+    data = _Parser(add_help=False)
+    group = data.add_argument_group("data")
+    group.add_argument("--data", required=True, type=Path,
+                       help=".npy (streamed from disk), .npz, .pt, .csv or .parquet")
+    group.add_argument("--labels", type=Path,
+                       help="labels [N] as .npy, for .npy data")
+    group.add_argument("--cluster-ids", type=Path,
+                       help="cluster ids [N] as .npy, for .npy data")
+    group.add_argument("--features", help="inputs key (.npz/.pt) or comma-separated feature "
+                                          "columns (.csv/.parquet); detected by default")
+    group.add_argument("--label-key", help="labels key or column ('' for none); detected by "
+                                           "default")
+    group.add_argument("--cluster-key", help="cluster key or column ('' for none); detected "
+                                             "by default")
+    group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
+                       help="most samples loaded into memory (default %(default)s); larger "
+                            "data: save the inputs as .npy")
+    group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
+                       help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
+                            "provided ids, else the label, else one cluster 'all')")
+    group.add_argument("--k", type=_positive, default=8, help="k-means clusters (default 8)")
+    group.add_argument("--targets", default=None,
+                       help="label, predicted, all or a class id (default: label when the "
+                            "data has labels, else predicted)")
+
+    compute = _Parser(add_help=False)
+    group = compute.add_argument_group("computation")
+    group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
+    group.add_argument("--reduce", choices=REDUCTIONS, default="mean",
+                       help="per-cluster reduction of per-sample scores (default mean)")
+    group.add_argument("--batch-size", type=_positive, default=256)
+    group.add_argument("--n-steps", type=_positive, default=32,
+                       help="integration steps (integrated_gradients, conductance)")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    band = _Parser(add_help=False)
+    group = band.add_argument_group("pruning curves")
+    group.add_argument("--n-random", type=_positive, default=20,
+                       help="random orders forming the band (default 20)")
+    group.add_argument("--metric", choices=METRICS, default="accuracy",
+                       help="what the curves measure (default accuracy)")
+    ablation = _Parser(add_help=False)
+    ablation.add_argument("--ablation", choices=ABLATIONS, default="zero",
+                          help="a removed neuron's output becomes 0 or its mean (default zero)")
+
+    command = commands.add_parser("layers", parents=[model], help="list the model's layers")
+    command.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    command.set_defaults(run=run_layers)
+
+    command = commands.add_parser(
+        "score", parents=[model, data, compute],
+        help="neuron scores per cluster as a tidy CSV/Parquet table")
+    command.add_argument("--method", nargs="+", choices=METHODS, default=["gradient"],
+                         metavar="METHOD", help=f"one or more of {', '.join(METHODS)} "
+                                                "(default gradient)")
+    command.add_argument("--out", required=True,
+                         help="table (.csv or .parquet; '-' = CSV on stdout) with columns "
+                              "cluster, neuron, method, score, n (and class for --targets all)")
+    command.add_argument("--per-sample", type=Path,
+                         help="also write the per-sample scores [N, n] as .npy (with several "
+                              "methods: one file each, NAME.METHOD.npy)")
+    command.set_defaults(run=run_score)
+
+    command = commands.add_parser(
+        "curve", parents=[model, data, compute, band, ablation],
+        help="pruning curves (ranked, bottom, random band) as CSV, summary as JSON")
+    command.add_argument("--ks", default="all",
+                         help="neuron counts to remove: 'all' or a comma-separated list")
+    command.add_argument("--method", choices=METHODS, default="gradient", metavar="METHOD",
+                         help=f"the scores that rank the neurons: {', '.join(METHODS)} "
+                              "(default gradient)")
+    command.add_argument("--cluster", help="rank by this cluster's scores and measure it "
+                                           "against the rest (default: all the data)")
+    command.add_argument("--out", required=True, help="curve table (.csv, .parquet or '-')")
+    command.add_argument("--summary", type=Path, help="summary as JSON")
+    command.set_defaults(run=run_curve)
+
+    command = commands.add_parser(
+        "diagnose", parents=[model, data, compute, band, ablation],
+        help="are the scores degenerate? findings as JSON and a table; exit 1 on a problem")
+    command.add_argument("--method", choices=METHODS, default="gradient", metavar="METHOD",
+                         help=f"the method under test: {', '.join(METHODS)} (default gradient)")
+    command.add_argument("--cluster", help="check only this cluster (default: every cluster)")
+    command.add_argument("--user-scores", type=Path,
+                         help="your own per-sample scores (.npy) to check your hook code")
+    command.add_argument("--out", type=Path, help="findings as JSON")
+    command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
+                         help="lowest severity that makes the exit code 1 (default problem)")
+    command.set_defaults(run=run_diagnose)
+
+    command = commands.add_parser(
+        "report", parents=[model, data, compute, band],
+        help="the dashboard's self-contained offline HTML report")
+    command.add_argument("--method", nargs="+", choices=METHODS, default=["gradient"],
+                         metavar="METHOD", help="methods to show; the first ranks the pruning "
+                                                f"curves ({', '.join(METHODS)})")
+    command.add_argument("--cluster", help="the cluster in focus (default: the first)")
+    command.add_argument("--title", help="the report's heading")
+    command.add_argument("--out", required=True, type=Path, help="report (.html)")
+    command.add_argument("--csv-dir", type=Path, help="also write the report's tables as CSVs")
+    command.set_defaults(run=run_report)
+    return parser
+
+
+# ---------------------------------------------------------------------------- inputs
+
+@dataclass
+class Problem:
+    """What the commands work on.
+
+    Attributes:
+        model: the loaded model, its module on the chosen device.
+        inputs: float tensor [N, ...] in memory, or `NpyRows` streamed from disk.
+        labels: LongTensor [N] or None.
+        provided_clusters: cluster ids [N] from the data, or None.
+        class_names: one per class, or None.
+    """
+
+    model: LoadedModel
+    inputs: object
+    labels: Optional[torch.Tensor]
+    provided_clusters: Optional[np.ndarray]
+    class_names: Optional[tuple[str, ...]]
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.inputs, NpyRows)
+
+
+def _file_size(path: Optional[Path]) -> Optional[int]:
+    """No size limit for the user's own files: the limit is the file's own size."""
+    return path.stat().st_size if path is not None and path.is_file() else None
+
+
+def load_model_from(args) -> LoadedModel:
+    """The model of `--model`, on `--device` (this process's GPU under torchrun)."""
+    device = distributed.device_for_rank(args.device)
+    architecture = args.architecture
+    if architecture is not None and not architecture.is_file():
+        raise AttributionError(f"No such architecture file: {architecture}.")
+    loaded = load_model(args.model, architecture=architecture, trust_code=args.trust_code,
+                        max_bytes=_file_size(args.model))
+    loaded.module.to(device)
+    return loaded
+
+
+def load_problem(args) -> Problem:
+    """The model and the data of the command line, checked against each other."""
+    model = load_model_from(args)
+    if not args.data.is_file():
+        raise AttributionError(f"No such data file: {args.data}.")
+    with open(args.data, "rb") as file:
+        is_npy = sniff(file.read(16)) == "npy"
+    if is_npy:
+        return _streamed_problem(args, model)
+    for flag in ("labels", "cluster_ids"):
+        if getattr(args, flag) is not None:
+            raise AttributionError(f"--{flag.replace('_', '-')} is for .npy data; {args.data} "
+                                   "holds its own columns: use --label-key / --cluster-key.")
+    features = args.features.split(",") if args.features and "," in args.features \
+        else args.features
+    dataset = data_module.load_data(args.data, features=features, label=args.label_key,
+                                    cluster=args.cluster_key, max_bytes=_file_size(args.data),
+                                    max_rows=args.max_rows)
+    dataset = data_module.check_data(dataset, model)
+    return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names)
+
+
+def _streamed_problem(args, model: LoadedModel) -> Problem:
+    rows = NpyRows(args.data, batch_size=args.batch_size)
+    if tuple(rows.shape[1:]) != tuple(model.input_shape):
+        expected = ", ".join(map(str, model.input_shape))
+        raise AttributionError(
+            f"{args.data} holds samples of shape {list(rows.shape[1:])} but the model expects "
+            f"[{expected}]; save the inputs as [N, {expected}].")
+    n = rows.shape[0]
+    labels = clusters = None
+    if args.labels is not None:
+        labels = data_module._as_labels(_small_npy(args.labels, "labels"), n)
+        if int(labels.max()) >= model.n_classes:
+            raise AttributionError(f"{args.labels} has labels up to {int(labels.max())}, but "
+                                   f"the model's classes are 0..{model.n_classes - 1}.")
+    if args.cluster_ids is not None:
+        clusters = data_module._as_clusters(_small_npy(args.cluster_ids, "cluster ids"), n)
+        data_module.check_clusters(clusters)
+    return Problem(model, rows, labels, clusters, model.class_names)
+
+
+def _small_npy(path: Path, what: str) -> np.ndarray:
+    """A 1-D .npy of per-sample values (labels, cluster ids), read whole: N small numbers."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise AttributionError(f"No such {what} file: {path}.") from None
+    except (ValueError, OSError, EOFError) as error:
+        raise AttributionError(f"{path} is not a readable .npy file of {what} ({error}); save "
+                               "it with numpy.save.") from None
+
+
+def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarray:
+    """Cluster ids [N] from `--clusters` (see `attribution.data.make_clusters`)."""
+    source = args.clusters
+    if source is None:
+        source = ("provided" if problem.provided_clusters is not None
+                  else "label" if problem.labels is not None else "none")
+    if source == "none":
+        return np.full(problem.n_samples, "all")
+    if problem.streamed:
+        if source == "provided":
+            if problem.provided_clusters is None:
+                raise AttributionError("--clusters provided needs --cluster-ids for .npy data.")
+            return problem.provided_clusters
+        if source == "label":
+            if problem.labels is None:
+                raise AttributionError("--clusters label needs --labels for .npy data.")
+            return problem.labels.numpy()
+        if source in ("predicted", "correctness"):
+            predicted = torch.cat([
+                data_module.predict_classes(problem.model, torch.from_numpy(batch),
+                                            batch_size=len(batch)) for batch in problem.inputs])
+            if source == "predicted":
+                return predicted.numpy()
+            if problem.labels is None:
+                raise AttributionError("--clusters correctness needs --labels.")
+            return np.where((predicted == problem.labels).numpy(), "correct", "misclassified")
+        raise AttributionError(f"--clusters {source} needs the data in memory; save it as .npz "
+                               "(under --max-rows samples) or pass precomputed --cluster-ids.")
+    dataset = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
+    return data_module.make_clusters(source, dataset, problem.model, layer=layer, k=args.k,
+                                     seed=args.seed, batch_size=args.batch_size)
+
+
+def targets_of(args, problem: Problem):
+    """`--targets` as the engine's targets: LongTensor [N], None (predicted) or "all"."""
+    choice = args.targets
+    if choice is None:
+        choice = "label" if problem.labels is not None else "predicted"
+    if choice == "label":
+        if problem.labels is None:
+            raise AttributionError("--targets label needs labels, and this data has none "
+                                   "(.npy data: pass --labels); use --targets predicted.")
+        return problem.labels
+    if choice == "predicted":
+        return None
+    if choice == "all":
+        return "all"
+    try:
+        class_id = int(choice)
+    except ValueError:
+        raise AttributionError(f"--targets {choice!r} is not understood: use label, predicted, "
+                               "all or a class id.") from None
+    if not 0 <= class_id < problem.model.n_classes:
+        raise AttributionError(f"--targets {class_id} is not a class of this model "
+                               f"(0..{problem.model.n_classes - 1}).")
+    return torch.full((problem.n_samples,), class_id, dtype=torch.long)
+
+
+def cluster_id(text: str, ids: Sequence) -> object:
+    """The cluster id among `ids` whose text is `text` (ids may be ints or strings)."""
+    for candidate in ids:
+        if str(candidate) == text:
+            return candidate
+    shown = ", ".join(map(str, list(ids)[:20])) + (", ..." if len(ids) > 20 else "")
+    raise AttributionError(f"Cluster {text!r} is not among the cluster ids ({shown}).")
+
+
+# ---------------------------------------------------------------------------- outputs
+
+class ProgressBar:
+    """A tqdm bar on stderr, fed fractions; silent when stderr is not a terminal, with
+    --quiet, or on every rank but 0."""
+
+    def __init__(self, label: str, quiet: bool = False):
+        hidden = quiet or not sys.stderr.isatty() or distributed.rank_and_size()[0] != 0
+        self.bar = tqdm(total=100, desc=label, file=sys.stderr, disable=hidden, leave=False,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+
+    def __call__(self, fraction: float, *_partial) -> None:
+        if math.isfinite(fraction):
+            self.bar.n = round(100 * fraction, 1)
+            self.bar.refresh()
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.bar.close()
+
+
+def _check_table_path(out: str) -> None:
+    if out != "-" and Path(out).suffix.lower() not in TABLE_SUFFIXES:
+        raise AttributionError(f"--out {out}: write a .csv or .parquet file (or '-' for CSV "
+                               "on stdout).")
+
+
+def _prepare(path: Path) -> Path:
+    """`path`, with its folder created; a clear error when that is impossible."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise AttributionError(f"Cannot create the folder {path.parent}: "
+                               f"{error.strerror}.") from None
+    if path.is_dir():
+        raise AttributionError(f"{path} is a folder; give a file name.")
+    return path
+
+
+def write_table(frame: pd.DataFrame, out: str) -> None:
+    """CSV or Parquet by the file's suffix; '-' is CSV on stdout."""
+    if out == "-":
+        frame.to_csv(sys.stdout, index=False)
+        return
+    path = _prepare(Path(out))
+    try:
+        if path.suffix.lower() == ".csv":
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path, index=False)
+    except OSError as error:
+        raise AttributionError(f"Cannot write {path}: {error.strerror or error}.") from None
+
+
+def write_json(value, path: Path) -> None:
+    try:
+        _prepare(path).write_text(json.dumps(value, indent=2, default=_json_value) + "\n")
+    except OSError as error:
+        raise AttributionError(f"Cannot write {path}: {error.strerror or error}.") from None
+
+
+def _json_value(value):
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    return str(value)
+
+
+def _finite_or_none(value: float) -> Optional[float]:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def tidy_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
+    """A `cluster_scores` table -> rows (cluster, [class,] neuron, method, score, n)."""
+    if table.index.nlevels == 1:
+        return plots.tidy_cluster_scores(table, method)
+    parts = []
+    for class_id in table.index.get_level_values("class").unique():
+        part = plots.tidy_cluster_scores(table.xs(class_id, level="class"), method)
+        part.insert(1, "class", class_id)
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _is_writer() -> bool:
+    return distributed.rank_and_size()[0] == 0
+
+
+def _check_layer(problem: Problem, layer: str) -> None:
+    resolve_layer(problem.model.module, layer)
+
+
+# ---------------------------------------------------------------------------- commands
+
+def run_layers(args) -> int:
+    model = load_model_from(args)
+    rows = pd.DataFrame([{"name": info.name, "type": info.kind, "neurons": info.n_neurons,
+                          "shape": "x".join(map(str, info.shape))} for info in model.layers()])
+    if not _is_writer():
+        return EXIT_OK
+    if args.format == "csv":
+        rows.to_csv(sys.stdout, index=False)
+    elif args.format == "json":
+        print(json.dumps(rows.to_dict(orient="records"), indent=2))
+    else:
+        print(rows.to_string(index=False))
+    return EXIT_OK
+
+
+def run_score(args) -> int:
+    _check_table_path(args.out)
+    if args.per_sample is not None and args.per_sample.suffix != ".npy":
+        raise AttributionError(f"--per-sample {args.per_sample}: the file name must end in .npy.")
+    problem = load_problem(args)
+    _check_layer(problem, args.layer)
+    clusters, targets = clusters_of(args, problem, args.layer), targets_of(args, problem)
+    parts = []
+    for method in dict.fromkeys(args.method):
+        per_sample = args.per_sample
+        if per_sample is not None and len(args.method) > 1:
+            per_sample = per_sample.with_name(f"{per_sample.stem}.{method}.npy")
+        if per_sample is not None and _is_writer():
+            _prepare(per_sample)
+        with ProgressBar(method, args.quiet) as bar:
+            statistics = distributed.cluster_statistics(
+                problem.model.module, args.layer, problem.inputs, targets, clusters, method,
+                batch_size=args.batch_size, n_steps=args.n_steps, progress=bar,
+                seed=args.seed, per_sample=per_sample)
+        parts.append(tidy_scores(statistics.frame(args.reduce), method))
+    if _is_writer():
+        write_table(pd.concat(parts, ignore_index=True), args.out)
+    return EXIT_OK
+
+
+def _ks(text: str) -> Optional[list[int]]:
+    if text == "all":
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AttributionError(f"--ks {text!r}: give 'all' or comma-separated integers such "
+                               "as 0,1,2,4,8.") from None
+
+
+def run_curve(args) -> int:
+    _check_table_path(args.out)
+    problem = load_problem(args)
+    _check_layer(problem, args.layer)
+    targets = targets_of(args, problem)
+    if isinstance(targets, str):
+        raise AttributionError("Pruning curves need one target per sample: use --targets "
+                               "label, predicted or a class id, not all.")
+    ks = _ks(args.ks)
+    options = dict(ks=ks, n_random=args.n_random, seed=args.seed, ablation=args.ablation,
+                   metric=args.metric, batch_size=args.batch_size)
+    module, layer = problem.model.module, args.layer
+    if args.cluster is None:
+        clusters, focus = np.full(problem.n_samples, "all"), "all"
+    else:
+        clusters = clusters_of(args, problem, layer)
+        focus = cluster_id(args.cluster, cluster_codes(clusters, len(clusters))[1])
+    with ProgressBar(f"{args.method} scores", args.quiet) as bar:
+        table = distributed.cluster_scores(module, layer, problem.inputs, targets, clusters,
+                                           args.method, reduce=args.reduce,
+                                           batch_size=args.batch_size, n_steps=args.n_steps,
+                                           progress=bar, seed=args.seed)
+    ranking = table.loc[[focus]]
+    with ProgressBar("pruning curves", args.quiet) as bar:
+        if args.cluster is None:
+            curves = distributed.pruning_curve(module, layer, problem.inputs, targets, ranking,
+                                               progress=bar, **options)
+        else:
+            curves = distributed.cluster_pruning_curves(module, layer, problem.inputs, targets,
+                                                        clusters, focus, ranking,
+                                                        progress=bar, **options)
+    if not _is_writer():
+        return EXIT_OK
+    write_table(curves, args.out)
+    if args.summary is not None:
+        summary = curve_summary(curves)
+        write_json({
+            "settings": {"model": str(args.model), "data": str(args.data), "layer": layer,
+                         "method": args.method, "reduce": args.reduce,
+                         "cluster": None if args.cluster is None else focus,
+                         "metric": args.metric, "ablation": args.ablation,
+                         "n_random": args.n_random, "seed": args.seed},
+            "n_samples": curves.attrs["n_samples"],
+            "n_neurons": curves.attrs["n_neurons"],
+            "subsets": {str(subset): {column: _finite_or_none(value)
+                                      for column, value in row.items()}
+                        for subset, row in summary.iterrows()},
+        }, args.summary)
+    return EXIT_OK
+
+
+def _one_process(command: str) -> None:
+    if distributed.rank_and_size()[1] > 1:
+        raise AttributionError(f"`{command}` runs in one process; start it with "
+                               "`python -m attribution`, not torchrun.")
+
+
+def run_diagnose(args) -> int:
+    _one_process("diagnose")
+    problem = load_problem(args)
+    _check_layer(problem, args.layer)
+    targets = targets_of(args, problem)
+    clusters = None if args.clusters == "none" else clusters_of(args, problem, args.layer)
+    focus = None
+    if args.cluster is not None:
+        if clusters is None:
+            raise AttributionError("--cluster needs clusters: choose a --clusters source.")
+        focus = cluster_id(args.cluster, cluster_codes(clusters, len(clusters))[1])
+    user_scores = None if args.user_scores is None else _small_npy(args.user_scores,
+                                                                   "user scores")
+    with ProgressBar("diagnose", args.quiet) as bar:
+        findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
+                            args.method, clusters, cluster=focus, reduce=args.reduce,
+                            user_scores=user_scores, metric=args.metric,
+                            ablation=args.ablation, n_random=args.n_random, seed=args.seed,
+                            batch_size=args.batch_size, n_steps=args.n_steps, progress=bar)
+    records = [{"code": f.code, "severity": f.severity, "value": _finite_or_none(f.value),
+                "message": f.message, "hint": f.hint} for f in findings]
+    if args.out is not None:
+        write_json({"layer": args.layer, "method": args.method, "reduce": args.reduce,
+                    "findings": records}, args.out)
+    print(findings_table(records))
+    failing = {"problem"} if args.fail_on == "problem" else {"problem", "warning"}
+    return EXIT_PROBLEM if any(r["severity"] in failing for r in records) else EXIT_OK
+
+
+def findings_table(records: list[dict], width: int = 100) -> str:
+    """The findings as a plain-text table for the terminal: verdict, check, value, message."""
+    lines = [f"{'severity':<9} {'check':<28} {'value':>10}  message", "-" * width]
+    for record in records:
+        value = record["value"]
+        shown = "" if value is None else f"{value:.3g}"
+        head = f"{record['severity'].upper():<9} {record['code']:<28} {shown:>10}  "
+        body = textwrap.wrap(record["message"], width - len(head)) or [""]
+        lines.append(head + body[0])
+        lines += [" " * len(head) + line for line in body[1:]]
+        if record["hint"]:
+            lines += [" " * len(head) + line
+                      for line in textwrap.wrap("-> " + record["hint"], width - len(head))]
+    problems = sum(r["severity"] == "problem" for r in records)
+    warnings = sum(r["severity"] == "warning" for r in records)
+    lines.append("-" * width)
+    lines.append(f"{problems} problem(s), {warnings} warning(s), "
+                 f"{len(records) - problems - warnings} ok")
+    return "\n".join(lines)
+
+
+def run_report(args) -> int:
+    _one_process("report")
+    if args.out.suffix.lower() not in (".html", ".htm"):
+        raise AttributionError(f"--out {args.out}: the report is an .html file.")
+    problem = load_problem(args)
+    _check_layer(problem, args.layer)
+    dataset = in_memory(problem, args)
+    source = args.clusters or ("provided" if problem.provided_clusters is not None
+                               else "label" if problem.labels is not None else "none")
+    if source == "none":
+        raise AttributionError("The report compares clusters: choose a --clusters source "
+                               f"({', '.join(data_module.CLUSTER_SOURCES)}).")
+    targets = args.targets or ("label" if problem.labels is not None else "predicted")
+    if targets == "all":
+        raise AttributionError("The report scores one class per sample: use --targets "
+                               "label, predicted or a class id, not all.")
+    target, fixed_class = {"label": ("true", 0), "predicted": ("predicted", 0)}.get(
+        targets, ("fixed", None))
+    if target == "fixed":
+        targets_of(args, problem)  # checks the class id
+        fixed_class = int(targets)
+    methods = list(dict.fromkeys(args.method))
+    settings = AnalysisSettings(
+        layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,
+        k=args.k, cluster=args.cluster, reduce=args.reduce, target=target,
+        fixed_class=fixed_class, metric=args.metric, n_random=args.n_random,
+        batch_size=args.batch_size, seed=args.seed)
+    with ProgressBar("report", args.quiet) as bar:
+        content = collect_report(problem.model, dataset, settings, title=args.title,
+                                 progress=bar)
+    try:
+        _prepare(args.out).write_text(render_report(content), encoding="utf-8")
+        if args.csv_dir is not None:
+            args.csv_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in report_csvs(content).items():
+                (args.csv_dir / name).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise AttributionError(f"Cannot write {error.filename}: {error.strerror}.") from None
+    return EXIT_OK
+
+
+def in_memory(problem: Problem, args) -> data_module.Dataset:
+    """The problem's data as an in-memory `Dataset` (read whole from a .npy when it fits)."""
+    inputs = problem.inputs
+    if problem.streamed:
+        if problem.n_samples > args.max_rows:
+            raise AttributionError(f"This command holds the data in memory, and {args.data} "
+                                   f"has {problem.n_samples} samples (over --max-rows "
+                                   f"{args.max_rows}); score a sample of it, or raise --max-rows.")
+        inputs = torch.from_numpy(np.concatenate(list(inputs)))
+    return data_module.Dataset(inputs, problem.labels, problem.provided_clusters,
+                               class_names=problem.class_names)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; returns the exit code (never raises for a user's mistake)."""
+    args = build_parser().parse_args(argv)
+    joined = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # libraries' notes to developers
+            joined = distributed.join_from_environment(
+                distributed.device_for_rank(args.device))
+            return args.run(args)
+    except AttributionError as error:
+        _say(f"error: {error}")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as error:  # a bug, not a user's mistake
+        if args.traceback:
+            raise
+        _say(f"internal error ({type(error).__name__}: {error}). This is a bug in attribution; "
+             "rerun with --traceback and report it.")
+        return EXIT_INTERNAL
+    finally:
+        distributed.leave(joined)
+
+
+def _say(message: str) -> None:
+    rank, size = distributed.rank_and_size()
+    print(f"[rank {rank}] {message}" if size > 1 else message, file=sys.stderr)

@@ -1,0 +1,265 @@
+"""`python -m attribution`: every command through a subprocess, its outputs parsed and checked
+against the library, its exit codes, and one clear message for each kind of bad input."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attribution as at
+from attribution import cli, distributed, pruning
+from attribution.data import check_data, load_data
+from attribution.loading import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "demo" / "digits_mlp.pt2"
+DATA = ROOT / "demo" / "digits.npz"
+LAYER = "fc2"
+
+
+def command(*args):
+    return [sys.executable, "-m", "attribution", *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """(module, dataset) of the digits demo, loaded as the command line loads it."""
+    model = load_model(MODEL)
+    return model.module, check_data(load_data(DATA), model)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One subprocess per command, all started at once: name -> (exit code, stdout, stderr,
+    the folder it wrote to)."""
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "broken.pt2").write_bytes(b"PK\x03\x04 this is not really a zip")
+    common = ("--model", MODEL, "--data", DATA, "--layer", LAYER)
+    commands = {
+        "layers": command("layers", "--model", MODEL, "--format", "json"),
+        "score": command("score", *common, "--method", "gradient", "ablation",
+                         "--reduce", "mean_abs", "--out", folder / "scores.csv",
+                         "--per-sample", folder / "s.npy"),
+        "curve": command("curve", *common, "--cluster", "even", "--reduce", "mean_abs",
+                         "--n-random", "8", "--ks", "0,2,4,8,16",
+                         "--out", folder / "curve.csv", "--summary", folder / "summary.json"),
+        "diagnose": command("diagnose", *common, "--n-random", "8",
+                            "--out", folder / "findings.json"),
+        "report": command("report", *common, "--method", "gradient", "gradient_x_activation",
+                          "--cluster", "odd", "--n-random", "5",
+                          "--out", folder / "report.html", "--csv-dir", folder / "tables"),
+        "bad-file": command("score", "--model", folder / "broken.pt2", "--data", DATA,
+                            "--layer", LAYER, "--out", folder / "x.csv"),
+    }
+    started = {name: subprocess.Popen(arguments, cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+               for name, arguments in commands.items()}
+    results = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=600)
+        results[name] = (process.returncode, out, err, folder)
+    return results
+
+
+def in_process(*args, capsys):
+    """(exit code, stdout, stderr) of `cli.main` in this process (fast, same code path)."""
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_layers_lists_every_scorable_layer(runs, capsys):
+    code, out, err, _ = runs["layers"]
+    assert code == 0 and err == ""
+    layers = json.loads(out)
+    assert [row["name"] for row in layers] == ["fc1", "relu1", "fc2", "relu2", "out"]
+    assert layers[2] == {"name": "fc2", "type": "Linear", "neurons": 16, "shape": "16"}
+    code, out, _ = in_process("layers", "--model", MODEL, capsys=capsys)
+    assert code == 0 and out.split()[:4] == ["name", "type", "neurons", "shape"]
+
+
+def test_score_writes_the_tidy_table_and_per_sample_scores(runs, demo):
+    code, out, err, folder = runs["score"]
+    assert code == 0 and out == "" and err == ""  # no progress bar when stderr is a pipe
+    module, dataset = demo
+    table = pd.read_csv(folder / "scores.csv")
+    assert list(table.columns) == ["cluster", "neuron", "method", "score", "n"]
+    assert len(table) == 2 * 2 * 16  # methods x clusters ("even", "odd") x neurons
+    for method in ("gradient", "ablation"):
+        expected = at.cluster_scores(module, LAYER, dataset.inputs, dataset.labels,
+                                     dataset.clusters, method, reduce="mean_abs")
+        rows = table[table["method"] == method].pivot(index="cluster", columns="neuron",
+                                                      values="score")
+        np.testing.assert_allclose(rows.to_numpy(), expected.drop(columns="n").to_numpy(),
+                                   rtol=1e-6)
+        assert table[table["method"] == method].groupby("cluster")["n"].first().to_dict() \
+            == expected["n"].to_dict()
+        per_sample = np.load(folder / f"s.{method}.npy")
+        np.testing.assert_allclose(per_sample, at.neuron_scores(
+            module, LAYER, dataset.inputs, dataset.labels, method).numpy(), rtol=1e-6)
+
+
+def test_score_streams_npy_files_to_the_same_table(tmp_path, demo, capsys):
+    _, dataset = demo
+    np.save(tmp_path / "inputs.npy", dataset.inputs.numpy())
+    np.save(tmp_path / "labels.npy", dataset.labels.numpy())
+    np.save(tmp_path / "clusters.npy", dataset.clusters)
+    common = ("--model", MODEL, "--layer", LAYER, "--method", "random", "--reduce", "std")
+    code, _, err = in_process("score", *common, "--data", DATA,
+                              "--out", tmp_path / "memory.parquet", capsys=capsys)
+    assert code == 0, err
+    code, _, err = in_process("score", *common, "--data", tmp_path / "inputs.npy",
+                              "--labels", tmp_path / "labels.npy",
+                              "--cluster-ids", tmp_path / "clusters.npy", "--batch-size", "50",
+                              "--out", tmp_path / "streamed.parquet", capsys=capsys)
+    assert code == 0, err
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "streamed.parquet"),
+                                  pd.read_parquet(tmp_path / "memory.parquet"),
+                                  rtol=1e-6, atol=1e-9)
+
+
+def test_score_all_classes_adds_a_class_column(capsys):
+    code, out, err = in_process("score", "--model", MODEL, "--data", DATA, "--layer", LAYER,
+                                "--targets", "all", "--clusters", "none", "--out", "-",
+                                capsys=capsys)
+    assert code == 0, err
+    table = pd.read_csv(io.StringIO(out))
+    assert list(table.columns) == ["cluster", "class", "neuron", "method", "score", "n"]
+    assert len(table) == 10 * 16 and set(table["cluster"]) == {"all"}
+    assert (table["n"] == 719).all()
+
+
+def test_curve_writes_curves_and_summary(runs, demo):
+    code, _, err, folder = runs["curve"]
+    assert code == 0, err
+    module, dataset = demo
+    curves = pd.read_csv(folder / "curve.csv")
+    ranking = at.cluster_scores(module, LAYER, dataset.inputs, dataset.labels,
+                                dataset.clusters, reduce="mean_abs").loc[["even"]]
+    expected = pruning.cluster_pruning_curves(module, LAYER, dataset.inputs, dataset.labels,
+                                              dataset.clusters, "even", ranking, n_random=8,
+                                              ks=[0, 2, 4, 8, 16])
+    pd.testing.assert_frame_equal(curves, expected, check_dtype=False, rtol=1e-9)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["settings"]["cluster"] == "even" and summary["n_neurons"] == 16
+    assert summary["n_samples"] == {"cluster": 356, "rest": 363}
+    expected_summary = pruning.curve_summary(expected)
+    for subset in ("cluster", "rest"):
+        assert summary["subsets"][subset] == pytest.approx(
+            expected_summary.loc[subset].to_dict())
+
+
+def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):
+    code, out, err, folder = runs["diagnose"]
+    findings = json.loads((folder / "findings.json").read_text())["findings"]
+    severities = {f["code"]: f["severity"] for f in findings}
+    assert "problem" not in severities.values() and code == 0, err
+    assert severities["sign_cancellation"] == "warning"
+    for finding in findings:  # the table shows every check with its verdict
+        assert f"{finding['severity'].upper():<9} {finding['code']}" in out
+    common = ("diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--n-random", "8",
+              "--quiet")
+    assert in_process(*common, "--fail-on", "warning", capsys=capsys)[0] == 1
+    code, out, _ = in_process(*common, "--method", "random", "--clusters", "none",
+                              capsys=capsys)
+    assert code == 1 and "PROBLEM   not_better_than_random" in out
+
+
+def test_report_is_one_offline_html_file(runs):
+    code, _, err, folder = runs["report"]
+    assert code == 0, err
+    page = (folder / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "fc2" in page
+    assert "Plotly" in page and "<script src=" not in page  # plotly.js is inline
+    assert "<link" not in page and 'src="http' not in page  # nothing to fetch when opened
+    scores = pd.read_csv(folder / "tables" / "cluster_scores.csv")
+    assert set(scores["method"]) == {"gradient", "gradient_x_activation"}
+    assert (folder / "tables" / "pruning_curves.csv").is_file()
+
+
+def test_a_bad_file_through_the_real_entry_point_gives_one_line(runs):
+    code, out, err, folder = runs["bad-file"]
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and not (folder / "x.csv").exists()
+
+
+# ------------------------------------------------------- bad input: one message, exit 2
+
+def bad_inputs(tmp: Path):
+    """(arguments, a phrase the message must contain) for every kind of mistake."""
+    (tmp / "empty.npz").write_bytes(b"")
+    (tmp / "notes.txt").write_text("hello")
+    (tmp / "image.npz").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    np.save(tmp / "wide.npy", np.zeros((5, 7), dtype=np.float32))
+    np.save(tmp / "inputs.npy", np.zeros((5, 64), dtype=np.float32))
+    np.save(tmp / "short_labels.npy", np.zeros(3, dtype=np.int64))
+    np.save(tmp / "big_labels.npy", np.full(5, 40))
+    score = ["score", "--model", MODEL, "--layer", LAYER, "--out", tmp / "out.csv"]
+    return [
+        (["score", "--model", tmp / "absent.pt2", "--data", DATA, "--layer", LAYER,
+          "--out", tmp / "o.csv"], "No such model file"),
+        (score + ["--data", tmp / "absent.npz"], "No such data file"),
+        (score + ["--data", tmp / "empty.npz"], "empty"),
+        (score + ["--data", tmp / "image.npz"], "a PNG image, not a data file"),
+        (["score", "--model", MODEL, "--data", DATA, "--layer", "fc9", "--out",
+          tmp / "o.csv"], "Valid layer names: fc1"),
+        (score + ["--data", DATA, "--method", "saliency"], "invalid choice: 'saliency'"),
+        (score + ["--data", DATA, "--batch-size", "0"], "positive integer"),
+        (["score", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--out",
+          tmp / "o.txt"], ".csv or .parquet"),
+        (score + ["--data", DATA, "--targets", "11"], "not a class of this model"),
+        (score + ["--data", DATA, "--targets", "best"], "not understood"),
+        (score + ["--data", DATA, "--device", "cuda:0"] if not torch.cuda.is_available()
+         else score + ["--data", DATA, "--device", "cuda:99"], "cuda"),
+        (score + ["--data", DATA, "--device", "tpu"], "Unknown device"),
+        (score + ["--data", tmp / "wide.npy"], "the model expects [64]"),
+        (score + ["--data", tmp / "inputs.npy", "--labels", tmp / "short_labels.npy"],
+         "one class id per sample (5)"),
+        (score + ["--data", tmp / "inputs.npy", "--labels", tmp / "big_labels.npy"],
+         "0..9"),
+        (score + ["--data", tmp / "inputs.npy", "--clusters", "kmeans_inputs"],
+         "needs the data in memory"),
+        (score + ["--data", DATA, "--labels", tmp / "short_labels.npy"], "for .npy data"),
+        (score + ["--data", DATA, "--per-sample", tmp / "p.txt"], "must end in .npy"),
+        (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--cluster", "seven",
+          "--out", tmp / "c.csv"], "'seven' is not among the cluster ids (even, odd)"),
+        (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "1,x",
+          "--out", tmp / "c.csv"], "comma-separated integers"),
+        (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "0,99",
+          "--out", tmp / "c.csv"], "ks must lie in 0..16"),
+        (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--targets", "all",
+          "--out", tmp / "c.csv"], "one target per sample"),
+        (["diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--user-scores",
+          tmp / "notes.txt"], "not a readable .npy"),
+        (["layers"], "the following arguments are required: --model"),
+    ]
+
+
+def test_every_bad_input_gives_one_clear_message_and_exit_2(tmp_path, capsys):
+    for arguments, phrase in bad_inputs(tmp_path):
+        try:
+            code = cli.main([str(a) for a in arguments])
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+        captured = capsys.readouterr()
+        assert code == 2, (arguments, captured.err)
+        assert phrase in captured.err, (arguments, captured.err)
+        assert captured.err.startswith("error: ") and "Traceback" not in captured.err
+        assert captured.out == ""
+
+
+def test_a_bug_is_reported_as_an_internal_error(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("something inside broke")
+
+    monkeypatch.setattr(distributed, "cluster_statistics", broken)
+    code = cli.main(["score", "--model", str(MODEL), "--data", str(DATA), "--layer", LAYER,
+                     "--out", "-"])
+    assert code == 3
+    assert "internal error (RuntimeError: something inside broke)" in capsys.readouterr().err
