@@ -76,7 +76,8 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
     Returns:
         DataFrame with columns `CURVE_COLUMNS`, one row per k (ascending). `attrs` holds
         metric, ablation, n_neurons, n_samples, n_random, seed, random_orders [n_random,
-        n_neurons] and random_curves [n_random, len(ks)] (for `curve_summary`).
+        n_neurons] and random_curves [n_random, len(ks)] (for `curve_summary`); the last two
+        are nested lists, not arrays, so that pd.concat of curve frames keeps working.
     """
     return _curves(model, layer, inputs, targets, scores, None, None, ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,
@@ -180,9 +181,7 @@ def neuron_vector(scores, n_neurons: int) -> np.ndarray:
                                    f"a table of {len(scores)} rows.")
         scores = scores.iloc[0]
     if isinstance(scores, pd.Series):
-        neuron_labels = [label for label in scores.index
-                         if isinstance(label, (int, np.integer)) and not isinstance(label, bool)]
-        scores = scores[neuron_labels].to_numpy()
+        scores = scores.drop("n", errors="ignore").to_numpy()  # a cluster_scores row's size
     if isinstance(scores, torch.Tensor):
         scores = scores.detach().cpu().numpy()
     values = np.asarray(scores, dtype=np.float64).reshape(-1)
@@ -320,7 +319,7 @@ class _LayerPasses:
 def _metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
     """Per-row metric [R] for logits [R, C] and targets [R]."""
     if metric == "accuracy":
-        return (logits.argmax(1) == targets).to(logits.dtype)
+        return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
     if metric == "target_logit":
         return logits.gather(1, targets[:, None])[:, 0]
     return functional.cross_entropy(logits, targets, reduction="none")
@@ -334,14 +333,17 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
     budget = _ELEMENTS_PER_PASS["cpu" if z.device.type == "cpu" else "other"]
     per_pass = max(1, budget // max(1, z[0].numel()) // rows)
     subset_matrix = functional.one_hot(captured.groups, n_groups).double()  # [B, G]
+    multiply = fill is None and bool(torch.isfinite(z).all())  # 0 * inf would be NaN
+    if fill is None:
+        fill = torch.zeros((), dtype=z.dtype, device=z.device)
     sums = []
     with torch.no_grad():
         for begin in range(0, removed.shape[0], per_pass):
             chunk = removed[begin:begin + per_pass]
             count = chunk.shape[0]
             mask = chunk.view((count, 1, chunk.shape[1]) + (1,) * (z.dim() - 2))
-            if fill is None:
-                variants = z.unsqueeze(0).masked_fill(mask, 0)
+            if multiply:  # ~2.5x faster than masked_fill / where on a CPU
+                variants = z.unsqueeze(0) * (~mask).to(z.dtype)
             else:
                 variants = torch.where(mask, fill, z.unsqueeze(0))
             logits = runner.tail(variants.flatten(0, 1), captured.state, count)
@@ -413,7 +415,9 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
         if ablation == "mean":
             fill = (passes.z_sum / passes.counts.sum()).to(passes.z_dtype)
         rounds = refinement_rounds(len(ks))
-        if not passes.cached:  # every round re-reads the inputs: one coarse round, then the rest
+        if progress is None:  # nobody watches: one round, fewest passes
+            rounds = [sum(rounds, [])]
+        elif not passes.cached:  # every round re-reads the inputs: a coarse round, the rest
             rounds = rounds[:1] + ([sum(rounds[1:], [])] if len(rounds) > 1 else [])
         sums = torch.zeros(masks.shape[0], len(ks), n_groups, dtype=torch.float64)
         done: list[int] = []
@@ -454,12 +458,12 @@ def _frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: lis
         if subset is not None:
             part.insert(0, "subset", subset)
         parts.append(part)
-        random_curves[subset], sizes[subset] = draws, int(counts[group])
+        random_curves[subset], sizes[subset] = draws.tolist(), int(counts[group])
     frame = pd.concat(parts, ignore_index=True)
     single = subset_names is None
     frame.attrs = {
         "metric": metric, "ablation": ablation, "n_neurons": int(orders.shape[1]),
-        "n_random": n_random, "seed": seed, "random_orders": orders[2:].numpy(),
+        "n_random": n_random, "seed": seed, "random_orders": orders[2:].tolist(),
         "n_samples": sizes[None] if single else sizes,
         "random_curves": random_curves[None] if single else random_curves,
     }

@@ -1,0 +1,347 @@
+"""The degeneracy check: every finding fires on a model built to trigger it, and stays quiet on
+a healthy one. The hand-written loops below are the user's own (seeds 000 and 002)."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.diagnose import CHECKS, SEVERITIES
+
+from . import references
+
+WIDTH = 8
+
+
+class HandSetNet(nn.Module):
+    """x [N, 2] -> fc (8 pre-activations, all on) -> relu -> head (2 logits).
+
+    Neuron j adds w_j * z_j to logit 0 and subtracts it from logit 1, with w falling 4 .. 0.5,
+    so importance is known: the gradient of logit 0 is +w, of logit 1 is -w.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, WIDTH)
+        self.relu = nn.ReLU()
+        self.head = nn.Linear(WIDTH, 2)
+        generator = torch.Generator().manual_seed(0)
+        weights = torch.linspace(4.0, 0.5, WIDTH)
+        with torch.no_grad():
+            self.fc.weight.copy_(0.1 * torch.randn(WIDTH, 2, generator=generator))
+            self.fc.bias.fill_(2.0)
+            self.head.weight.copy_(torch.stack([weights, -weights]))
+            self.head.bias.zero_()
+
+    def forward(self, x):
+        return self.head(self.relu(self.fc(x)))
+
+
+def data(n=40):
+    """(inputs [n, 2], targets alternating 0, 1)."""
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(n, 2, generator=generator), torch.arange(n) % 2
+
+
+def by_code(findings):
+    return {finding.code: finding for finding in findings}
+
+
+def healthy_run(**kwargs):
+    model, (x, y) = HandSetNet().eval(), data()
+    return by_code(at.diagnose(model, "fc", x, y, "gradient", y.numpy(), **kwargs))
+
+
+# ------------------------------------------------------------------ the user's own loops
+
+def seed_002_whole_batch_loop(model, layer, inputs, targets):
+    """Seed 002: `inputs.unsqueeze(0)` feeds the whole batch on every iteration.
+
+    (As written, `output[target_i]` picks a row of the [B, C] output and cannot backward;
+    indexing sample i is the smallest change that runs.) Returns the seed's result, the mean
+    over dim 0 of the captured [1, B, n] gradients: [B, n].
+    """
+    inputs = inputs.clone()
+    inputs.requires_grad = True
+    attributions = []
+
+    def hook_fn(module, grad_input, grad_output):
+        attributions.append(grad_output[0].detach().cpu())
+
+    handle = layer.register_full_backward_hook(hook_fn)
+    for i in range(len(inputs)):
+        input_i = inputs.unsqueeze(0)  # Add batch dimension
+        output = model(input_i).squeeze()
+        target_i = targets[i].item()
+        output[i, target_i].backward()
+    handle.remove()
+    grads_tensor = torch.cat(attributions, dim=0)
+    return grads_tensor.mean(dim=0)
+
+
+def seed_002_whole_batch_rows(model, layer, inputs, targets):
+    """The same loop, keeping every captured gradient: [B, B, n]."""
+    inputs = inputs.clone().requires_grad_(True)
+    attributions = []
+    handle = layer.register_full_backward_hook(
+        lambda module, grad_input, grad_output: attributions.append(grad_output[0].detach()))
+    for i in range(len(inputs)):
+        output = model(inputs.unsqueeze(0)).squeeze()
+        output[i, targets[i].item()].backward()
+    handle.remove()
+    return torch.cat(attributions, dim=0)
+
+
+def seed_000_stale_gradient_loop(model, layer, inputs, targets):
+    """Seed 000's loop and belief ("no need to zero the grads"), reading dF/dz of a Linear
+    from its bias gradient, which does accumulate across backward calls. [B, n]"""
+    rows = []
+    for i in range(len(inputs)):
+        input_i = inputs[i].unsqueeze(0)
+        output = model(input_i).squeeze()
+        target_i = targets[i].item()
+        output[target_i].backward()
+        # We do not need to zero the grads since only the model param grads are accumulated
+        rows.append(layer.bias.grad.detach().clone())
+    return torch.stack(rows)
+
+
+class LeakyGradientAttribution:
+    """Seed 000's class with its hook registered per call and never removed, appending to a
+    list the object keeps: the second call returns rows from both calls and both hooks."""
+
+    def __init__(self, model):
+        self.model = model
+        self.attributions = []
+
+    def attribute(self, layer, inputs, targets):
+        layer.register_full_backward_hook(
+            lambda module, grad_input, grad_output:
+                self.attributions.append(grad_output[0].detach().cpu()))
+        for i in range(len(inputs)):
+            output = self.model(inputs[i].unsqueeze(0).requires_grad_(True)).squeeze()
+            output[targets[i].item()].backward()
+        return torch.cat(self.attributions, dim=0)
+
+
+# ------------------------------------------------------------------------- healthy case
+
+def test_a_healthy_model_gets_all_ok_in_check_order():
+    findings = at.diagnose(HandSetNet().eval(), "fc", *data(), "gradient", data()[1].numpy())
+    assert [finding.code for finding in findings] == list(CHECKS[:-1])
+    for finding in findings:
+        assert finding.severity == "ok", finding
+        assert finding.message and finding.hint == ""
+
+
+def test_findings_carry_a_severity_a_sentence_a_value_and_a_hint():
+    model, (x, y) = HandSetNet().eval(), data()
+    findings = at.diagnose(model, "fc", x, y, "gradient")  # both classes in one cluster
+    for finding in findings:
+        assert finding.severity in SEVERITIES and isinstance(finding.value, float)
+        assert finding.message.endswith(".")
+        assert (finding.hint != "") == (finding.severity != "ok")
+
+
+# -------------------------------------------------------------------------------- checks
+
+def test_sign_cancellation_on_a_mixed_class_cluster():
+    model, (x, y) = HandSetNet().eval(), data()
+    mixed = by_code(at.diagnose(model, "fc", x, y, "gradient"))["sign_cancellation"]
+    assert mixed.severity == "problem" and mixed.value == pytest.approx(0.0, abs=1e-6)
+    assert "mean_abs" in mixed.hint
+    per_class = healthy_run()["sign_cancellation"]
+    assert per_class.severity == "ok" and per_class.value == pytest.approx(1.0)
+    magnitudes = by_code(at.diagnose(model, "fc", x, y, "gradient", reduce="mean_abs"))
+    assert magnitudes["sign_cancellation"].severity == "ok"
+
+
+def test_sign_cancellation_warning_when_a_quarter_of_the_mass_has_the_other_sign():
+    model, (x, _) = HandSetNet().eval(), data()
+    targets = (torch.arange(40) % 3 == 0).long()  # 26 of class 0, 14 of class 1: |26-14|/40
+    finding = by_code(at.diagnose(model, "fc", x, targets, "gradient"))["sign_cancellation"]
+    assert finding.severity == "warning"
+    assert finding.value == pytest.approx(12 / 40, abs=1e-6)
+
+
+@pytest.mark.parametrize("layer", ["fc", "relu"])
+def test_dead_neurons_from_a_bias_pushed_hugely_negative(layer):
+    model, (x, y) = HandSetNet().eval(), data()
+    with torch.no_grad():
+        model.fc.bias[[1, 6]] = -1e4
+    finding = by_code(at.diagnose(model, layer, x, y, "gradient", y.numpy()))["dead_neurons"]
+    assert finding.severity == "warning" and finding.value == pytest.approx(2 / WIDTH)
+    assert "neurons 1, 6" in finding.message
+    with torch.no_grad():
+        model.fc.bias[:5] = -1e4
+    finding = by_code(at.diagnose(model, layer, x, y, "gradient"))["dead_neurons"]
+    assert finding.severity == "problem" and finding.value == pytest.approx(6 / WIDTH)
+
+
+def test_neurons_silent_on_one_cluster_only_are_reported_but_not_flagged():
+    model, (x, y) = HandSetNet().eval(), data()
+    with torch.no_grad():
+        model.fc.weight[3] = torch.tensor([100.0, 0.0])  # on only where x0 > -0.02
+        model.fc.bias[3] = 2.0
+    clusters = np.where(x[:, 0].numpy() > 0, "positive", "negative")
+    finding = by_code(at.diagnose(model, "fc", x, y, "gradient", clusters))["dead_neurons"]
+    assert finding.severity == "ok" and "silent on this cluster only" in finding.message
+    assert "'negative'" in finding.message
+
+
+def test_tiny_scores_relative_to_the_logit_scale_and_to_float_precision():
+    model, (x, y) = HandSetNet().eval(), data()
+    with torch.no_grad():
+        model.head.bias.copy_(torch.tensor([5.0, -5.0]))  # the logit scale, independent of fc
+        model.head.weight.mul_(3e-4)
+    small = by_code(at.diagnose(model, "fc", x, y, "gradient", y.numpy()))["tiny_scores"]
+    assert small.severity == "warning" and 1.2e-4 < small.value < 0.01 / WIDTH
+    with torch.no_grad():
+        model.head.weight.mul_(1e-6)
+    rounding = by_code(at.diagnose(model, "fc", x, y, "gradient_x_activation",
+                                   y.numpy()))["tiny_scores"]
+    assert rounding.severity == "problem" and rounding.value < 1.2e-4
+    assert healthy_run()["tiny_scores"].severity == "ok"
+
+
+def test_constant_scores_when_every_neuron_outputs_the_same():
+    model, (x, y) = HandSetNet().eval(), data()
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.bias.fill_(1.0)
+    finding = by_code(at.diagnose(model, "fc", x, y, "activation", y.numpy()))["constant_scores"]
+    assert finding.severity == "problem" and finding.value == 0.0
+    assert healthy_run()["constant_scores"].severity == "ok"
+
+
+def test_non_finite_scores_stop_the_other_checks():
+    model, (x, y) = HandSetNet().eval(), data()
+    with torch.no_grad():
+        model.head.weight[0, 2] = float("nan")
+    findings = at.diagnose(model, "fc", x, y, "gradient")
+    assert [(f.code, f.severity) for f in findings] == [("non_finite", "problem")]
+    assert findings[0].value == pytest.approx(1 / WIDTH)  # neuron 2 on every sample (0 * NaN)
+    assert healthy_run()["non_finite"].severity == "ok"
+
+
+def test_random_scores_are_not_better_than_random():
+    model, (x, y) = HandSetNet().eval(), data()
+    verdicts = [by_code(at.diagnose(model, "fc", x, y, "random", y.numpy(), cluster=0,
+                                    seed=seed))["not_better_than_random"]
+                for seed in range(5)]
+    assert sum(finding.severity != "ok" for finding in verdicts) >= 4
+    assert healthy_run()["not_better_than_random"].value == 1.0
+
+
+def test_a_ranking_reversed_against_the_ablation_oracle_disagrees():
+    model = nn.Sequential(nn.Linear(2, 6), nn.ReLU(), nn.Linear(6, 2))
+    with torch.no_grad():  # activations rise 1..6, effects on logit 0 fall as 1/z
+        model[0].weight.zero_()
+        model[0].bias.copy_(torch.arange(1.0, 7.0))
+        model[2].weight.copy_(torch.stack([1 / torch.arange(1.0, 7.0) ** 2, torch.zeros(6)]))
+        model[2].bias.zero_()
+    x, y = data()[0], torch.zeros(40, dtype=torch.long)
+    finding = by_code(at.diagnose(model.eval(), "1", x, y, "activation"))
+    assert finding["disagrees_with_ablation"].severity == "problem"
+    assert finding["disagrees_with_ablation"].value == pytest.approx(-1.0)
+    assert finding["not_better_than_random"].severity == "problem"
+    assert healthy_run()["disagrees_with_ablation"].value == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------- the user's gradient code
+
+def capture(model, user_scores, **kwargs):
+    x, y = data()
+    return by_code(at.diagnose(model, "fc", x, y, "gradient", user_scores=user_scores,
+                               **kwargs))["suspicious_gradient_capture"]
+
+
+def test_the_correct_per_sample_loop_matches_the_engine():
+    model, (x, y) = HandSetNet().eval(), data()
+    per_sample = references.per_sample_gradient(model, model.fc, x, y)
+    finding = capture(model, per_sample)
+    assert finding.severity == "ok" and finding.value < 1e-6
+    assert capture(model, per_sample.mean(0).numpy()).severity == "ok"  # a cluster mean [n]
+
+
+def test_the_whole_batch_loop_of_seed_002_is_caught_and_named():
+    model, (x, y) = HandSetNet().eval(), data()
+    scores = seed_002_whole_batch_loop(model, model.fc, x, y)
+    finding = capture(model, scores)
+    assert finding.severity == "problem"
+    assert "divided by 40" in finding.message and "inputs[i].unsqueeze(0)" in finding.message
+    rows = capture(model, seed_002_whole_batch_rows(model, model.fc, x, y))
+    assert rows.severity == "problem" and "whole batch" in rows.message
+
+
+def test_stale_gradients_accumulating_across_backward_calls_are_caught():
+    model, (x, y) = HandSetNet().eval(), data()
+    model.zero_grad()
+    finding = capture(model, seed_000_stale_gradient_loop(model, model.fc, x, y))
+    assert finding.severity == "problem" and "accumulate" in finding.message
+    model.zero_grad()
+    cluster_mean = seed_000_stale_gradient_loop(model, model.fc, x, y).mean(0)
+    assert "accumulate" in capture(model, cluster_mean).message
+
+
+def test_hooks_appended_across_calls_are_caught():
+    model, (x, y) = HandSetNet().eval(), data()
+    attribution = LeakyGradientAttribution(model)
+    first = attribution.attribute(model.fc, x, y)
+    assert capture(model, first).severity == "ok"
+    second = attribution.attribute(model.fc, x, y)
+    finding = capture(model, second)
+    assert finding.severity == "problem" and finding.value == 3.0
+    assert "hooks registered by earlier calls" in finding.message
+
+
+def test_a_capture_array_of_the_wrong_shape_is_a_user_error():
+    model = HandSetNet().eval()
+    with pytest.raises(at.AttributionError, match=r"\[40, 8\]"):
+        capture(model, np.zeros((40, 5)))
+    with pytest.raises(at.AttributionError, match="one row per sample"):
+        capture(model, np.zeros((41, 8)))
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+def test_one_cluster_is_analysed_alone_when_named():
+    model, (x, y) = HandSetNet().eval(), data()
+    one = by_code(at.diagnose(model, "fc", x, y, "gradient", y.numpy(), cluster=1,
+                              user_scores=references.per_sample_gradient(
+                                  model, model.fc, x[y == 1], y[y == 1])))
+    assert all(finding.severity == "ok" for finding in one.values())
+    assert not one["sign_cancellation"].message.startswith("Cluster")
+
+
+def test_a_raising_progress_propagates_and_leaves_the_model_untouched():
+    model, (x, y) = HandSetNet(), data()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    updates = []
+
+    def stop(fraction, findings):
+        updates.append(fraction)
+        if fraction >= 0.5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        at.diagnose(model, "fc", x, y, progress=stop)
+    assert model.training and all(not m._forward_hooks for m in model.modules())
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+    assert updates == sorted(updates)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(method="saliency"), "Unknown method"),
+    (dict(reduce="median"), "reduce"),
+    (dict(targets="all"), "one target per sample"),
+    (dict(cluster=0), "clusters="),
+    (dict(clusters=np.arange(40) % 2, cluster=7), "7 is not among"),
+])
+def test_user_mistakes_raise_one_actionable_error(change, match):
+    model, (x, y) = HandSetNet().eval(), data()
+    arguments = dict(targets=y)
+    arguments.update(change)
+    targets = arguments.pop("targets")
+    with pytest.raises(at.AttributionError, match=match):
+        at.diagnose(model, "fc", x, targets, **arguments)
