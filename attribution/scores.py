@@ -341,10 +341,11 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         if sums is None:
             sums, sums_abs, sums_sq = (torch.zeros((len(ids),) + values.shape[1:],
                                                    dtype=torch.float64) for _ in range(3))
-        counts.index_add_(0, index, torch.ones(len(index), dtype=torch.float64))
-        sums.index_add_(0, index, values)
-        sums_abs.index_add_(0, index, values.abs())
-        sums_sq.index_add_(0, index, values * values)
+        # index_put_ with accumulate: index_add_ is ~250x slower when every index is equal
+        counts.index_put_((index,), torch.ones(len(index), dtype=torch.float64), accumulate=True)
+        sums.index_put_((index,), values, accumulate=True)
+        sums_abs.index_put_((index,), values.abs(), accumulate=True)
+        sums_sq.index_put_((index,), values * values, accumulate=True)
         if on_batch is not None:
             on_batch(start, scores)
     return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq)
