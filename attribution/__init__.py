@@ -12,10 +12,18 @@ from .scores import REDUCTIONS, cluster_scores, neuron_scores
 from .pruning import cluster_pruning_curves, curve_summary, pruning_curve
 from .oracle import oracle_agreement
 from .diagnose import Finding, diagnose
+from .architectures import Architecture, parse_architecture
+from .loading import LoadedModel, load_model
+from .data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
+                   make_clusters, predict_classes)
+from .demo import DEMOS, demo_files, load_demo
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "REDUCTIONS", "cluster_scores",
     "list_layers", "neuron_scores",
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
     "Finding", "diagnose",
+    "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
+    "Dataset", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
+    "DEMOS", "demo_files", "load_demo",
 ]

@@ -1,0 +1,513 @@
+"""A user's data: loading it from a path or upload, checking it against a model, and the
+cluster ids that group its samples.
+
+Accepted files (detected from content):
+- `.npz` / `.pt` (a tensor, a dict of arrays/tensors, or an (inputs, labels[, clusters])
+  tuple; read with `allow_pickle=False` / `torch.load(weights_only=True)`): inputs of any shape
+  [N, ...] under "inputs" (or x, X, data, images, features), optional "labels" (y, targets,
+  target), "clusters" (cluster), "cluster_names" (names indexed by integer cluster ids),
+  "feature_names" and "class_names";
+- `.npy`: inputs only;
+- `.csv` / `.parquet`: one row per sample; a label column (label, labels, target, y, class),
+  an optional cluster column (cluster, clusters, group) and numeric feature columns (all the
+  others unless `features=` names them).
+"""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from .errors import AttributionError
+from .guards import eval_mode
+from .layers import resolve_layer, run_model
+from .scores import model_device
+from .loading import (LoadedModel, Source, _describe, _parsing, open_zip, read_source, sniff,
+                      zip_kind)
+from .split import logits_of, runner_for
+
+MAX_ROWS = 200_000
+"""Default limit on samples held in memory (`max_rows=` overrides it per call)."""
+CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
+                   "kmeans_activations")
+
+_INPUT_KEYS = ("inputs", "x", "X", "data", "images", "features")
+_LABEL_KEYS = ("labels", "label", "y", "targets", "target", "class")
+_CLUSTER_KEYS = ("clusters", "cluster", "group")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Samples for scoring, checked on construction.
+
+    Attributes:
+        inputs: float32 tensor [N, ...] (N >= 1), finite.
+        labels: int64 tensor [N] of class ids >= 0, or None.
+        clusters: 1-D array [N] of cluster ids (ints or strings), or None.
+        feature_names: one name per feature of [N, F] inputs, or None.
+        class_names: one name per class, or None.
+    """
+
+    inputs: torch.Tensor
+    labels: Optional[torch.Tensor] = None
+    clusters: Optional[np.ndarray] = None
+    feature_names: Optional[tuple[str, ...]] = None
+    class_names: Optional[tuple[str, ...]] = None
+
+    def __post_init__(self):
+        inputs = _as_inputs(self.inputs)
+        n = inputs.shape[0]
+        _check_finite(inputs, self.feature_names)
+        labels = None if self.labels is None else _as_labels(self.labels, n)
+        clusters = None if self.clusters is None else _as_clusters(self.clusters, n)
+        feature_names = None if self.feature_names is None else tuple(
+            str(name) for name in self.feature_names)
+        if feature_names is not None and (inputs.dim() != 2
+                                          or len(feature_names) != inputs.shape[1]):
+            raise AttributionError(f"There are {len(feature_names)} feature names for inputs "
+                                   f"of shape {list(inputs.shape)}; give one per column.")
+        class_names = None if self.class_names is None else tuple(
+            str(name) for name in self.class_names)
+        for field, value in (("inputs", inputs), ("labels", labels), ("clusters", clusters),
+                             ("feature_names", feature_names), ("class_names", class_names)):
+            object.__setattr__(self, field, value)
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+
+def _numpy(value: Any, what: str) -> np.ndarray:
+    """`value` (array, tensor, nested lists) as a NumPy array."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        return (tensor.double() if tensor.dtype in (torch.float16, torch.bfloat16)
+                else tensor).numpy()
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise AttributionError(f"The {what} must form a rectangular array ({error}).") from None
+
+
+def _as_inputs(value: Any) -> torch.Tensor:
+    array = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    if not isinstance(array, torch.Tensor):
+        array = _numpy(array, "inputs")
+        if array.dtype.kind not in "biuf":
+            raise AttributionError(f"Inputs must be numbers; got values of type {array.dtype} "
+                                   "(text or mixed columns?).")
+        array = torch.tensor(array, dtype=torch.float32)
+    if array.is_complex():
+        raise AttributionError("Inputs must be real numbers, not complex.")
+    if array.dim() < 2 or array.shape[0] == 0 or array[0].numel() == 0:
+        raise AttributionError(f"Inputs must have shape [N, ...] with N >= 1 samples and at "
+                               f"least one value each; got {list(array.shape)}. For a single "
+                               "feature use shape [N, 1].")
+    return array.to(torch.float32)
+
+
+def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) -> None:
+    finite = torch.isfinite(inputs).reshape(inputs.shape[0], -1)
+    if bool(finite.all()):
+        return
+    bad_rows = (~finite).any(dim=1).nonzero().flatten()
+    row = int(bad_rows[0])
+    column = int((~finite[row]).nonzero()[0])
+    where = (f"column {feature_names[column]!r}" if feature_names is not None
+             and column < len(feature_names) else f"value {column}")
+    raise AttributionError(f"{len(bad_rows)} sample(s) contain NaN or infinite values (first: "
+                           f"row {row}, {where}). Drop or impute them before loading.")
+
+
+def _as_labels(value: Any, n: int) -> torch.Tensor:
+    array = _numpy(value, "labels")
+    if array.ndim != 1 or len(array) != n:
+        raise AttributionError(f"Labels must be a 1-D array with one class id per sample ({n}); "
+                               f"got shape {list(array.shape)}.")
+    if array.dtype.kind == "b":
+        array = array.astype(np.int64)
+    if array.dtype.kind in "OUS":
+        numeric = pd.to_numeric(pd.Series(array), errors="coerce").to_numpy()
+        if np.isnan(numeric.astype(np.float64)).any():
+            example = _plain(next(v for v, x in zip(array, numeric) if x != x))
+            raise AttributionError(f"Labels must be integer class ids; found {example!r}. "
+                                   "Map class names to ids 0..C-1 first.")
+        array = numeric
+    if array.dtype.kind == "f":
+        if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
+            example = _plain(next(v for v in array if not (math.isfinite(v) and v == round(v))))
+            raise AttributionError(f"Labels must be integer class ids; found {example!r}.")
+    if array.dtype.kind not in "iuf":
+        raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
+    labels = torch.from_numpy(array.astype(np.int64))
+    if labels.min() < 0:
+        raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
+    return labels
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value, so messages show 1.5 rather than np.float64(1.5)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _as_clusters(value: Any, n: int) -> np.ndarray:
+    array = _numpy(value, "cluster ids")
+    if array.ndim != 1 or len(array) != n:
+        raise AttributionError(f"Clusters must be a 1-D array with one id per sample ({n}); "
+                               f"got shape {list(array.shape)}.")
+    if pd.isna(pd.Series(array, dtype=object)).any():
+        raise AttributionError("Some samples have no cluster id (empty/NaN); give every sample "
+                               "a cluster.")
+    if array.dtype.kind == "f" and np.equal(np.round(array), array).all():
+        array = array.astype(np.int64)
+    if array.dtype.kind == "O":
+        array = array.astype(str)
+    return array
+
+
+# ---------------------------------------------------------------- loading
+
+def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
+              label: Optional[str] = None, cluster: Optional[str] = None,
+              max_bytes: Optional[int] = None, max_rows: Optional[int] = None) -> Dataset:
+    """Load samples from a path or bytes; the format is detected from the content.
+
+    Args:
+        source: .npz, .npy, .pt, .csv or .parquet; a path, bytes or a binary file object.
+        features: the inputs key (.npz/.pt) or the feature columns (.csv/.parquet);
+            detected when None.
+        label: the labels key or column; detected when None ("" for none).
+        cluster: the cluster key or column; detected when None ("" for none).
+        max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
+        max_rows: sample limit (default MAX_ROWS); larger data goes through the streaming
+            path (an iterable of batches or a memory-mapped .npy passed to the scores).
+    Returns:
+        Dataset.
+    """
+    data, name = read_source(source, max_bytes=max_bytes, what="data")
+    limit = MAX_ROWS if max_rows is None else max_rows
+    kind = sniff(data)
+    if kind == "zip":
+        archive = open_zip(data, max_bytes)
+        kind = zip_kind(archive)
+        if kind == "npz":
+            arrays = {entry[:-4]: _read_npy(archive.read(entry), entry, limit)
+                      for entry in archive.namelist()}
+            return _from_arrays(arrays, features, label, cluster)
+    if kind == "npy":
+        return Dataset(inputs=_read_npy(data, name, limit))
+    if kind in ("torch.save", "pickle"):
+        return _from_torch(data, features, label, cluster, limit)
+    if kind == "parquet":
+        return _from_frame(_read_parquet(data, limit), features, label, cluster)
+    if kind == "text":
+        return _from_frame(_read_csv(data, limit), features, label, cluster)
+    raise AttributionError(f"{name} is {_describe(kind)}, not a data file. Upload .npz, .npy, "
+                           ".pt, .csv or .parquet (see demo/README.md for the layouts).")
+
+
+def _too_many_rows(n: int, limit: int) -> AttributionError:
+    return AttributionError(
+        f"The data has {n} samples, over the in-memory limit of {limit}. Use a sample of it "
+        "here, raise max_rows on your own machine, or score it in batches from the command "
+        "line (a memory-mapped .npy or a DataLoader streams through the scores).")
+
+
+def _read_npy(data: bytes, name: str, limit: int) -> np.ndarray:
+    """One .npy array, its declared size checked against the bytes before anything is made."""
+    with _parsing(f"{name} is not a valid .npy array"):
+        stream = io.BytesIO(data)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(
+            np.lib.format.read_magic(stream))
+        if read_header is None:
+            raise AttributionError(f"{name} uses an unsupported .npy format version; save it "
+                                   "again with numpy.save.")
+        shape, fortran, dtype = read_header(stream)
+        if dtype.hasobject:
+            raise AttributionError(f"{name} holds Python objects (dtype=object), which cannot "
+                                   "be loaded safely; save numbers, or names as "
+                                   "np.array(names, dtype=str).")
+        count = math.prod(shape)
+        body = data[stream.tell():]
+        if count * dtype.itemsize != len(body):
+            raise AttributionError(f"{name} is truncated or damaged: its header declares "
+                                   f"{list(shape)} {dtype} but the data has {len(body)} bytes.")
+        if shape and shape[0] > limit:
+            raise _too_many_rows(shape[0], limit)
+        array = np.frombuffer(body, dtype=dtype, count=count)
+        return array.reshape(shape, order="F" if fortran else "C").copy()
+
+
+def _from_torch(data: bytes, features, label, cluster, limit: int) -> Dataset:
+    with _parsing("This .pt file could not be read as plain tensors (files with pickled "
+                  "Python objects are refused; save tensors, lists or a dict of them)"):
+        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    if isinstance(loaded, torch.Tensor):
+        loaded = {"inputs": loaded}
+    elif isinstance(loaded, (tuple, list)) and 1 <= len(loaded) <= 3:
+        loaded = dict(zip(("inputs", "labels", "clusters"), loaded))
+    if not isinstance(loaded, dict):
+        raise AttributionError(f"This .pt file holds a {type(loaded).__name__}; save a tensor "
+                               "of inputs, an (inputs, labels) tuple or a dict of tensors.")
+    arrays = {}
+    for key, value in loaded.items():
+        array = _numpy(value, f"array {key!r}")
+        if array.ndim and array.shape[0] > limit:
+            raise _too_many_rows(array.shape[0], limit)
+        arrays[str(key)] = array
+    return _from_arrays(arrays, features, label, cluster)
+
+
+def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: str,
+          required: bool) -> Optional[str]:
+    if wanted == "":
+        return None
+    if wanted is not None:
+        if wanted not in arrays:
+            raise AttributionError(f"There is no {what} {wanted!r}; available: "
+                                   f"{', '.join(map(str, arrays))}.")
+        return wanted
+    found = next((key for key in candidates if key in arrays), None)
+    if found is None and required:
+        raise AttributionError(f"Could not find the {what}: name it one of "
+                               f"{', '.join(candidates)} or choose it explicitly; available: "
+                               f"{', '.join(map(str, arrays))}.")
+    return found
+
+
+def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dataset:
+    if features is not None and not isinstance(features, str):
+        raise AttributionError("For .npz/.pt files, features= is the name of the inputs array.")
+    inputs_key = _pick(arrays, features, _INPUT_KEYS, "inputs array", required=len(arrays) != 1)
+    if inputs_key is None:
+        inputs_key = next(iter(arrays))
+    label_key = _pick(arrays, label, _LABEL_KEYS, "labels array", required=False)
+    cluster_key = _pick(arrays, cluster, _CLUSTER_KEYS, "clusters array", required=False)
+    clusters = arrays[cluster_key] if cluster_key else None
+    if clusters is not None and "cluster_names" in arrays:
+        names = np.asarray(arrays["cluster_names"]).astype(str)
+        ids = np.asarray(clusters)
+        if ids.dtype.kind not in "iu" or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(names):
+            raise AttributionError(f"cluster_names has {len(names)} names, so clusters must be "
+                                   f"integer ids 0..{len(names) - 1}.")
+        clusters = names[ids]
+
+    def names_of(key: str):
+        return None if key not in arrays else [str(v) for v in np.asarray(arrays[key]).ravel()]
+
+    return Dataset(inputs=arrays[inputs_key],
+                   labels=arrays[label_key] if label_key else None, clusters=clusters,
+                   feature_names=names_of("feature_names"), class_names=names_of("class_names"))
+
+
+def _read_csv(data: bytes, limit: int) -> pd.DataFrame:
+    with _parsing("The text file could not be read as a comma-separated table"):
+        frame = pd.read_csv(io.BytesIO(data), nrows=limit + 1)
+    if len(frame) > limit:
+        raise _too_many_rows(len(frame), limit)
+    if all(_is_number(column) for column in frame.columns):
+        raise AttributionError("The CSV needs a header row naming its columns (e.g. "
+                               "pixel_0,...,pixel_63,label); the first row holds numbers.")
+    return frame
+
+
+def _is_number(text: Any) -> bool:
+    try:
+        float(str(text))
+        return True
+    except ValueError:
+        return False
+
+
+def _read_parquet(data: bytes, limit: int) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    with _parsing("The Parquet file is damaged or truncated"):
+        table_file = pq.ParquetFile(io.BytesIO(data))
+        if table_file.metadata.num_rows > limit:
+            raise _too_many_rows(table_file.metadata.num_rows, limit)
+        return table_file.read().to_pandas()
+
+
+def _from_frame(frame: pd.DataFrame, features, label, cluster) -> Dataset:
+    if frame.empty:
+        raise AttributionError("The table has no rows.")
+    frame.columns = [str(c) for c in frame.columns]
+    columns = {c: c for c in frame.columns}
+    lower = {c.lower(): c for c in frame.columns}
+    label_column = _pick(columns, label, [lower[k] for k in _LABEL_KEYS if k in lower],
+                         "label column", required=False)
+    cluster_column = _pick(columns, cluster, [lower[k] for k in _CLUSTER_KEYS if k in lower],
+                           "cluster column", required=False)
+    if features is None:
+        feature_columns = [c for c in frame.columns if c not in (label_column, cluster_column)]
+        text = [c for c in feature_columns if not pd.api.types.is_numeric_dtype(frame[c])]
+        if text:
+            raise AttributionError(
+                f"Columns {', '.join(text[:5])} are not numeric. Choose the feature columns "
+                "with features=[...], and the label/cluster columns with label= and cluster=.")
+    else:
+        feature_columns = [features] if isinstance(features, str) else list(features)
+        missing = [c for c in feature_columns if c not in columns]
+        if missing:
+            raise AttributionError(f"Feature columns not found: {', '.join(map(str, missing))}.")
+    if not feature_columns:
+        raise AttributionError("The table has no feature columns.")
+    values = frame[feature_columns]
+    if not all(pd.api.types.is_numeric_dtype(values[c]) for c in feature_columns):
+        raise AttributionError("Feature columns must hold numbers.")
+    return Dataset(inputs=values.to_numpy(dtype=np.float32, na_value=np.nan),
+                   labels=frame[label_column].to_numpy() if label_column else None,
+                   clusters=frame[cluster_column].to_numpy() if cluster_column else None,
+                   feature_names=feature_columns)
+
+
+# ---------------------------------------------------------------- checks against a model
+
+def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
+    """Check `dataset` against `model` before any scoring; returns it shaped for the model.
+
+    Inputs of the right size but flattened (e.g. a CSV of 64 pixels for a [1, 8, 8] model) are
+    reshaped. Raises AttributionError for a wrong feature count/shape, labels outside
+    0..n_classes-1, or provided clusters with fewer than 2 samples.
+    """
+    inputs = dataset.inputs
+    expected = tuple(model.input_shape)
+    if tuple(inputs.shape[1:]) != expected:
+        if inputs[0].numel() != math.prod(expected):
+            columns = (f" ({inputs.shape[1]} feature columns)" if inputs.dim() == 2 else "")
+            raise AttributionError(
+                f"The model expects each sample to have shape {list(expected)} "
+                f"({math.prod(expected)} values); the data has {list(inputs.shape[1:])}"
+                f"{columns}. Check the feature columns / input array.")
+        inputs = inputs.reshape((inputs.shape[0],) + expected)
+    if dataset.labels is not None and int(dataset.labels.max()) >= model.n_classes:
+        bad = dataset.labels[dataset.labels >= model.n_classes]
+        raise AttributionError(f"{len(bad)} label(s) are outside the model's classes "
+                               f"0..{model.n_classes - 1} (e.g. {int(bad[0])}). Check the label "
+                               "column and that the data belongs to this model.")
+    if dataset.clusters is not None:
+        check_clusters(dataset.clusters)
+    class_names = dataset.class_names
+    if class_names is None or len(class_names) != model.n_classes:
+        class_names = model.class_names
+    feature_names = dataset.feature_names if inputs.dim() == 2 else None
+    return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names)
+
+
+def check_clusters(clusters: Any, *, min_size: int = 2) -> None:
+    """Raise when there are no samples or some cluster has fewer than `min_size` samples."""
+    ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
+    if len(ids) == 0:
+        raise AttributionError("There are no samples to put in clusters.")
+    small = [f"{_plain(cluster)!r} ({count})" for cluster, count in zip(ids, counts)
+             if count < min_size]
+    if small:
+        raise AttributionError(
+            f"Clusters need at least {min_size} samples each; too small: "
+            f"{', '.join(small[:8])}{' ...' if len(small) > 8 else ''}. Merge them, choose "
+            "fewer k-means clusters or another cluster source.")
+
+
+# ---------------------------------------------------------------- predictions and clusters
+
+def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Module:
+    if model is None:
+        raise AttributionError(f"Cluster source {source!r} needs the model.")
+    return model.module if isinstance(model, LoadedModel) else model
+
+
+def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, *,
+                    batch_size: int = 256) -> torch.Tensor:
+    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched)."""
+    module = _module(model, "predicted")
+    device = model_device(module)
+    parts = []
+    with eval_mode(module), torch.no_grad():
+        for start in range(0, inputs.shape[0], batch_size):
+            batch = inputs[start:start + batch_size].to(device)
+            parts.append(logits_of(run_model(module, batch)).argmax(dim=1).cpu())
+    return torch.cat(parts)
+
+
+def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
+                      *, batch_size: int = 256) -> torch.Tensor:
+    """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space."""
+    module = _module(model, "kmeans_activations")
+    name, layer_module = resolve_layer(module, layer)
+    device = model_device(module)
+    parts = []
+    with eval_mode(module):
+        for start in range(0, inputs.shape[0], batch_size):
+            batch = inputs[start:start + batch_size].to(device)
+            z, _, _ = runner_for(module, name, layer_module, batch).capture(batch)
+            parts.append(z.flatten(2).mean(dim=2) if z.dim() > 2 else z)
+    return torch.cat(parts).float().cpu()
+
+
+def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
+                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
+                  batch_size: int = 256) -> np.ndarray:
+    """One cluster id per sample, [N].
+
+    Args:
+        source: "provided" (the data's cluster column/array), "label" (true class id),
+            "predicted" (predicted class id), "correctness" ("correct"/"misclassified"),
+            "kmeans_inputs" or "kmeans_activations" (ids 0..k-1; the latter on `layer`'s
+            outputs, conv channels averaged over space).
+        dataset: the samples (after `check_data` when a model is involved).
+        model: needed for "predicted", "correctness" and "kmeans_activations".
+        layer: dotted layer name for "kmeans_activations".
+        k: number of k-means clusters, 2..N.
+        seed: k-means seed; the same seed gives the same clusters.
+    Returns:
+        np.ndarray [N]: int64 ids, or strings for "provided" string ids and "correctness".
+    """
+    if source not in CLUSTER_SOURCES:
+        raise AttributionError(f"Unknown cluster source {source!r}; use one of "
+                               f"{', '.join(CLUSTER_SOURCES)}.")
+    if source == "provided":
+        if dataset.clusters is None:
+            raise AttributionError("This data has no cluster ids; add a 'cluster' column/array "
+                                   "or choose another cluster source.")
+        return dataset.clusters
+    if source in ("label", "correctness") and dataset.labels is None:
+        raise AttributionError(f"Cluster source {source!r} needs labels; this data has none.")
+    if source == "label":
+        return dataset.labels.numpy().copy()
+    if source == "predicted":
+        return predict_classes(_module(model, source), dataset.inputs,
+                               batch_size=batch_size).numpy()
+    if source == "correctness":
+        predicted = predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size)
+        return np.where((predicted == dataset.labels).numpy(), "correct", "misclassified")
+    if source == "kmeans_activations":
+        if layer is None:
+            raise AttributionError("k-means on activations needs a layer; pick one from "
+                                   "list_layers().")
+        points = layer_activations(_module(model, source), layer, dataset.inputs,
+                                   batch_size=batch_size)
+    else:
+        points = dataset.inputs.reshape(len(dataset), -1)
+    return _kmeans(points.double().numpy(), k, seed)
+
+
+def _kmeans(points: np.ndarray, k: Optional[int], seed: int) -> np.ndarray:
+    from sklearn.cluster import KMeans
+
+    n = points.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 2 <= k <= n:
+        raise AttributionError(f"k-means needs an integer k from 2 to the number of samples "
+                               f"({n}); got {k!r}.")
+    distinct = len(np.unique(points, axis=0))
+    if distinct < k:
+        raise AttributionError(f"k-means cannot make {k} clusters: there are only {distinct} "
+                               f"distinct samples; choose k <= {distinct}.")
+    ids = KMeans(n_clusters=int(k), n_init=4, random_state=seed).fit_predict(points)
+    return ids.astype(np.int64)

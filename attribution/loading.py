@@ -1,0 +1,772 @@
+"""Load a user's trained classifier from a path or from uploaded bytes, safely.
+
+The format is recognised from the content, not the file name:
+- torch.export archives (`.pt2`, the recommended format): loaded with `torch.export.load` and
+  restored with `torch.export.unflatten`, so every layer keeps its dotted name;
+- state dicts (`torch.save(model.state_dict())` as `.pt`/`.pth`, or `.safetensors`) plus an
+  architecture: a JSON/YAML description (`attribution.architectures`) or, only with
+  `trust_code=True`, a Python file that defines the model;
+- whole pickled modules (`torch.save(model)`): only with `trust_code=True`;
+- TorchScript archives are refused with the re-export recipe (ScriptModules cannot be hooked).
+
+Safety: with `trust_code=False` (the default, and the only mode a remote visitor gets) no
+input file can run code. Pickles are read with `torch.load(weights_only=True)`, PyTorch's
+restricted unpickler that rebuilds tensors and plain containers only; safetensors and JSON/YAML
+(`yaml.safe_load`) are data formats; uploaded Python is never executed.
+
+Is `torch.export.load` safe on untrusted bytes? No, not on its own (its docstring says so).
+Reading torch 2.13's deserializer shows these ways for a crafted archive to run code; the first
+three are demonstrated in tests/test_loading.py: (1) weights or constants marked `use_pickle`
+are read with `torch.load(weights_only=False)`, "opaque object" constants with `pickle.loads`;
+(2) symbolic-shape strings (`expr_str`) go to `sympy.sympify`, which calls `eval`; (3)
+`guards_code` strings become Python source that `ExportedProgram.module()` passes to `exec`;
+(4) sample inputs and legacy payloads fall back to `weights_only=False` when the safe load
+fails; (5) a node's target may name any attribute reachable from `torch`, `math` or `operator`
+(e.g. `torch.os.system`), and only the program verifier stands between it and a call; (6)
+AOTInductor payloads are native shared libraries; (7) torch.fx regenerates Python source from
+the graph, so names and comment text must not carry code. `_check_export_archive` therefore
+reads the archive with the zip reader torch itself uses and, before torch deserialises
+anything, refuses: entries outside the layout `torch.export.save` writes (no AOTInductor, no
+legacy payloads), pickled or custom-object payloads, sample inputs that need more than
+`weights_only=True`, any `guards_code`, operators other than ATen/prims ops, symbolic-int
+arithmetic and a few control-flow wrappers, shape expressions outside a small token
+whitelist, names that are not identifiers, and line breaks outside stack traces.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import operator
+import os
+import pickle
+import re
+import sys
+import uuid
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .architectures import Architecture, is_description, parse_architecture
+from .errors import AttributionError
+from .guards import eval_mode
+from .layers import LayerInfo, list_layers, run_model
+from .split import logits_of
+
+MAX_UPLOAD_BYTES = 200 * 1024 * 1024
+"""Default size limit for a model or data file (`max_bytes=` overrides it per call)."""
+UNPACKED_RATIO = 8
+"""A zip archive may unpack to at most this many times its size limit."""
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+
+EXPORT_RECIPE = (
+    "    ep = torch.export.export(model.eval(), (example_batch,),\n"
+    "                             dynamic_shapes=({0: torch.export.Dim('batch')},))\n"
+    "    torch.export.save(ep, 'model.pt2')\n"
+    "(example_batch: a few real samples, at least 2, shaped like the model's input.)"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A classifier ready for scoring.
+
+    Attributes:
+        module: the model in eval mode; returns logits [B, n_classes] for inputs [B, *input_shape].
+        input_shape: shape of one sample, without the batch dim, e.g. (64,) or (1, 8, 8).
+        n_classes: number of logits.
+        class_names: one name per class, or None.
+        source_format: "torch.export", "state dict", "safetensors" or "pickled module".
+        layer_kinds: original module class per dotted name where the module itself does not
+            show it (torch.export modules are all `InterpreterModule`).
+        input_dtype: dtype of the example input.
+    """
+
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    n_classes: int
+    class_names: Optional[tuple[str, ...]] = None
+    source_format: str = ""
+    layer_kinds: Optional[dict[str, str]] = None
+    input_dtype: torch.dtype = torch.float32
+
+    def example_input(self, batch: int = 1) -> torch.Tensor:
+        """Zeros [batch, *input_shape] in the model's input dtype."""
+        return torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+
+    def layers(self) -> list[LayerInfo]:
+        """`list_layers` of the module, with each layer's original class as its kind."""
+        infos = list_layers(self.module, self.example_input())
+        kinds = self.layer_kinds or {}
+        return [replace(info, kind=kinds.get(info.name, info.kind)) for info in infos]
+
+
+# ---------------------------------------------------------------- reading and sniffing
+
+def read_source(source: Source, *, max_bytes: Optional[int] = None, what: str = "file"
+                ) -> tuple[bytes, str]:
+    """(content, display name) of a path, bytes or binary file object, within the size limit."""
+    limit = MAX_UPLOAD_BYTES if max_bytes is None else max_bytes
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, name = bytes(source), f"the uploaded {what}"
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise AttributionError(f"No such {what} file: {path}.")
+        if path.stat().st_size > limit:
+            raise _too_large(path.name, path.stat().st_size, limit)
+        data, name = path.read_bytes(), path.name
+    elif hasattr(source, "getvalue") or hasattr(source, "read"):
+        data = source.getvalue() if hasattr(source, "getvalue") else source.read(limit + 1)
+        if not isinstance(data, (bytes, bytearray)):
+            raise AttributionError(f"The {what} must be opened in binary mode ('rb').")
+        data, name = bytes(data), str(getattr(source, "name", f"the uploaded {what}"))
+    else:
+        raise AttributionError(f"A {what} must be a path, bytes or a binary file object; got "
+                               f"{type(source).__name__}.")
+    if len(data) > limit:
+        raise _too_large(name, len(data), limit)
+    if not data:
+        raise AttributionError(f"{name} is empty (0 bytes); upload the file again.")
+    return data, name
+
+
+def _too_large(name: str, size: int, limit: int) -> AttributionError:
+    return AttributionError(
+        f"{name} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.1f} MiB limit. Raise the "
+        "limit (max_bytes=..., or the app's start-up setting) on your own machine, or use the "
+        "command line with a memory-mapped .npy for large data.")
+
+
+_MAGIC = (  # (prefix, format) for formats recognised only to explain what they are
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"%PDF", "a PDF document"), (b"\x1f\x8b", "a gzip archive"), (b"BZh", "a bzip2 archive"),
+    (b"\x89HDF", "an HDF5 file (Keras .h5?)"), (b"7z\xbc\xaf", "a 7-zip archive"),
+)
+
+
+def sniff(data: bytes) -> str:
+    """The container format of `data` from its first bytes.
+
+    Returns one of "zip", "pickle", "safetensors", "npy", "parquet", "text", or a phrase such
+    as "a PNG image" for a recognised format that is neither a model nor data.
+    """
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if data[:6] == b"\x93NUMPY":
+        return "npy"
+    if data[:4] == b"PAR1":
+        return "parquet"
+    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
+        return "pickle"
+    if len(data) > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
+        return "safetensors"
+    for prefix, description in _MAGIC:
+        if data.startswith(prefix):
+            return description
+    sample = data[:4096]
+    try:
+        sample.decode("utf-8")
+        return "text"
+    except UnicodeDecodeError as error:
+        if error.start >= len(sample) - 3 and len(data) > len(sample):
+            return "text"  # a multi-byte character cut by the 4 KiB sample
+    return "binary"
+
+
+def open_zip(data: bytes, max_bytes: Optional[int] = None) -> zipfile.ZipFile:
+    """A checked zip archive: every entry's CRC verified, unpacked size within the limit."""
+    limit = (MAX_UPLOAD_BYTES if max_bytes is None else max_bytes) * UNPACKED_RATIO
+    with _parsing("The file looks like a zip archive but is damaged or truncated"):
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        entries = archive.infolist()
+        names = [entry.filename for entry in entries]
+        if len(set(names)) != len(names):
+            raise AttributionError("The zip archive lists an entry twice; it is damaged or "
+                                   "crafted. Save the file again.")
+        if sum(entry.file_size for entry in entries) > limit:
+            raise AttributionError(f"The zip archive unpacks to more than {limit / 2**20:.0f} "
+                                   "MiB; it is too large to load here.")
+        damaged = archive.testzip()
+        if damaged is not None:
+            raise AttributionError(f"The zip archive is damaged (entry {damaged!r} fails its "
+                                   "checksum); upload the file again.")
+    return archive
+
+
+def zip_kind(archive: zipfile.ZipFile) -> str:
+    """"torch.export", "torchscript", "torch.save", "npz" or "zip" (something else)."""
+    names = archive.namelist()
+    roots = {name.split("/", 1)[0] for name in names}
+    inner = {name.split("/", 1)[1] for name in names if "/" in name} if len(roots) == 1 else set()
+    if "archive_format" in inner:
+        return "torch.export"
+    if "constants.pkl" in inner or any(name.startswith("code/") for name in inner):
+        return "torchscript"
+    if "data.pkl" in inner:
+        return "torch.save"
+    if names and all(name.endswith(".npy") for name in names):
+        return "npz"
+    return "zip"
+
+
+@contextlib.contextmanager
+def _parsing(problem: str) -> Iterator[None]:
+    """Turn any failure of a parser on untrusted bytes into one AttributionError."""
+    try:
+        yield
+    except AttributionError:
+        raise
+    except Exception as error:
+        detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        raise AttributionError(f"{problem}" + (f" ({type(error).__name__}: {detail})."
+                                               if detail else ".")) from error
+
+
+# ---------------------------------------------------------------- torch.export archives
+
+_EXPORT_ENTRIES = re.compile(
+    r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+    r"|models/model\.json|data/weights/model_weights_config\.json|data/weights/weight_\d+"
+    r"|data/constants/model_constants_config\.json|data/constants/tensor_\d+"
+    r"|data/sample_inputs/model\.pt|extra/[A-Za-z0-9_.\-]+)\Z")
+_SYMBOLIC_OPS = frozenset({
+    operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt,
+    operator.neg, operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv,
+    operator.mod, operator.truediv, operator.and_, operator.or_, math.trunc, torch.sym_not,
+    torch.sym_int, torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min,
+    torch.sym_sqrt,
+})
+_CONTROL_FLOW = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond",
+                           "while_loop", "map_impl", "scan"})
+_SHAPE_FUNCTIONS = frozenset({
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Mod", "Max", "Min", "Abs", "Eq",
+    "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "true", "false", "True", "False", "oo",
+    "FloorDiv", "CleanDiv", "CeilDiv", "ModularIndexing", "PythonMod", "Where", "FloorToInt",
+    "CeilToInt", "TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "ToFloat",
+    "Identity", "IntTrueDiv", "FloatTrueDiv", "IsNonOverlappingAndDenseIndicator",
+    "integer", "positive", "negative", "nonnegative", "nonpositive", "real", "finite",
+})
+_SHAPE_TOKEN = re.compile(
+    r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|'(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)'"
+    r"|\d+(?:\.\d+)?|==|!=|<=|>=|//|[-+*/%(),=<>])")
+_SYMBOL = re.compile(r"[a-z]+\d+\Z")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DOTTED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*)?\Z")
+_IDENTIFIER_KEYS = frozenset({"name", "as_name"})
+_DOTTED_KEYS = frozenset({"fqn", "parameter_name", "buffer_name", "tensor_constant_name"})
+
+
+def _refuse(reason: str) -> AttributionError:
+    return AttributionError(
+        f"This .pt2 file was refused because {reason}; loading it could run code. Re-export "
+        f"the model with a plain torch.export on your own machine:\n{EXPORT_RECIPE}")
+
+
+def _check_export_archive(data: bytes) -> dict[str, bytes]:
+    """Refuse archives that could run code in `torch.export.load` (see the module docstring).
+
+    Returns the archive's extra files (name -> bytes), read by the same reader torch uses.
+    """
+    with _parsing("The .pt2 archive is damaged or truncated"):
+        reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+        records = list(reader.get_all_records())
+        unexpected = [name for name in records if not _EXPORT_ENTRIES.match(name)]
+        if unexpected:
+            raise _refuse(f"it holds entries that torch.export.save does not write "
+                          f"({', '.join(sorted(unexpected)[:5])})")
+        if (reader.get_record("archive_format") != b"pt2"
+                or reader.get_record("archive_version") != b"0"):
+            raise AttributionError("This .pt2 archive was written by an unsupported PyTorch "
+                                   f"version; re-export it with torch {torch.__version__}:\n"
+                                   f"{EXPORT_RECIPE}")
+        if "models/model.json" not in records:
+            raise AttributionError("This .pt2 archive holds no model (models/model.json is "
+                                   "missing); it may be an AOTInductor package. Save the "
+                                   f"ExportedProgram itself:\n{EXPORT_RECIPE}")
+        for config_name, prefix in (("data/weights/model_weights_config.json", "weight_"),
+                                    ("data/constants/model_constants_config.json", "tensor_")):
+            if config_name not in records:
+                raise AttributionError(f"The .pt2 archive is incomplete ({config_name} is "
+                                       "missing); save it again with torch.export.save.")
+            config = json.loads(reader.get_record(config_name)).get("config", {})
+            for entry in config.values():
+                if entry.get("use_pickle") is not False or not re.fullmatch(
+                        prefix + r"\d+", str(entry.get("path_name"))):
+                    raise _refuse("it stores pickled Python objects among its tensors")
+                _check_tensor_size(entry, reader, config_name.rsplit("/", 1)[0])
+        if "data/sample_inputs/model.pt" in records:
+            try:
+                torch.load(io.BytesIO(reader.get_record("data/sample_inputs/model.pt")),
+                           weights_only=True)
+            except Exception:
+                raise _refuse("its sample inputs are not plain tensors") from None
+        program = json.loads(reader.get_record("models/model.json"))
+        if not isinstance(program, dict):
+            raise AttributionError("The .pt2 archive's model description is not a JSON object.")
+        if program.get("guards_code"):
+            raise _refuse("it carries guard code, which PyTorch runs as Python")
+        for key in program.get("range_constraints") or {}:
+            _check_shape_expression(str(key))
+        _check_program_tree(program)
+        return {name[len("extra/"):]: reader.get_record(name)
+                for name in records if name.startswith("extra/")}
+
+
+def _check_tensor_size(entry: dict, reader: Any, folder: str) -> None:
+    """torch allocates an empty record's tensor at its declared size: it must hold nothing."""
+    sizes = [size.get("as_int") for size in entry["tensor_meta"]["sizes"]]
+    if not all(isinstance(size, int) and size >= 0 for size in sizes):
+        raise AttributionError("The .pt2 archive declares a tensor with an invalid shape; "
+                               "save it again with torch.export.save.")
+    record = f"{folder}/{entry['path_name']}"
+    if record not in reader.get_all_records() or (
+            not reader.get_record(record) and math.prod(sizes) > 0):
+        raise AttributionError("The .pt2 archive is missing tensor data it declares; save it "
+                               "again with torch.export.save.")
+
+
+def _check_program_tree(program: dict) -> None:
+    stack: list[tuple[Any, Optional[str]]] = [(program, None)]
+    while stack:
+        value, key = stack.pop()
+        if isinstance(value, dict):
+            if isinstance(value.get("target"), str) and "inputs" in value:
+                _check_operator(value["target"])
+            stack.extend((item, str(item_key)) for item_key, item in value.items())
+            stack.extend((str(item_key), None) for item_key in value)
+        elif isinstance(value, list):
+            stack.extend((item, key) for item in value)
+        elif isinstance(value, str):
+            _check_text(value, key)
+
+
+def _check_text(text: str, key: Optional[str]) -> None:
+    allowed_breaks = "\n\t" if key == "stack_trace" else "\t"
+    if any((ord(c) < 32 and c not in allowed_breaks) or c in "\x7f\u2028\u2029\x85"
+           for c in text):
+        raise _refuse("a name or annotation contains line breaks or control characters")
+    if key == "expr_str":
+        _check_shape_expression(text)
+    elif key in _IDENTIFIER_KEYS and not _IDENTIFIER.match(text):
+        raise _refuse(f"the value name {text[:40]!r} is not an identifier")
+    elif key in _DOTTED_KEYS and not _DOTTED.match(text):
+        raise _refuse(f"the module path {text[:40]!r} is not a dotted name")
+
+
+def _check_shape_expression(text: str) -> None:
+    """Only sympy constructors, symbol names and arithmetic: what torch.export itself writes."""
+    if len(text) > 2000 or "**" in text:
+        raise _refuse("a shape expression is too long or uses powers")
+    position = 0
+    while position < len(text.rstrip()):
+        match = _SHAPE_TOKEN.match(text, position)
+        if match is None:
+            raise _refuse(f"a shape expression contains {text[position:position + 20]!r}")
+        name = match.group("name") or match.group("quoted")
+        if name and name not in _SHAPE_FUNCTIONS and not _SYMBOL.match(name):
+            raise _refuse(f"a shape expression uses the name {name!r}")
+        position = match.end()
+
+
+def _check_operator(target: str) -> None:
+    """Resolve `target` exactly as torch's deserializer does, then allow only known-safe ops."""
+    resolved = _resolve_like_torch(target)
+    if isinstance(resolved, torch._ops.OpOverload) and resolved.namespace in ("aten", "prims"):
+        return
+    if isinstance(resolved, torch._ops.HigherOrderOperator) and resolved.name() in _CONTROL_FLOW:
+        return
+    try:
+        if resolved in _SYMBOLIC_OPS:
+            return
+    except TypeError:  # unhashable
+        pass
+    raise _refuse(f"its graph calls {target[:80]!r}, which is not a standard tensor operation")
+
+
+def _resolve_like_torch(target: str) -> Any:
+    # Mirrors torch._export.serde.serialize.GraphModuleDeserializer.deserialize_operator.
+    if target.startswith("_operator"):
+        obj: Any = operator
+    elif target.startswith("torch"):
+        obj = torch
+    elif target.startswith("math"):
+        obj = math
+    else:
+        return target
+    for name in target.split(".")[1:]:
+        if not hasattr(obj, name):
+            return target
+        obj = getattr(obj, name)
+    return obj
+
+
+def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes],
+                                        dict[str, str]]:
+    """(unflattened module, example input or None, extra files, layer kinds) of a .pt2."""
+    extra_files = _check_export_archive(data)
+    with _parsing("torch.export could not load this .pt2 archive"):
+        program = torch.export.load(io.BytesIO(data))
+        module = torch.export.unflatten(program)
+    example = None
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+            raise AttributionError(
+                f"This model takes {len(args) + len(kwargs)} inputs; the tool needs a model "
+                "whose forward takes one tensor [batch, ...] and returns logits.")
+        example = args[0]
+    kinds: dict[str, str] = {}
+    for node in program.graph.nodes:
+        for path, kind in (node.meta.get("nn_module_stack") or {}).values():
+            name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+            kinds.setdefault(path, name.rsplit(".", 1)[-1])
+    kinds.pop("", None)
+    return module, example, extra_files, kinds
+
+
+# ---------------------------------------------------------------- pickles and state dicts
+
+def _torch_load(data: bytes, trust_code: bool) -> Any:
+    """Unpickle a torch.save file: weights only, or anything when `trust_code`."""
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as error:
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", str(error))))
+        if "Unsupported global" not in str(error) and "GLOBAL" not in str(error):
+            raise AttributionError(f"The checkpoint is damaged or not a PyTorch file "
+                                   f"({str(error).splitlines()[0][:200]}).") from None
+        if not trust_code:
+            raise AttributionError(
+                "This checkpoint contains pickled Python objects"
+                + (f" ({', '.join(found)})" if found else "")
+                + ", e.g. a whole model saved with torch.save(model). Unpickling it can run "
+                "arbitrary code, so it is refused here. Either save only the weights "
+                "(torch.save(model.state_dict(), 'weights.pt')) and describe the architecture, "
+                f"or export the model, which needs no code to load:\n{EXPORT_RECIPE}\n"
+                "On your own machine, for a file you made yourself, trust_code=True loads it."
+            ) from None
+    except Exception as error:
+        raise AttributionError(f"The checkpoint could not be read; it is damaged or not a "
+                               f"PyTorch file ({type(error).__name__}: "
+                               f"{str(error).strip()[:200]}).") from None
+    with _parsing("The checkpoint could not be unpickled even with trust_code=True "
+                  "(a class it needs may not be importable here)"):
+        return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+
+
+def _state_dict_of(obj: Any) -> dict[str, torch.Tensor]:
+    """The state dict in a checkpoint: the object itself, or its one dict of tensors."""
+    def is_state(value: Any) -> bool:
+        return (isinstance(value, dict) and bool(value)
+                and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                        for k, v in value.items()))
+
+    if is_state(obj):
+        state = obj
+    elif isinstance(obj, dict):
+        candidates = {str(k): v for k, v in obj.items() if is_state(v)}
+        preferred = [k for k in ("state_dict", "model_state_dict", "model") if k in candidates]
+        if len(candidates) == 1 or preferred:
+            state = candidates[preferred[0] if preferred else next(iter(candidates))]
+        else:
+            raise AttributionError(
+                "This checkpoint is a dict without one clear state dict (found "
+                f"{len(candidates)} dicts of tensors among keys {', '.join(map(str, obj))[:200]})."
+                " Save model.state_dict() alone.")
+    else:
+        raise AttributionError(f"This checkpoint holds a {type(obj).__name__}, not a model or "
+                               f"a state dict. Save model.state_dict() or export the model:\n"
+                               f"{EXPORT_RECIPE}")
+    for prefix in ("module.", "_orig_mod."):  # DataParallel / torch.compile wrappers
+        if all(key.startswith(prefix) for key in state):
+            state = {key[len(prefix):]: value for key, value in state.items()}
+    return {key: value.float() if value.is_floating_point() else value
+            for key, value in state.items()}
+
+
+def _load_safetensors(data: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as load_safetensors
+
+    with _parsing("The .safetensors file is damaged or truncated"):
+        state = load_safetensors(data)
+    if not state:
+        raise AttributionError("The .safetensors file holds no tensors.")
+    return _state_dict_of(state)
+
+
+def _shape_text(tensor: torch.Tensor) -> str:
+    return str(list(tensor.shape))
+
+
+def _fill(module: nn.Module, state: dict[str, torch.Tensor], hint: str = "") -> None:
+    """Load `state` into `module`, or say exactly which keys and shapes differ."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    different = [k for k in expected if k in state and expected[k].shape != state[k].shape]
+    if missing or unexpected or different:
+        def listing(keys: Sequence[str], source: dict) -> str:
+            shown = ", ".join(f"{k} {_shape_text(source[k])}" for k in keys[:6])
+            return shown + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+
+        parts = []
+        if missing:
+            parts.append(f"missing from the file: {listing(missing, expected)}")
+        if unexpected:
+            parts.append(f"in the file but not in the architecture: {listing(unexpected, state)}")
+        if different:
+            parts.append("different shapes: " + ", ".join(
+                f"{k} file {_shape_text(state[k])} vs architecture {_shape_text(expected[k])}"
+                for k in different[:6]))
+        raise AttributionError("The state dict does not match the architecture; "
+                               + "; ".join(parts) + "." + hint)
+    with _parsing("The weights could not be copied into the model"):
+        module.load_state_dict(state, strict=True, assign=True)
+
+
+def _names_hint(architecture: Architecture, state: dict[str, torch.Tensor]) -> str:
+    """A "names" list that would make the description match the file, when one exists."""
+    prefixes = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in state))
+    if architecture.names is not None or any("." in p or not p for p in prefixes):
+        return ""
+    kinds = architecture.module_kinds()
+    with_weights = [i for i, kind in enumerate(kinds) if kind in ("Linear", "Conv2d")]
+    if len(with_weights) != len(prefixes):
+        return ""
+    names = [f"{kind.lower()}{i}" for i, kind in enumerate(kinds)]
+    for index, prefix in zip(with_weights, prefixes):
+        names[index] = prefix
+    if len(set(names)) != len(names):
+        return ""
+    renamed = replace(architecture, names=tuple(names)).build(device="meta").state_dict()
+    if renamed.keys() != state.keys() or any(renamed[k].shape != state[k].shape for k in state):
+        return ""
+    return f' If only the names differ, add "names": {json.dumps(names)} to the description.'
+
+
+def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_code: bool
+                      ) -> tuple[nn.Module, Optional[Architecture]]:
+    """Build the architecture and load the state dict into it."""
+    if architecture is None:
+        listing = ", ".join(f"{k} {_shape_text(v)}" for k, v in list(state.items())[:4])
+        raise AttributionError(
+            f"This file is a state dict (weights only: {len(state)} tensors, e.g. {listing}). "
+            "Also give its architecture: a JSON/YAML description (see "
+            "demo/digits_mlp_architecture.json), or on your own machine the Python file that "
+            "defines the model with trust_code=True. Or export the model, which needs neither:"
+            f"\n{EXPORT_RECIPE}")
+    if isinstance(architecture, nn.Module):
+        _fill(architecture, state)
+        return architecture, None
+    if _is_python_file(architecture, trust_code):
+        module = _module_from_python(architecture, trust_code)
+        _fill(module, state)
+        return module, None
+    try:
+        description = parse_architecture(architecture)
+    except AttributionError as error:
+        if isinstance(architecture, (bytes, bytearray)) and not trust_code:
+            raise AttributionError(
+                f"{error} If the architecture is a Python file, it can only be run with "
+                "trust_code=True (a start-up setting for your own files on your own "
+                "machine).") from None
+        raise
+    module = description.build(device="meta")
+    _fill(module, state, _names_hint(description, state))
+    return module, description
+
+
+def _is_python_file(architecture: Any, trust_code: bool) -> bool:
+    if isinstance(architecture, (str, os.PathLike)) and str(architecture).endswith(".py"):
+        return True
+    return (trust_code and isinstance(architecture, (bytes, bytearray))
+            and not is_description(bytes(architecture)))
+
+
+def _module_from_python(source: Any, trust_code: bool) -> nn.Module:
+    """Run a user's Python file (trust_code only) and build its model."""
+    if not trust_code:
+        raise AttributionError(
+            "The architecture is Python code; running it is only allowed with trust_code=True "
+            "(a start-up setting for your own files on your own machine). Without code, "
+            "describe the model in JSON/YAML or export it:\n" + EXPORT_RECIPE)
+    code, name = read_source(source, what="architecture")
+    module_name = f"attribution_user_model_{uuid.uuid4().hex}"
+    namespace = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader(module_name, loader=None))
+    namespace.__file__ = (str(Path(source).resolve()) if isinstance(source, (str, os.PathLike))
+                          else name)
+    sys.modules[module_name] = namespace
+    try:
+        with _parsing(f"Running {name} failed"):
+            exec(compile(code, name, "exec"), namespace.__dict__)
+        if callable(getattr(namespace, "build_model", None)):
+            with _parsing(f"build_model() in {name} failed"):
+                model = namespace.build_model()
+        else:
+            classes = [value for value in vars(namespace).values()
+                       if isinstance(value, type) and issubclass(value, nn.Module)
+                       and value.__module__ == module_name]
+            if len(classes) != 1:
+                raise AttributionError(
+                    f"{name} defines {len(classes)} nn.Module classes; define a function "
+                    "build_model() that returns the model.")
+            with _parsing(f"{classes[0].__name__}() in {name} could not be built without "
+                          "arguments; define build_model() that returns the model"):
+                model = classes[0]()
+    finally:
+        sys.modules.pop(module_name, None)
+    if not isinstance(model, nn.Module):
+        raise AttributionError(f"build_model() in {name} returned a {type(model).__name__}, "
+                               "not an nn.Module.")
+    return model
+
+
+# ---------------------------------------------------------------- the public entry point
+
+def load_model(source: Source, *, architecture: Any = None,
+               example_input: Union[torch.Tensor, Sequence[int], None] = None,
+               class_names: Optional[Sequence[str]] = None, trust_code: bool = False,
+               max_bytes: Optional[int] = None) -> LoadedModel:
+    """Load a classifier from a path or bytes; the format is detected from the content.
+
+    Args:
+        source: a .pt2 (torch.export), a state dict (.pt/.pth/.safetensors) or, with
+            trust_code, a whole pickled module; a path, bytes or a binary file object.
+        architecture: for state dicts: a description (dict, JSON/YAML text, bytes or path;
+            see `attribution.architectures`), or with trust_code a Python file (path or bytes)
+            that defines build_model() or one nn.Module class.
+        example_input: one batch [B, ...] or the shape of one sample; needed only when the
+            file does not tell (pickled modules and Python architectures of conv nets).
+        class_names: one name per class (overrides names stored in the file).
+        trust_code: allow unpickling Python objects and running Python files. Only for your
+            own files on your own machine; never for uploads from others.
+        max_bytes: size limit (default MAX_UPLOAD_BYTES).
+    Returns:
+        LoadedModel with the module in eval mode.
+    """
+    data, name = read_source(source, max_bytes=max_bytes, what="model")
+    kind = sniff(data)
+    if kind == "zip":
+        kind = zip_kind(open_zip(data, max_bytes))
+    stored_names = None
+    kinds = None
+    example = None
+    if architecture is not None and kind not in ("torch.save", "pickle", "safetensors"):
+        raise AttributionError("architecture= is only used with state dicts; this file is "
+                               f"{_describe(kind)}.")
+    if kind == "torch.export":
+        module, example, extra_files, kinds = _load_export(data)
+        if "class_names.json" in extra_files:
+            with _parsing("extra/class_names.json in the .pt2 is not a JSON list of names"):
+                stored_names = [str(n) for n in json.loads(extra_files["class_names.json"])]
+        source_format = "torch.export"
+    elif kind in ("torch.save", "pickle"):
+        loaded = _torch_load(data, trust_code)
+        if isinstance(loaded, nn.Module):
+            module, source_format = loaded, "pickled module"
+        else:
+            module, description = _module_for_state(_state_dict_of(loaded), architecture,
+                                                    trust_code)
+            source_format = "state dict"
+            if description is not None:
+                example = torch.zeros((2,) + description.input_shape)
+                stored_names = description.class_names
+    elif kind == "safetensors":
+        module, description = _module_for_state(_load_safetensors(data), architecture,
+                                                trust_code)
+        source_format = "safetensors"
+        if description is not None:
+            example = torch.zeros((2,) + description.input_shape)
+            stored_names = description.class_names
+    elif kind == "torchscript":
+        raise _torchscript_error()
+    else:
+        raise AttributionError(f"{name} is {_describe(kind)}, not a model file. Upload a "
+                               ".pt2 from torch.export (recommended), or a state dict with its "
+                               f"architecture. To export:\n{EXPORT_RECIPE}")
+    if example_input is not None:
+        example = _example_from(example_input)
+    if example is None:
+        example = _guess_example(module)
+    module.eval()
+    n_classes = _check_runs(module, example, source_format == "torch.export")
+    names = class_names if class_names is not None else stored_names
+    if names is not None and len(names) != n_classes:
+        raise AttributionError(f"There are {len(names)} class names but the model has "
+                               f"{n_classes} outputs.")
+    return LoadedModel(module=module, input_shape=tuple(int(s) for s in example.shape[1:]),
+                       n_classes=n_classes,
+                       class_names=tuple(str(n) for n in names) if names is not None else None,
+                       source_format=source_format, layer_kinds=kinds,
+                       input_dtype=example.dtype if example.is_floating_point()
+                       else torch.float32)
+
+
+def _describe(kind: str) -> str:
+    return {
+        "npz": "a NumPy .npz data file", "npy": "a NumPy .npy array", "zip": "a zip archive "
+        "that is not a PyTorch checkpoint", "parquet": "a Parquet table", "text": "a text file",
+        "binary": "an unrecognised binary file", "torch.export": "a torch.export program",
+        "torchscript": "a TorchScript archive",
+    }.get(kind, kind)
+
+
+def _torchscript_error() -> AttributionError:
+    return AttributionError(
+        "This is a TorchScript file (torch.jit.save). PyTorch does not allow forward hooks on "
+        "ScriptModules, so its neurons cannot be scored. From the original Python model, "
+        f"export it instead:\n{EXPORT_RECIPE}")
+
+
+def _example_from(example_input: Union[torch.Tensor, Sequence[int]]) -> torch.Tensor:
+    if isinstance(example_input, torch.Tensor):
+        if example_input.dim() < 2:
+            raise AttributionError("example_input is a batch [B, ...]; for one sample of shape "
+                                   "S pass the shape S as a tuple instead.")
+        return torch.zeros((2,) + tuple(example_input.shape[1:]), dtype=example_input.dtype)
+    try:
+        shape = tuple(int(s) for s in example_input)
+    except (TypeError, ValueError):
+        raise AttributionError("example_input must be a tensor [B, ...] or the shape of one "
+                               "sample, e.g. (1, 8, 8).") from None
+    if not shape or min(shape) < 1:
+        raise AttributionError(f"example_input shape {shape} must have positive sizes.")
+    return torch.zeros((2,) + shape)
+
+
+def _guess_example(module: nn.Module) -> torch.Tensor:
+    first = next((m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))), None)
+    if isinstance(first, nn.Linear):
+        return torch.zeros(2, first.in_features)
+    raise AttributionError("The input shape of this model is unknown; pass example_input= "
+                           "with the shape of one sample, e.g. (1, 28, 28).")
+
+
+def _check_runs(module: nn.Module, example: torch.Tensor, exported: bool) -> int:
+    """Run batches of 1 and 3 samples; the number of classes. Explains a fixed batch size."""
+    with eval_mode(module), torch.no_grad():
+        logits = None
+        for batch in (1, 3):
+            probe = torch.zeros((batch,) + tuple(example.shape[1:]), dtype=example.dtype)
+            try:
+                logits = logits_of(run_model(module, probe))
+            except AttributionError as error:
+                if exported and "shape[0]" in str(error):
+                    raise AttributionError(
+                        f"This .pt2 cannot run a batch of {batch} sample(s): it was exported "
+                        "with a fixed or limited batch size. Re-export it with a dynamic batch "
+                        f"dimension:\n{EXPORT_RECIPE}") from None
+                raise
+            if logits.shape[0] != batch:
+                raise AttributionError(f"The model returned {logits.shape[0]} rows of logits "
+                                       f"for {batch} samples; it must return one per sample.")
+    return int(logits.shape[1])

@@ -1,0 +1,183 @@
+"""Train the built-in demo models and write every demo file (seeded, a few seconds on a CPU).
+
+    python scripts/make_demo.py            # writes demo/
+    python scripts/make_demo.py --out DIR  # writes DIR/ (the tests use this to check
+                                           # that the shipped files are reproducible)
+Prints each model's held-out accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from safetensors.torch import save as save_safetensors
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attribution.architectures import parse_architecture  # noqa: E402
+from attribution.demo import (DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES,  # noqa: E402
+                              SANITY_FEATURES, DigitsCNN, DigitsMLP, SanityModel, sanity_data)
+
+SEED = 0
+MLP_ARCHITECTURE = {"kind": "mlp", "input_shape": [64], "hidden": [32, 16], "n_classes": 10,
+                    "names": ["fc1", "relu1", "fc2", "relu2", "out"],
+                    "class_names": list(DIGIT_NAMES)}
+CNN_ARCHITECTURE = {"kind": "cnn", "input_shape": [1, 8, 8], "channels": [8, 16],
+                    "kernel_size": 3, "padding": 1, "pool": 2, "hidden": [32], "n_classes": 10,
+                    "names": ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten",
+                              "fc1", "relu3", "out"],
+                    "class_names": list(DIGIT_NAMES)}
+
+
+def train(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, *, epochs: int,
+          lr: float, batch_size: int = 64, weight_decay: float = 0.0) -> nn.Module:
+    """Mini-batch Adam on cross-entropy with a seeded shuffle; returns the model in eval mode."""
+    generator = torch.Generator().manual_seed(SEED)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(inputs), generator=generator)
+        for start in range(0, len(inputs), batch_size):
+            index = order[start:start + batch_size]
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(inputs[index]), labels[index]).backward()
+            optimizer.step()
+    return model.eval()
+
+
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((model(inputs).argmax(dim=1) == labels).float().mean())
+
+
+def export(model: nn.Module, example: torch.Tensor, path: Path, class_names) -> None:
+    """Save as a torch.export program with a dynamic batch dim and the class names."""
+    example = example.clone()  # a view would save its whole base tensor as the sample input
+    program = torch.export.export(model.eval(), (example,),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, path,
+                      extra_files={"class_names.json": json.dumps(list(class_names))})
+
+
+def write_readme(out: Path, accuracies: dict[str, float]) -> None:
+    lines = [
+        "# Demo files",
+        "",
+        "Written by `python scripts/make_demo.py` (seeded; trained on scikit-learn's digits "
+        "and on synthetic data). Each file is also a template for your own uploads.",
+        "",
+        "| file | size | what it is |",
+        "|---|---|---|",
+    ]
+    for demo_file in DEMO_FILES:
+        size = (out / demo_file.name).stat().st_size
+        lines.append(f"| `{demo_file.name}` | {size / 1024:.1f} KiB | {demo_file.description} |")
+    lines += [
+        "",
+        "Held-out accuracy: " + ", ".join(f"{name} {value:.1%}"
+                                          for name, value in accuracies.items()) + ".",
+        "",
+        "## Exporting your own model (recommended: no code needed to load it)",
+        "",
+        "```python",
+        "import json, torch",
+        "model.eval()",
+        "example = inputs[:8]  # a few real samples, at least 2, shaped like the model's input",
+        "ep = torch.export.export(model, (example,),",
+        "                         dynamic_shapes=({0: torch.export.Dim('batch')},))",
+        "torch.export.save(ep, 'model.pt2',",
+        "                  extra_files={'class_names.json': json.dumps(class_names)})  # optional",
+        "```",
+        "",
+        "The model must take one tensor `[batch, ...]` and return logits `[batch, n_classes]`.",
+        "Also accepted: a state dict (`torch.save(model.state_dict(), 'w.pt')` or "
+        "`.safetensors`) together with an architecture description like "
+        "`digits_mlp_architecture.json` (kinds `mlp` and `cnn`; `names` lists one module name "
+        "per layer so the keys match). Whole pickled models (`torch.save(model)`) and Python "
+        "architecture files run code, so they load only with `trust_code=True` on your own "
+        "machine; TorchScript files cannot be hooked and are refused.",
+        "",
+        "## Data layouts",
+        "",
+        "- `.npz` / `.pt`: `inputs` `[N, ...]` (any shape the model takes: `[N, F]` tables, "
+        "`[N, C, H, W]` images), optional `labels` `[N]` (class ids), `clusters` `[N]` (ids or "
+        "names), `cluster_names`, `feature_names`, `class_names`. A `.pt` may also hold a "
+        "tensor of inputs or an `(inputs, labels)` tuple; it is read with "
+        "`weights_only=True`.",
+        "- `.npy`: the inputs array alone.",
+        "- `.csv` / `.parquet`: one row per sample with a header; a `label` column, an "
+        "optional `cluster` column, every other column a numeric feature (see "
+        "`digits_sample.csv`). Flattened images work when the count matches the model's input.",
+    ]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main(out: Path) -> dict[str, float]:
+    torch.set_num_threads(1)  # tiny models: one thread is fastest and runs the same everywhere
+    out.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    pixels = (digits.data / 16.0).astype(np.float32)
+    train_x, test_x, train_y, test_y = train_test_split(
+        pixels, digits.target, test_size=0.4, random_state=SEED, stratify=digits.target)
+    train_x, test_x = torch.from_numpy(train_x), torch.from_numpy(test_x)
+    train_y, test_y = torch.from_numpy(train_y).long(), torch.from_numpy(test_y).long()
+    accuracies = {}
+
+    torch.manual_seed(SEED)
+    mlp = train(DigitsMLP(), train_x, train_y, epochs=60, lr=3e-3)
+    accuracies["digits_mlp"] = accuracy(mlp, test_x, test_y)
+    export(mlp, test_x[:8], out / "digits_mlp.pt2", DIGIT_NAMES)
+    parity = np.where(test_y.numpy() % 2 == 0, "even", "odd")
+    np.savez_compressed(out / "digits.npz", inputs=test_x.numpy(), labels=test_y.numpy(),
+                        clusters=parity, feature_names=[f"pixel_{i}" for i in range(64)],
+                        class_names=list(DIGIT_NAMES))
+    torch.save(mlp.state_dict(), out / "digits_mlp_state_dict.pt")
+    (out / "digits_mlp_architecture.json").write_text(
+        json.dumps(parse_architecture(MLP_ARCHITECTURE).to_dict(), indent=2) + "\n")
+    rows = np.random.default_rng(SEED).choice(len(test_x), size=200, replace=False)
+    table = {f"pixel_{i}": test_x.numpy()[rows, i] for i in range(64)}
+    table.update(label=test_y.numpy()[rows], cluster=parity[rows])
+    pd.DataFrame(table).to_csv(out / "digits_sample.csv", index=False, float_format="%g")
+
+    torch.manual_seed(SEED)
+    images_train, images_test = train_x.reshape(-1, 1, 8, 8), test_x.reshape(-1, 1, 8, 8)
+    cnn = train(DigitsCNN(), images_train, train_y, epochs=40, lr=3e-3)
+    accuracies["digits_cnn"] = accuracy(cnn, images_test, test_y)
+    export(cnn, images_test[:8], out / "digits_cnn.pt2", DIGIT_NAMES)
+    np.savez_compressed(out / "digits_images.npz", inputs=images_test.numpy(),
+                        labels=test_y.numpy(), class_names=list(DIGIT_NAMES))
+    (out / "digits_cnn_state_dict.safetensors").write_bytes(
+        save_safetensors({k: v.contiguous() for k, v in cnn.state_dict().items()}))
+    (out / "digits_cnn_architecture.yaml").write_text(
+        yaml.safe_dump(parse_architecture(CNN_ARCHITECTURE).to_dict(), sort_keys=False,
+                       default_flow_style=None, width=100))
+
+    torch.manual_seed(SEED)
+    sanity_train_x, sanity_train_y = sanity_data(1000, seed=SEED)
+    sanity_test_x, sanity_test_y = sanity_data(600, seed=SEED + 1)
+    sanity = train(SanityModel(), torch.from_numpy(sanity_train_x),
+                   torch.from_numpy(sanity_train_y), epochs=30, lr=1e-2, weight_decay=1e-2)
+    accuracies["sanity"] = accuracy(sanity, torch.from_numpy(sanity_test_x),
+                                    torch.from_numpy(sanity_test_y))
+    export(sanity, torch.from_numpy(sanity_test_x[:8]), out / "sanity.pt2", SANITY_CLASSES)
+    np.savez_compressed(out / "sanity.npz", inputs=sanity_test_x, labels=sanity_test_y,
+                        feature_names=list(SANITY_FEATURES), class_names=list(SANITY_CLASSES))
+
+    write_readme(out, accuracies)
+    return accuracies
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEMO_DIR, help="output folder")
+    for demo, value in main(parser.parse_args().out).items():
+        print(f"{demo}: held-out accuracy {value:.1%}")

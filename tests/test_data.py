@@ -1,0 +1,263 @@
+"""Data loading in every accepted layout, checks against a model, and cluster sources."""
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.loading import LoadedModel
+
+INPUTS = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]],
+                  dtype=np.float32)
+LABELS = np.array([0, 1, 1, 0])
+
+
+def npz_bytes(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def pt_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False).encode()
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer)
+    return buffer.getvalue()
+
+
+def table(**extra) -> pd.DataFrame:
+    frame = pd.DataFrame(INPUTS, columns=["a", "b", "c"])
+    for column, values in extra.items():
+        frame[column] = values
+    return frame
+
+
+def picker_model() -> LoadedModel:
+    """Logits = the first two features: class 1 wins where b > a (every row here)."""
+    linear = nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    return LoadedModel(module=nn.Sequential(linear).eval(), input_shape=(3,), n_classes=2,
+                       class_names=("zero", "one"))
+
+
+# ---------------------------------------------------------------- formats
+
+@pytest.mark.parametrize("data", [
+    npz_bytes(inputs=INPUTS, labels=LABELS, clusters=np.array(["p", "q", "p", "q"]),
+              feature_names=np.array(["a", "b", "c"]), class_names=np.array(["no", "yes"])),
+    npz_bytes(X=INPUTS, y=LABELS, cluster=np.array([0, 1, 0, 1]),
+              cluster_names=np.array(["p", "q"]), feature_names=np.array(["a", "b", "c"]),
+              class_names=np.array(["no", "yes"])),
+    pt_bytes({"inputs": torch.from_numpy(INPUTS), "labels": torch.from_numpy(LABELS),
+              "clusters": ["p", "q", "p", "q"], "feature_names": ["a", "b", "c"],
+              "class_names": ["no", "yes"]}),
+    csv_bytes(table(label=LABELS, cluster=["p", "q", "p", "q"])),
+    parquet_bytes(table(Label=LABELS, group=["p", "q", "p", "q"])),
+], ids=["npz", "npz-aliases", "pt-dict", "csv", "parquet"])
+def test_every_format_gives_the_same_dataset(data):
+    dataset = at.load_data(data)
+    torch.testing.assert_close(dataset.inputs, torch.from_numpy(INPUTS))
+    assert dataset.labels.tolist() == LABELS.tolist() and dataset.labels.dtype == torch.int64
+    assert dataset.clusters.tolist() == ["p", "q", "p", "q"]
+    assert dataset.feature_names == ("a", "b", "c") and len(dataset) == 4
+
+
+def test_pt_tensor_tuple_and_npy_and_images(tmp_path):
+    images = np.arange(2 * 1 * 3 * 3, dtype=np.float32).reshape(2, 1, 3, 3)
+    assert at.load_data(pt_bytes(torch.from_numpy(images))).inputs.shape == (2, 1, 3, 3)
+    pair = at.load_data(pt_bytes((torch.from_numpy(INPUTS), torch.from_numpy(LABELS))))
+    assert pair.labels.tolist() == LABELS.tolist() and pair.clusters is None
+    np.save(tmp_path / "x.npy", np.asfortranarray(INPUTS.astype(np.float64)))
+    loaded = at.load_data(tmp_path / "x.npy")
+    assert loaded.inputs.dtype == torch.float32 and loaded.labels is None
+    torch.testing.assert_close(loaded.inputs, torch.from_numpy(INPUTS))
+    with open(tmp_path / "x.npy", "rb") as handle:
+        assert at.load_data(handle).inputs.shape == (4, 3)
+
+
+def test_columns_and_keys_can_be_chosen():
+    frame = table(target=LABELS, kind=[5, 6, 5, 6], note=["x", "y", "z", "w"])
+    with pytest.raises(at.AttributionError, match="note are not numeric"):
+        at.load_data(csv_bytes(frame))
+    chosen = at.load_data(csv_bytes(frame), features=["a", "c"], label="target", cluster="kind")
+    assert chosen.inputs.shape == (4, 2) and chosen.clusters.tolist() == [5, 6, 5, 6]
+    without = at.load_data(csv_bytes(table(label=LABELS)), label="")
+    assert without.labels is None and without.inputs.shape == (4, 4)
+    arrays = npz_bytes(pixels=INPUTS, truth=LABELS)
+    with pytest.raises(at.AttributionError, match="available: pixels, truth"):
+        at.load_data(arrays)
+    assert at.load_data(arrays, features="pixels", label="truth").labels.tolist() == [0, 1, 1, 0]
+    with pytest.raises(at.AttributionError, match="no labels array 'nope'"):
+        at.load_data(arrays, features="pixels", label="nope")
+
+
+@pytest.mark.parametrize("data, message", [
+    (csv_bytes(table(label=[0, 1.5, 1, 0])), "integer class ids; found 1.5"),
+    (csv_bytes(table(label=["cat", "dog", "cat", "dog"])), "found 'cat'"),
+    (csv_bytes(table(label=[0, None, 1, 0])), "integer class ids; found nan"),
+    (csv_bytes(table(label=[0, -1, 1, 0])), ">= 0; found -1"),
+    (csv_bytes(table(label=LABELS, cluster=["p", None, "p", "q"])), "no cluster id"),
+    (npz_bytes(inputs=np.where(INPUTS == 4, np.nan, INPUTS)), r"row 1, value 1"),
+    (csv_bytes(table(label=LABELS).replace(7.0, np.inf)), "row 2, column 'b'"),
+    (b"1,2,3\n4,5,6\n", "header row"),
+    (csv_bytes(table(label=LABELS).iloc[:0]), "no rows"),
+    (npz_bytes(inputs=np.array(["a", "b"])), "must be numbers"),
+    (npz_bytes(inputs=np.zeros(3, np.float32)), r"shape \[N, ...\]"),
+    (npz_bytes(inputs=INPUTS, feature_names=np.array(["a", "b"])), "2 feature names"),
+    (npz_bytes(inputs=INPUTS, labels=LABELS[:3]), "one class id per sample"),
+    (npz_bytes(inputs=INPUTS, clusters=np.array([0, 5, 0, 1]), cluster_names=np.array(["p", "q"])),
+     "integer ids 0..1"),
+    (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.complex64)}),
+     "integer class ids"),
+    (pt_bytes({"inputs": [[1.0, 2.0], [3.0]]}), "rectangular"),
+    (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.bfloat16)}),
+     None),
+], ids=["fractional-label", "text-label", "missing-label", "negative-label", "missing-cluster",
+        "nan-input", "inf-in-table", "no-header", "no-rows", "text-inputs", "1d-inputs",
+        "feature-name-count", "label-count", "cluster-name-ids", "complex-labels",
+        "ragged-inputs", "bfloat16-labels-are-fine"])
+def test_bad_values_are_named(data, message):
+    if message is None:
+        assert at.load_data(data).labels.tolist() == [1, 1]
+        return
+    with pytest.raises(at.AttributionError, match=message):
+        at.load_data(data)
+
+
+def test_object_arrays_are_refused_without_unpickling():
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=INPUTS, feature_names=np.array(["a", 1, None], dtype=object))
+    with pytest.raises(at.AttributionError, match="dtype=object"):
+        at.load_data(buffer.getvalue())
+
+
+def test_size_and_row_limits_are_configurable(monkeypatch):
+    data = npz_bytes(inputs=INPUTS, labels=LABELS)
+    with pytest.raises(at.AttributionError, match="over the in-memory limit of 3"):
+        at.load_data(data, max_rows=3)
+    with pytest.raises(at.AttributionError, match="limit"):
+        at.load_data(data, max_bytes=100)
+    for limited in (csv_bytes(table(label=LABELS)), parquet_bytes(table(label=LABELS)),
+                    pt_bytes(torch.from_numpy(INPUTS))):
+        with pytest.raises(at.AttributionError, match="in-memory limit"):
+            at.load_data(limited, max_rows=2)
+    monkeypatch.setattr(at.data, "MAX_ROWS", 3)
+    with pytest.raises(at.AttributionError, match="limit of 3"):
+        at.load_data(data)
+    monkeypatch.setattr(at.loading, "MAX_UPLOAD_BYTES", 100)
+    with pytest.raises(at.AttributionError, match="MiB limit"):
+        at.load_data(data)
+
+
+def test_truncated_npy_inside_npz_is_caught_before_allocation():
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (10 ** 9, 64)})
+    buffer = io.BytesIO()
+    with __import__("zipfile").ZipFile(buffer, "w") as archive:
+        archive.writestr("inputs.npy", b"\x93NUMPY\x01\x00" + header.getvalue()[8:] + b"\0" * 16)
+    with pytest.raises(at.AttributionError, match="truncated or damaged"):
+        at.load_data(buffer.getvalue())
+
+
+# ---------------------------------------------------------------- checks against a model
+
+def test_check_data_reshapes_flat_inputs_and_fills_class_names():
+    model = LoadedModel(module=nn.Sequential(nn.Flatten(), nn.Linear(4, 2)),
+                        input_shape=(1, 2, 2), n_classes=2, class_names=("n", "y"))
+    flat = at.Dataset(inputs=np.arange(8, dtype=np.float32).reshape(2, 4), labels=[0, 1],
+                      feature_names=["p0", "p1", "p2", "p3"])
+    checked = at.check_data(flat, model)
+    assert checked.inputs.shape == (2, 1, 2, 2) and checked.class_names == ("n", "y")
+    assert checked.feature_names is None
+
+
+def test_check_data_names_the_shape_problem():
+    with pytest.raises(at.AttributionError, match=r"shape \[3\] \(3 values\); the data has \[2\] "
+                                                   r"\(2 feature columns\)"):
+        at.check_data(at.Dataset(inputs=INPUTS[:, :2]), picker_model())
+
+
+def test_check_data_rejects_labels_outside_the_model_classes():
+    with pytest.raises(at.AttributionError, match=r"1 label\(s\) are outside the model's "
+                                                   r"classes 0..1 \(e.g. 2\)"):
+        at.check_data(at.Dataset(inputs=INPUTS, labels=[0, 1, 2, 0]), picker_model())
+
+
+def test_check_data_rejects_single_sample_clusters():
+    dataset = at.Dataset(inputs=INPUTS, labels=LABELS, clusters=["p", "p", "p", "lonely"])
+    with pytest.raises(at.AttributionError, match=r"too small: 'lonely' \(1\)"):
+        at.check_data(dataset, picker_model())
+    at.check_clusters(dataset.clusters, min_size=1)
+    with pytest.raises(at.AttributionError, match="no samples"):
+        at.check_clusters(np.array([]))
+
+
+# ---------------------------------------------------------------- cluster sources
+
+def test_label_prediction_and_correctness_clusters():
+    dataset = at.Dataset(inputs=INPUTS, labels=LABELS, clusters=["p", "q", "p", "q"])
+    model = picker_model()
+    assert at.make_clusters("provided", dataset).tolist() == ["p", "q", "p", "q"]
+    assert at.make_clusters("label", dataset).tolist() == [0, 1, 1, 0]
+    assert at.make_clusters("predicted", dataset, model).tolist() == [1, 1, 1, 1]
+    assert at.predict_classes(model, dataset.inputs, batch_size=3).tolist() == [1, 1, 1, 1]
+    assert at.make_clusters("correctness", dataset, model.module).tolist() == [
+        "misclassified", "correct", "correct", "misclassified"]
+
+
+def test_cluster_sources_explain_what_they_need():
+    unlabeled = at.Dataset(inputs=INPUTS)
+    with pytest.raises(at.AttributionError, match="no cluster ids"):
+        at.make_clusters("provided", unlabeled)
+    with pytest.raises(at.AttributionError, match="needs labels"):
+        at.make_clusters("correctness", unlabeled, picker_model())
+    with pytest.raises(at.AttributionError, match="needs the model"):
+        at.make_clusters("predicted", unlabeled)
+    with pytest.raises(at.AttributionError, match="needs a layer"):
+        at.make_clusters("kmeans_activations", unlabeled, picker_model(), k=2)
+    with pytest.raises(at.AttributionError, match="Unknown cluster source 'labels'"):
+        at.make_clusters("labels", unlabeled)
+
+
+def test_kmeans_on_inputs_is_seeded_and_checks_k():
+    rng = np.random.default_rng(0)
+    points = np.concatenate([rng.normal(0, 0.1, (10, 3)), rng.normal(5, 0.1, (10, 3))])
+    dataset = at.Dataset(inputs=points.astype(np.float32))
+    ids = at.make_clusters("kmeans_inputs", dataset, k=2, seed=3)
+    assert len(set(ids[:10])) == 1 and len(set(ids[10:])) == 1 and ids[0] != ids[10]
+    assert (at.make_clusters("kmeans_inputs", dataset, k=2, seed=3) == ids).all()
+    for bad_k in (None, 1, 21, 2.5, True):
+        with pytest.raises(at.AttributionError, match="integer k from 2 to the number"):
+            at.make_clusters("kmeans_inputs", dataset, k=bad_k)
+    duplicates = at.Dataset(inputs=np.repeat(INPUTS[:2], 3, axis=0))
+    with pytest.raises(at.AttributionError, match="only 2 distinct samples"):
+        at.make_clusters("kmeans_inputs", duplicates, k=3)
+
+
+def test_kmeans_on_conv_activations_uses_channel_means():
+    conv = nn.Conv2d(1, 2, 1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+    model = nn.Sequential(conv, nn.Flatten(), nn.Linear(2 * 2 * 2, 2))
+    images = torch.cat([torch.full((5, 1, 2, 2), -3.0), torch.full((5, 1, 2, 2), 3.0)])
+    images += torch.linspace(0, 0.1, 10).view(10, 1, 1, 1)
+    activations = at.data.layer_activations(model, "0", images, batch_size=4)
+    assert activations.shape == (10, 2)
+    torch.testing.assert_close(activations[:, 0], images.flatten(1).mean(1))
+    ids = at.make_clusters("kmeans_activations", at.Dataset(inputs=images), model, layer="0",
+                           k=2, batch_size=4)
+    assert len(set(ids[:5])) == 1 and len(set(ids[5:])) == 1 and ids[0] != ids[5]
