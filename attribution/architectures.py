@@ -18,6 +18,7 @@ matches other key names, e.g. ["fc1", "relu1", "fc2", "relu2", "out"]. Optional 
 from __future__ import annotations
 
 import json
+import reprlib
 from collections import OrderedDict
 import os
 import re
@@ -45,6 +46,8 @@ _MAX_WIDTH = 1 << 16          # units or channels of one layer
 _MAX_INPUT_VALUES = 1 << 24   # values in one sample
 _MAX_TEXT_BYTES = 1 << 16     # a description file
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SHORT = reprlib.Repr()  # bounded reprs of user values, even for YAML alias bombs
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 40
 
 Description = Union[dict, str, bytes, os.PathLike]
 
@@ -171,7 +174,8 @@ def _parse_text(data: bytes) -> dict:
 def _from_dict(raw: dict) -> Architecture:
     kind = raw.get("kind")
     if kind not in KINDS:
-        raise AttributionError(f'"kind" must be one of {", ".join(KINDS)}; got {kind!r}.')
+        raise AttributionError(f'"kind" must be one of {", ".join(KINDS)}; got '
+                               f"{_SHORT.repr(kind)}.")
     unknown = sorted(str(key) for key in raw if key not in _KEYS[kind])
     if unknown:
         raise AttributionError(f"Unknown keys in the {kind} description: {', '.join(unknown)}. "
@@ -189,8 +193,8 @@ def _from_dict(raw: dict) -> Architecture:
     if kind == "cnn" and len(input_shape) != 3:
         raise AttributionError("A cnn's input_shape is [channels, height, width], e.g. [1, 8, 8].")
     activation = raw.get("activation", "relu")
-    if activation not in ACTIVATIONS:
-        raise AttributionError(f"Unknown activation {activation!r}; use one of "
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise AttributionError(f"Unknown activation {_SHORT.repr(activation)}; use one of "
                                f"{', '.join(ACTIVATIONS)}.")
     n_classes = _sizes([raw["n_classes"]], "n_classes", _MAX_WIDTH)[0]
     if n_classes < 2:
@@ -220,12 +224,13 @@ def _from_dict(raw: dict) -> Architecture:
 
 def _sizes(value: Any, key: str, maximum: int, minimum: int = 1) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)):
-        raise AttributionError(f'"{key}" must be a list of integers; got {value!r}.')
+        raise AttributionError(f'"{key}" must be a list of integers; got '
+                               f"{_SHORT.repr(value)}.")
     sizes = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int) or not minimum <= item <= maximum:
             raise AttributionError(f'"{key}" must hold integers from {minimum} to {maximum}; '
-                                   f"got {item!r}.")
+                                   f"got {_SHORT.repr(item)}.")
         sizes.append(item)
     return tuple(sizes)
 
@@ -245,6 +250,7 @@ def _names(value: Any) -> Optional[tuple[str, ...]]:
 def _class_names(value: Any, n_classes: int) -> Optional[tuple[str, ...]]:
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)) or len(value) != n_classes:
+    if (not isinstance(value, (list, tuple)) or len(value) != n_classes
+            or not all(isinstance(name, (str, int)) for name in value)):
         raise AttributionError(f'"class_names" must be a list of {n_classes} names.')
     return tuple(str(name) for name in value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+import reprlib
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence, Union
 
@@ -135,13 +136,15 @@ def _as_labels(value: Any, n: int) -> torch.Tensor:
         numeric = pd.to_numeric(pd.Series(array), errors="coerce").to_numpy()
         if np.isnan(numeric.astype(np.float64)).any():
             example = _plain(next(v for v, x in zip(array, numeric) if x != x))
-            raise AttributionError(f"Labels must be integer class ids; found {example!r}. "
-                                   "Map class names to ids 0..C-1 first.")
+            raise AttributionError(f"Labels must be integer class ids; found "
+                                   f"{reprlib.repr(example)}. Map class names to ids 0..C-1 "
+                                   "first.")
         array = numeric
     if array.dtype.kind == "f":
         if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
             example = _plain(next(v for v in array if not (math.isfinite(v) and v == round(v))))
-            raise AttributionError(f"Labels must be integer class ids; found {example!r}.")
+            raise AttributionError(f"Labels must be integer class ids; found "
+                                   f"{reprlib.repr(example)}.")
     if array.dtype.kind not in "iuf":
         raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
     labels = torch.from_numpy(array.astype(np.int64))
@@ -406,8 +409,8 @@ def check_clusters(clusters: Any, *, min_size: int = 2) -> None:
     ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
     if len(ids) == 0:
         raise AttributionError("There are no samples to put in clusters.")
-    small = [f"{_plain(cluster)!r} ({count})" for cluster, count in zip(ids, counts)
-             if count < min_size]
+    small = [f"{reprlib.repr(_plain(cluster))} ({count})"
+             for cluster, count in zip(ids, counts) if count < min_size]
     if small:
         raise AttributionError(
             f"Clusters need at least {min_size} samples each; too small: "

@@ -327,6 +327,16 @@ json_values = st.recursive(
     | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=12)
 
 
+@settings(FUZZ, max_examples=300)
+@given(description=st.dictionaries(st.sampled_from(
+    ["kind", "input_shape", "hidden", "channels", "n_classes", "names", "pool", "padding",
+     "kernel_size", "activation", "class_names"]), json_values, max_size=8))
+def test_fuzz_parse_architecture(description):
+    only_attribution_errors(lambda: at.parse_architecture(dict(description, kind=description.get(
+        "kind", "mlp"))))
+    only_attribution_errors(lambda: at.parse_architecture(dict(description, kind="cnn")))
+
+
 @FUZZ
 @given(kind=st.sampled_from(["mlp", "cnn", "rnn"]), extra=st.dictionaries(
     st.sampled_from(["input_shape", "hidden", "channels", "n_classes", "names", "pool",

@@ -291,6 +291,35 @@ def test_mismatched_state_dict_names_keys_shapes_and_suggests_names():
         at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=wrong_width)
 
 
+def test_description_errors_stay_short_even_for_a_yaml_alias_bomb():
+    bomb = "[&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1], " + ", ".join(
+        f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)) + "]"
+    for key in ("hidden", "activation", "n_classes", "class_names", "kind"):
+        text = f"kind: mlp\ninput_shape: [4]\nn_classes: 3\n{key}: {bomb}\n"
+        with pytest.raises(at.AttributionError) as error:
+            at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=text.encode())
+        assert len(str(error.value)) < 400
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "rnn"}, "must be one of mlp, cnn"),
+    ({"hiden": [5]}, "Unknown keys in the mlp description: hiden"),
+    ({"hidden": [0]}, "integers from 1 to 65536"),
+    ({"names": ["fc1", "out"]}, "3 modules (Linear, ReLU, Linear)"),
+    ({"names": ["a.b", "c", "d"]}, "no dots"),
+    ({"activation": "swish"}, "Unknown activation 'swish'"),
+    ({"kind": "cnn", "input_shape": [4], "channels": [2]}, "[channels, height, width]"),
+    ({"kind": "cnn", "input_shape": [1, 2, 2], "channels": [2, 2], "names": None},
+     "shrink the [2, 2] input"),
+])
+def test_description_mistakes_are_explained(change, message):
+    description = {key: value for key, value in dict(MLP_DESCRIPTION, **change).items()
+                   if value is not None}
+    with pytest.raises(at.AttributionError) as error:
+        at.parse_architecture(description)
+    assert message in str(error.value)
+
+
 # ---------------------------------------------------------------- pickles, code, TorchScript
 
 def test_pickled_module_is_refused_with_the_export_recipe(tmp_path):
