@@ -1,0 +1,34 @@
+"""Neuron importance dashboard: `streamlit run app.py` (add `-- --trust-code` only for your
+own files on your own machine). Opens on the built-in digits demo with charts drawn."""
+import plotly.graph_objects as go
+import streamlit as st
+
+st.set_page_config(page_title="Neuron importance", page_icon="🧠", layout="wide")
+
+PAGES = [
+    st.Page("pages/scores.py", title="Neuron scores", icon=":material/grid_on:", default=True),
+    st.Page("pages/pruning.py", title="Pruning curves", icon=":material/show_chart:"),
+    st.Page("pages/diagnosis.py", title="Diagnosis", icon=":material/health_and_safety:"),
+    st.Page("pages/data.py", title="Model & data", icon=":material/upload_file:"),
+    st.Page("pages/export.py", title="Share & export", icon=":material/download:"),
+]
+page = st.navigation(PAGES, position="top")
+
+loading = st.empty()
+if "session_started" not in st.session_state:
+    # A session's first run: draw a placeholder chart before importing torch and loading the
+    # model, so the browser fetches the chart library while the server works.
+    st.session_state["session_started"] = True
+    placeholder = go.Figure(layout=dict(
+        height=160, xaxis_visible=False, yaxis_visible=False, template="plotly_white",
+        annotations=[dict(text="Loading the model and scoring neurons…", showarrow=False,
+                          font=dict(size=16, color="#57606A"))]))
+    loading.plotly_chart(placeholder, theme=None, config={"staticPlot": True})
+
+from pages import common  # noqa: E402  (imports torch: after the placeholder is on its way)
+
+context = common.sidebar()
+loading.empty()
+# The Model & data page stays usable when the current model or data fails to load.
+if context is not None or page.title == "Model & data":
+    page.run()

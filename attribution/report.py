@@ -1,0 +1,487 @@
+"""One self-contained, offline HTML report of an analysis, and the same results as CSVs.
+
+    settings = AnalysisSettings(layer="relu2", method="gradient_x_activation", cluster=3)
+    html_text = build_report(loaded_model, dataset, settings)   # collect + render
+    content = collect_report(loaded_model, dataset, settings)   # or the two steps,
+    html_text, tables = render_report(content), report_csvs(content)  # tables: name -> CSV
+
+The dashboard assembles a `ReportContent` from what it already computed (`assemble`); the
+command line calls `build_report`. plotly.js is embedded inline (the file opens without a
+network), and every user-supplied string is HTML-escaped.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from plotly.offline import get_plotlyjs
+
+from . import plots
+from .data import Dataset, make_clusters, predict_classes
+from .diagnose import diagnose
+from .errors import AttributionError
+from .layers import LayerInfo
+from .loading import LoadedModel
+from .methods import METHODS
+from .oracle import oracle_agreement
+from .pruning import cluster_pruning_curves, curve_summary
+from .scores import REDUCTIONS, neuron_scores
+
+TARGETS = ("true", "predicted", "fixed")
+TARGET_LABELS = {"true": "true class", "predicted": "predicted class", "fixed": "a fixed class"}
+CLUSTER_SOURCE_LABELS = {
+    "label": "true label", "predicted": "predicted label",
+    "correctness": "correct vs misclassified", "provided": "provided cluster column",
+    "kmeans_inputs": "k-means on the inputs", "kmeans_activations": "k-means on the layer",
+}
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """Every choice behind one view of the results (the dashboard's sidebar, the CLI's flags).
+
+    Attributes:
+        layer: dotted layer name.
+        method: the main scoring method; `compare` adds methods shown beside it.
+        cluster_source: one of `CLUSTER_SOURCE_LABELS` (`attribution.data.make_clusters`).
+        k: number of clusters for the k-means sources.
+        cluster: the cluster in focus; None = the first cluster id.
+        reduce: "mean" (signed) or "mean_abs".
+        target: "true" (labels), "predicted" or "fixed" (`fixed_class` for every sample).
+        metric: pruning-curve metric: "accuracy", "target_logit" or "loss".
+        n_random: random orders forming the pruning curves' band.
+    """
+
+    layer: str
+    method: str = "gradient_x_activation"
+    compare: tuple[str, ...] = ()
+    cluster_source: str = "label"
+    k: int = 8
+    cluster: object = None
+    reduce: str = "mean"
+    target: str = "true"
+    fixed_class: int = 0
+    metric: str = "accuracy"
+    n_random: int = 20
+    batch_size: int = 256
+    seed: int = 0
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The main method first, then the compared ones (no repeats)."""
+        return tuple(dict.fromkeys((self.method,) + tuple(self.compare)))
+
+    def describe(self, class_names: Optional[Sequence[str]] = None) -> dict[str, str]:
+        """Label -> value, in words, for tables and reports."""
+        target = TARGET_LABELS.get(self.target, self.target)
+        if self.target == "fixed":
+            target = f"class {_class_label(self.fixed_class, class_names)}"
+        source = CLUSTER_SOURCE_LABELS.get(self.cluster_source, self.cluster_source)
+        if self.cluster_source.startswith("kmeans"):
+            source += f" (k = {self.k})"
+        return {
+            "layer": self.layer, "clusters from": source, "cluster in focus": str(self.cluster),
+            "method": plots.method_label(self.method),
+            "compared with": ", ".join(plots.method_label(m) for m in self.methods[1:]) or "-",
+            "reduction": plots.REDUCTION_LABELS.get(self.reduce, self.reduce),
+            "target logit": target, "pruning metric": self.metric,
+            "random orders": str(self.n_random), "batch size": str(self.batch_size),
+            "seed": str(self.seed),
+        }
+
+
+@dataclass
+class ReportContent:
+    """Everything a report shows; tables are tidy frames as the plots expect.
+
+    Attributes:
+        title: heading of the report.
+        settings: label -> value of every choice that produced the results.
+        facts: label -> value about the model and data (samples, classes, accuracy, ...).
+        layers: rows (name, type, neurons, shape) of the model's scorable layers.
+        cluster_scores: rows (cluster, neuron, method, score, n), every cluster and method.
+        neuron_summary: rows (method, neuron, score, spread, n) for the focus cluster.
+        curves: rows (subset, k, ranked, bottom, random_mean, random_lo, random_hi).
+        curve_summary: one row per subset with the summary numbers of its curves.
+        curve_sentences: the curve summary in words.
+        findings: objects with code, severity, message, value and hint.
+        oracle: agreement of each method with exact ablation, or None.
+        histogram: rows (sample, score) of one neuron's per-sample signed scores, or None.
+        histogram_neuron: the neuron the histogram shows.
+    """
+
+    title: str
+    method: str
+    reduce: str
+    cluster: object
+    n_neurons: int
+    settings: dict[str, str]
+    facts: dict[str, str]
+    layers: pd.DataFrame
+    cluster_scores: pd.DataFrame
+    neuron_summary: pd.DataFrame
+    curves: Optional[pd.DataFrame] = None
+    curve_summary: Optional[pd.DataFrame] = None
+    curve_sentences: Sequence[str] = ()
+    findings: Sequence = ()
+    oracle: Optional[pd.DataFrame] = None
+    histogram: Optional[pd.DataFrame] = None
+    histogram_neuron: Optional[int] = None
+    metric: str = "accuracy"
+    created: str = field(default_factory=lambda: _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
+
+
+def _class_label(class_id: int, class_names: Optional[Sequence[str]]) -> str:
+    if class_names is not None and 0 <= class_id < len(class_names):
+        return f"{class_id} ({class_names[class_id]})"
+    return str(class_id)
+
+
+def scoring_targets(dataset: Dataset, target: str, fixed_class: int = 0,
+                    n_classes: Optional[int] = None) -> Optional[torch.Tensor]:
+    """The logit each sample is scored for: LongTensor [N], or None (the predicted class)."""
+    if target == "predicted":
+        return None
+    if target == "true":
+        if dataset.labels is None:
+            raise AttributionError("This data has no labels, so there is no true class to "
+                                   "score; choose the predicted class or a fixed class.")
+        return dataset.labels
+    if target == "fixed":
+        if n_classes is not None and not 0 <= fixed_class < n_classes:
+            raise AttributionError(f"The fixed class must lie in 0..{n_classes - 1}.")
+        return torch.full((len(dataset),), int(fixed_class), dtype=torch.long)
+    raise AttributionError(f"Unknown target {target!r}; use one of {', '.join(TARGETS)}.")
+
+
+def curve_targets(dataset: Dataset, metric: str,
+                  scoring: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Targets of the pruning curves: accuracy is measured against the labels (against the
+    unpruned model's predictions without labels); logit and loss follow the scoring target."""
+    if metric == "accuracy":
+        return dataset.labels
+    return scoring
+
+
+def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster: object,
+                    sizes: Optional[dict] = None, n_random: Optional[int] = None) -> list[str]:
+    """The pruning-curve summary in words a collaborator understands.
+
+    Args:
+        summary: `curve_summary` of cluster-vs-rest curves (index "cluster", maybe "rest").
+        sizes: samples per subset (the curves' attrs["n_samples"]).
+    """
+    if "cluster" not in summary.index:
+        return []
+    scale, unit = (100.0, "percentage points") if metric == "accuracy" else (
+        1.0, "logits" if metric == "target_logit" else "nats")
+    damage = {"accuracy": "lowers accuracy", "target_logit": "lowers the target logit",
+              "loss": "raises the loss"}.get(metric, f"changes {metric}")
+
+    def versus_random(gap: float) -> str:
+        how = "more" if gap >= 0 else "less"
+        return f"{damage} by {abs(gap):.1f} {unit} {how} than removing them in random order"
+
+    row = summary.loc["cluster"]
+    gap = float(row["gap_vs_random"]) * scale
+    size = f" ({sizes['cluster']} samples)" if sizes and "cluster" in sizes else ""
+    text = (f"On cluster {cluster}{size}, removing neurons in {plots.method_label(method)} order "
+            f"(highest score first) {versus_random(gap)}, averaged over every number of "
+            "neurons removed.")
+    beaten = row["fraction_random_beaten"]
+    if pd.notna(beaten):
+        orders = f"{n_random} " if n_random else ""
+        text += f" It does more damage than {beaten:.0%} of the {orders}random orders."
+    sentences = [text]
+    if "rest" in summary.index:
+        rest_gap = float(summary.loc["rest", "gap_vs_random"]) * scale
+        specific = gap > 0 and gap > 2 * max(rest_gap, 0.0)
+        sentences.append(
+            f"On the rest of the data, removing the same neurons first {versus_random(rest_gap)}"
+            ": " + ("these neurons matter specifically for this cluster." if specific
+                    else "these neurons are not specific to this cluster."))
+    if pd.notna(beaten):
+        if beaten >= 0.95 and gap > 0:
+            verdict = "the scores carry real information about which neurons matter."
+        elif beaten >= 0.5:
+            verdict = ("only weakly better than random; compare methods or try mean |·| "
+                       "(see the Diagnosis page).")
+        else:
+            verdict = ("no better than random removal; see the Diagnosis page for why "
+                       "(often signed averaging cancels).")
+        sentences.append("Verdict: " + verdict)
+    return sentences
+
+
+def layers_frame(layers: Sequence[LayerInfo]) -> pd.DataFrame:
+    """rows (layer, type, neurons, output shape) for the architecture table."""
+    return pd.DataFrame({
+        "layer": [info.name for info in layers], "type": [info.kind for info in layers],
+        "neurons": [info.n_neurons for info in layers],
+        "output shape": [" x ".join(map(str, info.shape)) for info in layers],
+    })
+
+
+def model_facts(loaded: LoadedModel, dataset: Dataset,
+                predicted: Optional[np.ndarray] = None) -> dict[str, str]:
+    """Label -> value about the model and data: format, shapes, classes, accuracy."""
+    facts = {
+        "model format": loaded.source_format or "-",
+        "input shape": " x ".join(map(str, loaded.input_shape)),
+        "classes": str(loaded.n_classes), "samples": str(len(dataset)),
+    }
+    if predicted is not None and dataset.labels is not None:
+        accuracy = float((np.asarray(predicted) == dataset.labels.numpy()).mean())
+        facts["accuracy on this data"] = f"{accuracy:.1%}"
+    return facts
+
+
+def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
+             layers: Sequence[LayerInfo], per_sample: dict[str, np.ndarray],
+             clusters: np.ndarray, curves: Optional[pd.DataFrame] = None,
+             findings: Sequence = (), oracle: Optional[pd.DataFrame] = None,
+             class_names: Optional[Sequence[str]] = None) -> ReportContent:
+    """A `ReportContent` from results already computed.
+
+    Args:
+        per_sample: method -> per-sample scores [N, n] for every method in settings.methods.
+        clusters: cluster id per sample [N]; settings.cluster must be one of them.
+        curves: `cluster_pruning_curves` output, or None.
+    """
+    focus = np.asarray(clusters) == settings.cluster
+    tidy = pd.concat([plots.tidy_cluster_scores(
+        plots.cluster_table(per_sample[m], clusters, settings.reduce), m)
+        for m in settings.methods], ignore_index=True)
+    summary = pd.concat([plots.neuron_summary(per_sample[m][focus], settings.reduce, m)
+                         for m in settings.methods], ignore_index=True)
+    main = summary[summary["method"] == settings.method]
+    top_neuron = int(main.loc[main["score"].abs().idxmax(), "neuron"])
+    curve_table, sentences = None, []
+    if curves is not None:
+        curve_table = curve_summary(curves)
+        sentences = curve_sentences(curve_table, metric=settings.metric,
+                                    method=settings.method, cluster=settings.cluster,
+                                    sizes=curves.attrs.get("n_samples"),
+                                    n_random=settings.n_random)
+        curve_table = curve_table.reset_index()
+    n_neurons = per_sample[settings.method].shape[1]
+    return ReportContent(
+        title=title, method=settings.method, reduce=settings.reduce, cluster=settings.cluster,
+        n_neurons=n_neurons, settings=settings.describe(class_names), facts=facts,
+        layers=layers_frame(layers), cluster_scores=tidy, neuron_summary=summary,
+        curves=curves, curve_summary=curve_table, curve_sentences=sentences,
+        findings=list(findings), oracle=oracle, metric=settings.metric,
+        histogram=pd.DataFrame({"score": per_sample[settings.method][focus, top_neuron]}),
+        histogram_neuron=top_neuron)
+
+
+def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
+                   title: Optional[str] = None, user_scores=None,
+                   progress: Optional[Callable[[float, str], object]] = None) -> ReportContent:
+    """Compute everything the report shows, with the same `attribution` calls as the app.
+
+    Args:
+        loaded: the model (`load_model` / `load_demo`).
+        dataset: its data, checked with `check_data`.
+        user_scores: optional per-sample scores from one's own code for the focus cluster
+            ([m, n]) for the gradient-capture check.
+        progress: called as progress(fraction, what) between steps.
+    Returns:
+        ReportContent; `settings.cluster` None becomes the first cluster id.
+    """
+    def step(fraction: float, what: str) -> None:
+        if progress is not None:
+            progress(fraction, what)
+
+    for method in settings.methods:
+        if method not in METHODS:
+            raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
+    if settings.reduce not in REDUCTIONS:
+        raise AttributionError(f"Unknown reduce {settings.reduce!r}; use one of "
+                               f"{', '.join(REDUCTIONS)}.")
+    model = loaded.module
+    layers = loaded.layers()
+    if settings.layer not in {info.name for info in layers}:
+        raise AttributionError(f"Unknown layer {settings.layer!r}; layers: "
+                               f"{', '.join(info.name for info in layers)}.")
+    step(0.0, "clusters")
+    clusters = make_clusters(settings.cluster_source, dataset, loaded, settings.layer,
+                             settings.k, settings.seed, batch_size=settings.batch_size)
+    ids = sorted(set(clusters.tolist()), key=str)
+    if settings.cluster is None:
+        settings = replace(settings, cluster=ids[0])
+    elif settings.cluster not in ids:
+        matches = [c for c in ids if str(c) == str(settings.cluster)]
+        if not matches:
+            raise AttributionError(f"Cluster {settings.cluster!r} is not among the clusters "
+                                   f"({', '.join(map(str, ids[:20]))}).")
+        settings = replace(settings, cluster=matches[0])
+    targets = scoring_targets(dataset, settings.target, settings.fixed_class, loaded.n_classes)
+    per_sample = {}
+    for index, method in enumerate(settings.methods):
+        step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
+        per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
+                                           method, batch_size=settings.batch_size,
+                                           seed=settings.seed).numpy()
+    focus = np.asarray(clusters) == settings.cluster
+    row = plots.cluster_table(per_sample[settings.method], clusters, settings.reduce)
+    step(0.4, "pruning curves")
+    curves = cluster_pruning_curves(
+        model, settings.layer, dataset.inputs, curve_targets(dataset, settings.metric, targets),
+        clusters, settings.cluster, row.loc[settings.cluster].drop("n").to_numpy(),
+        n_random=settings.n_random, seed=settings.seed, metric=settings.metric,
+        batch_size=settings.batch_size)
+    focus_targets = None if targets is None else targets[torch.from_numpy(focus)]
+    focus_inputs = dataset.inputs[torch.from_numpy(focus)]
+    step(0.6, "diagnosis")
+    findings = diagnose(model, settings.layer, focus_inputs, focus_targets, settings.method,
+                        reduce=settings.reduce, user_scores=user_scores, seed=settings.seed,
+                        batch_size=settings.batch_size)
+    step(0.8, "agreement with ablation")
+    oracle = oracle_agreement(model, settings.layer, focus_inputs, focus_targets,
+                              methods=settings.methods, reduce=settings.reduce,
+                              batch_size=settings.batch_size, seed=settings.seed)
+    predicted = predict_classes(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
+    step(1.0, "done")
+    return assemble(settings, title=title or f"Neuron importance: layer {settings.layer}",
+                    facts=model_facts(loaded, dataset, predicted), layers=layers,
+                    per_sample=per_sample, clusters=clusters, curves=curves,
+                    findings=findings, oracle=oracle.drop(columns="cluster"),
+                    class_names=dataset.class_names)
+
+
+def build_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
+                 title: Optional[str] = None, user_scores=None,
+                 progress: Optional[Callable[[float, str], object]] = None) -> str:
+    """`collect_report` then `render_report`: the HTML text of the report."""
+    return render_report(collect_report(loaded, dataset, settings, title=title,
+                                        user_scores=user_scores, progress=progress))
+
+
+_STYLE = """
+body { font-family: Inter, system-ui, -apple-system, 'Segoe UI', sans-serif; color: #1F2328;
+       margin: 0 auto; max-width: 1100px; padding: 24px 32px 64px; line-height: 1.45; }
+h1 { font-size: 26px; margin-bottom: 4px; } h2 { font-size: 20px; margin-top: 36px;
+     border-bottom: 1px solid #E1E4E8; padding-bottom: 4px; }
+.muted { color: #57606A; font-size: 14px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
+th, td { border: 1px solid #E1E4E8; padding: 4px 10px; text-align: left; }
+th { background: #F4F5F7; }
+.finding { border-left: 6px solid; padding: 6px 12px; margin: 8px 0; background: #FAFBFC; }
+.finding b { text-transform: uppercase; font-size: 12px; letter-spacing: .04em; }
+.hint { color: #57606A; font-size: 14px; }
+.chart { margin: 12px 0; }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _pairs_table(pairs: dict[str, str]) -> str:
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs.items())
+    return f"<table>{rows}</table>"
+
+
+def _frame_table(frame: pd.DataFrame, digits: int = 4) -> str:
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_float_dtype(shown[column]):
+            shown[column] = shown[column].map(lambda v: f"{v:.{digits}g}")
+    return shown.to_html(index=False, escape=True, border=0)
+
+
+def _chart(figure: go.Figure) -> str:
+    body = figure.to_html(full_html=False, include_plotlyjs=False,
+                          config={"displaylogo": False, "responsive": True})
+    return f'<div class="chart">{body}</div>'
+
+
+def _findings_html(findings: Sequence) -> str:
+    if not findings:
+        return "<p class='muted'>No checks were run.</p>"
+    items = []
+    for finding in findings:
+        colour = plots.SEVERITY_COLOURS.get(finding.severity, "#57606A")
+        items.append(
+            f'<div class="finding" style="border-color:{colour}">'
+            f"<b style='color:{colour}'>{_e(finding.severity)}</b> "
+            f"<code>{_e(finding.code)}</code> {_e(finding.message)}"
+            f'<div class="hint">{_e(finding.hint)}</div></div>')
+    return "".join(items)
+
+
+def render_report(content: ReportContent) -> str:
+    """The report as one HTML document that opens offline (plotly.js inline, no links)."""
+    focus = content.cluster_scores
+    method_rows = focus[focus["method"] == content.method]
+    summary = content.neuron_summary
+    parts = [
+        f"<h1>{_e(content.title)}</h1>",
+        f"<p class='muted'>Created {_e(content.created)} with the attribution dashboard.</p>",
+        "<h2>Settings</h2>", _pairs_table(content.settings),
+        "<h2>Model and data</h2>", _pairs_table(content.facts),
+        _frame_table(content.layers),
+        "<h2>Findings</h2>", _findings_html(content.findings),
+        "<h2>Neuron scores</h2>",
+        _chart(plots.cluster_heatmap(method_rows, method=content.method, reduce=content.reduce,
+                                     highlight=content.cluster)),
+        _chart(plots.neuron_bars(summary[summary["method"] == content.method],
+                                 method=content.method, reduce=content.reduce)),
+    ]
+    if summary["method"].nunique() > 1:
+        parts.append(_chart(plots.method_bars(summary, reduce=content.reduce)))
+        parts.append(_chart(plots.rank_correlation_heatmap(plots.rank_correlations(summary))))
+    if content.curves is not None and len(content.curves):
+        parts += ["<h2>Pruning curves</h2>",
+                  _chart(plots.pruning_figure(content.curves, n_neurons=content.n_neurons,
+                                              metric=content.metric,
+                                              titles=_curve_titles(content.cluster)))]
+        parts += [f"<p>{_e(sentence)}</p>" for sentence in content.curve_sentences]
+        if content.curve_summary is not None:
+            parts.append(_frame_table(content.curve_summary))
+    if content.oracle is not None and len(content.oracle):
+        parts += ["<h2>Agreement with exact ablation</h2>",
+                  "<p class='muted'>Rank correlation between each method's scores and the "
+                  "measured effect of removing each neuron alone.</p>",
+                  _frame_table(content.oracle)]
+    if content.histogram is not None and content.histogram_neuron is not None:
+        parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
+                                                  neuron=content.histogram_neuron)))
+    body = "\n".join(parts)
+    return (
+        "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        f"<title>{_e(content.title)}</title>\n<style>{_STYLE}</style>\n"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script>\n</head>\n"
+        f"<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def _curve_titles(cluster: object) -> dict[str, str]:
+    return {"cluster": f"cluster {plots.plain(cluster)}", "rest": "rest of the data"}
+
+
+def report_csvs(content: ReportContent) -> dict[str, str]:
+    """File name -> CSV text of every table in the report."""
+    tables = {
+        "cluster_scores.csv": content.cluster_scores,
+        "neuron_summary.csv": content.neuron_summary,
+        "layers.csv": content.layers,
+    }
+    if content.curves is not None:
+        tables["pruning_curves.csv"] = content.curves
+    if content.curve_summary is not None:
+        tables["curve_summary.csv"] = content.curve_summary
+    if content.oracle is not None:
+        tables["oracle_agreement.csv"] = content.oracle
+    if content.findings:
+        tables["findings.csv"] = pd.DataFrame(
+            [{"code": f.code, "severity": f.severity, "value": f.value, "message": f.message,
+              "hint": f.hint} for f in content.findings])
+    return {name: frame.to_csv(index=False) for name, frame in tables.items()}

@@ -1,0 +1,459 @@
+"""Streamlit glue shared by the pages: the model and data in use, the sidebar choices (kept
+in session state and mirrored in the URL) and cached calls into `attribution`.
+
+The model is cached with st.cache_resource: one object shared by every session, which nothing
+here mutates (the engine leaves it exactly as it found it, also when a rerun interrupts it).
+Results are cached with st.cache_data, keyed by (workspace, layer, method, target, clusters,
+settings); arguments with a leading underscore are not hashed, and the string keys next to
+them identify their contents. Pages only draw; every computation is a call into `attribution`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import streamlit as st
+import torch
+
+import attribution as at
+from attribution import plots
+from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
+from attribution.demo import DEMO_DIR, DEMOS, load_demo
+from attribution.loading import LoadedModel, load_model
+from attribution.report import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
+                                scoring_targets)
+
+TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST_CODE") == "1"
+"""Start-up setting (`streamlit run app.py -- --trust-code`): lets uploads run code. Only for
+one's own files on one's own machine; never a widget."""
+DEMO_TITLES = {"digits_mlp": "Demo: digits MLP", "digits_cnn": "Demo: digits CNN",
+               "sanity": "Demo: three-branch sanity model"}
+FAST_DEMOS = {  # demo -> (state dict, architecture, data) in demo/, equal to load_demo's
+    "digits_mlp": ("digits_mlp_state_dict.pt", "digits_mlp_architecture.json", "digits.npz"),
+    "digits_cnn": ("digits_cnn_state_dict.safetensors", "digits_cnn_architecture.yaml",
+                   "digits_images.npz"),
+}
+UPLOAD = "upload"
+BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
+RANDOM_ORDERS = (5, 10, 20, 50, 100)
+METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
+                 "loss": "cross-entropy loss"}
+DEFAULT_METHOD, DEFAULT_COMPARE = "gradient_x_activation", ("gradient", "ablation")
+_ACTIVATION_KINDS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"}
+# session-state key -> URL parameter, for every choice a shared link reproduces
+URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_by",
+            "w_k": "k", "w_cluster": "cluster", "w_method": "method", "w_compare": "compare",
+            "w_reduce": "reduce", "w_target": "target", "w_class": "class",
+            "w_batch": "batch", "w_metric": "metric", "w_random": "random"}
+_PAGE_KEYS = {  # widgets that live on one page: (default, options)
+    "w_metric": ("accuracy", tuple(METRIC_LABELS)), "w_random": (20, RANDOM_ORDERS)}
+
+
+def escape_markdown(text: object) -> str:
+    """A user-supplied string made inert for st.markdown (no links, images or formatting)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$:])", r"\\\1", str(text))
+
+
+def digest(*parts: Optional[bytes]) -> str:
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(b"-" if part is None else hashlib.sha256(part).digest())
+    return hasher.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ model and data
+
+@dataclass(frozen=True)
+class Upload:
+    """Files a user uploaded that loaded without error (kept in session state)."""
+
+    model_name: str
+    model: bytes
+    architecture_name: Optional[str]
+    architecture: Optional[bytes]
+    data_name: str
+    data: bytes
+
+    @property
+    def model_key(self) -> str:
+        return "model:" + digest(self.model, self.architecture)
+
+    @property
+    def key(self) -> str:
+        return "upload:" + digest(self.model, self.architecture, self.data)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The model and data in use. `key` identifies both in cache keys."""
+
+    key: str
+    title: str
+    loaded: LoadedModel
+    data: Dataset
+    layers: tuple
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.module
+
+    @property
+    def class_names(self) -> Optional[tuple[str, ...]]:
+        return self.data.class_names or self.loaded.class_names
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the demo model…")
+def _demo(name: str) -> tuple[LoadedModel, Dataset]:
+    """The demo's model and data. The digits demos open from their state dict + architecture
+    files (the same weights as the .pt2, written by scripts/make_demo.py): torch.export's
+    loader imports about 3 s of torch internals on first use, too slow for a first page."""
+    if name not in FAST_DEMOS:
+        return load_demo(name)
+    weights, architecture, data = (DEMO_DIR / file for file in FAST_DEMOS[name])
+    loaded = load_model(weights, architecture=architecture)
+    return loaded, check_data(load_data(data), loaded)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Reading the model…")
+def _uploaded_model(model_key: str, trust_code: bool, _model: bytes,
+                    _architecture: Optional[bytes]) -> LoadedModel:
+    return load_model(_model, architecture=_architecture, trust_code=trust_code)
+
+
+@st.cache_data(max_entries=4, show_spinner="Reading the data…")
+def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel) -> Dataset:
+    return check_data(load_data(_data), _loaded)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _layers(key: str, _loaded: LoadedModel) -> tuple:
+    return tuple(_loaded.layers())
+
+
+def validate_upload(upload: Upload) -> Workspace:
+    """Load the uploaded files as the app will; raises AttributionError for a bad file."""
+    return _workspace_of(UPLOAD, upload)
+
+
+def _workspace_of(source: str, upload: Optional[Upload]) -> Workspace:
+    if source == UPLOAD and upload is not None:
+        loaded = _uploaded_model(upload.model_key, TRUST_CODE, upload.model, upload.architecture)
+        data = _uploaded_data(upload.key, upload.data, loaded)
+        key, title = upload.key, f"{upload.model_name} + {upload.data_name}"
+    else:
+        loaded, data = _demo(source)
+        key, title = f"demo:{source}", DEMO_TITLES.get(source, source)
+    layers = _layers(key, loaded)
+    if not layers:
+        raise at.AttributionError("This model has no layer with a neuron axis to score.")
+    return Workspace(key, title, loaded, data, layers)
+
+
+def default_layer(layers: Sequence[at.LayerInfo]) -> str:
+    """The last hidden activation (a ReLU or similar before the output), else the layer
+    before the output."""
+    hidden = list(layers[:-1]) or list(layers)
+    activations = [info for info in hidden if info.kind in _ACTIVATION_KINDS]
+    return (activations or hidden)[-1].name
+
+
+# ------------------------------------------------------------------ cached results
+
+@st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
+def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: int,
+                _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor]) -> np.ndarray:
+    return at.neuron_scores(_model, layer, _inputs, _targets, method,
+                            batch_size=batch_size).numpy()
+
+
+@st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")
+def _clusters(key: str, source: str, k: int, layer: str, batch_size: int,
+              _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
+    return make_clusters(source, _data, _loaded, layer or None, k, batch_size=batch_size)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _predictions(key: str, _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
+    return predict_classes(_loaded, _data.inputs).numpy()
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
+def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
+              reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
+              _user_scores) -> list:
+    return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
+                       user_scores=_user_scores, batch_size=batch_size)
+
+
+@st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
+def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
+            reduce: str, batch_size: int, _model, _inputs, _targets):
+    table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
+                                reduce=reduce, batch_size=batch_size)
+    return table.drop(columns="cluster")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page works on: the workspace, the choices, and the clusters they imply."""
+
+    ws: Workspace
+    settings: AnalysisSettings
+    clusters: np.ndarray
+    targets: Optional[torch.Tensor]
+
+    @property
+    def target_key(self) -> str:
+        return f"fixed:{self.settings.fixed_class}" if self.settings.target == "fixed" \
+            else self.settings.target
+
+    @property
+    def cluster_key(self) -> str:
+        s = self.settings
+        return f"{s.cluster_source}:{s.k}:{s.layer}:{s.cluster}"
+
+    @property
+    def focus(self) -> np.ndarray:
+        """bool [N]: the samples of the cluster in focus."""
+        return self.clusters == self.settings.cluster
+
+    @property
+    def n_neurons(self) -> int:
+        return next(i.n_neurons for i in self.ws.layers if i.name == self.settings.layer)
+
+    def scores(self, method: str) -> np.ndarray:
+        """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
+        s = self.settings
+        return _per_sample(self.ws.key, s.layer, method, self.target_key, s.batch_size,
+                           self.ws.model, self.ws.data.inputs, self.targets)
+
+    def focus_targets(self) -> Optional[torch.Tensor]:
+        return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
+
+    def focus_inputs(self) -> torch.Tensor:
+        return self.ws.data.inputs[torch.from_numpy(self.focus)]
+
+    def findings(self, user_scores: Optional[np.ndarray] = None,
+                 user_key: str = "") -> list:
+        s = self.settings
+        return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
+                         s.reduce, s.batch_size, user_key, self.ws.model, self.focus_inputs(),
+                         self.focus_targets(), user_scores)
+
+    def oracle(self, methods: Sequence[str]):
+        s = self.settings
+        return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
+                       s.reduce, s.batch_size, self.ws.model, self.focus_inputs(),
+                       self.focus_targets())
+
+    def predictions(self) -> np.ndarray:
+        return _predictions(self.ws.key, self.ws.loaded, self.ws.data)
+
+    def cluster_label(self, cluster: Any) -> str:
+        return cluster_label(cluster, self.settings.cluster_source, self.ws.class_names)
+
+    def curve_key(self) -> tuple:
+        s = self.settings
+        return (self.ws.key, s.layer, s.method, self.target_key, self.cluster_key, s.reduce,
+                s.metric, s.n_random, s.batch_size)
+
+
+def cluster_label(cluster: Any, source: str, class_names: Optional[Sequence[str]]) -> str:
+    """e.g. "3 (three)" for class clusters with class names, else the id itself."""
+    if (source in ("label", "predicted") and class_names is not None
+            and isinstance(cluster, (int, np.integer)) and 0 <= cluster < len(class_names)):
+        return f"{cluster} ({class_names[cluster]})"
+    return str(cluster)
+
+
+def context() -> Context:
+    """The context the sidebar built in this run (app.py calls `sidebar` first)."""
+    return st.session_state["context"]
+
+
+# ------------------------------------------------------------------ choices and the URL
+
+def _from_url() -> dict[str, str]:
+    """URL parameters not yet applied to a widget (read once per session)."""
+    if "url_choices" not in st.session_state:
+        st.session_state["url_choices"] = {key: st.query_params[param]
+                                           for key, param in URL_KEYS.items()
+                                           if param in st.query_params}
+    return st.session_state["url_choices"]
+
+
+def _prepare(key: str, options: Sequence, default: Any) -> None:
+    """Give widget `key` a valid value before it is drawn: from the URL on a session's first
+    run, else its own value while still an option, else `default`."""
+    wanted = _from_url().pop(key, None)
+    if wanted is not None:
+        match = [option for option in options if str(option) == wanted]
+        if match:
+            st.session_state[key] = match[0]
+            return
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+
+
+def page_choice(key: str) -> Any:
+    """A page's own setting (metric, random orders): its widget's value while the page is
+    shown, else the value kept from the last visit or the URL."""
+    default, options = _PAGE_KEYS[key]
+    kept = st.session_state.setdefault("kept", {})
+    if key in st.session_state:
+        kept[key] = st.session_state[key]
+    elif key in _from_url():
+        wanted = _from_url().pop(key)
+        kept[key] = next((option for option in options if str(option) == wanted), default)
+    return kept.get(key, default)
+
+
+def page_widget(key: str) -> None:
+    """Restore a page widget's kept value before drawing it (Streamlit forgets the state of
+    widgets that were not drawn in the last run)."""
+    st.session_state[key] = page_choice(key)
+
+
+def _sync_url() -> None:
+    choices = {}
+    for key, param in URL_KEYS.items():
+        value = st.session_state.get(key, st.session_state.get("kept", {}).get(key))
+        if value is None:
+            continue
+        choices[param] = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
+    if "class" in choices and st.session_state.get("w_target") != "fixed":
+        del choices["class"]
+    if "k" in choices and not str(st.session_state.get("w_cluster_by", "")).startswith("kmeans"):
+        del choices["k"]
+    if {k: st.query_params.get(k) for k in choices} != choices or \
+            set(st.query_params.keys()) - set(choices):
+        st.query_params.from_dict(choices)
+
+
+def sidebar() -> Optional[Context]:
+    """Draw the sidebar choices; store and return the context (None after an error shown)."""
+    bar = st.sidebar
+    st.session_state.pop("context", None)
+    sources = list(DEMOS) + ([UPLOAD] if "upload" in st.session_state else [])
+    if st.session_state.pop("upload_is_new", False):
+        st.session_state["w_source"] = UPLOAD
+    _prepare("w_source", sources, sources[0])
+    uploaded = st.session_state.get("upload")
+    bar.selectbox("Model and data", sources, key="w_source",
+                  format_func=lambda s: ("Uploaded: " + uploaded.model_name if s == UPLOAD
+                                         else DEMO_TITLES.get(s, s)),
+                  help="Upload your own model and data on the Model & data page.")
+    try:
+        ws = _workspace_of(st.session_state["w_source"], uploaded)
+    except at.AttributionError as error:
+        st.error(f"The model or data could not be loaded: {error}")
+        return None
+
+    layer_names = [info.name for info in ws.layers]
+    info_of = {info.name: info for info in ws.layers}
+    _prepare("w_layer", layer_names, default_layer(ws.layers))
+    bar.selectbox("Layer", layer_names, key="w_layer",
+                  format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].n_neurons} "
+                                        "neurons",
+                  help="A neuron is a unit of a Linear layer or a channel of a conv layer.")
+
+    has_labels = ws.data.labels is not None
+    sources_ok = [s for s in ("label", "predicted", "correctness", "provided", "kmeans_inputs",
+                              "kmeans_activations")
+                  if (has_labels or s not in ("label", "correctness"))
+                  and (ws.data.clusters is not None or s != "provided")]
+    _prepare("w_cluster_by", sources_ok, sources_ok[0])
+    bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
+                  format_func=CLUSTER_SOURCE_LABELS.get,
+                  help="How samples are grouped; scores are averaged within each cluster.")
+    cluster_by = st.session_state["w_cluster_by"]
+    k_options = list(range(2, 21))
+    _prepare("w_k", k_options, 8)
+    if cluster_by.startswith("kmeans"):
+        bar.select_slider("Number of k-means clusters", k_options, key="w_k")
+    try:
+        clusters = _clusters(ws.key, cluster_by, st.session_state["w_k"],
+                             st.session_state["w_layer"] if cluster_by == "kmeans_activations"
+                             else "", 256, ws.loaded, ws.data)
+    except at.AttributionError as error:
+        st.error(f"Could not form clusters: {error}")
+        return None
+    ids, counts = np.unique(clusters, return_counts=True)
+    sizes = dict(zip(ids.tolist(), counts.tolist()))
+    id_list = ids.tolist()
+    _prepare("w_cluster", id_list, id_list[0])
+    bar.selectbox("Cluster", id_list, key="w_cluster",
+                  format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
+                                        f"{sizes[c]} samples",
+                  help="The cluster whose neurons the pages rank and prune.")
+
+    methods = list(at.METHODS)
+    _prepare("w_method", methods, DEFAULT_METHOD)
+    bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
+                  help="How a neuron's importance for one sample is measured.")
+    if not isinstance(st.session_state.get("w_compare"), list) or any(
+            m not in methods for m in st.session_state["w_compare"]):
+        st.session_state["w_compare"] = list(DEFAULT_COMPARE)
+    wanted = _from_url().pop("w_compare", None)
+    if wanted is not None:
+        st.session_state["w_compare"] = [m for m in wanted.split(",") if m in methods]
+    bar.multiselect("Compare with", methods, key="w_compare", format_func=plots.method_label,
+                    help="Methods shown beside the main one on the Scores page.")
+
+    _prepare("w_reduce", ["mean", "mean_abs"], "mean")
+    bar.radio("Reduction over a cluster", ["mean", "mean_abs"], key="w_reduce", horizontal=True,
+              format_func=plots.REDUCTION_LABELS.get,
+              help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
+    targets_ok = [t for t in ("true", "predicted", "fixed") if has_labels or t != "true"]
+    _prepare("w_target", targets_ok, targets_ok[0])
+    bar.radio("Score the logit of the", targets_ok, key="w_target",
+              format_func=TARGET_LABELS.get, horizontal=True)
+    classes = list(range(ws.loaded.n_classes))
+    _prepare("w_class", classes, 0)
+    if st.session_state["w_target"] == "fixed":
+        bar.selectbox("Class", classes, key="w_class",
+                      format_func=lambda c: cluster_label(c, "label", ws.class_names))
+    _prepare("w_batch", list(BATCH_SIZES), 256)
+    bar.select_slider("Batch size", list(BATCH_SIZES), key="w_batch",
+                      help="Samples per pass; results do not depend on it, memory does.")
+
+    state = st.session_state
+    settings = AnalysisSettings(
+        layer=state["w_layer"], method=state["w_method"], compare=tuple(state["w_compare"]),
+        cluster_source=cluster_by, k=state["w_k"], cluster=state["w_cluster"],
+        reduce=state["w_reduce"], target=state["w_target"], fixed_class=state["w_class"],
+        metric=page_choice("w_metric"), n_random=page_choice("w_random"),
+        batch_size=state["w_batch"])
+    targets = scoring_targets(ws.data, settings.target, settings.fixed_class,
+                              ws.loaded.n_classes)
+    ctx = Context(ws, settings, clusters, targets)
+    st.session_state["context"] = ctx
+    _sync_url()
+    bar.caption("Choices are kept across pages and in the page address: copy the URL to "
+                "share this view.")
+    return ctx
+
+
+# ------------------------------------------------------------------ small drawing helpers
+
+def chart(figure, key: Optional[str] = None) -> None:
+    """Draw a plotly figure the same way on every page (the figure's own colours)."""
+    st.plotly_chart(figure, theme=None, key=key, config={"displaylogo": False})
+
+
+def show_error(error: at.AttributionError) -> None:
+    st.error(str(error))
+
+
+def guarded(action: Callable[[], Any]) -> Any:
+    """Run `action`; a user mistake (AttributionError) becomes a message and None."""
+    try:
+        return action()
+    except at.AttributionError as error:
+        show_error(error)
+        return None

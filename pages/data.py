@@ -1,0 +1,91 @@
+"""Model & data page: upload a model and data, see what was loaded (architecture, classes,
+accuracy, cluster sizes), and download sample files that show the accepted layouts."""
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+import attribution as at
+from attribution.demo import demo_files
+from attribution.report import layers_frame, model_facts
+from pages import common
+
+MODEL_TYPES = ["pt2", "pt", "pth", "safetensors"]
+ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else [])
+DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
+
+st.title("Model & data")
+
+st.subheader("Upload your own")
+st.markdown(
+    "**Model:** a `torch.export` program (`.pt2`, recommended: no code needed), or a state "
+    "dict (`.pt`, `.pth`, `.safetensors`) together with an architecture description "
+    "(`.json`/`.yaml`, see the samples below). **Data:** `.npz`, `.npy`, `.pt`, `.csv` or "
+    "`.parquet` with inputs, labels and optionally a cluster column.")
+if common.TRUST_CODE:
+    st.warning("Started with --trust-code: pickled models and Python architecture files run "
+               "code. Only upload your own files.", icon=":material/gpp_maybe:")
+columns = st.columns(3)
+model_file = columns[0].file_uploader("Model file", type=MODEL_TYPES, key="model_file")
+architecture_file = columns[1].file_uploader("Architecture (state dicts only)",
+                                             type=ARCHITECTURE_TYPES, key="architecture_file")
+data_file = columns[2].file_uploader("Data file", type=DATA_TYPES, key="data_file")
+
+if model_file is not None and data_file is not None:
+    upload = common.Upload(
+        model_file.name, model_file.getvalue(),
+        architecture_file.name if architecture_file is not None else None,
+        architecture_file.getvalue() if architecture_file is not None else None,
+        data_file.name, data_file.getvalue())
+    attempt = st.session_state.get("upload_attempt")
+    if attempt is None or attempt[0] != upload.key:
+        try:
+            common.validate_upload(upload)
+            st.session_state["upload_attempt"] = (upload.key, None)
+            st.session_state["upload"] = upload
+            st.session_state["upload_is_new"] = True
+            st.rerun()
+        except at.AttributionError as error:
+            st.session_state["upload_attempt"] = (upload.key, str(error))
+    message = st.session_state["upload_attempt"][1]
+    if message is not None:
+        st.error(f"These files could not be used: {message}", icon=":material/error:")
+        st.caption("The app keeps working on the previous model and data.")
+elif model_file is not None or data_file is not None:
+    st.info("Upload both a model file and a data file to analyse them.")
+
+ctx = st.session_state.get("context")
+if ctx is not None:
+    st.subheader("In use now")
+    st.text(ctx.ws.title)
+    facts = model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions())
+    metrics = st.columns(4)
+    metrics[0].metric("Samples", facts["samples"])
+    metrics[1].metric("Classes", facts["classes"])
+    metrics[2].metric("Accuracy on this data", facts.get("accuracy on this data", "no labels"))
+    metrics[3].metric("Input shape", facts["input shape"])
+    left, right = st.columns([3, 2], gap="medium")
+    with left:
+        st.markdown("**Layers that can be scored**")
+        st.dataframe(layers_frame(ctx.ws.layers), hide_index=True, width="stretch")
+        st.caption(f"Model format: {facts['model format']}. A neuron is a unit of a Linear "
+                   "layer or a channel of a conv layer.")
+    with right:
+        st.markdown("**Cluster sizes**")
+        ids, counts = np.unique(ctx.clusters, return_counts=True)
+        sizes = pd.DataFrame({"cluster": [ctx.cluster_label(c) for c in ids.tolist()],
+                              "samples": counts})
+        st.dataframe(sizes, hide_index=True, width="stretch", column_config={
+            "samples": st.column_config.ProgressColumn(
+                "samples", format="%d", min_value=0, max_value=int(counts.max()))})
+    if ctx.ws.class_names:
+        st.caption("Classes: " + ", ".join(common.escape_markdown(name)
+                                          for name in ctx.ws.class_names))
+
+st.subheader("Sample files")
+st.caption("Templates of every accepted layout; the demo itself is built from them.")
+for index, demo_file in enumerate(demo_files()):
+    row = st.columns([2, 5])
+    row[0].download_button(demo_file.name, demo_file.path.read_bytes(),
+                           file_name=demo_file.name, key=f"sample_{index}",
+                           icon=":material/download:", on_click="ignore")
+    row[1].caption(common.escape_markdown(demo_file.description))

@@ -1,0 +1,83 @@
+"""Share & export page: the link that reproduces this view, and one offline HTML report of
+it (charts, settings, findings) plus its tables as CSVs."""
+import io
+import zipfile
+
+import streamlit as st
+
+import attribution as at
+from attribution import plots
+from attribution.report import assemble, curve_targets, model_facts, render_report, report_csvs
+from pages import common
+
+ctx = common.context()
+s = ctx.settings
+
+st.title("Share & export")
+
+st.subheader("Share this view")
+st.markdown("Every choice in the sidebar is part of the page address, so a link opens the same "
+            "layer, clusters, cluster, methods and settings. Uploaded files are not part of "
+            "the link: the recipient uploads the same files.")
+st.code(st.context.url or "", language=None, wrap_lines=True)
+
+st.subheader("Report")
+st.markdown("One HTML file that opens offline in any browser: the settings, the model "
+            "summary, the findings, the heatmap, ranked neurons, method comparison, pruning "
+            "curves and the agreement with ablation, with interactive charts. The CSV bundle "
+            "holds every table.")
+st.dataframe({"setting": list(s.describe(ctx.ws.class_names)),
+              "value": list(s.describe(ctx.ws.class_names).values())},
+             hide_index=True, width="content")
+
+key = ctx.curve_key() + (s.methods,)
+built = st.session_state.get("report")
+if st.button("Build report", type="primary", icon=":material/description:"):
+    progress = st.progress(0.0, text="Scoring neurons…")
+
+    def build():
+        per_sample = {m: ctx.scores(m) for m in s.methods}
+        progress.progress(0.2, text="Pruning curves…")
+        finished = st.session_state.setdefault("curves", {})
+        curves = finished.get(ctx.curve_key())
+        if curves is None:
+            row = plots.cluster_table(per_sample[s.method], ctx.clusters,
+                                      s.reduce).loc[s.cluster].drop("n")
+            curves = at.cluster_pruning_curves(
+                ctx.ws.model, s.layer, ctx.ws.data.inputs,
+                curve_targets(ctx.ws.data, s.metric, ctx.targets), ctx.clusters, s.cluster,
+                row.to_numpy(), n_random=s.n_random, metric=s.metric,
+                batch_size=s.batch_size,
+                progress=lambda f, _: progress.progress(0.2 + 0.4 * f, text="Pruning curves…"))
+            finished[ctx.curve_key()] = curves
+        progress.progress(0.6, text="Degeneracy checks…")
+        findings = ctx.findings()
+        progress.progress(0.8, text="Agreement with ablation…")
+        oracle = ctx.oracle(at.METHODS)
+        content = assemble(
+            s, title=f"Neuron importance: {ctx.ws.title}, layer {s.layer}",
+            facts=model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions()),
+            layers=ctx.ws.layers, per_sample=per_sample, clusters=ctx.clusters, curves=curves,
+            findings=findings, oracle=oracle, class_names=ctx.ws.class_names)
+        archive = io.BytesIO()
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+            for name, text in report_csvs(content).items():
+                bundle.writestr(name, text)
+        return render_report(content).encode(), archive.getvalue()
+
+    result = common.guarded(build)
+    progress.empty()
+    if result is not None:
+        built = st.session_state["report"] = (key, *result)
+
+if built is not None and built[0] == key:
+    columns = st.columns(2)
+    columns[0].download_button("Download report (HTML)", built[1], file_name="report.html",
+                               mime="text/html", icon=":material/download:", on_click="ignore")
+    columns[1].download_button("Download tables (CSV, zip)", built[2],
+                               file_name="report_tables.zip", mime="application/zip",
+                               icon=":material/download:", on_click="ignore")
+    st.caption(f"Report ready: {len(built[1]) / 2**20:.1f} MB (plotly.js is embedded so it "
+               "works offline).")
+elif built is not None:
+    st.info("The choices changed since the last report; build it again.")

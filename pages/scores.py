@@ -1,0 +1,77 @@
+"""Scores page: clusters x neurons, one cluster's samples x neurons, ranked neurons with their
+spread, the methods side by side, and the table behind them."""
+import pandas as pd
+import streamlit as st
+
+from attribution import plots
+from pages import common
+
+ctx = common.context()
+s = ctx.settings
+focus_label = ctx.cluster_label(s.cluster)
+
+st.title("Neuron scores")
+st.caption(f"{common.escape_markdown(ctx.ws.title)} · layer "
+           f"{common.escape_markdown(s.layer)} · {plots.method_label(s.method)} · "
+           f"{plots.REDUCTION_LABELS[s.reduce]} over each cluster")
+
+per_sample = common.guarded(lambda: {m: ctx.scores(m) for m in s.methods})
+if per_sample is None:
+    st.stop()
+
+table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
+tidy = plots.tidy_cluster_scores(table, s.method)
+tidy["cluster"] = tidy["cluster"].map(ctx.cluster_label)
+common.chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
+                                   highlight=focus_label), key="cluster_heatmap")
+st.caption("Each cell is the cluster's average score for one neuron. Signed scores: red raises "
+           "the target logit, blue lowers it, white is zero. The framed row is the cluster in "
+           "focus (sidebar).")
+
+summaries = pd.concat([plots.neuron_summary(per_sample[m][ctx.focus], s.reduce, m)
+                       for m in s.methods], ignore_index=True)
+main = summaries[summaries["method"] == s.method]
+left, right = st.columns(2, gap="medium")
+with left:
+    controls = st.columns([2, 1])
+    top_n = controls[0].slider("Neurons shown", 3, max(3, min(40, ctx.n_neurons)),
+                               min(15, ctx.n_neurons), key="top_n")
+    bottom = controls[1].toggle("Lowest instead", key="show_bottom")
+    common.chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
+                                   bottom=bottom), key="neuron_bars")
+    st.caption(f"Cluster {common.escape_markdown(focus_label)}: bars are the cluster score, "
+               "whiskers ±1 standard deviation across its samples. Whiskers much longer than "
+               "the bar mean the samples disagree.")
+with right:
+    samples = plots.tidy_sample_scores(per_sample[s.method][ctx.focus],
+                                       ctx.focus.nonzero()[0])
+    common.chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
+                                      n_total=int(ctx.focus.sum())), key="sample_heatmap")
+    st.caption("One row per sample of the cluster, sorted by the top neuron; neurons sorted by "
+               "the cluster score. Large clusters are shown by evenly spaced rows.")
+
+if len(s.methods) > 1:
+    st.subheader("Methods side by side")
+    common.chart(plots.method_bars(summaries, reduce=s.reduce,
+                                   top_n=min(10, ctx.n_neurons)), key="method_bars")
+    st.caption("The same cluster ranked by each method; each panel has its own units. "
+               "Choose the methods under 'Compare with' in the sidebar.")
+
+st.subheader("Score table")
+wide = summaries.pivot_table(index="neuron", columns="method", values=["score", "spread"])
+wide.columns = [f"{plots.method_label(method)} {value}" for value, method in wide.columns]
+ordered = [f"{plots.method_label(m)} {v}" for m in s.methods for v in ("score", "spread")]
+st.dataframe(wide[ordered].sort_values(ordered[0], ascending=False), height=300,
+             width="stretch")
+all_clusters = pd.concat([plots.tidy_cluster_scores(
+    plots.cluster_table(per_sample[m], ctx.clusters, s.reduce), m) for m in s.methods],
+    ignore_index=True)
+columns = st.columns(2)
+columns[0].download_button("Download this cluster's table (CSV)",
+                           summaries.to_csv(index=False).encode(),
+                           file_name="neuron_scores_cluster.csv", mime="text/csv",
+                           on_click="ignore")
+columns[1].download_button("Download every cluster (CSV)",
+                           all_clusters.to_csv(index=False).encode(),
+                           file_name="neuron_scores_all_clusters.csv", mime="text/csv",
+                           on_click="ignore")

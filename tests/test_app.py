@@ -1,0 +1,427 @@
+"""The dashboard through Streamlit's AppTest: every page with real (small) computation."""
+import base64
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from streamlit.runtime.pages_manager import PagesManager
+from streamlit.testing.v1 import AppTest
+from torch import nn
+
+import attribution as at
+from attribution import plots
+from attribution.demo import DEMO_DIR
+from attribution.pruning import METRICS
+from pages import common
+from tests.conftest import ROOT
+
+APP = str(ROOT / "app.py")
+PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
+
+
+@pytest.fixture(autouse=True)
+def explicit_navigation(monkeypatch):
+    """AppTest forgets before every run that the app calls st.navigation, and with a pages/
+    folder next to app.py it would run the legacy folder-based mode from the second run on
+    (the real server remembers after the first run). Keep the explicit mode."""
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", init)
+
+
+def run_app(query: dict | None = None) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=120)
+    app.query_params.update(query or {})
+    return app.run()
+
+
+def assert_clean(app: AppTest) -> None:
+    assert not app.exception, [e.value for e in app.exception]
+
+
+def figures(app: AppTest) -> dict[str, dict]:
+    """Plotly charts on the page by title: {title: figure spec}."""
+    specs = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    return {spec["layout"].get("title", {}).get("text", ""): spec for spec in specs}
+
+
+def figure(app: AppTest, title_part: str) -> dict:
+    matches = [spec for title, spec in figures(app).items() if title_part in title]
+    assert len(matches) == 1, (title_part, list(figures(app)))
+    return matches[0]
+
+
+def values(encoded) -> np.ndarray:
+    """A figure's data array as plotly's JSON holds it (plain list or base64 typed array)."""
+    if isinstance(encoded, dict) and "bdata" in encoded:
+        flat = np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=encoded["dtype"])
+        shape = [int(n) for n in str(encoded.get("shape", len(flat))).split(",")]
+        return flat.reshape(shape)
+    return np.asarray(encoded)
+
+
+def sidebar_widget(app: AppTest, key: str):
+    for kind in ("selectbox", "multiselect", "radio", "select_slider"):
+        found = [w for w in getattr(app.sidebar, kind) if w.key == key]
+        if found:
+            return found[0]
+    raise KeyError(key)
+
+
+def demo_bytes(name: str) -> bytes:
+    return (DEMO_DIR / name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def demo_app() -> AppTest:
+    app = run_app()
+    assert_clean(app)
+    return app
+
+
+def test_default_demo_opens_with_choices_made_and_charts_drawn(demo_app):
+    assert [t.value for t in demo_app.title] == ["Neuron scores"]
+    assert sidebar_widget(demo_app, "w_source").value == "digits_mlp"
+    assert sidebar_widget(demo_app, "w_layer").value == "relu2"
+    assert sidebar_widget(demo_app, "w_method").value == "gradient_x_activation"
+    titles = list(figures(demo_app))
+    for part in ("score per cluster", "Highest 15 neurons", "Per-sample", "under each method"):
+        assert any(part in title for title in titles), (part, titles)
+    assert demo_app.query_params["layer"] == "relu2"
+    assert not demo_app.error
+
+
+def test_heatmap_shows_the_engine_cluster_scores(demo_app):
+    ctx = demo_app.session_state["context"]
+    loaded, data = common._demo("digits_mlp")
+    table = at.cluster_scores(loaded.module, "relu2", data.inputs, data.labels, data.labels.numpy(),
+                              method="gradient_x_activation")
+    heatmap = figure(demo_app, "score per cluster")["data"][0]
+    np.testing.assert_allclose(values(heatmap["z"]),
+                               table.drop(columns="n").to_numpy(), rtol=1e-4, atol=1e-6)
+    assert heatmap["y"][3] == "3 (three)" and ctx.settings.cluster == 0
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_real_results(page):
+    app = run_app()
+    app.switch_page(page).run()
+    assert_clean(app)
+    assert not app.error
+    if page.endswith("pruning.py"):
+        curve = figure(app, "neurons are removed")
+        ranked = [t for t in curve["data"] if t.get("name") == plots.CURVE_LABELS["ranked"]]
+        assert [len(values(t["x"])) for t in ranked] == [17, 17]  # every k of 16 neurons, both subsets
+        assert any("Verdict" in m.value for m in app.markdown)
+    elif page.endswith("diagnosis.py"):
+        alerts = list(app.success) + list(app.warning) + list(app.error)
+        assert len(alerts) == 7
+        assert len(app.dataframe[0].value) == len(at.METHODS)
+        assert {"Do the methods rank", "Neuron"} <= {t.split(" ")[0] if t.startswith("Neuron")
+                                                      else t[:19] for t in figures(app)}
+    elif page.endswith("data.py"):
+        layers = app.dataframe[0].value
+        assert list(layers["layer"]) == ["fc1", "relu1", "fc2", "relu2", "out"]
+        assert [m.label for m in app.metric][:3] == ["Samples", "Classes",
+                                                   "Accuracy on this data"]
+        assert app.metric[2].value.endswith("%")
+        assert len([b for b in app.get("download_button")]) == 11
+    else:
+        app.button[0].click().run()
+        assert_clean(app)
+        labels = [b.proto.label for b in app.get("download_button")]
+        assert labels == ["Download report (HTML)", "Download tables (CSV, zip)"]
+
+
+CONTROLS = [  # (widget key, new value, what must change in the first heatmap)
+    ("w_layer", "fc1", lambda spec: len(values(spec["data"][0]["x"])) == 32),
+    ("w_cluster_by", "correctness", lambda spec: spec["data"][0]["y"] == ["correct",
+                                                                          "misclassified"]),
+    ("w_method", "ablation", lambda spec: spec["layout"]["title"]["text"].startswith("ablation")),
+    ("w_reduce", "mean_abs", lambda spec: "mean |·|" in spec["layout"]["title"]["text"]),
+    ("w_target", "predicted", None),
+    ("w_batch", 32, None),
+]
+
+
+@pytest.mark.parametrize("key,value,check", CONTROLS, ids=[c[0] for c in CONTROLS])
+def test_each_sidebar_control_updates_the_charts(key, value, check):
+    app = run_app()
+    before = figure(app, "score per cluster")
+    sidebar_widget(app, key).set_value(value).run()
+    assert_clean(app)
+    after = figure(app, "score per cluster")
+    if check is not None:
+        assert check(after)
+    if key == "w_batch":  # results do not depend on the batch size
+        np.testing.assert_allclose(values(after["data"][0]["z"]), values(before["data"][0]["z"]),
+                                   rtol=1e-4)
+    else:
+        assert after["data"][0] != before["data"][0]
+    assert app.query_params[common.URL_KEYS[key]] == str(value)
+
+
+def test_cluster_compare_fixed_class_and_kmeans_controls():
+    app = run_app()
+    bars = figure(app, "Highest 15")
+    sidebar_widget(app, "w_cluster").set_value(7).run()
+    assert figure(app, "Highest 15")["data"][0] != bars["data"][0]
+    assert "cluster 7 (seven)" in figure(app, "Per-sample")["layout"]["title"]["text"]
+    sidebar_widget(app, "w_compare").set_value(["activation"]).run()
+    panels = figure(app, "under each method")["layout"]["annotations"]
+    assert [a["text"] for a in panels] == ["gradient × activation", "activation"]
+    sidebar_widget(app, "w_target").set_value("fixed").run()
+    before = figure(app, "score per cluster")["data"][0]["z"]
+    sidebar_widget(app, "w_class").set_value(4).run()
+    assert figure(app, "score per cluster")["data"][0]["z"] != before
+    sidebar_widget(app, "w_cluster_by").set_value("kmeans_inputs").run()
+    assert len(figure(app, "score per cluster")["data"][0]["y"]) == 8
+    sidebar_widget(app, "w_k").set_value(3).run()
+    assert_clean(app)
+    assert len(figure(app, "score per cluster")["data"][0]["y"]) == 3
+    assert app.query_params["k"] == "3"
+
+
+def test_metric_choices_are_the_engine_metrics():
+    assert set(common.METRIC_LABELS) == set(METRICS)
+
+
+def test_page_controls_update_the_charts():
+    app = run_app()
+    app.slider(key="top_n").set_value(5).run()
+    assert len(values(figure(app, "Highest 5")["data"][0]["y"])) == 5
+    top = figure(app, "Highest 5")["data"][0]["x"]
+    app.toggle(key="show_bottom").set_value(True).run()
+    assert values(figure(app, "Lowest 5")["data"][0]["x"]).max() <= values(top).min()
+    app.switch_page("pages/pruning.py").run()
+    app.selectbox(key="w_metric").set_value("loss").run()
+    assert_clean(app)
+    assert figure(app, "neurons are removed")["layout"]["yaxis"]["title"]["text"] == \
+        plots.METRIC_AXES["loss"]
+    app.select_slider(key="w_random").set_value(5).run()
+    assert app.query_params["random"] == "5" and app.query_params["metric"] == "loss"
+    app.switch_page("pages/diagnosis.py").run()
+    app.selectbox(key="histogram_neuron").set_value(3).run()
+    assert figure(app, "Neuron 3")
+
+
+def test_a_link_reproduces_the_view():
+    query = {"layer": "fc2", "method": "ablation", "reduce": "mean_abs", "cluster": "5",
+             "compare": "activation", "target": "predicted", "batch": "64"}
+    app = run_app(query)
+    assert_clean(app)
+    assert figure(app, "score per cluster")["layout"]["title"]["text"] == \
+        "ablation score per cluster (mean |·|)"
+    assert sidebar_widget(app, "w_cluster").value == 5
+    assert sidebar_widget(app, "w_batch").value == 64
+    for param, value in query.items():
+        assert app.query_params[param] == value
+
+
+def test_a_bad_link_falls_back_to_defaults():
+    app = run_app({"layer": "<script>", "method": "nonsense", "cluster": "99", "k": "x"})
+    assert_clean(app)
+    assert sidebar_widget(app, "w_layer").value == "relu2"
+    assert sidebar_widget(app, "w_method").value == "gradient_x_activation"
+
+
+# ------------------------------------------------------------------ uploads
+
+def _npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    with np.load(DEMO_DIR / "digits.npz") as archive:
+        return archive["inputs"], archive["labels"]
+
+
+def _torch_bytes(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _parquet() -> bytes:
+    buffer = io.BytesIO()
+    pd.read_csv(DEMO_DIR / "digits_sample.csv").to_parquet(buffer)
+    return buffer.getvalue()
+
+
+def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None = None):
+    app.switch_page("pages/data.py").run()
+    app.file_uploader(key="model_file").set_value(model)
+    if architecture is not None:
+        app.file_uploader(key="architecture_file").set_value(architecture)
+    app.file_uploader(key="data_file").set_value(data)
+    return app.run()
+
+
+OCTET = "application/octet-stream"
+GOOD_UPLOADS = {  # name: (model, architecture, data, samples)
+    "pt2+npz": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
+                ("d.npz", demo_bytes("digits.npz"), OCTET), 719),
+    "state_dict+json+csv": (("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET),
+                            ("a.json", demo_bytes("digits_mlp_architecture.json"), "text/json"),
+                            ("d.csv", demo_bytes("digits_sample.csv"), "text/csv"), 200),
+    "safetensors+yaml+image_npz": (
+        ("w.safetensors", demo_bytes("digits_cnn_state_dict.safetensors"), OCTET),
+        ("a.yaml", demo_bytes("digits_cnn_architecture.yaml"), "text/yaml"),
+        ("d.npz", demo_bytes("digits_images.npz"), OCTET), 719),
+    "pt2+pt_data": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
+                    ("d.pt", _torch_bytes({"inputs": torch.from_numpy(_digits()[0]),
+                                           "labels": torch.from_numpy(_digits()[1])}), OCTET),
+                    719),
+    "pt2+parquet": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
+                    ("d.parquet", _parquet(), OCTET), 200),
+    "pt2+npy_without_labels": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
+                               ("d.npy", (lambda b: (np.save(b, _digits()[0][:300]),
+                                                     b.getvalue())[1])(io.BytesIO()), OCTET),
+                               300),
+}
+
+
+@pytest.mark.parametrize("name", list(GOOD_UPLOADS))
+def test_upload_of_each_supported_format(name):
+    model, architecture, data, samples = GOOD_UPLOADS[name]
+    app = upload(run_app(), model, data, architecture)
+    assert_clean(app)
+    assert not app.error, [e.value for e in app.error]
+    assert sidebar_widget(app, "w_source").value == common.UPLOAD
+    assert app.metric[0].value == str(samples)
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    heatmap = figure(app, "score per cluster")["data"][0]
+    assert np.isfinite(values(heatmap["z"])).all()
+    if name == "pt2+npy_without_labels":  # no labels: the predicted class and its clusters
+        assert sidebar_widget(app, "w_target").value == "predicted"
+        assert sidebar_widget(app, "w_cluster_by").value == "predicted"
+
+
+def _torchscript() -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(nn.Linear(64, 10)), buffer)
+    return buffer.getvalue()
+
+
+def _csv(columns: int) -> bytes:
+    frame = pd.DataFrame(np.zeros((5, columns)), columns=[f"f{i}" for i in range(columns)])
+    return frame.assign(label=1).to_csv(index=False).encode()
+
+
+GOOD_MODEL, GOOD_DATA = GOOD_UPLOADS["pt2+npz"][0], GOOD_UPLOADS["pt2+npz"][2]
+STATE_DICT = ("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET)
+BAD_UPLOADS = {  # name: (model, architecture, data, words the message must contain)
+    "empty model": (("m.pt2", b"", OCTET), None, GOOD_DATA, "empty"),
+    "truncated pt2": (("m.pt2", demo_bytes("digits_mlp.pt2")[:4000], OCTET), None, GOOD_DATA,
+                      ""),
+    "image renamed .pt": (("m.pt", b"\x89PNG\r\n\x1a\n" + bytes(200), OCTET), None, GOOD_DATA,
+                          "PNG"),
+    "pickled module": (("m.pt", _torch_bytes(nn.Linear(64, 10)), OCTET), None, GOOD_DATA,
+                       "torch.export"),
+    "torchscript": (("m.pt", _torchscript(), OCTET), None, GOOD_DATA, "TorchScript"),
+    "state dict without architecture": (STATE_DICT, None, GOOD_DATA, "architecture"),
+    "architecture does not match": (STATE_DICT, ("a.yaml",
+                                                 demo_bytes("digits_cnn_architecture.yaml"),
+                                                 "text/yaml"), GOOD_DATA, ""),
+    "empty data": (GOOD_MODEL, None, ("d.csv", b"", "text/csv"), "empty"),
+    "wrong feature count": (GOOD_MODEL, None, ("d.csv", _csv(10), "text/csv"), "64"),
+    "labels out of range": (GOOD_MODEL, None, ("d.npz", _npz(inputs=_digits()[0],
+                                                             labels=_digits()[1] + 5), OCTET),
+                            "outside"),
+    "NaN in inputs": (GOOD_MODEL, None, ("d.npz", _npz(inputs=np.full((4, 64), np.nan,
+                                                                      np.float32)), OCTET),
+                      "NaN"),
+    "csv without header": (GOOD_MODEL, None, ("d.csv", b"1,2,3\n4,5,6\n", "text/csv"),
+                           "header"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_UPLOADS))
+def test_each_bad_upload_shows_a_message_and_the_app_keeps_working(name):
+    model, architecture, data, words = BAD_UPLOADS[name]
+    app = upload(run_app(), model, data, architecture)
+    assert_clean(app)
+    assert len(app.error) == 1
+    message = app.error[0].value
+    assert message.startswith("These files could not be used:") and words in message
+    assert "Traceback" not in message
+    assert sidebar_widget(app, "w_source").value == "digits_mlp"
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    assert figure(app, "score per cluster")
+
+
+def test_bad_own_gradient_file_is_reported_and_a_good_one_checked():
+    app = run_app()
+    app.switch_page("pages/diagnosis.py").run()
+    app.file_uploader(key="user_scores").set_value(("g.npy", b"not an array", OCTET)).run()
+    assert_clean(app)
+    assert [e.value for e in app.error if e.value.startswith("Your scores file could not be "
+                                                             "read")]
+    ctx = app.session_state["context"]
+    engine = ctx.scores("gradient_x_activation")[ctx.focus]
+    buffer = io.BytesIO()
+    np.save(buffer, engine)
+    app.file_uploader(key="user_scores").set_value(("g.npy", buffer.getvalue(), OCTET)).run()
+    assert_clean(app)
+    capture = [a.value for a in app.success if "suspicious gradient capture" in a.value]
+    assert len(capture) == 1
+
+
+# ------------------------------------------------------------------ interrupted work
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+               + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
+
+
+def test_stop_mid_computation_leaves_the_cached_model_untouched():
+    loaded, _ = common._demo("digits_cnn")  # the app's cached object itself
+    model = loaded.module
+    model.train()  # a mode the engine must restore, not just "eval"
+    modes = [m.training for m in model.modules()]
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
+        app.switch_page("pages/pruning.py")
+        with pytest.raises(RuntimeError, match="timed out"):
+            app.run(timeout=0.6)  # stops the script at its next progress update
+        key = app.session_state["context"].curve_key()
+        assert app.session_state["partial_curve"] is not None  # some points were computed
+        assert key not in app.session_state["curves"]  # but not the whole curve
+        assert _hooks(model) == 0
+        assert [m.training for m in model.modules()] == modes
+        assert all(torch.equal(v, params[k]) for k, v in model.state_dict().items())
+        app.run(timeout=120)  # a rerun finishes the same computation
+        assert_clean(app)
+        assert key in app.session_state["curves"]
+        assert _hooks(model) == 0 and [m.training for m in model.modules()] == modes
+    finally:
+        model.eval()
+
+
+def test_stop_button_keeps_the_points_computed_so_far():
+    app = run_app()
+    app.switch_page("pages/pruning.py").run()
+    key = app.session_state["context"].curve_key()
+    partial = app.session_state["curves"][key].iloc[:5]
+    del app.session_state["curves"][key]
+    app.session_state["stopped_curves"][key] = partial
+    app.run()
+    assert_clean(app)
+    assert [b.label for b in app.button] == ["Compute again"]
+    ranked = [t for t in figure(app, "neurons are removed")["data"]
+              if t.get("name") == plots.CURVE_LABELS["ranked"]]
+    assert len(values(ranked[0]["x"])) == 5
+    app.button[0].click().run()
+    assert key in app.session_state["curves"] and not app.button

@@ -1,0 +1,180 @@
+"""The offline HTML report and its CSVs: content, self-containment, escaping."""
+import html
+import io
+import re
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from plotly.offline import get_plotlyjs
+
+import attribution as at
+from attribution import plots, report
+from attribution.demo import load_demo
+from attribution.diagnose import Finding
+
+SETTINGS = report.AnalysisSettings(layer="relu2", method="gradient_x_activation",
+                                   compare=("gradient",), cluster=3, n_random=5)
+EVIL = "<script>alert('x')</script>"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_demo("digits_mlp")
+
+
+@pytest.fixture(scope="module")
+def content(demo):
+    loaded, dataset = demo
+    steps = []
+    result = report.collect_report(loaded, dataset, SETTINGS,
+                                   progress=lambda fraction, what: steps.append(fraction))
+    assert steps[0] == 0.0 and steps[-1] == 1.0 and steps == sorted(steps)
+    return result
+
+
+@pytest.fixture(scope="module")
+def page(content):
+    return report.render_report(content)
+
+
+def test_report_is_one_offline_document(page):
+    assert page.startswith("<!DOCTYPE html>")
+    assert get_plotlyjs() in page  # the chart library, inline
+    rest = page.replace(get_plotlyjs(), "")
+    assert "<script src" not in rest and "<link" not in rest
+    assert not re.search(r"https?://", rest)
+
+
+def test_report_shows_settings_facts_findings_and_charts(content, page):
+    for label, value in {**content.settings, **content.facts}.items():
+        assert f"<th>{html.escape(label)}</th><td>{html.escape(value)}</td>" in page
+    assert content.facts["accuracy on this data"].endswith("%")
+    assert len(content.findings) == 7
+    for finding in content.findings:
+        assert html.escape(finding.message) in page and html.escape(finding.hint) in page
+    # heatmap, ranked bars, method bars, rank correlation, pruning curves, histogram
+    assert page.count("Plotly.newPlot") == 6
+    for sentence in content.curve_sentences:
+        assert html.escape(sentence) in page
+    assert "Verdict" in content.curve_sentences[-1]
+
+
+def test_report_content_matches_the_engine(demo, content):
+    loaded, dataset = demo
+    table = at.cluster_scores(loaded.module, "relu2", dataset.inputs, dataset.labels,
+                              dataset.labels.numpy(), method="gradient")
+    shown = content.cluster_scores[content.cluster_scores["method"] == "gradient"]
+    row = shown[(shown["cluster"] == 3)].sort_values("neuron")["score"].to_numpy()
+    np.testing.assert_allclose(row, table.loc[3].drop("n").to_numpy(dtype=float), rtol=1e-5)
+    assert set(content.curves["subset"]) == {"cluster", "rest"}
+    assert len(content.curves) == 2 * 17
+    assert list(content.oracle["method"]) == ["gradient_x_activation", "gradient"]
+
+
+def test_user_strings_are_escaped(content):
+    evil_finding = Finding("sign_cancellation", "warning", EVIL, 0.1, EVIL)
+    evil = replace(content, title=EVIL, cluster=EVIL,
+                   settings={EVIL: EVIL}, facts={"model": EVIL}, findings=[evil_finding],
+                   layers=pd.DataFrame({"layer": [EVIL], "type": ["Linear"], "neurons": [3],
+                                        "output shape": ["3"]}),
+                   cluster_scores=content.cluster_scores.assign(cluster=EVIL))
+    page = report.render_report(evil)
+    assert "<script>alert" not in page
+    # title twice, setting name and value, fact, finding message and hint, layer table,
+    # plus chart labels (escaped for plotly inside the figures' JSON)
+    assert page.count("&lt;script&gt;alert(") >= 8
+
+
+def test_csvs_hold_every_table(content):
+    tables = report.report_csvs(content)
+    assert set(tables) == {"cluster_scores.csv", "neuron_summary.csv", "layers.csv",
+                           "pruning_curves.csv", "curve_summary.csv", "oracle_agreement.csv",
+                           "findings.csv"}
+    scores = pd.read_csv(io.StringIO(tables["cluster_scores.csv"]))
+    pd.testing.assert_frame_equal(scores, content.cluster_scores.reset_index(drop=True),
+                                  check_dtype=False)
+    curves = pd.read_csv(io.StringIO(tables["pruning_curves.csv"]))
+    np.testing.assert_allclose(curves["ranked"], content.curves["ranked"])
+    findings = pd.read_csv(io.StringIO(tables["findings.csv"]))
+    assert list(findings["code"]) == [f.code for f in content.findings]
+
+
+def test_assemble_from_app_results_equals_collect(demo, content):
+    loaded, dataset = demo
+    per_sample = {m: at.neuron_scores(loaded.module, "relu2", dataset.inputs, dataset.labels,
+                                      m).numpy() for m in SETTINGS.methods}
+    assembled = report.assemble(
+        replace(SETTINGS), title="t", facts={}, layers=loaded.layers(), per_sample=per_sample,
+        clusters=dataset.labels.numpy(), curves=content.curves)
+    pd.testing.assert_frame_equal(assembled.cluster_scores, content.cluster_scores)
+    pd.testing.assert_frame_equal(assembled.neuron_summary, content.neuron_summary)
+    assert assembled.curve_sentences == list(content.curve_sentences)
+
+
+def test_collect_report_refuses_bad_settings(demo):
+    loaded, dataset = demo
+    for bad, words in ((replace(SETTINGS, layer="nope"), "Unknown layer"),
+                       (replace(SETTINGS, method="nope"), "Unknown method"),
+                       (replace(SETTINGS, cluster=42), "not among the clusters"),
+                       (replace(SETTINGS, target="fixed", fixed_class=10), "0..9")):
+        with pytest.raises(at.AttributionError, match=words):
+            report.collect_report(loaded, dataset, bad)
+
+
+def test_cluster_given_as_text_is_matched_and_none_means_the_first(demo):
+    loaded, dataset = demo
+    settings = replace(SETTINGS, compare=(), n_random=2)
+    assert report.collect_report(loaded, dataset, replace(settings, cluster="7")).cluster == 7
+    assert report.collect_report(loaded, dataset, replace(settings, cluster=None)).cluster == 0
+
+
+def test_scoring_and_curve_targets(demo):
+    _, dataset = demo
+    assert report.scoring_targets(dataset, "predicted") is None
+    assert torch.equal(report.scoring_targets(dataset, "true"), dataset.labels)
+    fixed = report.scoring_targets(dataset, "fixed", 4, n_classes=10)
+    assert fixed.dtype == torch.long and set(fixed.tolist()) == {4}
+    assert report.curve_targets(dataset, "accuracy", fixed) is dataset.labels
+    assert report.curve_targets(dataset, "loss", fixed) is fixed
+    unlabelled = replace(dataset, labels=None)
+    with pytest.raises(at.AttributionError, match="no labels"):
+        report.scoring_targets(unlabelled, "true")
+
+
+def _summary(cluster_gap: float, rest_gap: float, beaten: float) -> pd.DataFrame:
+    return pd.DataFrame({"gap_vs_random": [cluster_gap, rest_gap],
+                         "fraction_random_beaten": [beaten, 0.5]},
+                        index=pd.Index(["cluster", "rest"], name="subset"))
+
+
+@pytest.mark.parametrize("cluster_gap,rest_gap,beaten,expected", [
+    (0.25, 0.02, 1.0, ["lowers accuracy by 25.0 percentage points more", "100% of the 20",
+                       "specifically for this cluster", "carry real information"]),
+    (0.25, 0.20, 1.0, ["not specific to this cluster"]),
+    (0.03, 0.0, 0.7, ["only weakly better than random"]),
+    (-0.05, -0.01, 0.1, ["by 5.0 percentage points less", "no better than random"]),
+])
+def test_curve_sentences_in_words(cluster_gap, rest_gap, beaten, expected):
+    text = " ".join(report.curve_sentences(_summary(cluster_gap, rest_gap, beaten),
+                                           metric="accuracy", method="gradient", cluster="3",
+                                           sizes={"cluster": 71}, n_random=20))
+    assert "On cluster 3 (71 samples)" in text
+    for words in expected:
+        assert words in text
+
+
+def test_curve_sentences_for_loss_speak_of_raising_it():
+    text = " ".join(report.curve_sentences(_summary(0.4, 0.0, 1.0), metric="loss",
+                                           method="ablation", cluster=0))
+    assert "raises the loss by 0.4 nats more" in text
+
+
+def test_settings_describe_themselves_in_words():
+    words = replace(SETTINGS, target="fixed", fixed_class=2, cluster_source="kmeans_inputs",
+                    k=5).describe(class_names=["a", "b", "c"])
+    assert words["target logit"] == "class 2 (c)"
+    assert words["clusters from"] == "k-means on the inputs (k = 5)"
+    assert words["compared with"] == plots.method_label("gradient")
