@@ -57,6 +57,7 @@ from .architectures import Architecture, is_description, parse_architecture
 from .errors import AttributionError
 from .guards import eval_mode
 from .layers import LayerInfo, list_layers, run_model
+from .scores import model_device
 from .split import logits_of
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
@@ -103,7 +104,7 @@ class LoadedModel:
 
     def layers(self) -> list[LayerInfo]:
         """`list_layers` of the module, with each layer's original class as its kind."""
-        infos = list_layers(self.module, self.example_input())
+        infos = list_layers(self.module, self.example_input().to(model_device(self.module)))
         kinds = self.layer_kinds or {}
         return [replace(info, kind=kinds.get(info.name, info.kind)) for info in infos]
 
