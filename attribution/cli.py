@@ -279,7 +279,11 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
             raise AttributionError(f"{args.labels} has labels up to {int(labels.max())}, but "
                                    f"the model's classes are 0..{model.n_classes - 1}.")
     if args.cluster_ids is not None:
-        clusters = data_module._as_clusters(_small_npy(args.cluster_ids, "cluster ids"), n)
+        clusters = _small_npy(args.cluster_ids, "cluster ids")
+        if clusters.shape != (n,) or clusters.dtype.kind not in "biuUS":
+            raise AttributionError(f"{args.cluster_ids} must hold one integer or text cluster "
+                                   f"id per sample, shape [{n}]; it has shape "
+                                   f"{list(clusters.shape)} and dtype {clusters.dtype}.")
         data_module.check_clusters(clusters)
     return Problem(model, rows, labels, clusters, model.class_names)
 

@@ -265,6 +265,9 @@ def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray,
     if total is not None and len(values) != total:
         raise AttributionError(f"clusters has {len(values)} entries but there are "
                                f"{total} samples.")
+    if values.dtype.kind in "biuUS":  # ints or strings: no per-sample Python objects
+        uniques, codes = np.unique(values, return_inverse=True)
+        return codes.astype(np.int64), pd.Index(uniques, name="cluster")
     series = pd.Series(values)
     if series.isna().any():
         raise AttributionError("clusters contains missing ids (NaN/None); give every sample "

@@ -200,6 +200,7 @@ def bad_inputs(tmp: Path):
     np.save(tmp / "inputs.npy", np.zeros((5, 64), dtype=np.float32))
     np.save(tmp / "short_labels.npy", np.zeros(3, dtype=np.int64))
     np.save(tmp / "big_labels.npy", np.full(5, 40))
+    np.save(tmp / "lonely.npy", np.array(["a", "a", "a", "a", "b"]))
     score = ["score", "--model", MODEL, "--layer", LAYER, "--out", tmp / "out.csv"]
     return [
         (["score", "--model", tmp / "absent.pt2", "--data", DATA, "--layer", LAYER,
@@ -223,6 +224,10 @@ def bad_inputs(tmp: Path):
          "one class id per sample (5)"),
         (score + ["--data", tmp / "inputs.npy", "--labels", tmp / "big_labels.npy"],
          "0..9"),
+        (score + ["--data", tmp / "inputs.npy", "--cluster-ids", tmp / "lonely.npy"],
+         "at least 2 samples each"),
+        (score + ["--data", tmp / "inputs.npy", "--cluster-ids", tmp / "short_labels.npy"],
+         "one integer or text cluster id per sample, shape [5]"),
         (score + ["--data", tmp / "inputs.npy", "--clusters", "kmeans_inputs"],
          "needs the data in memory"),
         (score + ["--data", DATA, "--labels", tmp / "short_labels.npy"], "for .npy data"),
