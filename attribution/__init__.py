@@ -17,6 +17,8 @@ from .loading import LoadedModel, load_model
 from .data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
                    make_clusters, predict_classes)
 from .demo import DEMOS, demo_files, load_demo
+from .streaming import NpyRows
+from . import distributed
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "REDUCTIONS", "cluster_scores",
@@ -26,4 +28,5 @@ __all__ = [
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
     "Dataset", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
     "DEMOS", "demo_files", "load_demo",
+    "NpyRows", "distributed",
 ]
