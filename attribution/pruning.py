@@ -64,7 +64,8 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
             (x, y) batch of an iterable).
         scores: one value per neuron [n_neurons] (array, tensor, or a row of `cluster_scores`,
             whose column "n" is ignored). Higher = more important = removed first.
-        ks: the k values to evaluate (0..n_neurons); None = every k.
+        ks: the k values to evaluate (0..n_neurons); None = every k (for a layer of thousands
+            of neurons pass a subset, e.g. np.linspace(0, n, 65).round()).
         n_random: number of seeded random orders forming the band (>= 1).
         seed: seed of the random orders; same seed, same curve.
         ablation: "zero" or "mean" (see module docstring).
@@ -376,6 +377,9 @@ def _check_ks(ks: Optional[Sequence[int]], n_neurons: int) -> list[int]:
     if ks is None:
         return list(range(n_neurons + 1))
     values = np.asarray(list(ks))
+    if (values.ndim == 1 and np.issubdtype(values.dtype, np.floating)
+            and np.isfinite(values).all() and (values == np.round(values)).all()):
+        values = values.astype(np.int64)  # e.g. np.linspace(0, n, 33).round()
     if values.size == 0 or values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
         raise AttributionError("ks must be a non-empty list of integers (numbers of neurons "
                                "removed).")
@@ -393,11 +397,9 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
     model = on_device(model, device)
     name, module = resolve_layer(model, name)
     targets = _check_targets(targets, n_samples(inputs), inputs)
-    if isinstance(targets, str):
-        if targets == "all":
-            raise AttributionError("Pruning curves need one target per sample: pass a "
-                                   "LongTensor of class ids or None (the predicted class), "
-                                   "not 'all'.")
+    if isinstance(targets, str) and targets == "all":
+        raise AttributionError("Pruning curves need one target per sample: pass a LongTensor "
+                               "of class ids or None (the predicted class), not 'all'.")
     n_groups = 1 if groups is None else len(subset_names)
     with eval_mode(model):
         passes = _LayerPasses(model, name, module, inputs, targets, groups, n_groups, batch_size)
@@ -410,7 +412,6 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             torch.as_tensor(np.argsort(values, kind="stable"))[None],
             random_orders(n_neurons, n_random, seed),
         ])
-        masks = _removal_masks(orders, ks).to(passes.device)  # [O, K, n]
         fill = None
         if ablation == "mean":
             fill = (passes.z_sum / passes.counts.sum()).to(passes.z_dtype)
@@ -419,17 +420,18 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             rounds = [sum(rounds, [])]
         elif not passes.cached:  # every round re-reads the inputs: a coarse round, the rest
             rounds = rounds[:1] + ([sum(rounds[1:], [])] if len(rounds) > 1 else [])
-        sums = torch.zeros(masks.shape[0], len(ks), n_groups, dtype=torch.float64)
+        sums = torch.zeros(orders.shape[0], len(ks), n_groups, dtype=torch.float64)
         done: list[int] = []
         for positions in rounds:
-            chosen = masks[:, positions].reshape(-1, n_neurons)
-            unique, inverse = torch.unique(chosen, dim=0, return_inverse=True)
+            masks = _removal_masks(orders, [ks[p] for p in positions])  # [O, K_round, n]
+            unique, inverse = torch.unique(masks.reshape(-1, n_neurons).to(passes.device),
+                                           dim=0, return_inverse=True)
             round_sums = torch.zeros(unique.shape[0], n_groups, dtype=torch.float64)
             for captured in passes:
                 round_sums += _masked_sums(passes.runner, captured, unique, fill, metric,
                                            n_groups).cpu()
-            sums[:, positions] = round_sums[inverse].view(masks.shape[0], len(positions),
-                                                          n_groups)
+            sums[:, positions] = round_sums[inverse.cpu()].view(orders.shape[0],
+                                                                len(positions), n_groups)
             done.extend(positions)
             if progress is not None:
                 progress(len(done) / len(ks), _frame(sums, passes.counts, ks, sorted(done),

@@ -9,6 +9,7 @@ import attribution as at
 from attribution.diagnose import CHECKS, SEVERITIES
 
 from . import references
+from .zoo import build
 
 WIDTH = 8
 
@@ -176,6 +177,16 @@ def test_dead_neurons_from_a_bias_pushed_hugely_negative(layer):
         model.fc.bias[:5] = -1e4
     finding = by_code(at.diagnose(model, layer, x, y, "gradient"))["dead_neurons"]
     assert finding.severity == "problem" and finding.value == pytest.approx(6 / WIDTH)
+
+
+def test_a_dead_conv_channel_is_found_and_every_check_runs_on_conv_layers():
+    model, x, y = build("residual_conv")
+    with torch.no_grad():
+        model.bn1.bias[2] = -1e4  # channel 2 of relu's output is 0 at every position
+    findings = at.diagnose(model, "relu", x, y, "gradient_x_activation", y.numpy())
+    assert [finding.code for finding in findings] == list(CHECKS[:-1])
+    dead = by_code(findings)["dead_neurons"]
+    assert dead.severity == "warning" and "neuron 2)" in dead.message
 
 
 def test_neurons_silent_on_one_cluster_only_are_reported_but_not_flagged():

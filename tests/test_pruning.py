@@ -97,6 +97,13 @@ def test_curve_frames_concatenate_and_merge():
     assert len(first.merge(second, on="k")) == 3
 
 
+def test_ks_may_be_whole_floats_and_come_back_sorted_without_repeats():
+    model, x, y = build("residual_mlp")
+    curve = at.pruning_curve(model, "fc2", x, y, np.arange(16.0),
+                             ks=np.linspace(0, 16, 9).round()[::-1].tolist() + [4.0])
+    assert curve["k"].tolist() == [0, 2, 4, 6, 8, 10, 12, 14, 16]
+
+
 def test_accuracy_against_the_predicted_class_starts_at_one():
     model, x, y = build("branching")
     curve = at.pruning_curve(model, "right.0", x, None, np.arange(7.0), ks=[0, 3, 7])
@@ -299,6 +306,7 @@ def test_refinement_rounds_cover_each_position_once_coarse_first():
     (dict(scores=np.full(16, np.nan)), "NaN"),
     (dict(ks=[0, 17]), "0..16"),
     (dict(ks=[]), "non-empty"),
+    (dict(ks=[0.5, 2.0]), "integers"),
     (dict(ablation="one"), "ablation"),
     (dict(metric="f1"), "metric"),
     (dict(targets="all"), "one target per sample"),
