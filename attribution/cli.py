@@ -488,8 +488,8 @@ def run_score(args) -> int:
         per_sample = args.per_sample
         if per_sample is not None and len(args.method) > 1:
             per_sample = per_sample.with_name(f"{per_sample.stem}.{method}.npy")
-        if per_sample is not None and _is_writer():
-            _prepare(per_sample)
+        if per_sample is not None:
+            _prepare(per_sample)  # on every rank: each writes its part there
         with ProgressBar(method, args.quiet) as bar:
             statistics = distributed.cluster_statistics(
                 problem.model.module, args.layer, problem.inputs, targets, clusters, method,

@@ -30,7 +30,7 @@ from . import pruning
 from .errors import AttributionError
 from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
                      cluster_statistics as shard_statistics, n_samples, on_device,
-                     resolve_device, score_batches)
+                     resolve_device)
 
 
 def rank_and_size(group=None) -> tuple[int, int]:

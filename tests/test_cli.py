@@ -268,3 +268,18 @@ def test_a_bug_is_reported_as_an_internal_error(monkeypatch, capsys):
                      "--out", "-"])
     assert code == 3
     assert "internal error (RuntimeError: something inside broke)" in capsys.readouterr().err
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    with cli.ProgressBar("gradient") as bar:
+        bar(0.5)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with cli.ProgressBar("gradient") as bar:
+        bar(0.5)
+        bar(float("nan"))  # an iterable of unknown length: the bar stays where it is
+    assert "gradient:  50%" in capsys.readouterr().err
+    with cli.ProgressBar("gradient", quiet=True) as bar:
+        bar(0.5)
+    assert capsys.readouterr().err == ""
