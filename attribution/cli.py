@@ -440,15 +440,20 @@ def _finite_or_none(value: float) -> Optional[float]:
 
 
 def tidy_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
-    """A `cluster_scores` table -> rows (cluster, [class,] neuron, method, score, n)."""
+    """A `cluster_scores` table -> rows (cluster, [class,] neuron, method, score, n), one
+    cluster after another."""
     if table.index.nlevels == 1:
-        return plots.tidy_cluster_scores(table, method)
-    parts = []
-    for class_id in table.index.get_level_values("class").unique():
-        part = plots.tidy_cluster_scores(table.xs(class_id, level="class"), method)
-        part.insert(1, "class", class_id)
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)
+        tidy = plots.tidy_cluster_scores(table, method)
+    else:
+        parts = []
+        for class_id in table.index.get_level_values("class").unique():
+            part = plots.tidy_cluster_scores(table.xs(class_id, level="class"), method)
+            part.insert(1, "class", class_id)
+            parts.append(part)
+        tidy = pd.concat(parts, ignore_index=True)
+    position = {cluster: i for i, cluster in enumerate(table.index.unique(level=0))}
+    order = np.argsort(tidy["cluster"].map(position).to_numpy(), kind="stable")
+    return tidy.iloc[order].reset_index(drop=True)
 
 
 def _is_writer() -> bool:

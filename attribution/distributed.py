@@ -5,7 +5,9 @@ Every rank calls the same function with the same inputs (a tensor, an array, a m
 rank scores only its own contiguous shard; the streaming statistics (per-cluster counts, sums,
 sums of |s| and of squares) are summed with `all_reduce`, so every rank returns what one
 process would have computed, and rank 0 writes. Without a process group (or with one process)
-the same functions simply run in this process.
+the same functions simply run in this process. Targets and cluster ids follow the iteration
+order, so an iterable must yield the same batches in the same order on every rank (a
+DataLoader with shuffle=False).
 
     torchrun --nproc_per_node=4 -m attribution score --model m.pt2 --data x.npy ...
     # or, inside an existing job after torch.distributed.init_process_group(...):
@@ -114,6 +116,10 @@ def shards(inputs: Inputs, rank: int, size: int) -> Iterator[Shard]:
                     else _loader_over(inputs, share))
             yield Shard(part, share.start, len(share))
         return
+    if isinstance(inputs, DataLoader) and not isinstance(inputs.sampler, SequentialSampler) \
+            and not isinstance(inputs.dataset, IterableDataset):
+        raise AttributionError("A shuffled DataLoader gives each process its own order, so "
+                               "targets and cluster ids would not line up: use shuffle=False.")
     first_index = 0
     for number, item in enumerate(inputs):
         batch_size = len(item[0] if isinstance(item, (tuple, list)) else item)

@@ -181,6 +181,13 @@ def test_shards_cover_every_sample_once(total, size):
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
+def test_a_shuffled_loader_cannot_be_sharded():
+    _, _, x, y, _, _ = problem()
+    shuffled = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+    with pytest.raises(at.AttributionError, match="shuffle=False"):
+        list(distributed.shards(shuffled, 0, 2))
+
+
 def test_mean_ablation_needs_one_process(monkeypatch):
     model, layer, x, y, _, neuron_order = problem()
     monkeypatch.setattr(distributed, "rank_and_size", lambda group=None: (0, 2))
