@@ -42,6 +42,19 @@ def run_model(model: nn.Module, inputs: torch.Tensor):
         ) from error
 
 
+def module_kind(name: str, module: nn.Module) -> str:
+    """The class name of a module; for torch.export's unflattened modules (all of class
+    InterpreterModule) the original class, read from the graph's `nn_module_stack`."""
+    graph = getattr(module, "graph", None)
+    if graph is not None and type(module).__name__ == "InterpreterModule":
+        for node in graph.nodes:
+            for path, kind in (node.meta.get("nn_module_stack") or {}).values():
+                if path == name:
+                    kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+                    return kind.rsplit(".", 1)[-1]
+    return type(module).__name__
+
+
 def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo]:
     """Every module whose output is a tensor with a neuron axis at dim 1, in call order.
 
@@ -64,7 +77,7 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
             if output is first_input or id(output) in produced:
                 return None
             produced[id(output)] = output
-            seen[name] = LayerInfo(name, type(module).__name__, int(output.shape[1]),
+            seen[name] = LayerInfo(name, module_kind(name, module), int(output.shape[1]),
                                    tuple(int(s) for s in output.shape[1:]))
             return None
         return hook

@@ -85,8 +85,6 @@ class LoadedModel:
         n_classes: number of logits.
         class_names: one name per class, or None.
         source_format: "torch.export", "state dict", "safetensors" or "pickled module".
-        layer_kinds: original module class per dotted name where the module itself does not
-            show it (torch.export modules are all `InterpreterModule`).
         input_dtype: dtype of the example input.
     """
 
@@ -95,7 +93,6 @@ class LoadedModel:
     n_classes: int
     class_names: Optional[tuple[str, ...]] = None
     source_format: str = ""
-    layer_kinds: Optional[dict[str, str]] = None
     input_dtype: torch.dtype = torch.float32
 
     def example_input(self, batch: int = 1) -> torch.Tensor:
@@ -103,10 +100,8 @@ class LoadedModel:
         return torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
 
     def layers(self) -> list[LayerInfo]:
-        """`list_layers` of the module, with each layer's original class as its kind."""
-        infos = list_layers(self.module, self.example_input().to(model_device(self.module)))
-        kinds = self.layer_kinds or {}
-        return [replace(info, kind=kinds.get(info.name, info.kind)) for info in infos]
+        """`list_layers` of the module, found with the example input."""
+        return list_layers(self.module, self.example_input().to(model_device(self.module)))
 
 
 # ---------------------------------------------------------------- reading and sniffing
@@ -409,9 +404,8 @@ def _resolve_like_torch(target: str) -> Any:
     return obj
 
 
-def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes],
-                                        dict[str, str]]:
-    """(unflattened module, example input or None, extra files, layer kinds) of a .pt2."""
+def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes]]:
+    """(unflattened module, example input or None, extra files) of a .pt2."""
     extra_files = _check_export_archive(data)
     with _parsing("torch.export could not load this .pt2 archive"):
         program = torch.export.load(io.BytesIO(data))
@@ -424,13 +418,7 @@ def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[s
                 f"This model takes {len(args) + len(kwargs)} inputs; the tool needs a model "
                 "whose forward takes one tensor [batch, ...] and returns logits.")
         example = args[0]
-    kinds: dict[str, str] = {}
-    for node in program.graph.nodes:
-        for path, kind in (node.meta.get("nn_module_stack") or {}).values():
-            name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-            kinds.setdefault(path, name.rsplit(".", 1)[-1])
-    kinds.pop("", None)
-    return module, example, extra_files, kinds
+    return module, example, extra_files
 
 
 # ---------------------------------------------------------------- pickles and state dicts
@@ -659,13 +647,12 @@ def load_model(source: Source, *, architecture: Any = None,
     if kind == "zip":
         kind = zip_kind(open_zip(data, max_bytes))
     stored_names = None
-    kinds = None
     example = None
     if architecture is not None and kind not in ("torch.save", "pickle", "safetensors"):
         raise AttributionError("architecture= is only used with state dicts; this file is "
                                f"{_describe(kind)}.")
     if kind == "torch.export":
-        module, example, extra_files, kinds = _load_export(data)
+        module, example, extra_files = _load_export(data)
         if "class_names.json" in extra_files:
             with _parsing("extra/class_names.json in the .pt2 is not a JSON list of names"):
                 stored_names = [str(n) for n in json.loads(extra_files["class_names.json"])]
@@ -707,7 +694,7 @@ def load_model(source: Source, *, architecture: Any = None,
     return LoadedModel(module=module, input_shape=tuple(int(s) for s in example.shape[1:]),
                        n_classes=n_classes,
                        class_names=tuple(str(n) for n in names) if names is not None else None,
-                       source_format=source_format, layer_kinds=kinds,
+                       source_format=source_format,
                        input_dtype=example.dtype if example.is_floating_point()
                        else torch.float32)
 
