@@ -87,11 +87,15 @@ def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
     return f"{head} ({METHOD_UNITS.get(method, 'score units')})"
 
 
-def _finish(fig: go.Figure, *, title: str, height: int) -> go.Figure:
+def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
+            top: int = 56) -> go.Figure:
+    heading = dict(text=title, x=0, xanchor="left", font=dict(size=15))
+    if subtitle:
+        heading["subtitle"] = dict(text=subtitle, font=dict(size=12, color="#57606A"))
+        top += 18
     fig.update_layout(
-        template="plotly_white", font=FONT, height=height,
-        title=dict(text=title, x=0, xanchor="left", font=dict(size=15)),
-        margin=dict(l=70, r=24, t=56, b=56), hoverlabel=dict(font=FONT),
+        template="plotly_white", font=FONT, height=height, title=heading,
+        margin=dict(l=70, r=24, t=top, b=56), hoverlabel=dict(font=FONT),
     )
     return fig
 
@@ -203,17 +207,6 @@ def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
     return rho.stack().rename("rho").reset_index()
 
 
-def tidy_curves(curves: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Pruning-curve frames by subset name ("cluster", "rest") -> one frame with a "subset"
-    column first."""
-    parts = [frame.assign(subset=name) for name, frame in curves.items() if frame is not None]
-    if not parts:
-        return pd.DataFrame(columns=["subset", "k", "ranked", "bottom", "random_mean",
-                                     "random_lo", "random_hi"])
-    tidy = pd.concat(parts, ignore_index=True)
-    return tidy[["subset"] + [c for c in tidy.columns if c != "subset"]]
-
-
 # --- figures -----------------------------------------------------------------------------
 
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
@@ -264,17 +257,17 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     fig = go.Figure(go.Heatmap(
         z=z, x=[str(n) for n in neuron_order], y=[str(s) for s in sample_order],
         colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
-        hovertemplate="sample %{y}<br>neuron %{x}<br>score %{z:.4g}<extra></extra>",
+        hovertemplate="sample %{y} (row in the data)<br>neuron %{x}<br>score %{z:.4g}"
+                      "<extra></extra>",
         **_colour_range(z, _is_signed(z.ravel())),
     ))
     fig.update_xaxes(title="neuron (sorted by cluster mean, highest first)", type="category")
-    fig.update_yaxes(title="sample (row in the data)", type="category", showticklabels=False,
-                     autorange="reversed")
+    fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
     shown = len(sample_order)
     count = f"{shown} samples" if not n_total or n_total == shown else \
         f"{shown} of {n_total} samples, evenly spaced"
-    return _finish(fig, title=f"Per-sample {method_label(method)} scores, cluster "
-                              f"{plain(cluster)} ({count})", height=420)
+    fig.update_yaxes(title=f"sample ({count})")
+    return _finish(fig, title=f"Each sample of cluster {plain(cluster)}", height=420)
 
 
 def _bar_frame(summary: pd.DataFrame, top_n: int, bottom: bool) -> pd.DataFrame:
@@ -328,7 +321,7 @@ def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.
         fig.update_xaxes(title=METHOD_UNITS.get(method, "score"), row=1, col=column)
     return _finish(fig, title=f"Top {top_n} neurons under each method "
                               f"({REDUCTION_LABELS.get(reduce, reduce)})",
-                   height=max(320, 100 + 24 * top_n))
+                   height=max(340, 120 + 24 * top_n), top=84)
 
 
 def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accuracy",
@@ -371,8 +364,9 @@ def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accur
     if metric == "accuracy":
         y_axis.update(range=[0, 1.02], tickformat=".0%")
     fig.update_yaxes(**y_axis, row=1, col=1)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
-    return _finish(fig, title="What happens when neurons are removed", height=440)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0,
+                                  traceorder="reversed"))
+    return _finish(fig, title="What happens when neurons are removed", height=460, top=84)
 
 
 def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
@@ -401,15 +395,16 @@ def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
     mean = float(scores.mean()) if scores.size else 0.0
     mean_abs = float(np.abs(scores).mean()) if scores.size else 0.0
     fig.add_vline(x=0, line=dict(color="#222222", width=1))
-    fig.add_vline(x=mean, line=dict(color=CURVE_COLOURS["ranked"], width=2, dash="dash"),
-                  annotation_text=f"mean {mean:.3g}", annotation_position="top")
-    fig.update_xaxes(title=f"per-sample {method_label(method)} score "
-                           f"({METHOD_UNITS.get(method, 'score units')})")
+    fig.add_vline(x=mean, line=dict(color=CURVE_COLOURS["ranked"], width=2, dash="dash"))
+    fig.add_annotation(x=mean, y=1, yref="paper", yanchor="top", xanchor="left", xshift=4,
+                       text=f"mean {mean:.3g}", showarrow=False,
+                       font=dict(color=CURVE_COLOURS["ranked"]))
+    fig.update_xaxes(title=score_axis_title(method))
     fig.update_yaxes(title="samples (count)")
     ratio = abs(mean) / mean_abs if mean_abs > 0 else float("nan")
-    return _finish(fig, title=f"Neuron {neuron}: |mean| / mean|·| = {ratio:.2f} "
-                              f"(near 0 means positive and negative scores cancel)",
-                   height=360)
+    return _finish(fig, title=f"Neuron {neuron}: each sample's score",
+                   subtitle=f"|mean| / mean |·| = {ratio:.2f} (near 0: signs cancel)",
+                   height=380)
 
 
 def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
@@ -425,10 +420,11 @@ def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
     labels = [method_label(m) for m in methods]
     fig = go.Figure(go.Heatmap(
         z=wide.to_numpy(dtype=float), x=labels, y=labels, colorscale=SIGNED_SCALE, zmid=0,
-        zmin=-1, zmax=1, texttemplate="%{z:.2f}", xgap=2, ygap=2,
+        zmin=-1, zmax=1, texttemplate="%{z:.2f}", textfont=dict(size=11), xgap=2, ygap=2,
         colorbar=dict(title=dict(text="Spearman ρ", side="right")),
         hovertemplate="%{y} vs %{x}<br>ρ = %{z:.3f}<extra></extra>",
     ))
     fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(tickangle=-30)
     return _finish(fig, title="Do the methods rank neurons alike? (Spearman ρ)",
-                   height=max(320, 120 + 48 * len(methods)))
+                   height=max(340, 150 + 44 * len(methods)))

@@ -86,7 +86,8 @@ class AnalysisSettings:
         if self.cluster_source.startswith("kmeans"):
             source += f" (k = {self.k})"
         return {
-            "layer": self.layer, "clusters from": source, "cluster in focus": str(self.cluster),
+            "layer": self.layer, "clusters from": source,
+            "cluster in focus": cluster_label(self.cluster, self.cluster_source, class_names),
             "method": plots.method_label(self.method),
             "compared with": ", ".join(plots.method_label(m) for m in self.methods[1:]) or "-",
             "reduction": plots.REDUCTION_LABELS.get(self.reduce, self.reduce),
@@ -112,8 +113,10 @@ class ReportContent:
         curve_sentences: the curve summary in words.
         findings: objects with code, severity, message, value and hint.
         oracle: agreement of each method with exact ablation, or None.
-        histogram: rows (sample, score) of one neuron's per-sample signed scores, or None.
+        histogram: one row per focus-cluster sample, column "score": the signed per-sample
+            scores of one neuron, or None.
         histogram_neuron: the neuron the histogram shows.
+        cluster_labels: cluster id -> how charts name it (e.g. 3 -> "3 (three)").
     """
 
     title: str
@@ -134,7 +137,17 @@ class ReportContent:
     histogram: Optional[pd.DataFrame] = None
     histogram_neuron: Optional[int] = None
     metric: str = "accuracy"
+    cluster_labels: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
+
+
+def cluster_label(cluster: object, source: str, class_names: Optional[Sequence[str]]) -> str:
+    """e.g. "3 (three)" for clusters that are classes, when the classes have names; else the
+    id itself."""
+    if (source in ("label", "predicted") and class_names is not None
+            and isinstance(cluster, (int, np.integer)) and 0 <= cluster < len(class_names)):
+        return f"{cluster} ({class_names[cluster]})"
+    return str(cluster)
 
 
 def _class_label(class_id: int, class_names: Optional[Sequence[str]]) -> str:
@@ -190,8 +203,9 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
 
     row = summary.loc["cluster"]
     gap = float(row["gap_vs_random"]) * scale
-    size = f" ({sizes['cluster']} samples)" if sizes and "cluster" in sizes else ""
-    text = (f"On cluster {cluster}{size}, removing neurons in {plots.method_label(method)} order "
+    where = (f"On the {sizes['cluster']} samples of cluster {cluster}"
+             if sizes and "cluster" in sizes else f"On cluster {cluster}")
+    text = (f"{where}, removing neurons in {plots.method_label(method)} order "
             f"(highest score first) {versus_random(gap)}, averaged over every number of "
             "neurons removed.")
     beaten = row["fraction_random_beaten"]
@@ -262,11 +276,13 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
                          for m in settings.methods], ignore_index=True)
     main = summary[summary["method"] == settings.method]
     top_neuron = int(main.loc[main["score"].abs().idxmax(), "neuron"])
+    labels = {c: cluster_label(c, settings.cluster_source, class_names)
+              for c in pd.unique(np.asarray(clusters))}
     curve_table, sentences = None, []
     if curves is not None:
         curve_table = curve_summary(curves)
         sentences = curve_sentences(curve_table, metric=settings.metric,
-                                    method=settings.method, cluster=settings.cluster,
+                                    method=settings.method, cluster=labels[settings.cluster],
                                     sizes=curves.attrs.get("n_samples"),
                                     n_random=settings.n_random)
         curve_table = curve_table.reset_index()
@@ -276,7 +292,7 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
         n_neurons=n_neurons, settings=settings.describe(class_names), facts=facts,
         layers=layers_frame(layers), cluster_scores=tidy, neuron_summary=summary,
         curves=curves, curve_summary=curve_table, curve_sentences=sentences,
-        findings=list(findings), oracle=oracle, metric=settings.metric,
+        findings=list(findings), oracle=oracle, metric=settings.metric, cluster_labels=labels,
         histogram=pd.DataFrame({"score": per_sample[settings.method][focus, top_neuron]}),
         histogram_neuron=top_neuron)
 
@@ -419,8 +435,11 @@ def _findings_html(findings: Sequence) -> str:
 
 def render_report(content: ReportContent) -> str:
     """The report as one HTML document that opens offline (plotly.js inline, no links)."""
-    focus = content.cluster_scores
-    method_rows = focus[focus["method"] == content.method]
+    scores = content.cluster_scores
+    method_rows = scores[scores["method"] == content.method]
+    method_rows = method_rows.assign(cluster=[content.cluster_labels.get(c, c)
+                                              for c in method_rows["cluster"]])
+    focus_label = content.cluster_labels.get(content.cluster, content.cluster)
     summary = content.neuron_summary
     parts = [
         f"<h1>{_e(content.title)}</h1>",
@@ -431,7 +450,7 @@ def render_report(content: ReportContent) -> str:
         "<h2>Findings</h2>", _findings_html(content.findings),
         "<h2>Neuron scores</h2>",
         _chart(plots.cluster_heatmap(method_rows, method=content.method, reduce=content.reduce,
-                                     highlight=content.cluster)),
+                                     highlight=focus_label)),
         _chart(plots.neuron_bars(summary[summary["method"] == content.method],
                                  method=content.method, reduce=content.reduce)),
     ]
@@ -442,7 +461,7 @@ def render_report(content: ReportContent) -> str:
         parts += ["<h2>Pruning curves</h2>",
                   _chart(plots.pruning_figure(content.curves, n_neurons=content.n_neurons,
                                               metric=content.metric,
-                                              titles=_curve_titles(content.cluster)))]
+                                              titles=_curve_titles(focus_label)))]
         parts += [f"<p>{_e(sentence)}</p>" for sentence in content.curve_sentences]
         if content.curve_summary is not None:
             parts.append(_frame_table(content.curve_summary))

@@ -26,7 +26,7 @@ from attribution.data import Dataset, check_data, load_data, make_clusters, pred
 from attribution.demo import DEMO_DIR, DEMOS, load_demo
 from attribution.loading import LoadedModel, load_model
 from attribution.report import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
-                                scoring_targets)
+                                cluster_label, scoring_targets)
 
 TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST_CODE") == "1"
 """Start-up setting (`streamlit run app.py -- --trust-code`): lets uploads run code. Only for
@@ -261,14 +261,6 @@ class Context:
         s = self.settings
         return (self.ws.key, s.layer, s.method, self.target_key, self.cluster_key, s.reduce,
                 s.metric, s.n_random, s.batch_size)
-
-
-def cluster_label(cluster: Any, source: str, class_names: Optional[Sequence[str]]) -> str:
-    """e.g. "3 (three)" for class clusters with class names, else the id itself."""
-    if (source in ("label", "predicted") and class_names is not None
-            and isinstance(cluster, (int, np.integer)) and 0 <= cluster < len(class_names)):
-        return f"{cluster} ({class_names[cluster]})"
-    return str(cluster)
 
 
 def context() -> Context:

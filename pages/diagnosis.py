@@ -65,9 +65,17 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
 oracle = common.guarded(lambda: ctx.oracle(at.METHODS))
 if oracle is not None:
     shown = oracle.assign(method=oracle["method"].map(plots.method_label)).drop(columns="n")
-    st.dataframe(shown, hide_index=True, width="stretch")
+    number = st.column_config.NumberColumn
+    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+        "spearman_signed": number("Spearman ρ (signed)", format="%.2f"),
+        "spearman_abs": number("Spearman ρ (|·|)", format="%.2f"),
+        "kendall_signed": number("Kendall τ (signed)", format="%.2f"),
+        "kendall_abs": number("Kendall τ (|·|)", format="%.2f"),
+        "top_k_overlap_signed": number("top-k overlap (signed)", format="%.2f"),
+        "top_k_overlap_abs": number("top-k overlap (|·|)", format="%.2f"),
+        "top_k": number("k", format="%d")})
 
-left, right = st.columns(2, gap="medium")
+left, right = st.columns([3, 2], gap="medium")
 with left:
     per_method = common.guarded(lambda: {m: ctx.scores(m) for m in at.METHODS})
     if per_method is not None:

@@ -2,7 +2,9 @@
 it (charts, settings, findings) plus its tables as CSVs."""
 import io
 import zipfile
+from urllib.parse import urlencode
 
+import pandas as pd
 import streamlit as st
 
 import attribution as at
@@ -19,16 +21,18 @@ st.subheader("Share this view")
 st.markdown("Every choice in the sidebar is part of the page address, so a link opens the same "
             "layer, clusters, cluster, methods and settings. Uploaded files are not part of "
             "the link: the recipient uploads the same files.")
-st.code(st.context.url or "", language=None, wrap_lines=True)
+app_address = (st.context.url or "").split("?")[0].rsplit("/", 1)[0] + "/"
+st.code(f"{app_address}?{urlencode(st.query_params.to_dict())}", language=None,
+        wrap_lines=True)
 
 st.subheader("Report")
 st.markdown("One HTML file that opens offline in any browser: the settings, the model "
             "summary, the findings, the heatmap, ranked neurons, method comparison, pruning "
             "curves and the agreement with ablation, with interactive charts. The CSV bundle "
             "holds every table.")
-st.dataframe({"setting": list(s.describe(ctx.ws.class_names)),
-              "value": list(s.describe(ctx.ws.class_names).values())},
-             hide_index=True, width="content")
+described = s.describe(ctx.ws.class_names)
+st.table(pd.DataFrame({"value": list(described.values())},
+                      index=pd.Index(list(described), name="setting")))
 
 key = ctx.curve_key() + (s.methods,)
 built = st.session_state.get("report")
@@ -71,7 +75,7 @@ if st.button("Build report", type="primary", icon=":material/description:"):
         built = st.session_state["report"] = (key, *result)
 
 if built is not None and built[0] == key:
-    columns = st.columns(2)
+    columns = st.columns([1, 1, 2])
     columns[0].download_button("Download report (HTML)", built[1], file_name="report.html",
                                mime="text/html", icon=":material/download:", on_click="ignore")
     columns[1].download_button("Download tables (CSV, zip)", built[2],

@@ -53,11 +53,18 @@ def summarise(curves) -> None:
                                     cluster=focus_label, sizes=curves.attrs.get("n_samples"),
                                     n_random=s.n_random):
         st.markdown(common.escape_markdown(sentence))
-    table = summary.rename(columns={
-        "area_ranked": "mean over k: top-k", "area_bottom": "mean over k: bottom-k",
-        "area_random": "mean over k: random", "gap_vs_random": "gap vs random",
-        "fraction_random_beaten": "share of random orders beaten"})
-    st.dataframe(table, width="stretch")
+    scale, unit, gap_unit = (100.0, "%%", " pp") if s.metric == "accuracy" else (1.0, "", "")
+    table = summary.assign(**{column: summary[column] * scale for column in
+                              ("area_ranked", "area_bottom", "area_random", "gap_vs_random")},
+                           fraction_random_beaten=summary["fraction_random_beaten"] * 100)
+    number, digits = st.column_config.NumberColumn, 1 if s.metric == "accuracy" else 3
+    st.dataframe(table, width="stretch", column_config={
+        "subset": "samples",
+        "area_ranked": number("mean over k: top-k", format=f"%.{digits}f{unit}"),
+        "area_bottom": number("mean over k: bottom-k", format=f"%.{digits}f{unit}"),
+        "area_random": number("mean over k: random", format=f"%.{digits}f{unit}"),
+        "gap_vs_random": number("gap vs random", format=f"%+.{digits}f{gap_unit}"),
+        "fraction_random_beaten": number("random orders beaten", format="%.0f%%")})
     st.caption("'Mean over k' is the area under each curve divided by the number of neurons: "
                "the metric averaged over every amount of pruning. The gap is positive when the "
                "ranking does more damage than random.")
@@ -82,7 +89,7 @@ else:
     status = st.empty()
     bar = status.progress(0.0, text="Computing the first points…")
     stop_slot = st.empty()
-    stop_slot.button("Stop", on_click=stop, icon=":material/stop_circle:")
+    stop_slot.button("Stop the curve", on_click=stop, icon=":material/stop_circle:")
     chart_slot = st.empty()
     last_draw = [0.0]
 

@@ -4,3 +4,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+BROWSER_TIMINGS: dict[str, float] = {}
+"""Seconds measured by the browser tests (tests/test_browser.py), shown after the run."""
+
+
+def pytest_terminal_summary(terminalreporter):
+    if BROWSER_TIMINGS:
+        from tests.test_browser import CONTENTION  # noqa: PLC0415 (only when it ran)
+
+        terminalreporter.section("dashboard timings in headless Chromium")
+        if CONTENTION > 1:
+            terminalreporter.write_line(f"(machine busy at the start: budgets x{CONTENTION:.1f})")
+        for name, seconds in BROWSER_TIMINGS.items():
+            terminalreporter.write_line(f"{name}: {seconds:.2f} s")

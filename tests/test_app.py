@@ -92,7 +92,8 @@ def test_default_demo_opens_with_choices_made_and_charts_drawn(demo_app):
     assert sidebar_widget(demo_app, "w_layer").value == "relu2"
     assert sidebar_widget(demo_app, "w_method").value == "gradient_x_activation"
     titles = list(figures(demo_app))
-    for part in ("score per cluster", "Highest 15 neurons", "Per-sample", "under each method"):
+    for part in ("score per cluster", "Highest 15 neurons", "Each sample of cluster 0",
+                 "under each method"):
         assert any(part in title for title in titles), (part, titles)
     assert demo_app.query_params["layer"] == "relu2"
     assert not demo_app.error
@@ -173,7 +174,7 @@ def test_cluster_compare_fixed_class_and_kmeans_controls():
     bars = figure(app, "Highest 15")
     sidebar_widget(app, "w_cluster").set_value(7).run()
     assert figure(app, "Highest 15")["data"][0] != bars["data"][0]
-    assert "cluster 7 (seven)" in figure(app, "Per-sample")["layout"]["title"]["text"]
+    assert figure(app, "Each sample of cluster 7 (seven)")
     sidebar_widget(app, "w_compare").set_value(["activation"]).run()
     panels = figure(app, "under each method")["layout"]["annotations"]
     assert [a["text"] for a in panels] == ["gradient × activation", "activation"]

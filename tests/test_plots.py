@@ -106,15 +106,17 @@ def test_method_bars_one_panel_and_one_colour_per_method():
     assert figure.data[0].xaxis != figure.data[1].xaxis
 
 
-def _curve(n: int, rows: int) -> pd.DataFrame:
+def _curve(subset: str, n: int, rows: int) -> pd.DataFrame:
+    """Rows shaped like `cluster_pruning_curves` output for one subset."""
     k = np.arange(rows)
-    return pd.DataFrame({"k": k, "ranked": 1 - k / n, "bottom": np.ones(rows),
+    return pd.DataFrame({"subset": subset, "k": k, "ranked": 1 - k / n,
+                         "bottom": np.ones(rows),
                          "random_mean": 1 - k / (2 * n), "random_lo": 1 - k / (1.5 * n),
                          "random_hi": 1 - k / (3 * n)})
 
 
 def test_pruning_figure_colours_per_kind_in_both_panels_and_fixed_x_range():
-    curves = plots.tidy_curves({"cluster": _curve(8, 9), "rest": _curve(8, 3)})
+    curves = pd.concat([_curve("cluster", 8, 9), _curve("rest", 8, 3)], ignore_index=True)
     figure = plots.pruning_figure(curves, n_neurons=8)
     named = [t for t in figure.data if t.name]
     by_kind = {kind: [t for t in named if t.name == label]
@@ -130,7 +132,7 @@ def test_pruning_figure_colours_per_kind_in_both_panels_and_fixed_x_range():
 
 
 def test_pruning_figure_draws_a_partial_curve():
-    partial = plots.tidy_curves({"cluster": _curve(8, 1), "rest": None})
+    partial = _curve("cluster", 8, 1)
     figure = plots.pruning_figure(partial, n_neurons=8)
     ranked = [t for t in figure.data if t.name == plots.CURVE_LABELS["ranked"]]
     assert len(ranked) == 1 and list(ranked[0].x) == [0] and "markers" in ranked[0].mode
@@ -143,7 +145,7 @@ def test_histogram_colours_by_sign_and_counts_every_sample():
     assert sum(bars.y) == 7
     for centre, colour in zip(bars.x, bars.marker.color):
         assert colour == (plots.NEGATIVE_COLOUR if centre < 0 else plots.POSITIVE_COLOUR)
-    assert "= 0.22 " in figure.layout.title.text  # |mean| / mean|.| = 2.5 / 11.5
+    assert "= 0.22 " in figure.layout.title.subtitle.text  # |mean| / mean|.| = 2.5 / 11.5
 
 
 def test_rank_correlations_and_heatmap():
@@ -170,7 +172,7 @@ def test_sample_scores_sorted_and_downsampled():
     assert tidy["sample"].iloc[0] == 1000 + int(np.argmax(per_sample[:, 2]))
     figure = plots.sample_heatmap(tidy, method="gradient", cluster=1, n_total=500)
     assert np.asarray(figure.data[0].z).shape == (50, 4)
-    assert "50 of 500" in figure.layout.title.text
+    assert "50 of 500" in figure.layout.yaxis.title.text
 
 
 def test_neuron_summary_spread_is_across_samples():

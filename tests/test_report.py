@@ -108,7 +108,7 @@ def test_assemble_from_app_results_equals_collect(demo, content):
                                       m).numpy() for m in SETTINGS.methods}
     assembled = report.assemble(
         replace(SETTINGS), title="t", facts={}, layers=loaded.layers(), per_sample=per_sample,
-        clusters=dataset.labels.numpy(), curves=content.curves)
+        clusters=dataset.labels.numpy(), curves=content.curves, class_names=dataset.class_names)
     pd.testing.assert_frame_equal(assembled.cluster_scores, content.cluster_scores)
     pd.testing.assert_frame_equal(assembled.neuron_summary, content.neuron_summary)
     assert assembled.curve_sentences == list(content.curve_sentences)
@@ -161,7 +161,7 @@ def test_curve_sentences_in_words(cluster_gap, rest_gap, beaten, expected):
     text = " ".join(report.curve_sentences(_summary(cluster_gap, rest_gap, beaten),
                                            metric="accuracy", method="gradient", cluster="3",
                                            sizes={"cluster": 71}, n_random=20))
-    assert "On cluster 3 (71 samples)" in text
+    assert "On the 71 samples of cluster 3, removing" in text
     for words in expected:
         assert words in text
 

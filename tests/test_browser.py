@@ -1,0 +1,332 @@
+"""The dashboard in a real headless Chromium: `streamlit run app.py` on a free port, real file
+inputs, every page, the exported report opened offline; screenshots in test-artifacts/ and
+the timings the issue asks for (cold start, redraw, first pruning points)."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+import attribution as at
+from attribution.demo import DEMO_DIR, load_demo
+from tests.conftest import BROWSER_TIMINGS, ROOT
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = ROOT / "test-artifacts"
+BASE_PATH_PROBE = re.compile(r"^http://localhost:\d+/[a-z]+/_stcore/(health|host-config)$")
+COLD_START_S, REDRAW_S, FIRST_POINTS_S = 10.0, 2.0, 1.0  # on this 2-core machine, idle
+# Other work on the machine (1-minute load average above the core count when the tests start)
+# stretches every budget by the same factor, so a busy machine does not fail the app.
+CONTENTION = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+CHART_WITH_TITLE = """([part, exact]) => [...document.querySelectorAll('.js-plotly-plot')]
+    .some(e => { const t = (e.layout && e.layout.title && e.layout.title.text) || '';
+                 return exact ? t.startsWith(part) : t.includes(part); })"""
+RANKED_POINTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(e => ((e.layout && e.layout.title && e.layout.title.text) || '')
+                 .includes('neurons are removed'))
+    .flatMap(e => e._fullData.filter(t => (t.name || '').startsWith('top-k'))
+                             .map(t => t.x.length))"""
+
+
+@dataclass
+class Server:
+    url: str
+    started: float
+    process: subprocess.Popen
+
+
+@dataclass
+class App:
+    """One browser tab on the dashboard, with what it logged."""
+
+    page: Page
+    server: Server
+    problems: list[str] = field(default_factory=list)
+
+    def open(self, path: str = "") -> float:
+        started = time.monotonic()
+        self.page.goto(self.server.url + path)
+        return started
+
+    def wait_for_chart(self, title_part: str, *, exact: bool = False,
+                       timeout_s: float = 60) -> None:
+        self.page.wait_for_function(CHART_WITH_TITLE, arg=[title_part, exact],
+                                    timeout=timeout_s * 1000, polling=20)
+
+    def chart_titles(self) -> list[str]:
+        return self.page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .map(e => (e.layout && e.layout.title && e.layout.title.text) || '')""")
+
+    def go_to(self, page_title: str) -> float:
+        started = time.monotonic()
+        self.page.get_by_role("link", name=page_title).click()
+        return started
+
+    def choose(self, label: str, option: str) -> float:
+        """Pick `option` (its visible text, or its start) in the sidebar selectbox `label`."""
+        label_text = self.page.get_by_test_id("stWidgetLabel").get_by_text(label, exact=True)
+        box = self.page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").filter(
+            has=label_text)
+        box.click()
+        choice = self.page.get_by_role("option").filter(has_text=option).first
+        started = time.monotonic()
+        choice.click()
+        return started
+
+    def upload(self, label: str, path: Path) -> None:
+        uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
+        uploader.locator("input[type=file]").set_input_files(path)
+
+    def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
+        self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
+
+    def screenshot(self, name: str) -> None:
+        """The whole page (Streamlit scrolls inside its main block, so grow the window)."""
+        height = self.page.evaluate(
+            "document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+        self.page.set_viewport_size({"width": 1440, "height": min(int(height) + 40, 8000)})
+        self.page.wait_for_timeout(600)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+        self.page.set_viewport_size({"width": 1440, "height": 1000})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until_healthy(url: str, process: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {process.returncode}; see "
+                               f"{ARTIFACTS / 'streamlit.log'}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"streamlit did not answer within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser):  # the browser starts first: the cold start measured is the app's
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = _free_port()
+    url = f"http://localhost:{port}"
+    with open(ARTIFACTS / "streamlit.log", "w") as log:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+             "--server.headless", "true"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_until_healthy(url, process)
+            yield Server(url, started, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _tab(browser: Browser, server: Server) -> tuple[App, object]:
+    """A fresh tab (its own Streamlit session) that records console errors, page errors and
+    failed requests. Opening a page's own address (/pruning) makes Streamlit's frontend
+    probe /pruning/_stcore/health and /pruning/_stcore/host-config for a base path before it
+    uses /; those two expected 404s (logged by Chromium as "Failed to load resource") are
+    the only failures let through."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000},
+                                  accept_downloads=True)
+    app = App(context.new_page(), server)
+
+    def on_console(message) -> None:
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            app.problems.append(f"console {message.type}: {message.text}")
+
+    def on_response(response) -> None:
+        if response.status >= 400 and not BASE_PATH_PROBE.search(response.url):
+            app.problems.append(f"HTTP {response.status}: {response.url}")
+
+    app.page.on("console", on_console)
+    app.page.on("response", on_response)
+    app.page.on("requestfailed", lambda request: app.problems.append(
+        f"request failed: {request.url} {request.failure}"))
+    app.page.on("pageerror", lambda error: app.problems.append(f"page error: {error}"))
+    return app, context
+
+
+def _check_and_close(app: App, context) -> None:
+    exceptions = app.page.get_by_test_id("stException").all_inner_texts()
+    context.close()
+    assert not exceptions, exceptions
+    assert not app.problems, app.problems
+
+
+@pytest.fixture
+def app(browser, server):
+    tab, context = _tab(browser, server)
+    yield tab
+    _check_and_close(tab, context)
+
+
+def within_budget(seconds: float, budget: float) -> bool:
+    return seconds < budget * CONTENTION
+
+
+def test_cold_start_opens_the_demo_with_charts(app, server):
+    opened = app.open()
+    app.wait_for_chart("score per cluster")
+    now = time.monotonic()
+    BROWSER_TIMINGS["first page with charts, from launching `streamlit run` (cold)"] = \
+        now - server.started
+    BROWSER_TIMINGS["first page with charts, from opening the page (cold)"] = now - opened
+    for part in ("Highest 15 neurons", "Each sample of cluster 0", "under each method"):
+        app.wait_for_chart(part)
+    app.screenshot("1-scores")
+    assert within_budget(now - server.started, COLD_START_S)
+
+
+def test_changing_method_or_cluster_redraws_quickly(app):
+    app.open()
+    app.wait_for_chart("score per cluster")
+    started = app.choose("Method", "ablation")
+    app.wait_for_chart("ablation score per cluster", exact=True)
+    method_redraw = time.monotonic() - started
+    started = app.choose("Cluster", "7 (seven)")
+    app.wait_for_chart("Each sample of cluster 7 (seven)")
+    cluster_redraw = time.monotonic() - started
+    BROWSER_TIMINGS["redraw after changing the method"] = method_redraw
+    BROWSER_TIMINGS["redraw after changing the cluster"] = cluster_redraw
+    assert "method=ablation" in app.page.url and "cluster=7" in app.page.url
+    assert within_budget(method_redraw, REDRAW_S) and within_budget(cluster_redraw, REDRAW_S)
+
+
+def test_pruning_curve_draws_live_and_completes(app):
+    app.open()
+    app.wait_for_chart("score per cluster")
+    started = app.go_to("Pruning curves")
+    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
+                               timeout=60_000)
+    first_points = time.monotonic() - started
+    BROWSER_TIMINGS["first pruning-curve points after opening the page"] = first_points
+    app.wait_for_text("Verdict:")
+    assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # every k of 16 neurons, both panels
+    app.screenshot("2-pruning")
+    assert within_budget(first_points, FIRST_POINTS_S)
+
+
+def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
+    app.open("/pruning?layer=relu1&random=100")
+    stop = app.page.get_by_role("button", name="Stop the curve")
+    stop.wait_for(timeout=60_000)
+    stop.click()
+    app.page.get_by_role("button", name="Compute again").wait_for(timeout=60_000)
+    assert app.page.get_by_text("Verdict:").count() == 0
+    app.page.get_by_role("button", name="Compute again").click()
+    app.wait_for_text("Verdict:", timeout_s=120)
+    assert app.page.evaluate(RANKED_POINTS) == [33, 33]
+
+
+def test_diagnosis_page(app):
+    app.open("/diagnosis")
+    app.wait_for_chart("Do the methods rank neurons alike")
+    app.wait_for_chart("each sample's score")
+    alerts = app.page.get_by_test_id("stAlertContainer").count()
+    assert alerts >= 7  # one finding per check
+    app.page.get_by_text("Agreement with exact ablation").wait_for()
+    app.screenshot("3-diagnosis")
+
+
+def test_upload_model_and_data_then_choose_and_see_every_chart(app):
+    app.open("/data")
+    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
+    app.upload("Model file", DEMO_DIR / "digits_cnn.pt2")
+    app.upload("Data file", DEMO_DIR / "digits_images.npz")
+    app.page.get_by_text("digits_cnn.pt2 + digits_images.npz").wait_for(timeout=60_000)
+    app.page.get_by_test_id("stMetricValue").filter(has_text="719").wait_for()
+    app.screenshot("4-model-and-data")
+    for label, option, parameter in (("Layer", "conv2 · Conv2d", "layer=conv2"),
+                                     ("Clusters from", "predicted label", "cluster_by=predicted"),
+                                     ("Cluster", "3 (three)", "cluster=3"),
+                                     ("Method", "integrated gradients",
+                                      "method=integrated_gradients")):
+        app.choose(label, option)
+        app.page.wait_for_url(re.compile(f"[?&]{parameter}(&|$)"), timeout=60_000)
+    app.go_to("Neuron scores")
+    app.wait_for_chart("integrated gradients score per cluster")
+    app.wait_for_chart("Highest 15 neurons by integrated gradients")
+    app.wait_for_chart("Each sample of cluster 3 (three)")
+    app.screenshot("5-scores-uploaded-cnn")
+    app.go_to("Pruning curves")
+    app.wait_for_text("Verdict:", timeout_s=120)
+    assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # 16 channels
+
+
+def test_export_report_and_open_it_offline(app, browser):
+    app.open("/export")
+    app.page.get_by_role("button", name="Build report").click()
+    download_button = app.page.get_by_role("button", name="Download report (HTML)")
+    download_button.wait_for(timeout=120_000)
+    with app.page.expect_download() as download:
+        download_button.click()
+    report = ARTIFACTS / "report.html"
+    download.value.save_as(report)
+    app.screenshot("6-export")
+
+    offline = browser.new_context(viewport={"width": 1200, "height": 900}, offline=True)
+    tab = offline.new_page()
+    problems = []
+    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda error: problems.append(str(error)))
+    tab.goto(report.as_uri())
+    tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 6",
+                          timeout=30_000)
+    assert "Findings" in tab.inner_text("body")
+    tab.screenshot(path=str(ARTIFACTS / "7-report-offline.png"), full_page=True)
+    offline.close()
+    assert not problems, problems
+
+
+def test_two_sessions_at_once_get_their_own_correct_results(browser, server):
+    loaded, data = load_demo("digits_mlp")
+    tabs = [_tab(browser, server) for _ in range(2)]
+    methods = ("ablation", "gradient")
+    for (tab, _), method in zip(tabs, methods):  # both sessions compute at the same time
+        tab.page.goto(f"{server.url}/?method={method}&compare=activation", wait_until="commit")
+    for (tab, context), method in zip(tabs, methods):
+        tab.wait_for_chart(f"{method} score per cluster", exact=True)
+        shown = np.array(tab.page.evaluate("""() => [...document.querySelectorAll(
+            '.js-plotly-plot')].find(e => e.layout.title.text.includes('per cluster'))
+            ._fullData[0].z.map(row => Array.from(row))"""), dtype=float)
+        expected = at.cluster_scores(loaded.module, "relu2", data.inputs, data.labels,
+                                     data.labels.numpy(), method=method)
+        np.testing.assert_allclose(shown, expected.drop(columns="n").to_numpy(), rtol=1e-4,
+                                   atol=1e-6)
+        _check_and_close(tab, context)
