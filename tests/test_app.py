@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 from torch import nn
 
@@ -15,25 +14,11 @@ import attribution as at
 from attribution import plots
 from attribution.demo import DEMO_DIR
 from attribution.pruning import METRICS
-from pages import common
+from views import common
 from tests.conftest import ROOT
 
 APP = str(ROOT / "app.py")
-PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
-
-
-@pytest.fixture(autouse=True)
-def explicit_navigation(monkeypatch):
-    """AppTest forgets before every run that the app calls st.navigation, and with a pages/
-    folder next to app.py it would run the legacy folder-based mode from the second run on
-    (the real server remembers after the first run). Keep the explicit mode."""
-    original = PagesManager.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        PagesManager.uses_pages_directory = False
-
-    monkeypatch.setattr(PagesManager, "__init__", init)
+PAGES = ("views/pruning.py", "views/diagnosis.py", "views/data.py", "views/export.py")
 
 
 def run_app(query: dict | None = None) -> AppTest:
@@ -201,14 +186,14 @@ def test_page_controls_update_the_charts():
     top = figure(app, "Highest 5")["data"][0]["x"]
     app.toggle(key="show_bottom").set_value(True).run()
     assert values(figure(app, "Lowest 5")["data"][0]["x"]).max() <= values(top).min()
-    app.switch_page("pages/pruning.py").run()
+    app.switch_page("views/pruning.py").run()
     app.selectbox(key="w_metric").set_value("loss").run()
     assert_clean(app)
     assert figure(app, "neurons are removed")["layout"]["yaxis"]["title"]["text"] == \
         plots.METRIC_AXES["loss"]
     app.select_slider(key="w_random").set_value(5).run()
     assert app.query_params["random"] == "5" and app.query_params["metric"] == "loss"
-    app.switch_page("pages/diagnosis.py").run()
+    app.switch_page("views/diagnosis.py").run()
     app.selectbox(key="histogram_neuron").set_value(3).run()
     assert figure(app, "Neuron 3")
 
@@ -259,7 +244,7 @@ def _parquet() -> bytes:
 
 
 def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None = None):
-    app.switch_page("pages/data.py").run()
+    app.switch_page("views/data.py").run()
     app.file_uploader(key="model_file").set_value(model)
     if architecture is not None:
         app.file_uploader(key="architecture_file").set_value(architecture)
@@ -299,7 +284,7 @@ def test_upload_of_each_supported_format(name):
     assert not app.error, [e.value for e in app.error]
     assert sidebar_widget(app, "w_source").value == common.UPLOAD
     assert app.metric[0].value == str(samples)
-    app.switch_page("pages/scores.py").run()
+    app.switch_page("views/scores.py").run()
     assert_clean(app)
     heatmap = figure(app, "score per cluster")["data"][0]
     assert np.isfinite(values(heatmap["z"])).all()
@@ -353,18 +338,31 @@ def test_each_bad_upload_shows_a_message_and_the_app_keeps_working(name):
     app = upload(run_app(), model, data, architecture)
     assert_clean(app)
     assert len(app.error) == 1
-    message = app.error[0].value
-    assert message.startswith("These files could not be used:") and words in message
+    message = app.error[0].value.replace("\\", "")  # markdown escapes of the plain text
+    recipe = " ".join(code.value for code in app.code)  # lines after the first, as code
+    assert message.startswith("These files could not be used:")
+    assert words in message + recipe
     assert "Traceback" not in message
     assert sidebar_widget(app, "w_source").value == "digits_mlp"
-    app.switch_page("pages/scores.py").run()
+    app.switch_page("views/scores.py").run()
     assert_clean(app)
     assert figure(app, "score per cluster")
 
 
+def test_file_names_are_shown_as_plain_text():
+    evil = "[link](http://example.invalid)<img src=x onerror=alert(1)>"
+    model, _, data, _ = GOOD_UPLOADS["pt2+npz"]
+    app = upload(run_app(), (evil + ".pt2", model[1], OCTET), (evil + ".npz", data[1], OCTET))
+    assert_clean(app)
+    assert [t.value for t in app.text] == [f"{evil}.pt2 + {evil}.npz"]  # st.text: no markup
+    app.switch_page("views/scores.py").run()
+    captions = [c.value for c in app.caption if "example" in c.value]
+    assert captions and all("\\[link\\]\\(http" in c and "\\<img" in c for c in captions)
+
+
 def test_bad_own_gradient_file_is_reported_and_a_good_one_checked():
     app = run_app()
-    app.switch_page("pages/diagnosis.py").run()
+    app.switch_page("views/diagnosis.py").run()
     app.file_uploader(key="user_scores").set_value(("g.npy", b"not an array", OCTET)).run()
     assert_clean(app)
     assert [e.value for e in app.error if e.value.startswith("Your scores file could not be "
@@ -394,7 +392,7 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched():
     params = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
-        app.switch_page("pages/pruning.py")
+        app.switch_page("views/pruning.py")
         with pytest.raises(RuntimeError, match="timed out"):
             app.run(timeout=0.6)  # stops the script at its next progress update
         key = app.session_state["context"].curve_key()
@@ -413,7 +411,7 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched():
 
 def test_stop_button_keeps_the_points_computed_so_far():
     app = run_app()
-    app.switch_page("pages/pruning.py").run()
+    app.switch_page("views/pruning.py").run()
     key = app.session_state["context"].curve_key()
     partial = app.session_state["curves"][key].iloc[:5]
     del app.session_state["curves"][key]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from playwright.sync_api import Browser, Page, sync_playwright
+from torch import nn
 
 import attribution as at
 from attribution.demo import DEMO_DIR, load_demo
@@ -184,8 +186,12 @@ def _tab(browser: Browser, server: Server) -> tuple[App, object]:
 
 def _check_and_close(app: App, context) -> None:
     exceptions = app.page.get_by_test_id("stException").all_inner_texts()
+    # app.py ran (its pages in the top bar, its choices in the sidebar), not a page alone
+    navigation = app.page.get_by_role("link", name="Neuron scores").count()
+    choices = app.page.get_by_test_id("stSidebar").get_by_text("Model and data").count()
     context.close()
     assert not exceptions, exceptions
+    assert navigation == 1 and choices == 1
     assert not app.problems, app.problems
 
 
@@ -287,6 +293,18 @@ def test_upload_model_and_data_then_choose_and_see_every_chart(app):
     app.go_to("Pruning curves")
     app.wait_for_text("Verdict:", timeout_s=120)
     assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # 16 channels
+
+
+def test_a_bad_upload_shows_a_readable_message(app, tmp_path):
+    pickled = tmp_path / "whole_model.pt"
+    torch.save(nn.Linear(64, 10), pickled)
+    app.open("/data")
+    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
+    app.upload("Model file", pickled)
+    app.upload("Data file", DEMO_DIR / "digits.npz")
+    app.page.get_by_text("These files could not be used").wait_for(timeout=60_000)
+    assert "torch.export.save(ep" in app.page.get_by_test_id("stCode").inner_text()
+    app.screenshot("8-bad-upload")
 
 
 def test_export_report_and_open_it_offline(app, browser):

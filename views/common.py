@@ -343,7 +343,7 @@ def sidebar() -> Optional[Context]:
     try:
         ws = _workspace_of(st.session_state["w_source"], uploaded)
     except at.AttributionError as error:
-        st.error(f"The model or data could not be loaded: {error}")
+        show_error(error, before="The model or data could not be loaded: ")
         return None
 
     layer_names = [info.name for info in ws.layers]
@@ -373,7 +373,7 @@ def sidebar() -> Optional[Context]:
                              st.session_state["w_layer"] if cluster_by == "kmeans_activations"
                              else "", 256, ws.loaded, ws.data)
     except at.AttributionError as error:
-        st.error(f"Could not form clusters: {error}")
+        show_error(error, before="Could not form clusters: ")
         return None
     ids, counts = np.unique(clusters, return_counts=True)
     sizes = dict(zip(ids.tolist(), counts.tolist()))
@@ -438,8 +438,13 @@ def chart(figure, key: Optional[str] = None) -> None:
     st.plotly_chart(figure, theme=None, key=key, config={"displaylogo": False})
 
 
-def show_error(error: at.AttributionError) -> None:
-    st.error(str(error))
+def show_error(message: object, before: str = "", after: str = "") -> None:
+    """A user mistake as an error box: the message's first line as plain text (it may quote
+    file names, layer or key names), further lines (a code recipe) in a code block."""
+    first, *rest = str(message).split("\n")
+    st.error(before + escape_markdown(first) + after, icon=":material/error:")
+    if rest:
+        st.code("\n".join(rest), language="python")
 
 
 def guarded(action: Callable[[], Any]) -> Any:

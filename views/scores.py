@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from attribution import plots
-from pages import common
+from views import common
 
 ctx = common.context()
 s = ctx.settings

@@ -7,7 +7,7 @@ import streamlit as st
 import attribution as at
 from attribution.demo import demo_files
 from attribution.report import layers_frame, model_facts
-from pages import common
+from views import common
 
 MODEL_TYPES = ["pt2", "pt", "pth", "safetensors"]
 ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else [])
@@ -48,7 +48,7 @@ if model_file is not None and data_file is not None:
             st.session_state["upload_attempt"] = (upload.key, str(error))
     message = st.session_state["upload_attempt"][1]
     if message is not None:
-        st.error(f"These files could not be used: {message}", icon=":material/error:")
+        common.show_error(message, before="These files could not be used: ")
         st.caption("The app keeps working on the previous model and data.")
 elif model_file is not None or data_file is not None:
     st.info("Upload both a model file and a data file to analyse them.")

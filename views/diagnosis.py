@@ -9,7 +9,7 @@ import streamlit as st
 import attribution as at
 from attribution import plots
 from attribution.data import load_data
-from pages import common
+from views import common
 
 ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
@@ -46,8 +46,9 @@ if uploaded is not None:
     try:
         user_scores, user_key = load_data(payload).inputs.numpy(), common.digest(payload)
     except at.AttributionError as error:
-        st.error(f"Your scores file could not be read: {error} Save one array of shape "
-                 f"[{n_focus}, {ctx.n_neurons}] (samples x neurons) with np.save.")
+        common.show_error(error, before="Your scores file could not be read: ",
+                          after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
+                                "(samples x neurons) with np.save.")
 
 st.subheader("Findings")
 findings = common.guarded(lambda: ctx.findings(user_scores, user_key))

@@ -10,7 +10,7 @@ import streamlit as st
 import attribution as at
 from attribution import plots
 from attribution.report import assemble, curve_targets, model_facts, render_report, report_csvs
-from pages import common
+from views import common
 
 ctx = common.context()
 s = ctx.settings
