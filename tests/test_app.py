@@ -12,7 +12,7 @@ from torch import nn
 
 import attribution as at
 from attribution import plots
-from attribution.demo import DEMO_DIR
+from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS
 from views import common
 from tests.conftest import ROOT
@@ -62,6 +62,19 @@ def sidebar_widget(app: AppTest, key: str):
 
 def demo_bytes(name: str) -> bytes:
     return (DEMO_DIR / name).read_bytes()
+
+
+@pytest.mark.parametrize("name", list(common.FAST_DEMOS))
+def test_the_fast_demo_path_loads_what_load_demo_loads(name):
+    expected_model, expected_data = load_demo(name)
+    model, data = common._demo(name)
+    x = expected_data.inputs[:64]
+    torch.testing.assert_close(model.module(x), expected_model.module(x))
+    assert [(i.name, i.kind, i.n_neurons) for i in model.layers()] == \
+        [(i.name, i.kind, i.n_neurons) for i in expected_model.layers()]
+    assert model.class_names == expected_model.class_names
+    assert torch.equal(data.inputs, expected_data.inputs)
+    assert torch.equal(data.labels, expected_data.labels)
 
 
 @pytest.fixture(scope="module")
