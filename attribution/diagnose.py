@@ -38,13 +38,12 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import nn
 
 from .errors import AttributionError
 from .guards import eval_mode
 from .layers import run_model
-from .oracle import _correlation
+from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve
 from .scores import (REDUCTIONS, Inputs, _as_batch_tensor, _check_method, cluster_codes,
                      iter_labelled_batches, model_device, neuron_scores, on_device)
@@ -399,7 +398,7 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     oracle = group.effects.mean(0)
     signed = reduce == "mean"
     scores = group.cluster_score if signed else np.abs(group.cluster_score)
-    rho = _correlation(stats.spearmanr, scores, oracle if signed else np.abs(oracle))
+    rho = rank_correlation("spearman", scores, oracle if signed else np.abs(oracle))
     convention = "signed" if signed else "absolute-value"
     measured = (f"Spearman {rho:.2f} ({convention}) with the exact single-neuron ablation "
                 "effect on the target logit")
