@@ -302,11 +302,11 @@ class _LayerPasses:
                 targets = logits.argmax(1)
             elif isinstance(self.targets, str):  # "labels"
                 targets = _validated(_batch_labels(labels, x.shape[0], self.device),
-                                     self.runner, x)
+                                     self.runner)
             else:
                 if stop > self.targets.shape[0]:
                     raise AttributionError("There are more samples than targets.")
-                targets = _validated(self.targets[start:stop].to(self.device), self.runner, x)
+                targets = _validated(self.targets[start:stop].to(self.device), self.runner)
             if self.groups is None:
                 groups = torch.zeros(x.shape[0], dtype=torch.long, device=self.device)
             else:

@@ -198,7 +198,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             elif targets == "labels":
                 batch_targets = _batch_labels(labels, x.shape[0], device)
             per_row = max(1, x[0].numel())
-            scores = function(Batch(runner, x, _validated(batch_targets, runner, x), n_steps,
+            scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
                                     first_index + start, seed,
                                     max(x.shape[0], _MAX_ELEMENTS_PER_PASS // per_row)))
             yield start, scores.detach().to("cpu", torch.float32)
@@ -209,16 +209,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         raise AttributionError("There are no samples to score (the inputs are empty).")
 
 
-def _validated(targets: Targets, runner, x: torch.Tensor) -> Targets:
-    """Check class ids against the model's number of classes (known after one pass)."""
+def _validated(targets: Targets, runner) -> Targets:
+    """Check class ids against the model's number of classes."""
     if not isinstance(targets, torch.Tensor):
         return targets
-    n_classes = getattr(runner, "n_classes", None)
-    if n_classes is None:
-        z, _, logits = runner.capture(x[:1])
-        if z.dim() < 2:
-            raise AttributionError("This layer has no neuron axis; pick one from list_layers().")
-        n_classes = runner.n_classes = logits.shape[1]
+    n_classes = runner.n_classes
     if targets.numel() and (targets.min() < 0 or targets.max() >= n_classes):
         raise AttributionError(f"Target class ids must lie in 0..{n_classes - 1} (the model "
                                f"has {n_classes} outputs); got {int(targets.min())}.."

@@ -48,7 +48,12 @@ def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
 
 
 class LayerRunner:
-    """Base of the runners; holds the model weakly so the runner cache never keeps it alive."""
+    """Base of the runners; holds the model weakly so the runner cache never keeps it alive.
+
+    `n_classes` is set by `runner_for` from the first batch it checks the runner on.
+    """
+
+    n_classes: int
 
     def __init__(self, model: nn.Module, name: str, module: nn.Module):
         self._model, self.name, self.module = weakref.ref(model), name, module
@@ -251,7 +256,8 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     except Exception:  # untraceable forward (data-dependent control flow, ...): use hooks
         runner = HookRunner(model, name, module)
     with torch.no_grad():
-        z = runner.capture(x)[0]  # a HookRunner raises "runs twice" here
+        z, _, logits = runner.capture(x)  # a HookRunner raises "runs twice" here
+    runner.n_classes = logits.shape[1]
     if z.dim() < 2:
         raise AttributionError(
             f"Layer {name!r} has no neuron axis: its output has shape {list(z.shape)}. "
