@@ -1,20 +1,20 @@
 """Neuron importance dashboard: `streamlit run app.py` (add `-- --trust-code` only for your
 own files on your own machine). Opens on the built-in digits demo with charts drawn.
 
-The page scripts live in views/, not pages/: Streamlit treats a pages/ folder next to the
-main script as the legacy folder-based navigation until st.navigation first runs, so a shared
-link to a page, opened first on a fresh server, would skip this file."""
+Pages run through `common.run_page`: until st.navigation first runs in the server process,
+Streamlit runs a page's address (a shared link on a fresh server) as that pages/ script alone,
+and the page then runs this file in its place (`common.require_entrypoint`)."""
 import plotly.graph_objects as go
 import streamlit as st
 
 st.set_page_config(page_title="Neuron importance", page_icon="🧠", layout="wide")
 
 PAGES = [
-    st.Page("views/scores.py", title="Neuron scores", icon=":material/grid_on:", default=True),
-    st.Page("views/pruning.py", title="Pruning curves", icon=":material/show_chart:"),
-    st.Page("views/diagnosis.py", title="Diagnosis", icon=":material/health_and_safety:"),
-    st.Page("views/data.py", title="Model & data", icon=":material/upload_file:"),
-    st.Page("views/export.py", title="Share & export", icon=":material/download:"),
+    st.Page("pages/scores.py", title="Neuron scores", icon=":material/grid_on:", default=True),
+    st.Page("pages/pruning.py", title="Pruning curves", icon=":material/show_chart:"),
+    st.Page("pages/diagnosis.py", title="Diagnosis", icon=":material/health_and_safety:"),
+    st.Page("pages/data.py", title="Model & data", icon=":material/upload_file:"),
+    st.Page("pages/export.py", title="Share & export", icon=":material/download:"),
 ]
 page = st.navigation(PAGES, position="top")
 
@@ -29,10 +29,10 @@ if "session_started" not in st.session_state:
                           font=dict(size=16, color="#57606A"))]))
     loading.plotly_chart(placeholder, theme=None, config={"staticPlot": True})
 
-from views import common  # noqa: E402  (imports torch: after the placeholder is on its way)
+from pages import common  # noqa: E402  (imports torch: after the placeholder is on its way)
 
 context = common.sidebar()
 loading.empty()
 # The Model & data page stays usable when the current model or data fails to load.
 if context is not None or page.title == "Model & data":
-    page.run()
+    common.run_page(page)

@@ -14,11 +14,11 @@ import attribution as at
 from attribution import plots
 from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS
-from views import common
+from pages import common
 from tests.conftest import ROOT
 
 APP = str(ROOT / "app.py")
-PAGES = ("views/pruning.py", "views/diagnosis.py", "views/data.py", "views/export.py")
+PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
 
 
 def run_app(query: dict | None = None) -> AppTest:
@@ -199,14 +199,14 @@ def test_page_controls_update_the_charts():
     top = figure(app, "Highest 5")["data"][0]["x"]
     app.toggle(key="show_bottom").set_value(True).run()
     assert values(figure(app, "Lowest 5")["data"][0]["x"]).max() <= values(top).min()
-    app.switch_page("views/pruning.py").run()
+    app.switch_page("pages/pruning.py").run()
     app.selectbox(key="w_metric").set_value("loss").run()
     assert_clean(app)
     assert figure(app, "neurons are removed")["layout"]["yaxis"]["title"]["text"] == \
         plots.METRIC_AXES["loss"]
     app.select_slider(key="w_random").set_value(5).run()
     assert app.query_params["random"] == "5" and app.query_params["metric"] == "loss"
-    app.switch_page("views/diagnosis.py").run()
+    app.switch_page("pages/diagnosis.py").run()
     app.selectbox(key="histogram_neuron").set_value(3).run()
     assert figure(app, "Neuron 3")
 
@@ -229,6 +229,21 @@ def test_a_bad_link_falls_back_to_defaults():
     assert_clean(app)
     assert sidebar_widget(app, "w_layer").value == "relu2"
     assert sidebar_widget(app, "w_method").value == "gradient_x_activation"
+
+
+@pytest.mark.parametrize("page,title", [("pages/pruning.py", "Pruning curves"),
+                                        ("pages/common.py", "Neuron scores")])
+def test_a_link_to_a_page_opened_before_app_py_ever_ran_shows_that_page(page, title):
+    """Before st.navigation ever ran (a fresh server; AppTest on every run) Streamlit runs a
+    pages/ script alone for its address: the page must run app.py, with the link's settings."""
+    app = AppTest.from_file(APP, default_timeout=120)
+    app.query_params.update({"layer": "relu1", "method": "ablation", "random": "5"})
+    app.switch_page(page).run()
+    assert_clean(app)
+    assert [t.value for t in app.title] == [title]
+    assert sidebar_widget(app, "w_layer").value == "relu1"
+    assert sidebar_widget(app, "w_method").value == "ablation"
+    assert app.query_params["layer"] == "relu1" and app.query_params["random"] == "5"
 
 
 # ------------------------------------------------------------------ uploads
@@ -257,7 +272,7 @@ def _parquet() -> bytes:
 
 
 def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None = None):
-    app.switch_page("views/data.py").run()
+    app.switch_page("pages/data.py").run()
     app.file_uploader(key="model_file").set_value(model)
     if architecture is not None:
         app.file_uploader(key="architecture_file").set_value(architecture)
@@ -297,7 +312,7 @@ def test_upload_of_each_supported_format(name):
     assert not app.error, [e.value for e in app.error]
     assert sidebar_widget(app, "w_source").value == common.UPLOAD
     assert app.metric[0].value == str(samples)
-    app.switch_page("views/scores.py").run()
+    app.switch_page("pages/scores.py").run()
     assert_clean(app)
     heatmap = figure(app, "score per cluster")["data"][0]
     assert np.isfinite(values(heatmap["z"])).all()
@@ -357,7 +372,7 @@ def test_each_bad_upload_shows_a_message_and_the_app_keeps_working(name):
     assert words in message + recipe
     assert "Traceback" not in message
     assert sidebar_widget(app, "w_source").value == "digits_mlp"
-    app.switch_page("views/scores.py").run()
+    app.switch_page("pages/scores.py").run()
     assert_clean(app)
     assert figure(app, "score per cluster")
 
@@ -368,14 +383,14 @@ def test_file_names_are_shown_as_plain_text():
     app = upload(run_app(), (evil + ".pt2", model[1], OCTET), (evil + ".npz", data[1], OCTET))
     assert_clean(app)
     assert [t.value for t in app.text] == [f"{evil}.pt2 + {evil}.npz"]  # st.text: no markup
-    app.switch_page("views/scores.py").run()
+    app.switch_page("pages/scores.py").run()
     captions = [c.value for c in app.caption if "example" in c.value]
     assert captions and all("\\[link\\]\\(http" in c and "\\<img" in c for c in captions)
 
 
 def test_bad_own_gradient_file_is_reported_and_a_good_one_checked():
     app = run_app()
-    app.switch_page("views/diagnosis.py").run()
+    app.switch_page("pages/diagnosis.py").run()
     app.file_uploader(key="user_scores").set_value(("g.npy", b"not an array", OCTET)).run()
     assert_clean(app)
     assert [e.value for e in app.error if e.value.startswith("Your scores file could not be "
@@ -405,7 +420,7 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched():
     params = {k: v.clone() for k, v in model.state_dict().items()}
     try:
         app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
-        app.switch_page("views/pruning.py")
+        app.switch_page("pages/pruning.py")
         with pytest.raises(RuntimeError, match="timed out"):
             app.run(timeout=0.6)  # stops the script at its next progress update
         key = app.session_state["context"].curve_key()
@@ -424,7 +439,7 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched():
 
 def test_stop_button_keeps_the_points_computed_so_far():
     app = run_app()
-    app.switch_page("views/pruning.py").run()
+    app.switch_page("pages/pruning.py").run()
     key = app.session_state["context"].curve_key()
     partial = app.session_state["curves"][key].iloc[:5]
     del app.session_state["curves"][key]

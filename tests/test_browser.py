@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -113,12 +115,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_until_healthy(url: str, process: subprocess.Popen, timeout_s: float = 60) -> None:
+def _wait_until_healthy(url: str, process: subprocess.Popen, log: Path,
+                        timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {process.returncode}; see "
-                               f"{ARTIFACTS / 'streamlit.log'}")
+            raise RuntimeError(f"streamlit exited with code {process.returncode}; see {log}")
         try:
             with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as response:
                 if response.status == 200:
@@ -136,18 +138,20 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture(scope="module")
-def server(browser):  # the browser starts first: the cold start measured is the app's
+@contextmanager
+def _streamlit_server(log_name: str) -> Iterator[Server]:
+    """`streamlit run app.py` on a free port, its output in test-artifacts/<log_name>."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = _free_port()
     url = f"http://localhost:{port}"
-    with open(ARTIFACTS / "streamlit.log", "w") as log:
+    log_path = ARTIFACTS / log_name
+    with open(log_path, "w") as log:
         started = time.monotonic()
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
              "--server.headless", "true"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_until_healthy(url, process)
+            _wait_until_healthy(url, process, log_path)
             yield Server(url, started, process)
         finally:
             process.terminate()
@@ -156,6 +160,12 @@ def server(browser):  # the browser starts first: the cold start measured is the
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(browser):  # the browser starts first: the cold start measured is the app's
+    with _streamlit_server("streamlit.log") as started:
+        yield started
 
 
 def _tab(browser: Browser, server: Server) -> tuple[App, object]:
@@ -350,3 +360,26 @@ def test_two_sessions_at_once_get_their_own_correct_results(browser, server):
         np.testing.assert_allclose(shown, expected.drop(columns="n").to_numpy(), rtol=1e-4,
                                    atol=1e-6)
         _check_and_close(tab, context)
+
+
+def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_settings(browser):
+    """Until st.navigation first runs in a server process, Streamlit runs a pages/ script
+    alone for its address (legacy folder navigation); the page must run app.py in its place
+    and show itself with the link's settings, not fail without the sidebar's context."""
+    with _streamlit_server("streamlit-shared-link.log") as fresh:
+        app, context = _tab(browser, fresh)
+        app.open("/pruning?layer=relu1&method=ablation&random=5")
+        app.wait_for_text("Verdict:", timeout_s=120)
+        assert app.page.locator("h1").all_inner_texts() == ["Pruning curves"]
+        sidebar = app.page.get_by_test_id("stSidebar")
+        assert sidebar.get_by_role("combobox", name="Layer").input_value() == \
+            "relu1 · ReLU · 32 neurons"
+        assert sidebar.get_by_role("combobox", name="Method").input_value() == "ablation"
+        assert app.page.evaluate(RANKED_POINTS) == [33, 33]  # every k of relu1's 32 neurons
+        assert app.page.get_by_text("of the 5 random orders").count() == 1
+        address = app.page.evaluate("location.href")  # Playwright's page.url misses pushState
+        assert address.startswith(fresh.url + "/pruning?")
+        for parameter in ("layer=relu1", "method=ablation", "random=5"):
+            assert re.search(f"[?&]{parameter}(&|$)", address), address
+        app.screenshot("10-shared-link-fresh-server")
+        _check_and_close(app, context)

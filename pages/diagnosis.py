@@ -9,7 +9,9 @@ import streamlit as st
 import attribution as at
 from attribution import plots
 from attribution.data import load_data
-from views import common
+from pages import common
+
+common.require_entrypoint()
 
 ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",

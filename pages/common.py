@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import runpy
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -431,6 +433,33 @@ def sidebar() -> Optional[Context]:
     return ctx
 
 
+# ------------------------------------------------------------------ entry point
+# Streamlit 1.67 treats a pages/ folder next to app.py as its legacy folder navigation until
+# st.navigation first runs in the server process (and AppTest re-enters it on every run): a
+# page's address (/pruning?layer=...) then runs that page script alone, without app.py. Each
+# page therefore starts with `require_entrypoint()`, which runs app.py in its place, the way
+# Streamlit itself runs app.py for the root address in that mode.
+
+APP_SCRIPT = Path(__file__).resolve().parents[1] / "app.py"
+ENTRYPOINT_RAN = "entrypoint_ran"  # session-state flag: app.py is about to run a page
+
+
+def run_page(page: st.Page) -> None:
+    """Run the page st.navigation chose (in app.py), telling its `require_entrypoint` so."""
+    st.session_state[ENTRYPOINT_RAN] = True
+    page.run()
+
+
+def require_entrypoint() -> None:
+    """Call first in every page script. When app.py did not run this page, run app.py here
+    instead: its st.navigation picks this same page from the address, with the sidebar and
+    the URL's settings, and this run stops after it."""
+    if st.session_state.pop(ENTRYPOINT_RAN, False):
+        return
+    runpy.run_path(str(APP_SCRIPT), run_name="__main__")
+    st.stop()
+
+
 # ------------------------------------------------------------------ small drawing helpers
 
 def chart(figure, key: Optional[str] = None) -> None:
@@ -454,3 +483,7 @@ def guarded(action: Callable[[], Any]) -> Any:
     except at.AttributionError as error:
         show_error(error)
         return None
+
+
+if __name__ == "__main__":  # run as a page itself (/common under the legacy navigation)
+    require_entrypoint()

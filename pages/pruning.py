@@ -7,7 +7,9 @@ import streamlit as st
 import attribution as at
 from attribution import plots
 from attribution.report import curve_sentences, curve_targets
-from views import common
+from pages import common
+
+common.require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 MAX_KEPT_CURVES = 16  # finished curves kept per session

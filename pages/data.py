@@ -7,7 +7,9 @@ import streamlit as st
 import attribution as at
 from attribution.demo import demo_files
 from attribution.report import layers_frame, model_facts
-from views import common
+from pages import common
+
+common.require_entrypoint()
 
 MODEL_TYPES = ["pt2", "pt", "pth", "safetensors"]
 ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else [])

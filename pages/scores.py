@@ -4,7 +4,9 @@ import pandas as pd
 import streamlit as st
 
 from attribution import plots
-from views import common
+from pages import common
+
+common.require_entrypoint()
 
 ctx = common.context()
 s = ctx.settings

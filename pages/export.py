@@ -10,7 +10,9 @@ import streamlit as st
 import attribution as at
 from attribution import plots
 from attribution.report import assemble, curve_targets, model_facts, render_report, report_csvs
-from views import common
+from pages import common
+
+common.require_entrypoint()
 
 ctx = common.context()
 s = ctx.settings
