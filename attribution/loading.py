@@ -648,6 +648,7 @@ def load_model(source: Source, *, architecture: Any = None,
         kind = zip_kind(open_zip(data, max_bytes))
     stored_names = None
     example = None
+    state = None  # a state dict, for the architecture to take
     if architecture is not None and kind not in ("torch.save", "pickle", "safetensors"):
         raise AttributionError("architecture= is only used with state dicts; this file is "
                                f"{_describe(kind)}.")
@@ -662,25 +663,20 @@ def load_model(source: Source, *, architecture: Any = None,
         if isinstance(loaded, nn.Module):
             module, source_format = loaded, "pickled module"
         else:
-            module, description = _module_for_state(_state_dict_of(loaded), architecture,
-                                                    trust_code)
-            source_format = "state dict"
-            if description is not None:
-                example = torch.zeros((2,) + description.input_shape)
-                stored_names = description.class_names
+            state, source_format = _state_dict_of(loaded), "state dict"
     elif kind == "safetensors":
-        module, description = _module_for_state(_load_safetensors(data), architecture,
-                                                trust_code)
-        source_format = "safetensors"
-        if description is not None:
-            example = torch.zeros((2,) + description.input_shape)
-            stored_names = description.class_names
+        state, source_format = _load_safetensors(data), "safetensors"
     elif kind == "torchscript":
         raise _torchscript_error()
     else:
         raise AttributionError(f"{name} is {_describe(kind)}, not a model file. Upload a "
                                ".pt2 from torch.export (recommended), or a state dict with its "
                                f"architecture. To export:\n{EXPORT_RECIPE}")
+    if state is not None:
+        module, description = _module_for_state(state, architecture, trust_code)
+        if description is not None:
+            example = torch.zeros((2,) + description.input_shape)
+            stored_names = description.class_names
     if example_input is not None:
         example = _example_from(example_input)
     if example is None:

@@ -77,28 +77,29 @@ def runner_scores(model, runner, x, y, method, n_steps=32):
                            start, 0, 1 << 18))
 
 
+def logits_and_layer_output(model, layer, xb):
+    """(logits, the layer's output) of one forward pass, for gradients w.r.t. the layer."""
+    store = {}
+    handle = layer.register_forward_hook(lambda m, a, out: store.setdefault("z", out))
+    try:
+        logits = model(xb)
+    finally:
+        handle.remove()
+    return logits, store["z"]
+
+
 def all_classes_retain_graph(model, layer, x):
     for xb in batches(x, BATCH):
-        store = {}
-        handle = layer.register_forward_hook(lambda m, a, out: store.setdefault("z", out))
-        try:
-            logits = model(xb)
-        finally:
-            handle.remove()
+        logits, z = logits_and_layer_output(model, layer, xb)
         for c in range(logits.shape[1]):
-            torch.autograd.grad(logits[:, c].sum(), store["z"], retain_graph=True)
+            torch.autograd.grad(logits[:, c].sum(), z, retain_graph=True)
 
 
 def all_classes_forward_per_class(model, layer, x):
     for xb in batches(x, BATCH):
         for c in range(10):
-            store = {}
-            handle = layer.register_forward_hook(lambda m, a, out: store.setdefault("z", out))
-            try:
-                logits = model(xb)
-            finally:
-                handle.remove()
-            torch.autograd.grad(logits[:, c].sum(), store["z"])
+            logits, z = logits_and_layer_output(model, layer, xb)
+            torch.autograd.grad(logits[:, c].sum(), z)
 
 
 def main():
