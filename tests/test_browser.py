@@ -93,8 +93,11 @@ class App:
         return started
 
     def upload(self, label: str, path: Path) -> None:
+        """Upload through the real file input; wait until the widget lists the file, so the
+        rerun it triggers cannot swallow a following upload."""
         uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
         uploader.locator("input[type=file]").set_input_files(path)
+        uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
 
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
@@ -247,15 +250,25 @@ def test_changing_method_or_cluster_redraws_quickly(app):
 def test_pruning_curve_draws_live_and_completes(app):
     app.open()
     app.wait_for_chart("score per cluster")
-    started = app.go_to("Pruning curves")
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
-                               timeout=60_000)
-    first_points = time.monotonic() - started
-    BROWSER_TIMINGS["first pruning-curve points after opening the page"] = first_points
-    app.wait_for_text("Verdict:")
-    assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # every k of 16 neurons, both panels
-    app.screenshot("2-pruning")
-    assert within_budget(first_points, FIRST_POINTS_S)
+    first_points = []
+    for cluster in ("0 (zero)", "4 (four)", "7 (seven)"):  # a new curve each time: median of 3
+        if cluster != "0 (zero)":
+            app.go_to("Model & data")
+            app.wait_for_text("Sample files")
+            app.choose("Cluster", cluster)
+            app.page.wait_for_function("id => location.href.includes('cluster=' + id)",
+                                       arg=cluster.split()[0], polling=20, timeout=60_000)
+        started = app.go_to("Pruning curves")
+        app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
+                                   timeout=60_000)
+        first_points.append(time.monotonic() - started)
+        app.wait_for_text("Verdict:")
+        assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # every k of 16 neurons, both panels
+        if cluster == "0 (zero)":
+            app.screenshot("2-pruning")
+    median = sorted(first_points)[1]
+    BROWSER_TIMINGS["first pruning-curve points after opening the page (median of 3)"] = median
+    assert within_budget(median, FIRST_POINTS_S), first_points
 
 
 def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
