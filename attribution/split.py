@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
     return value
 
 
-class LayerRunner:
+class LayerRunner(ABC):
     """Base of the runners; holds the model weakly so the runner cache never keeps it alive.
 
     `n_classes` is set by `runner_for` from the first batch it checks the runner on.
@@ -62,17 +63,17 @@ class LayerRunner:
     def model(self) -> nn.Module:
         return self._model()
 
+    @abstractmethod
     def capture(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
         """One no-grad pass. Returns z [B, n, ...], state for `tail`, logits [B, C]."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tail(self, z: torch.Tensor, state: Any, repeats: int) -> torch.Tensor:
         """Logits [repeats*B, C] for z [repeats*B, n, ...], variant-major (row k*B + i)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forward_with_leaf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass with z an autograd leaf. Returns (z leaf [B, n, ...], logits [B, C])."""
-        raise NotImplementedError
 
 
 class HookRunner(LayerRunner):
