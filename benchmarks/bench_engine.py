@@ -18,7 +18,7 @@ import attribution as at  # noqa: E402
 from attribution.guards import eval_mode  # noqa: E402
 from attribution.methods import REGISTRY, Batch  # noqa: E402
 from attribution.split import HookRunner, runner_for  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report  # noqa: E402
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
 
 BATCH = 256
 
@@ -58,15 +58,8 @@ def hooked_forward_per_neuron(model, layer, x, y):
         for xb, yb in zip(batches(x, BATCH), batches(y, BATCH)):
             base = model(xb).gather(1, yb[:, None])
             for j in range(layer.out_features):
-                def zero_j(module, args, out, j=j):
-                    out = out.clone()
-                    out[:, j] = 0
-                    return out
-                handle = layer.register_forward_hook(zero_j)
-                try:
+                with zeroed(layer, j):
                     base - model(xb).gather(1, yb[:, None])
-                finally:
-                    handle.remove()
 
 
 def runner_scores(model, runner, x, y, method, n_steps=32):

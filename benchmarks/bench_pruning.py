@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import attribution as at  # noqa: E402
 from attribution.demo import load_demo  # noqa: E402
 from attribution.pruning import random_orders  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report  # noqa: E402
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
 
 BATCH = 256
 N_RANDOM = 20
@@ -38,19 +38,9 @@ def hooked_forward_per_order_and_k(model, layer, x, y, scores, n_random=N_RANDOM
     with torch.no_grad():
         for row, order in enumerate(orders):
             for k in range(n_neurons + 1):
-                removed = torch.as_tensor(order[:k], dtype=torch.long)
-
-                def zero_removed(module, args, out, removed=removed):
-                    out = out.clone()
-                    out[:, removed] = 0
-                    return out
-
-                handle = layer.register_forward_hook(zero_removed)
-                try:
+                with zeroed(layer, torch.as_tensor(order[:k], dtype=torch.long)):
                     correct = sum(int((model(xb).argmax(1) == yb).sum())
                                   for xb, yb in zip(batches(x, BATCH), batches(y, BATCH)))
-                finally:
-                    handle.remove()
                 curves[row, k] = correct / len(x)
     return curves
 

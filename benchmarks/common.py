@@ -1,9 +1,10 @@
 """Shared benchmark helpers: a digits MLP, and timings interleaved so noise hits all alike."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,8 +52,23 @@ def report(title: str, medians: dict[str, float], reference: str) -> None:
         print(f"  {name:<48} {seconds * 1000:10.1f} ms   {seconds / base:8.2f}x of {reference}")
 
 
+@contextlib.contextmanager
+def zeroed(layer: nn.Module, neurons) -> Iterator[None]:
+    """The obvious ablation: a forward hook that zeroes `neurons` of `layer`'s output [B, n]."""
+    def zero(module, args, out):
+        out = out.clone()
+        out[:, neurons] = 0
+        return out
+
+    handle = layer.register_forward_hook(zero)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def batches(x: torch.Tensor, size: int):
     return [x[i:i + size] for i in range(0, len(x), size)]
 
 
-__all__ = ["digits_mlp", "interleaved_medians", "report", "batches", "np"]
+__all__ = ["digits_mlp", "interleaved_medians", "report", "batches", "zeroed", "np"]
