@@ -27,11 +27,11 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import eval_mode
-from .layers import resolve_layer, run_model
-from .scores import model_device
+from .layers import run_model
+from .scores import model_device, neuron_scores
 from .loading import (LoadedModel, Source, _describe, _parsing, open_zip, read_source, sniff,
                       zip_kind)
-from .split import logits_of, runner_for
+from .split import logits_of
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -441,17 +441,10 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
 
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
                       *, batch_size: int = 256) -> torch.Tensor:
-    """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space."""
-    module = _module(model, "kmeans_activations")
-    name, layer_module = resolve_layer(module, layer)
-    device = model_device(module)
-    parts = []
-    with eval_mode(module):
-        for start in range(0, inputs.shape[0], batch_size):
-            batch = inputs[start:start + batch_size].to(device)
-            z, _, _ = runner_for(module, name, layer_module, batch).capture(batch)
-            parts.append(z.flatten(2).mean(dim=2) if z.dim() > 2 else z)
-    return torch.cat(parts).float().cpu()
+    """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space
+    (the engine's `activation` score)."""
+    return neuron_scores(_module(model, "kmeans_activations"), layer, inputs,
+                         method="activation", batch_size=batch_size)
 
 
 def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
