@@ -64,6 +64,8 @@ def export(model: nn.Module, example: torch.Tensor, path: Path, class_names) -> 
     example = example.clone()  # a view would save its whole base tensor as the sample input
     program = torch.export.export(model.eval(), (example,),
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
+    for node in program.graph.nodes:  # source paths of this machine: not for shipped files
+        node.meta.pop("stack_trace", None)
     torch.export.save(program, path,
                       extra_files={"class_names.json": json.dumps(list(class_names))})
 

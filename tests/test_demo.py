@@ -128,6 +128,13 @@ def test_make_demo_reproduces_the_shipped_files(tmp_path):
     for name in ("digits_sample.csv", "digits_mlp_architecture.json",
                  "digits_cnn_architecture.yaml"):
         assert (tmp_path / name).read_text() == (DEMO_DIR / name).read_text()
+    for demo in at.DEMOS:  # the graphs and metadata, whichever folder they were built in
+        fresh, shipped = zipfile.ZipFile(tmp_path / f"{demo}.pt2"), zipfile.ZipFile(
+            DEMO_DIR / f"{demo}.pt2")
+        assert fresh.namelist() == shipped.namelist()
+        for name in fresh.namelist():
+            if "/data/" not in name:  # weights and sample inputs: bitwise only on one CPU
+                assert fresh.read(name) == shipped.read(name), name
     for model_file, data_file in (("digits_mlp.pt2", "digits.npz"),
                                   ("digits_cnn.pt2", "digits_images.npz"),
                                   ("sanity.pt2", "sanity.npz")):
@@ -135,6 +142,14 @@ def test_make_demo_reproduces_the_shipped_files(tmp_path):
         fresh = at.load_model(tmp_path / model_file).module(inputs)
         shipped = at.load_model(DEMO_DIR / model_file).module(inputs)
         torch.testing.assert_close(fresh, shipped, rtol=1e-4, atol=1e-4)
+
+
+def test_shipped_programs_carry_no_paths_of_the_machine_that_built_them():
+    for demo in at.DEMOS:
+        with zipfile.ZipFile(DEMO_DIR / f"{demo}.pt2") as archive:
+            graph = archive.read(f"{demo}/models/model.json").decode()
+        assert "stack_trace" not in graph and "site-packages" not in graph
+        assert str(ROOT) not in graph
 
 
 # ---------------------------------------------------------------- a table of bad files
