@@ -93,17 +93,18 @@ else:
     stop_slot = st.empty()
     stop_slot.button("Stop the curve", on_click=stop, icon=":material/stop_circle:")
     chart_slot = st.empty()
-    last_draw = [0.0]
+    last_draw, n_draws = [0.0], [0]
 
     def on_progress(fraction, partial) -> None:
         st.session_state["partial_curve"] = partial
         bar.progress(fraction, text=f"{fraction:.0%} of the k values computed")
         now = time.monotonic()
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
-            last_draw[0] = now
-            with chart_slot.container():
+            last_draw[0], n_draws[0] = now, n_draws[0] + 1
+            with chart_slot.container():  # a key per draw: two draws may show equal points
                 common.chart(plots.pruning_figure(partial, n_neurons=n_neurons,
-                                                  metric=s.metric, titles=titles))
+                                                  metric=s.metric, titles=titles),
+                             key=f"partial_curve_{n_draws[0]}")
 
     st.session_state["partial_curve"] = None
     curves = common.guarded(lambda: at.cluster_pruning_curves(

@@ -2,6 +2,7 @@
 import base64
 import io
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -412,7 +413,22 @@ def _hooks(model: nn.Module) -> int:
                + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
 
 
-def test_stop_mid_computation_leaves_the_cached_model_untouched():
+def _stall_after_first_points(monkeypatch) -> None:
+    """Make the pruning page's curve stall after its first progress update, re-sending that
+    update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
+    real = at.cluster_pruning_curves
+
+    def stalling(*args, progress, **kwargs):
+        def stall(fraction, partial):
+            while True:  # each update is a Streamlit call, where a requested stop is raised
+                progress(fraction, partial)
+                time.sleep(0.02)
+        return real(*args, progress=stall, **kwargs)
+
+    monkeypatch.setattr(at, "cluster_pruning_curves", stalling)
+
+
+def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
     loaded, _ = common._demo("digits_cnn")  # the app's cached object itself
     model = loaded.module
     model.train()  # a mode the engine must restore, not just "eval"
@@ -421,8 +437,10 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched():
     try:
         app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
         app.switch_page("pages/pruning.py")
-        with pytest.raises(RuntimeError, match="timed out"):
-            app.run(timeout=0.6)  # stops the script at its next progress update
+        with monkeypatch.context() as patch:
+            _stall_after_first_points(patch)
+            with pytest.raises(RuntimeError, match="timed out"):
+                app.run(timeout=3)  # the stop is raised inside the engine's progress call
         key = app.session_state["context"].curve_key()
         assert app.session_state["partial_curve"] is not None  # some points were computed
         assert key not in app.session_state["curves"]  # but not the whole curve
