@@ -197,7 +197,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                 batch_targets = targets[start:start + x.shape[0]].to(device)
             elif targets == "labels":
                 batch_targets = _batch_labels(labels, x.shape[0], device)
-            per_row = max(1, x[0].numel())
+            per_row = max(1, x[0].numel(), runner.layer_size)  # a stacked variant's size
             scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
                                     first_index + start, seed,
                                     max(x.shape[0], _MAX_ELEMENTS_PER_PASS // per_row)))

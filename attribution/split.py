@@ -40,7 +40,8 @@ def logits_of(output: Any) -> torch.Tensor:
 
 
 def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
-    """Stack `repeats` copies of a per-sample tensor along dim 0 (always a copy)."""
+    """Stack `repeats` copies of a per-sample tensor along dim 0 (always a copy); other
+    values (not tensors, or without a batch dim) are returned as they are."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
         return value.repeat(repeats, *([1] * (value.dim() - 1)))
     if isinstance(value, (tuple, list)):
@@ -51,10 +52,12 @@ def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
 class LayerRunner(ABC):
     """Base of the runners; holds the model weakly so the runner cache never keeps it alive.
 
-    `n_classes` is set by `runner_for` from the first batch it checks the runner on.
+    `n_classes` and `layer_size` (elements of one sample's layer output) are set by
+    `runner_for` from the first batch it checks the runner on.
     """
 
     n_classes: int
+    layer_size: int
 
     def __init__(self, model: nn.Module, name: str, module: nn.Module):
         self._model, self.name, self.module = weakref.ref(model), name, module
@@ -63,13 +66,20 @@ class LayerRunner(ABC):
     def model(self) -> nn.Module:
         return self._model()
 
+    def is_current(self, module: nn.Module) -> bool:
+        """Does the runner still run the model as it is now (the layer is `module`)?"""
+        return self.module is module
+
     @abstractmethod
     def capture(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
         """One no-grad pass. Returns z [B, n, ...], state for `tail`, logits [B, C]."""
 
     @abstractmethod
     def tail(self, z: torch.Tensor, state: Any, repeats: int) -> torch.Tensor:
-        """Logits [repeats*B, C] for z [repeats*B, n, ...], variant-major (row k*B + i)."""
+        """Logits [repeats*B, C] for z [repeats*B, n, ...], variant-major (row k*B + i).
+
+        An in-place op after the layer may change `z`: pass a tensor that is not needed after.
+        """
 
     @abstractmethod
     def forward_with_leaf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +170,20 @@ def _graph_of(model: nn.Module, name: str) -> fx.Graph:
     return _LayerLeafTracer(name).trace(model)
 
 
+def _parts_of(model: nn.Module, attributes: list[str]) -> list[tuple[str, Any]]:
+    """(name, object) of the model's submodules (not the model: runners hold it weakly),
+    parameters, buffers and the named attributes (what a split graph reads), to tell when
+    one of them has been replaced."""
+    read = []
+    for target in attributes:
+        value: Any = model
+        for part in target.split("."):
+            value = getattr(value, part, None)
+        read.append((target, value))
+    submodules = [(name, module) for name, module in model.named_modules() if name]
+    return [*submodules, *model.named_parameters(), *model.named_buffers(), *read]
+
+
 class FxRunner(LayerRunner):
     """Splits the model's fx graph at the layer; the tail re-runs alone on stacked variants."""
 
@@ -176,6 +200,12 @@ class FxRunner(LayerRunner):
         live = [layer_nodes[0]] + [
             n for n in front[:-1] if any(user in tail_set for user in n.users)
         ]
+        from_input: set[fx.Node] = set()  # parameters and buffers are not per-sample values
+        for node in front:
+            if node.op == "placeholder" or any(arg in from_input
+                                               for arg in node.all_input_nodes):
+                from_input.add(node)
+        self._per_sample = tuple(node in from_input for node in live[1:])
 
         front_graph, env = fx.Graph(), {}
         for node in front:
@@ -191,6 +221,16 @@ class FxRunner(LayerRunner):
                 env[node] = tail_graph.node_copy(node, lambda arg: env[arg])
         self.front = fx.GraphModule(model, front_graph)
         self.back = fx.GraphModule(model, tail_graph)
+        self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
+        self._parts = _parts_of(model, self._read)  # the split graphs hold these objects
+
+    def is_current(self, module: nn.Module) -> bool:
+        """Also False once a submodule, parameter, buffer or tensor attribute has been
+        replaced by another object (e.g. `model.head = nn.Linear(...)`)."""
+        parts = _parts_of(self.model, self._read)
+        return (super().is_current(module) and len(parts) == len(self._parts)
+                and all(name == old_name and value is old_value for (name, value), (
+                    old_name, old_value) in zip(parts, self._parts)))
 
     def _front(self, x):
         try:
@@ -203,12 +243,13 @@ class FxRunner(LayerRunner):
         with torch.no_grad():
             z, *saved = self._front(x)
             state = (saved, x.shape[0])
-            logits = self.tail(z, state, 1)
+            logits = self.tail(z.clone(), state, 1)  # an in-place op after the layer keeps z
         return z, state, logits
 
     def tail(self, z, state, repeats):
         saved, batch = state
-        saved = _repeat_batch(saved, batch, repeats)
+        saved = [_repeat_batch(value, batch, repeats) if per_sample else value
+                 for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad and z.is_leaf:
             z = z.clone()  # in-place ops after the layer must not touch the leaf
         return logits_of(self.back(z, *saved))
@@ -245,7 +286,7 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     """
     with _CACHE_LOCK:
         cached = _CACHE.get(model, {}).get(name)
-    if cached is not None and cached.module is module:
+    if cached is not None and cached.is_current(module):
         return cached
     runner: LayerRunner
     try:
@@ -258,12 +299,12 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
         runner = HookRunner(model, name, module)
     with torch.no_grad():
         z, _, logits = runner.capture(x)  # a HookRunner raises "runs twice" here
-    runner.n_classes = logits.shape[1]
     if z.dim() < 2:
         raise AttributionError(
             f"Layer {name!r} has no neuron axis: its output has shape {list(z.shape)}. "
             "Pick a layer from list_layers()."
         )
+    runner.n_classes, runner.layer_size = logits.shape[1], z[0].numel()
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner
     return runner

@@ -17,8 +17,13 @@ def replaced_output(module, make_output):
 
 
 def layer_output(model, module, x):
+    """The layer's output as it left the layer (a copy: in-place ops after it do not count)."""
     store = {}
-    with torch.no_grad(), replaced_output(module, lambda out: store.setdefault("z", out.clone())):
+
+    def keep(out):
+        store["z"] = out.clone()  # returning None leaves the model's own tensor in place
+
+    with torch.no_grad(), replaced_output(module, keep):
         model(x)
     return store["z"]
 

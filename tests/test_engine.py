@@ -323,6 +323,94 @@ def test_cached_runners_do_not_keep_a_model_alive():
     assert alive() is None
 
 
+class InPlaceAfterLayer(nn.Module):
+    """fc1 -> ReLU(inplace=True): the op after the layer overwrites its output tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def test_an_in_place_op_after_the_layer_does_not_change_what_is_captured():
+    torch.manual_seed(0)
+    model, x = InPlaceAfterLayer().eval(), torch.randn(40, 6)
+    y = torch.randint(0, 3, (40,))
+    with torch.no_grad():
+        z = model.fc1(x)
+    assert (z < 0).any()
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "activation"), z)
+    curve = at.pruning_curve(model, "fc1", x, y, torch.arange(8.0), ks=[8], n_random=1,
+                             ablation="mean", metric="target_logit")
+    with torch.no_grad():  # every unit replaced by its mean over the inputs
+        expected = model.fc2(torch.relu(z.mean(0)).expand(40, 8)).gather(1, y[:, None]).mean()
+    assert curve["ranked"].iloc[0] == pytest.approx(float(expected), abs=1e-6)
+
+
+class ScaleReadTwice(nn.Module):
+    """A learned per-unit scale [8] read before the layer and again after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.scale = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x)) * self.scale
+        return self.head(torch.relu(self.fc2(h)) * self.scale)
+
+
+@pytest.mark.parametrize("batch_size", [32, 8, 40])
+def test_a_parameter_the_size_of_a_batch_is_not_taken_for_per_sample_data(batch_size):
+    torch.manual_seed(0)
+    model, x = ScaleReadTwice().eval(), torch.randn(40, 5)  # the last batch of 32 has 8 rows
+    y = torch.randint(0, 3, (40,))
+    torch.testing.assert_close(
+        at.neuron_scores(model, "fc2", x, y, "ablation", batch_size=batch_size),
+        references.ablation(model, model.fc2, x, y), rtol=1e-4, atol=1e-6)
+    at.pruning_curve(model, "fc2", x, y, torch.arange(8.0), n_random=2, batch_size=batch_size)
+
+
+class Tempered(InPlaceAfterLayer):
+    """Logits divided by a temperature buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("temperature", torch.ones(3))
+
+    def forward(self, x):
+        return super().forward(x) / self.temperature
+
+
+def test_a_replaced_submodule_or_buffer_is_used_by_the_next_call():
+    torch.manual_seed(0)
+    model, x = InPlaceAfterLayer().eval(), torch.randn(10, 6)
+    y = torch.randint(0, 3, (10,))
+    at.neuron_scores(model, "fc1", x, y, "gradient")
+    model.fc2 = nn.Linear(8, 3)  # e.g. a retrained head
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "gradient"),
+                               references.per_sample_gradient(model, model.fc1, x, y))
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "ablation"),
+                               references.ablation(model, model.fc1, x, y))
+    tempered = Tempered().eval()
+    before = at.neuron_scores(tempered, "fc1", x, y, "gradient")
+    tempered.temperature = torch.full((3,), 10.0)  # a buffer replaced by another tensor
+    torch.testing.assert_close(at.neuron_scores(tempered, "fc1", x, y, "gradient"), before / 10)
+
+
+def test_stacked_passes_are_bounded_by_the_size_of_the_layer(monkeypatch):
+    model = nn.Sequential(nn.Linear(4, 2048), nn.ReLU(), nn.Linear(2048, 3)).eval()
+    x = torch.randn(64, 4)
+    rows = []
+    real_tail = FxRunner.tail
+    monkeypatch.setattr(FxRunner, "tail", lambda self, z, state, repeats: (
+        rows.append(z.numel()), real_tail(self, z, state, repeats))[1])
+    at.neuron_scores(model, "0", x, method="ablation", batch_size=64)
+    assert max(rows) <= (1 << 24) and len(rows) > 1  # 64 MiB of float32 variants per pass
+
+
 # ---------------------------------------------------------------- sanity model
 
 def test_sanity_model_ranks_the_informative_branch_first():
