@@ -61,11 +61,13 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
     Found by one forward pass of `example_input` ([B, ...], B >= 1). Skipped: the model
     itself (its output is the logits), modules that return their input unchanged (Identity,
     Dropout in eval), containers whose output is a child's output, and modules called more
-    than once per forward (shared modules cannot be scored unambiguously).
+    than once per forward (shared modules cannot be scored unambiguously). An in-place
+    module (ReLU(inplace=True)) after a listed layer is listed: it changed the values.
     """
     seen: dict[str, LayerInfo] = {}
     calls: dict[str, int] = {}
-    produced: dict[int, torch.Tensor] = {}  # holds references so ids are not reused
+    # id -> (tensor, its version when seen); holding the tensor keeps its id from being reused
+    produced: dict[int, tuple[torch.Tensor, int]] = {}
     names = {module: name for name, module in model.named_modules() if name}
 
     def record(name):
@@ -73,10 +75,12 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
             calls[name] = calls.get(name, 0) + 1
             if not isinstance(output, torch.Tensor) or output.dim() < 2:
                 return None
-            first_input = args[0] if args else None
-            if output is first_input or id(output) in produced:
-                return None
-            produced[id(output)] = output
+            earlier = produced.get(id(output))
+            if earlier is not None and earlier[1] == output._version:
+                return None  # a child's output (or an earlier module's) passed on as it is
+            if earlier is None and args and output is args[0]:
+                return None  # the input passed on: Identity, Dropout in eval
+            produced[id(output)] = (output, output._version)  # an in-place op bumps _version
             seen[name] = LayerInfo(name, module_kind(name, module), int(output.shape[1]),
                                    tuple(int(s) for s in output.shape[1:]))
             return None

@@ -255,7 +255,7 @@ _SHAPE_TOKEN = re.compile(
     r"|\d+(?:\.\d+)?|==|!=|<=|>=|//|[-+*/%(),=<>])")
 _SYMBOL = re.compile(r"[a-z]+\d+\Z")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DOTTED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*)?\Z")
+_DOTTED = re.compile(r"([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?\Z")  # nn.Sequential: "0.1"
 _IDENTIFIER_KEYS = frozenset({"name", "as_name"})
 _DOTTED_KEYS = frozenset({"fqn", "parameter_name", "buffer_name", "tensor_constant_name"})
 

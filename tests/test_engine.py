@@ -544,6 +544,19 @@ def test_non_finite_scores_are_not_hidden():
     assert not torch.isfinite(scores).all()
 
 
+def test_list_layers_lists_in_place_modules_but_not_pass_throughs():
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(inplace=True),
+                          nn.Dropout(0.5), nn.Identity(), nn.Linear(6, 3)).eval()
+    assert [(l.name, l.kind) for l in at.list_layers(model, torch.randn(2, 4))] == [
+        ("0", "Linear"), ("1", "BatchNorm1d"), ("2", "ReLU"), ("5", "Linear")]
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        expected = torch.relu(model[1](model[0](x)))
+    torch.testing.assert_close(at.neuron_scores(model, "2", x, method="activation"), expected)
+    torch.testing.assert_close(  # and the layer before it keeps its own values
+        at.neuron_scores(model, "1", x, method="activation"), model[1](model[0](x)).detach())
+
+
 def test_list_layers_reports_names_kinds_and_shapes():
     model, x, _ = build("residual_conv")
     layers = at.list_layers(model, x[:2])

@@ -125,6 +125,16 @@ def test_pt2_keeps_layer_names_scores_and_dynamic_batch(mlp_pt2, tmp_path):
     torch.testing.assert_close(ours, reference)
 
 
+def test_pt2_of_a_top_level_sequential_keeps_its_numbered_layers():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    loaded = at.load_model(exported_bytes(model, INPUTS[:3]))
+    assert [(i.name, i.kind) for i in loaded.layers()] == [
+        ("0", "Linear"), ("1", "BatchNorm1d"), ("2", "ReLU"), ("3", "Linear")]
+    torch.testing.assert_close(at.neuron_scores(loaded.module, "1", INPUTS, method="ablation"),
+                               at.neuron_scores(model, "1", INPUTS, method="ablation"))
+
+
 def test_pt2_conv_model_takes_image_shape():
     loaded = at.load_model(exported_bytes(TinyCNN(), torch.randn(2, 1, 4, 4)))
     assert loaded.input_shape == (1, 4, 4)
