@@ -7,7 +7,7 @@
 """
 from .errors import AttributionError
 from .layers import LayerInfo, list_layers
-from .methods import METHODS
+from .methods import METHODS, methods_for
 from .scores import REDUCTIONS, cluster_scores, neuron_scores
 from .pruning import cluster_pruning_curves, curve_summary, pruning_curve
 from .oracle import oracle_agreement
@@ -21,7 +21,7 @@ from .streaming import NpyRows
 from . import distributed
 
 __all__ = [
-    "AttributionError", "LayerInfo", "METHODS", "REDUCTIONS", "cluster_scores",
+    "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
     "list_layers", "neuron_scores",
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
     "Finding", "diagnose",

@@ -48,7 +48,8 @@ class Dataset:
     """Samples for scoring, checked on construction.
 
     Attributes:
-        inputs: float32 tensor [N, ...] (N >= 1), finite.
+        inputs: float32 tensor [N, ...] (N >= 1), finite; int64 when given as an int64
+            tensor, and made int64 by `check_data` for a model of integer inputs (token ids).
         labels: int64 tensor [N] of class ids >= 0, or None.
         clusters: 1-D array [N] of cluster ids (ints or strings), or None.
         feature_names: one name per feature of [N, F] inputs, or None.
@@ -109,7 +110,7 @@ def _as_inputs(value: Any) -> torch.Tensor:
         raise AttributionError(f"Inputs must have shape [N, ...] with N >= 1 samples and at "
                                f"least one value each; got {list(array.shape)}. For a single "
                                "feature use shape [N, 1].")
-    return array.to(torch.float32)
+    return array if array.dtype == torch.int64 else array.to(torch.float32)
 
 
 def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) -> None:
@@ -377,7 +378,7 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
     """Check `dataset` against `model` before any scoring; returns it shaped for the model.
 
     Inputs of the right size but flattened (e.g. a CSV of 64 pixels for a [1, 8, 8] model) are
-    reshaped. Raises AttributionError for a wrong feature count/shape, labels outside
+    reshaped; for a model of integer inputs (token ids) they become integers. Raises AttributionError for a wrong feature count/shape, labels outside
     0..n_classes-1, or provided clusters with fewer than 2 samples.
     """
     inputs = dataset.inputs
@@ -390,6 +391,10 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
                 f"({math.prod(expected)} values); the data has {list(inputs.shape[1:])}"
                 f"{columns}. Check the feature columns / input array.")
         inputs = inputs.reshape((inputs.shape[0],) + expected)
+    if not model.input_dtype.is_floating_point:
+        inputs = _as_ids(inputs, model.input_dtype)
+    elif not inputs.is_floating_point():
+        inputs = inputs.to(torch.float32)
     if dataset.labels is not None and int(dataset.labels.max()) >= model.n_classes:
         bad = dataset.labels[dataset.labels >= model.n_classes]
         raise AttributionError(f"{len(bad)} label(s) are outside the model's classes "
@@ -402,6 +407,17 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
         class_names = model.class_names
     feature_names = dataset.feature_names if inputs.dim() == 2 else None
     return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names)
+
+
+def _as_ids(inputs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inputs as the integer ids (e.g. token ids) that a model of `dtype` inputs takes."""
+    bad = (inputs != inputs.round()) | (inputs.abs() >= 2 ** 24)  # float32 holds ints < 2**24
+    if bool(bad.any()):
+        row = int(bad.reshape(len(inputs), -1).any(1).nonzero()[0])
+        raise AttributionError(f"The model takes integer inputs ({dtype}, e.g. token ids); "
+                               f"sample {row} holds values that are not whole numbers below "
+                               "2**24.")
+    return inputs.to(dtype)
 
 
 def check_clusters(clusters: Any, *, min_size: int = 2) -> None:

@@ -85,7 +85,7 @@ class LoadedModel:
         n_classes: number of logits.
         class_names: one name per class, or None.
         source_format: "torch.export", "state dict", "safetensors" or "pickled module".
-        input_dtype: dtype of the example input.
+        input_dtype: dtype of the example input (int64 for a model of token ids).
     """
 
     module: nn.Module
@@ -691,8 +691,7 @@ def load_model(source: Source, *, architecture: Any = None,
                        n_classes=n_classes,
                        class_names=tuple(str(n) for n in names) if names is not None else None,
                        source_format=source_format,
-                       input_dtype=example.dtype if example.is_floating_point()
-                       else torch.float32)
+                       input_dtype=example.dtype)
 
 
 def _describe(kind: str) -> str:

@@ -46,18 +46,23 @@ ScoringFunction = Callable[[Batch], torch.Tensor]
 
 @dataclass(frozen=True)
 class Method:
+    """A scoring method; `scales_inputs` ones interpolate the inputs themselves, so they
+    need floating-point inputs (not token ids)."""
+
     name: str
     function: ScoringFunction
     summary: str
+    scales_inputs: bool = False
 
 
 REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, summary: str) -> Callable[[ScoringFunction], ScoringFunction]:
+def register(name: str, summary: str, *,
+             scales_inputs: bool = False) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`."""
     def add(function: ScoringFunction) -> ScoringFunction:
-        REGISTRY[name] = Method(name, function, summary)
+        REGISTRY[name] = Method(name, function, summary, scales_inputs)
         return function
     return add
 
@@ -183,7 +188,8 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
 
 
 @register("conductance",
-          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)")
+          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)",
+          scales_inputs=True)
 def conductance(batch: Batch) -> torch.Tensor:
     runner, x = batch.runner, batch.x
     targets = batch.targets
@@ -243,3 +249,10 @@ def random(batch: Batch) -> torch.Tensor:
 
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def methods_for(input_dtype: torch.dtype) -> tuple[str, ...]:
+    """The methods that can score inputs of `input_dtype` (integer ids: all but those that
+    interpolate the inputs)."""
+    return tuple(name for name in METHODS
+                 if input_dtype.is_floating_point or not REGISTRY[name].scales_inputs)

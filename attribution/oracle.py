@@ -18,10 +18,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import nn
 
 from .errors import AttributionError
-from .methods import METHODS
+from .methods import METHODS, methods_for
 from .scores import REDUCTIONS, Inputs, _check_method, cluster_codes, cluster_scores, n_samples
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
@@ -41,7 +42,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         layer: dotted module name or the module itself.
         inputs: [N, ...] tensor or array, or an iterable of batches.
         targets: LongTensor [N] of class ids, or None (the predicted class).
-        methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0).
+        methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
+            all of `METHODS` leaves out those that cannot score integer inputs (conductance).
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
@@ -54,6 +56,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         neuron of the cluster dead); top_k = the k used.
     """
     methods = list(dict.fromkeys(methods))
+    if tuple(methods) == METHODS:
+        methods = list(methods_for(_input_dtype(inputs)))
     if not methods:
         raise AttributionError("Pass at least one method to compare with the oracle.")
     for method in methods:
@@ -101,6 +105,14 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     if progress is not None:
         progress(1.0, table)
     return table
+
+
+def _input_dtype(inputs: Inputs) -> torch.dtype:
+    """The dtype of tensor or array inputs; float32 when unknown (an iterable of batches)."""
+    dtype = getattr(inputs, "dtype", torch.float32)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch.float32 if np.dtype(dtype).kind == "f" else torch.int64
 
 
 def agreement(scores: np.ndarray, oracle: np.ndarray, top_k: int) -> dict[str, float]:

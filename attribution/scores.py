@@ -188,6 +188,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             x = _as_batch_tensor(raw, model, device)
             if x.shape[0] == 0:
                 continue
+            if REGISTRY[method].scales_inputs and not x.is_floating_point():
+                raise AttributionError(
+                    f"{method} interpolates the inputs from a zero baseline, which {x.dtype} "
+                    "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
+                    "interpolates the layer's output instead.")
             if runner is None:
                 runner = runner_for(model, name, module, x)
             batch_targets = targets

@@ -386,7 +386,7 @@ def sidebar() -> Optional[Context]:
                                         f"{sizes[c]} samples",
                   help="The cluster whose neurons the pages rank and prune.")
 
-    methods = list(at.METHODS)
+    methods = list(at.methods_for(ws.data.inputs.dtype))
     _prepare("w_method", methods, DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")

@@ -65,7 +65,8 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
            "A useful score ranks neurons like the oracle (Spearman ρ near 1; random is 0). "
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
-oracle = common.guarded(lambda: ctx.oracle(at.METHODS))
+methods = at.methods_for(ctx.ws.data.inputs.dtype)
+oracle = common.guarded(lambda: ctx.oracle(methods))
 if oracle is not None:
     shown = oracle.assign(method=oracle["method"].map(plots.method_label)).drop(columns="n")
     number = st.column_config.NumberColumn
@@ -80,10 +81,10 @@ if oracle is not None:
 
 left, right = st.columns([3, 2], gap="medium")
 with left:
-    per_method = common.guarded(lambda: {m: ctx.scores(m) for m in at.METHODS})
+    per_method = common.guarded(lambda: {m: ctx.scores(m) for m in methods})
     if per_method is not None:
         summaries = pd.concat([plots.neuron_summary(per_method[m][ctx.focus], s.reduce, m)
-                               for m in at.METHODS], ignore_index=True)
+                               for m in methods], ignore_index=True)
         common.chart(plots.rank_correlation_heatmap(plots.rank_correlations(summaries)),
                      key="rank_correlation")
         st.caption("How alike the methods rank this cluster's neurons. Methods that agree with "

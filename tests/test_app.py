@@ -17,6 +17,7 @@ from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS
 from pages import common
 from tests.conftest import ROOT
+from tests.zoo import token_files
 
 APP = str(ROOT / "app.py")
 PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
@@ -320,6 +321,21 @@ def test_upload_of_each_supported_format(name):
     if name == "pt2+npy_without_labels":  # no labels: the predicted class and its clusters
         assert sidebar_widget(app, "w_target").value == "predicted"
         assert sidebar_widget(app, "w_cluster_by").value == "predicted"
+
+
+def test_a_model_of_token_ids_works_on_every_page(tmp_path):
+    token_files(tmp_path, n=60)
+    app = upload(run_app(), ("t.pt2", (tmp_path / "tokens.pt2").read_bytes(), OCTET),
+                 ("t.npz", (tmp_path / "tokens.npz").read_bytes(), OCTET))
+    assert_clean(app)
+    assert not app.error, [e.value for e in app.error]
+    for page in ("pages/scores.py", "pages/pruning.py", "pages/diagnosis.py"):
+        app.switch_page(page).run()
+        assert_clean(app)
+        assert not app.error, (page, [e.value for e in app.error])
+    labels = [plots.method_label(m) for m in at.METHODS if m != "conductance"]
+    assert sidebar_widget(app, "w_method").options == labels
+    assert app.dataframe[0].value["method"].tolist() == labels  # the oracle table
 
 
 def _torchscript() -> bytes:

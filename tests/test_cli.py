@@ -16,6 +16,8 @@ from attribution import cli, distributed, pruning
 from attribution.data import check_data, load_data
 from attribution.loading import load_model
 
+from .zoo import token_files
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "demo" / "digits_mlp.pt2"
 DATA = ROOT / "demo" / "digits.npz"
@@ -121,6 +123,27 @@ def test_score_streams_npy_files_to_the_same_table(tmp_path, demo, capsys):
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "streamed.parquet"),
                                   pd.read_parquet(tmp_path / "memory.parquet"),
                                   rtol=1e-6, atol=1e-9)
+
+
+def test_a_model_of_token_ids_from_file_and_streamed(tmp_path, capsys):
+    _, ids, labels = token_files(tmp_path)
+    np.save(tmp_path / "ids.npy", ids.numpy())
+    np.save(tmp_path / "labels.npy", labels.numpy())
+    model = ("--model", tmp_path / "tokens.pt2")
+    code, out, err = in_process("layers", *model, capsys=capsys)
+    assert code == 0 and "fc1" in out, err
+    common = (*model, "--layer", "fc1", "--method", "gradient", "ablation", "--clusters", "label")
+    code, _, err = in_process("score", *common, "--data", tmp_path / "tokens.npz",
+                              "--out", tmp_path / "memory.csv", capsys=capsys)
+    assert code == 0, err
+    code, _, err = in_process("score", *common, "--data", tmp_path / "ids.npy", "--labels",
+                              tmp_path / "labels.npy", "--batch-size", "7",
+                              "--out", tmp_path / "streamed.csv", capsys=capsys)
+    assert code == 0, err
+    memory = pd.read_csv(tmp_path / "memory.csv")
+    assert len(memory) == 3 * 6 * 2
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "streamed.csv"), memory,
+                                  rtol=1e-5, atol=1e-7)
 
 
 def test_score_all_classes_adds_a_class_column(capsys):

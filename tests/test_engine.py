@@ -14,7 +14,7 @@ from attribution.guards import eval_mode
 from attribution.methods import gauss_legendre
 
 from . import references
-from .zoo import ThreeBranchNet, build
+from .zoo import ThreeBranchNet, TokenNet, build
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
@@ -409,6 +409,22 @@ def test_stacked_passes_are_bounded_by_the_size_of_the_layer(monkeypatch):
         rows.append(z.numel()), real_tail(self, z, state, repeats))[1])
     at.neuron_scores(model, "0", x, method="ablation", batch_size=64)
     assert max(rows) <= (1 << 24) and len(rows) > 1  # 64 MiB of float32 variants per pass
+
+
+def test_integer_inputs_score_with_every_method_but_conductance_which_says_why():
+    torch.manual_seed(0)
+    model, ids = TokenNet().eval(), torch.randint(0, 20, (16, 5))
+    labels = torch.randint(0, 3, (16,))
+    for name in at.METHODS:
+        if name == "conductance":
+            with pytest.raises(at.AttributionError, match="int64 inputs.*use integrated_gradients"):
+                at.neuron_scores(model, "fc1", ids, labels, name)
+        else:
+            assert at.neuron_scores(model, "fc1", ids, labels, name).shape == (16, 6)
+    table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
+    assert list(table["method"]) == [m for m in at.METHODS if m != "conductance"]
+    with pytest.raises(at.AttributionError, match="conductance interpolates"):
+        at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
 
 
 # ---------------------------------------------------------------- sanity model

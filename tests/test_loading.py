@@ -16,6 +16,8 @@ from torch import nn
 import attribution as at
 from attribution.architectures import parse_architecture
 
+from .zoo import token_files
+
 
 class TinyMLP(nn.Module):
     """[B, 4] -> [B, 3] with hand-set weights, so outputs are literal numbers."""
@@ -133,6 +135,21 @@ def test_pt2_of_a_top_level_sequential_keeps_its_numbered_layers():
         ("0", "Linear"), ("1", "BatchNorm1d"), ("2", "ReLU"), ("3", "Linear")]
     torch.testing.assert_close(at.neuron_scores(loaded.module, "1", INPUTS, method="ablation"),
                                at.neuron_scores(model, "1", INPUTS, method="ablation"))
+
+
+def test_a_model_of_token_ids_keeps_integer_inputs_from_file_to_score(tmp_path):
+    model, ids, labels = token_files(tmp_path)
+    loaded = at.load_model(tmp_path / "tokens.pt2")
+    assert loaded.input_dtype == torch.int64 and loaded.input_shape == (5,)
+    assert [i.name for i in loaded.layers()] == ["embed", "fc1", "fc2"]
+    dataset = at.check_data(at.load_data(tmp_path / "tokens.npz"), loaded)
+    assert dataset.inputs.dtype == torch.int64 and torch.equal(dataset.inputs, ids)
+    torch.testing.assert_close(
+        at.neuron_scores(loaded.module, "fc1", dataset.inputs, dataset.labels, "ablation"),
+        at.neuron_scores(model, "fc1", ids, labels, "ablation"))
+    fractional = at.Dataset(inputs=ids.float() + 0.5, labels=labels)
+    with pytest.raises(at.AttributionError, match="integer inputs.*sample 0"):
+        at.check_data(fractional, loaded)
 
 
 def test_pt2_conv_model_takes_image_shape():

@@ -81,6 +81,33 @@ class ThreeBranchNet(nn.Module):
         return self.head(torch.cat(parts, dim=1))
 
 
+class TokenNet(nn.Module):
+    """A classifier of token ids: LongTensor [N, T] -> Embedding -> mean over T -> MLP."""
+
+    def __init__(self, vocabulary=20, n_classes=3):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, 8)
+        self.fc1 = nn.Linear(8, 6)
+        self.fc2 = nn.Linear(6, n_classes)
+
+    def forward(self, ids):
+        return self.fc2(torch.relu(self.fc1(self.embed(ids).mean(1))))
+
+
+def token_files(folder, n=24, length=5, seed=0):
+    """(model, ids [n, length], labels [n]) and the .pt2 + .npz a user would upload."""
+    import numpy as np
+
+    torch.manual_seed(seed)
+    model = TokenNet().eval()
+    ids, labels = torch.randint(0, 20, (n, length)), torch.randint(0, 3, (n,))
+    program = torch.export.export(model, (ids[:4],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, folder / "tokens.pt2")
+    np.savez(folder / "tokens.npz", inputs=ids.numpy(), labels=labels.numpy())
+    return model, ids, labels
+
+
 def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
     """Give BatchNorm layers non-trivial running statistics and affine parameters."""
     generator = torch.Generator().manual_seed(seed)
