@@ -10,21 +10,29 @@ from .errors import AttributionError
 from .guards import eval_mode, forward_hooks
 
 
+# Modules that act on the last dim: on a sequence [B, T, F] their units are the F features.
+_LAST_AXIS_KINDS = ("Linear", "Bilinear", "LayerNorm", "RMSNorm", "Embedding")
+
+
 @dataclass(frozen=True)
 class LayerInfo:
-    """A module whose output has a neuron axis at dim 1.
+    """A module whose output has a neuron axis.
 
     Attributes:
         name: dotted name as in `model.named_modules()`.
         kind: the module's class name (e.g. "Linear", "Conv2d", "ReLU").
-        n_neurons: size of output dim 1 (units of a Linear, channels of a Conv).
+        n_neurons: size of the neuron axis (units of a Linear, channels of a Conv).
         shape: output shape of one sample, without the batch dim, e.g. (32,) or (16, 8, 8).
+        neuron_axis: the output dim of the neurons (batch = dim 0): 1, except for a Linear,
+            LayerNorm or Embedding on a sequence [B, T, F] (the last dim, F) and the
+            elementwise modules after it; the other dims are positions.
     """
 
     name: str
     kind: str
     n_neurons: int
     shape: tuple[int, ...]
+    neuron_axis: int = 1
 
 
 def run_model(model: nn.Module, inputs: torch.Tensor):
@@ -56,7 +64,7 @@ def module_kind(name: str, module: nn.Module) -> str:
 
 
 def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo]:
-    """Every module whose output is a tensor with a neuron axis at dim 1, in call order.
+    """Every module whose output is a tensor with a neuron axis, in call order.
 
     Found by one forward pass of `example_input` ([B, ...], B >= 1). Skipped: the model
     itself (its output is the logits), modules that return their input unchanged (Identity,
@@ -66,8 +74,10 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
     """
     seen: dict[str, LayerInfo] = {}
     calls: dict[str, int] = {}
-    # id -> (tensor, its version when seen); holding the tensor keeps its id from being reused
-    produced: dict[int, tuple[torch.Tensor, int]] = {}
+    # id -> (tensor, its version when seen, its neuron axis); holding the tensor keeps its id
+    # from being reused
+    produced: dict[int, tuple[torch.Tensor, int, int]] = {}
+    axis_by_shape: dict[torch.Size, int] = {}  # the latest listed output of each shape
     names = {module: name for name, module in model.named_modules() if name}
 
     def record(name):
@@ -78,11 +88,22 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
             earlier = produced.get(id(output))
             if earlier is not None and earlier[1] == output._version:
                 return None  # a child's output (or an earlier module's) passed on as it is
-            if earlier is None and args and output is args[0]:
+            first_input = args[0] if args else None
+            if earlier is None and output is first_input:
                 return None  # the input passed on: Identity, Dropout in eval
-            produced[id(output)] = (output, output._version)  # an in-place op bumps _version
-            seen[name] = LayerInfo(name, module_kind(name, module), int(output.shape[1]),
-                                   tuple(int(s) for s in output.shape[1:]))
+            kind = module_kind(name, module)
+            axis = 1
+            if output.dim() > 2 and kind.endswith(_LAST_AXIS_KINDS):
+                axis = output.dim() - 1
+            elif (output.dim() > 2 and isinstance(first_input, torch.Tensor)
+                  and first_input.shape == output.shape):  # elementwise: the axis it acts on
+                earlier_input = produced.get(id(first_input))
+                axis = (earlier_input[2] if earlier_input is not None
+                        else axis_by_shape.get(output.shape, 1))  # e.g. after a functional add
+            produced[id(output)] = (output, output._version, axis)  # in-place ops bump _version
+            axis_by_shape[output.shape] = axis
+            seen[name] = LayerInfo(name, kind, int(output.shape[axis]),
+                                   tuple(int(s) for s in output.shape[1:]), axis)
             return None
         return hook
 
@@ -93,6 +114,12 @@ def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo
     # Children finish before their containers, so `produced` already holds a child's output
     # when the container's hook sees the same tensor. Call order is hook order.
     return [info for name, info in seen.items() if calls.get(name) == 1]
+
+
+def neuron_axis(model: nn.Module, name: str, example_input: torch.Tensor) -> int:
+    """The neuron axis of layer `name` (see `LayerInfo.neuron_axis`); 1 if it is not listed."""
+    return next((info.neuron_axis for info in list_layers(model, example_input)
+                 if info.name == name), 1)
 
 
 def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:

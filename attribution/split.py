@@ -6,6 +6,9 @@ Every method and the pruning code go through a `LayerRunner`:
   masks, integration steps or ablated neurons share one pass;
 - `forward_with_leaf(x)` runs once with z an autograd leaf, for gradients w.r.t. z.
 
+z always has the layer's neurons at dim 1 (a Linear on a sequence [B, T, F] has them last:
+its z is [B, F, T]); the runner moves them back for the tail.
+
 `FxRunner` splits a traceable model with torch.fx, so the tail is all that re-runs; values
 that the tail reads from the front (residual inputs, branches) are carried in `state`.
 `HookRunner` works on any model by replacing the layer's output in a full forward.
@@ -23,7 +26,7 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import forward_hooks, leaf_like
-from .layers import run_model
+from .layers import neuron_axis, run_model
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -61,6 +64,13 @@ class LayerRunner(ABC):
 
     def __init__(self, model: nn.Module, name: str, module: nn.Module):
         self._model, self.name, self.module = weakref.ref(model), name, module
+        self.axis = 1  # the layer's neuron axis; z is always handed out with neurons at dim 1
+
+    def _to_neurons(self, output: torch.Tensor) -> torch.Tensor:
+        return output if self.axis == 1 else output.movedim(self.axis, 1)
+
+    def _from_neurons(self, z: torch.Tensor) -> torch.Tensor:
+        return z if self.axis == 1 else z.movedim(1, self.axis)
 
     @property
     def model(self) -> nn.Module:
@@ -118,7 +128,7 @@ class HookRunner(LayerRunner):
         captured = {}
 
         def keep(output):
-            captured["z"] = output.detach().clone()
+            captured["z"] = self._to_neurons(output.detach().clone())
             return None
 
         with torch.no_grad():
@@ -129,9 +139,10 @@ class HookRunner(LayerRunner):
         x = _repeat_batch(state, state.shape[0], repeats)
 
         def swap(output):
-            if output.shape != z.shape:
+            moved = self._from_neurons(z)
+            if output.shape != moved.shape:
                 raise AttributionError(f"Internal shape mismatch at layer {self.name!r}.")
-            return z.clone() if z.requires_grad else z
+            return moved.clone() if z.requires_grad else moved
 
         return self._run(x, swap)
 
@@ -140,8 +151,8 @@ class HookRunner(LayerRunner):
 
         def to_leaf(output):
             torch.set_grad_enabled(True)  # the part before the layer ran without a graph
-            captured["z"] = leaf_like(output)
-            return captured["z"].clone()
+            captured["z"] = leaf_like(self._to_neurons(output))
+            return self._from_neurons(captured["z"].clone())
 
         with torch.no_grad():
             logits = self._run(x, to_leaf)
@@ -241,7 +252,8 @@ class FxRunner(LayerRunner):
 
     def capture(self, x):
         with torch.no_grad():
-            z, *saved = self._front(x)
+            output, *saved = self._front(x)
+            z = self._to_neurons(output)
             state = (saved, x.shape[0])
             logits = self.tail(z.clone(), state, 1)  # an in-place op after the layer keeps z
         return z, state, logits
@@ -252,12 +264,12 @@ class FxRunner(LayerRunner):
                  for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad and z.is_leaf:
             z = z.clone()  # in-place ops after the layer must not touch the leaf
-        return logits_of(self.back(z, *saved))
+        return logits_of(self.back(self._from_neurons(z), *saved))
 
     def forward_with_leaf(self, x):
         with torch.no_grad():
-            z, *saved = self._front(x)
-        leaf = leaf_like(z)
+            output, *saved = self._front(x)
+        leaf = leaf_like(self._to_neurons(output))
         with torch.enable_grad():
             logits = self.tail(leaf, (saved, x.shape[0]), 1)
         return leaf, logits
@@ -304,6 +316,8 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
             f"Layer {name!r} has no neuron axis: its output has shape {list(z.shape)}. "
             "Pick a layer from list_layers()."
         )
+    if z.dim() > 2:  # positions too: a sequence's neurons may be its last dim
+        runner.axis = neuron_axis(model, name, x)
     runner.n_classes, runner.layer_size = logits.shape[1], z[0].numel()
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner

@@ -14,7 +14,7 @@ from attribution.guards import eval_mode
 from attribution.methods import gauss_legendre
 
 from . import references
-from .zoo import ThreeBranchNet, TokenNet, build
+from .zoo import SequenceNet, ThreeBranchNet, TokenNet, UntraceableSequenceNet, build
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
@@ -425,6 +425,43 @@ def test_integer_inputs_score_with_every_method_but_conductance_which_says_why()
     assert list(table["method"]) == [m for m in at.METHODS if m != "conductance"]
     with pytest.raises(at.AttributionError, match="conductance interpolates"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
+
+
+@pytest.mark.parametrize("network", [SequenceNet, UntraceableSequenceNet])
+def test_layers_on_a_sequence_have_their_features_as_neurons(network):
+    torch.manual_seed(0)
+    model, x = network().eval(), torch.randn(12, 9, 3)
+    y = torch.randint(0, 3, (12,))
+    assert [(l.name, l.n_neurons, l.neuron_axis) for l in at.list_layers(model, x[:2])] == [
+        ("proj", 6, 2), ("act", 6, 2), ("norm", 6, 2), ("mix", 6, 2), ("head", 3, 1)]
+    for layer in ("proj", "act", "mix"):
+        module = dict(model.named_modules())[layer]
+        per_position = {  # Captum's [N, T, F], summed (averaged for activation) over positions
+            "gradient": LayerGradientXActivation(model, module, multiply_by_inputs=False)
+            .attribute(x, target=y).sum(1),
+            "gradient_x_activation": LayerGradientXActivation(model, module)
+            .attribute(x, target=y).sum(1),
+            "activation": LayerActivation(model, module).attribute(x).mean(1),
+            "conductance": LayerConductance(model, module).attribute(x, target=y, n_steps=8)
+            .sum(1)}
+        for name, expected in per_position.items():
+            torch.testing.assert_close(at.neuron_scores(model, layer, x, y, name, n_steps=8),
+                                       expected.detach(), rtol=1e-4, atol=1e-5)
+        with torch.no_grad():  # ablation: feature j zeroed at every position
+            base = model(x).gather(1, y[:, None])[:, 0]
+            effects = []
+            for j in range(6):
+                def zero_feature(out, j=j):
+                    out = out.clone()
+                    out[..., j] = 0
+                    return out
+                with references.replaced_output(module, zero_feature):
+                    effects.append(base - model(x).gather(1, y[:, None])[:, 0])
+        torch.testing.assert_close(at.neuron_scores(model, layer, x, y, "ablation"),
+                                   torch.stack(effects, 1), rtol=1e-4, atol=1e-6)
+    with eval_mode(model):
+        runner = runner_for(model, "mix", model.mix, x)
+    assert isinstance(runner, HookRunner if network is UntraceableSequenceNet else FxRunner)
 
 
 # ---------------------------------------------------------------- sanity model

@@ -94,6 +94,32 @@ class TokenNet(nn.Module):
         return self.fc2(torch.relu(self.fc1(self.embed(ids).mean(1))))
 
 
+class SequenceNet(nn.Module):
+    """Per-position layers on a sequence [N, T, 3]: Linear -> GELU -> LayerNorm, a residual
+    Linear, then the mean over positions and a head. Their neurons are the last dim."""
+
+    def __init__(self, n_classes=3):
+        super().__init__()
+        self.proj = nn.Linear(3, 6)
+        self.act = nn.GELU()
+        self.norm = nn.LayerNorm(6)
+        self.mix = nn.Linear(6, 6)
+        self.head = nn.Linear(6, n_classes)
+
+    def forward(self, x):
+        h = self.norm(self.act(self.proj(x)))
+        return self.head((h + torch.relu(self.mix(h))).mean(1))
+
+
+class UntraceableSequenceNet(SequenceNet):
+    """SequenceNet behind data-dependent control flow: the hook runner's path."""
+
+    def forward(self, x):
+        if x.sum() > 1e9:
+            x = x * 0
+        return super().forward(x)
+
+
 def token_files(folder, n=24, length=5, seed=0):
     """(model, ids [n, length], labels [n]) and the .pt2 + .npz a user would upload."""
     import numpy as np
