@@ -148,6 +148,8 @@ def _as_labels(value: Any, n: int) -> torch.Tensor:
                                    f"{reprlib.repr(example)}.")
     if array.dtype.kind not in "iuf":
         raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
+    if len(array) and float(np.abs(array).max()) >= 2 ** 62:  # beyond int64: no class id
+        raise AttributionError(f"Labels must be class ids 0..C-1; found {_plain(array.max())}.")
     labels = torch.from_numpy(array.astype(np.int64))
     if labels.min() < 0:
         raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
@@ -184,7 +186,8 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     Args:
         source: .npz, .npy, .pt, .csv or .parquet; a path, bytes or a binary file object.
         features: the inputs key (.npz/.pt) or the feature columns (.csv/.parquet);
-            detected when None.
+            detected when None (every other column, but for the row numbers that pandas'
+            `to_csv` writes by default as "Unnamed: 0").
         label: the labels key or column; detected when None ("" for none).
         cluster: the cluster key or column; detected when None ("" for none).
         max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
@@ -321,6 +324,12 @@ def _read_csv(data: bytes, limit: int) -> pd.DataFrame:
     return frame
 
 
+def _is_saved_index(frame: pd.DataFrame, column: str) -> bool:
+    """The row numbers pandas writes by default (`to_csv` without index=False)."""
+    return (column.startswith("Unnamed: ") and pd.api.types.is_integer_dtype(frame[column])
+            and bool((frame[column].to_numpy() == np.arange(len(frame))).all()))
+
+
 def _is_number(text: Any) -> bool:
     try:
         float(str(text))
@@ -350,7 +359,8 @@ def _from_frame(frame: pd.DataFrame, features, label, cluster) -> Dataset:
     cluster_column = _pick(columns, cluster, [lower[k] for k in _CLUSTER_KEYS if k in lower],
                            "cluster column", required=False)
     if features is None:
-        feature_columns = [c for c in frame.columns if c not in (label_column, cluster_column)]
+        feature_columns = [c for c in frame.columns if c not in (label_column, cluster_column)
+                           and not _is_saved_index(frame, c)]
         text = [c for c in feature_columns if not pd.api.types.is_numeric_dtype(frame[c])]
         if text:
             raise AttributionError(

@@ -88,6 +88,16 @@ def test_pt_tensor_tuple_and_npy_and_images(tmp_path):
         assert at.load_data(handle).inputs.shape == (4, 3)
 
 
+def test_row_numbers_written_by_pandas_are_not_a_feature():
+    frame = table(label=LABELS)
+    saved = frame.to_csv().encode()  # index=True: a leading "Unnamed: 0" column of 0..N-1
+    assert saved.startswith(b",a,")
+    loaded = at.load_data(saved)
+    assert loaded.feature_names == tuple(c for c in frame.columns if c != "label")
+    shuffled = frame.sample(frac=1, random_state=1).to_csv().encode()  # not 0..N-1: a feature
+    assert at.load_data(shuffled).feature_names[0] == "Unnamed: 0"
+
+
 def test_columns_and_keys_can_be_chosen():
     frame = table(target=LABELS, kind=[5, 6, 5, 6], note=["x", "y", "z", "w"])
     with pytest.raises(at.AttributionError, match="note are not numeric"):
@@ -109,6 +119,7 @@ def test_columns_and_keys_can_be_chosen():
     (csv_bytes(table(label=["cat", "dog", "cat", "dog"])), "found 'cat'"),
     (csv_bytes(table(label=[0, None, 1, 0])), "integer class ids; found nan"),
     (csv_bytes(table(label=[0, -1, 1, 0])), ">= 0; found -1"),
+    (b"a,label\n1,99999999999999999999\n2,1\n", "0..C-1; found 1e\\+20"),
     (csv_bytes(table(label=LABELS, cluster=["p", None, "p", "q"])), "no cluster id"),
     (npz_bytes(inputs=np.where(INPUTS == 4, np.nan, INPUTS)), r"row 1, value 1"),
     (csv_bytes(table(label=LABELS).replace(7.0, np.inf)), "row 2, column 'b'"),
@@ -125,7 +136,8 @@ def test_columns_and_keys_can_be_chosen():
     (pt_bytes({"inputs": [[1.0, 2.0], [3.0]]}), "rectangular"),
     (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.bfloat16)}),
      None),
-], ids=["fractional-label", "text-label", "missing-label", "negative-label", "missing-cluster",
+], ids=["fractional-label", "text-label", "missing-label", "negative-label", "huge-label",
+        "missing-cluster",
         "nan-input", "inf-in-table", "no-header", "no-rows", "text-inputs", "1d-inputs",
         "feature-name-count", "label-count", "cluster-name-ids", "complex-labels",
         "ragged-inputs", "bfloat16-labels-are-fine"])
