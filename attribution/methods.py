@@ -13,6 +13,7 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
+from .errors import AttributionError
 from .split import LayerRunner
 
 Targets = Union[torch.Tensor, str, None]  # LongTensor [B], "all", or None (= predicted class)
@@ -91,6 +92,20 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
 
 def _gradients(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int = 1):
     """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes)."""
+    try:
+        return _backward(logits, z, targets, repeats)
+    except RuntimeError as error:
+        if "modified by an inplace operation" not in str(error):
+            raise
+        raise AttributionError(
+            "The model cannot be differentiated after this layer: an in-place operation "
+            "overwrites a value its own backward pass needs (e.g. x.mul_() after "
+            "relu(x, inplace=True)), so plain autograd on the model fails too. Make that "
+            f"operation out of place, or use a method without gradients (ablation). ({error})"
+        ) from None
+
+
+def _backward(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int):
     selected = _selected(logits, targets, repeats)
     n_classes = logits.shape[1]
     if not selected.requires_grad:  # the logits do not depend on this layer at all

@@ -349,6 +349,38 @@ def test_an_in_place_op_after_the_layer_does_not_change_what_is_captured():
     assert curve["ranked"].iloc[0] == pytest.approx(float(expected), abs=1e-6)
 
 
+class UndifferentiableAfterLayer(nn.Module):
+    """`h += skip(x)`, relu_(h), h.mul_(2): mul_ overwrites what relu's backward needs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.skip, self.fc2 = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h += self.skip(x)
+        h = torch.relu_(h)
+        h.mul_(2)
+        return self.fc2(h)
+
+
+def test_a_model_autograd_cannot_differentiate_gets_a_clear_message_not_a_traceback():
+    torch.manual_seed(0)
+    model, x = UndifferentiableAfterLayer().eval(), torch.randn(7, 4)
+    y = torch.randint(0, 3, (7,))
+    with pytest.raises(RuntimeError, match="inplace operation"):  # plain autograd fails too
+        model(x.requires_grad_(True)).sum().backward()
+    x = x.detach()
+    for name in ("gradient", "gradient_x_activation", "integrated_gradients", "conductance"):
+        with pytest.raises(at.AttributionError, match="in-place operation.*ablation"):
+            at.neuron_scores(model, "fc1", x, y, name, batch_size=3)
+    with torch.no_grad():  # gradient-free methods are exact, in-place ops and all
+        z = model.fc1(x)
+        torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "activation"), z)
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "ablation", batch_size=3),
+                               references.ablation(model, model.fc1, x, y), rtol=1e-4, atol=1e-6)
+
+
 class ScaleReadTwice(nn.Module):
     """A learned per-unit scale [8] read before the layer and again after it."""
 
