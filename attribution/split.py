@@ -245,7 +245,7 @@ class FxRunner(LayerRunner):
 
     def _front(self, x):
         try:
-            return self.front(x)
+            return self.front.forward(x)  # not __call__: fx prints failures to stderr
         except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
             run_model(self.model, x)  # re-raise the model's own message as AttributionError
             raise error
@@ -264,7 +264,7 @@ class FxRunner(LayerRunner):
                  for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad and z.is_leaf:
             z = z.clone()  # in-place ops after the layer must not touch the leaf
-        return logits_of(self.back(self._from_neurons(z), *saved))
+        return logits_of(self.back.forward(self._from_neurons(z), *saved))
 
     def forward_with_leaf(self, x):
         with torch.no_grad():

@@ -296,6 +296,29 @@ def test_fx_runner_is_used_for_traceable_models_and_reproduces_them():
         torch.testing.assert_close(stacked[:x.shape[0]], model(x))
 
 
+class BatchSizeInTheTail(nn.Module):
+    """The tail reshapes by the batch size read before the layer: stacked variants break it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        batch = x.shape[0]
+        return self.fc2(torch.relu(self.fc1(x))).reshape(batch, 3)
+
+
+def test_a_split_that_cannot_stack_variants_falls_back_quietly(capfd):
+    torch.manual_seed(0)
+    model, x = BatchSizeInTheTail().eval(), torch.randn(8, 4)
+    y = torch.randint(0, 3, (8,))
+    with eval_mode(model):
+        assert isinstance(runner_for(model, "fc1", model.fc1, x), HookRunner)
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, "ablation"),
+                               references.ablation(model, model.fc1, x, y))
+    assert capfd.readouterr().err == ""  # no traceback from the failed fx check
+
+
 def test_exported_program_keeps_layer_names_and_scores(tmp_path):
     model, x, y = build("residual_mlp")
     program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
