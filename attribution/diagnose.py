@@ -26,7 +26,8 @@ several clusters every check runs on each and reports the worst. Value measured;
   > 1e-3 (float32 reassociation differences stay far below); known bug patterns are named.
 
 A neuron is dead on a set of samples when its output is exactly 0 on all of them (a post-ReLU
-layer) or its gradient is exactly 0 on all of them (a pre-activation that never turns on).
+layer) or the gradient of every class's logit is exactly 0 on all of them (a pre-activation
+that never turns on; the other logits of an output layer are not dead).
 "Effect" in tiny_scores is in logit units: the score itself for gradient_x_activation,
 integrated_gradients, conductance and ablation; |gradient| x mean |activation| for gradient;
 activation and random have no logit units and are checked against float precision only.
@@ -46,7 +47,8 @@ from .layers import run_model
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve
 from .scores import (REDUCTIONS, Inputs, _as_batch_tensor, _check_method, cluster_codes,
-                     iter_labelled_batches, model_device, neuron_scores, on_device)
+                     iter_labelled_batches, model_device, neuron_scores, on_device,
+                     score_batches)
 from .split import logits_of
 
 SEVERITIES = ("ok", "warning", "problem")
@@ -98,6 +100,7 @@ class _Evidence:
     activations: np.ndarray
     effects: np.ndarray
     logit_scale: float
+    reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
 
 
 def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = "gradient",
@@ -155,6 +158,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     effects = (scores if method == "ablation"
                else neuron_scores(model, layer, x, targets, "ablation", **options).numpy())
     logits = _logits(model, x, batch_size)
+    reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
 
     groups = []
@@ -165,9 +169,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         groups.append(_Evidence(
             name, x[part], targets[part] if targets is not None else None, group_scores,
             _reduce(group_scores, reduce), gradients[rows], activations[rows], effects[rows],
-            float(logits[part].double().std()) if len(rows) else 0.0))
+            float(logits[part].double().std()) if len(rows) else 0.0, reach[rows]))
     labelled = len(groups) > 1
-    everywhere_dead = _dead(gradients, activations)
+    everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
     findings.append(_worst([_constant(g) for g in groups], groups, labelled))
     findings.append(_worst([_tiny(g, method) for g in groups], groups, labelled))
@@ -248,9 +252,25 @@ def _reduce(scores: np.ndarray, reduce: str) -> np.ndarray:
     return scores.std(0, ddof=1) if scores.shape[0] > 1 else np.full(scores.shape[1], np.nan)
 
 
-def _dead(gradients: np.ndarray, activations: np.ndarray) -> np.ndarray:
-    """[n] bool: output exactly 0 on every sample, or gradient exactly 0 on every sample."""
-    return (activations == 0).all(0) | (gradients == 0).all(0)
+def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,
+           activations: np.ndarray, codes: np.ndarray, options: dict) -> np.ndarray:
+    """[m, n] sum over classes of |dF_c/dz|. Computed only when the target's gradient is 0
+    on all of a cluster's samples while the output is not (e.g. the other logits of an
+    output layer for a one-class cluster); otherwise |target gradient| decides the same."""
+    reach = np.abs(gradients)
+    for code in np.unique(codes):
+        rows = codes == code
+        if ((gradients[rows] == 0).all(0) & ~(activations[rows] == 0).all(0)).any():
+            for start, part in score_batches(model, layer, x, "all", "gradient", **options):
+                reach[start:start + len(part)] = part.abs().sum(1).numpy()
+            break
+    return reach
+
+
+def _dead(reach: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """[n] bool: output exactly 0 on every sample, or no class's logit depends on it on any
+    sample (a pre-activation that never turns on)."""
+    return (activations == 0).all(0) | (reach == 0).all(0)
 
 
 # ------------------------------------------------------------------------------ checks
@@ -342,7 +362,7 @@ def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
 
 
 def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray) -> tuple[Finding, float]:
-    dead = _dead(group.gradients, group.activations)
+    dead = _dead(group.reach, group.activations)
     share = float(dead.mean())
     listed = _neuron_list(np.flatnonzero(dead))
     never_used = np.flatnonzero(dead & everywhere_dead)

@@ -179,6 +179,15 @@ def test_dead_neurons_from_a_bias_pushed_hugely_negative(layer):
     assert finding.severity == "problem" and finding.value == pytest.approx(6 / WIDTH)
 
 
+def test_the_other_logits_of_an_output_layer_are_not_dead_neurons():
+    model, dataset = at.load_demo("digits_mlp")
+    threes = dataset.labels == 3  # one class: only logit 3 moves the target
+    x, y = dataset.inputs[threes], dataset.labels[threes]
+    assert (at.neuron_scores(model.module, "out", x, y, "gradient") == 0).all(0).sum() == 9
+    finding = by_code(at.diagnose(model.module, "out", x, y, "gradient"))["dead_neurons"]
+    assert finding.severity == "ok" and finding.value == 0.0
+
+
 def test_a_dead_conv_channel_is_found_and_every_check_runs_on_conv_layers():
     model, x, y = build("residual_conv")
     with torch.no_grad():
