@@ -36,8 +36,9 @@ main = summaries[summaries["method"] == s.method]
 left, right = st.columns(2, gap="medium")
 with left:
     controls = st.columns([2, 1])
-    top_n = controls[0].slider("Neurons shown", 3, max(3, min(40, ctx.n_neurons)),
-                               min(15, ctx.n_neurons), key="top_n")
+    most = min(40, ctx.n_neurons)
+    top_n = most if most < 2 else controls[0].slider("Neurons shown", 1, most, min(15, most),
+                                                     key="top_n")
     bottom = controls[1].toggle("Lowest instead", key="show_bottom")
     common.chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
                                    bottom=bottom), key="neuron_bars")

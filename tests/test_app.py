@@ -336,6 +336,11 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
     labels = [plots.method_label(m) for m in at.METHODS if m != "conductance"]
     assert sidebar_widget(app, "w_method").options == labels
     assert app.dataframe[0].value["method"].tolist() == labels  # the oracle table
+    sidebar_widget(app, "w_layer").set_value("fc2")  # 3 neurons: the logits of 3 classes
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    bars = figure(app, "Highest 3 neurons")["data"][0]
+    assert len(values(bars["x"] if bars.get("orientation") != "h" else bars["y"])) == 3
 
 
 def _torchscript() -> bytes:
