@@ -1,5 +1,6 @@
 """Scores page: clusters x neurons, one cluster's samples x neurons, ranked neurons with their
 spread, the methods side by side, and the table behind them."""
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -20,6 +21,12 @@ st.caption(f"{common.escape_markdown(ctx.ws.title)} · layer "
 per_sample = common.guarded(lambda: {m: ctx.scores(m) for m in s.methods})
 if per_sample is None:
     st.stop()
+unusable = ~np.isfinite(per_sample[s.method]).all(axis=1)
+if unusable.any():
+    st.warning(f"{int(unusable.sum())} sample(s) have scores that are not finite (NaN or "
+               "infinite), so every average over them is too: the model's own outputs or "
+               "gradients overflow there. The Diagnosis page shows where.",
+               icon=":material/warning:")
 
 table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
 tidy = plots.tidy_cluster_scores(table, s.method)
@@ -61,7 +68,7 @@ if len(s.methods) > 1:
                "Choose the methods under 'Compare with' in the sidebar.")
 
 st.subheader("Score table")
-wide = summaries.pivot_table(index="neuron", columns="method", values=["score", "spread"])
+wide = summaries.pivot(index="neuron", columns="method", values=["score", "spread"])
 wide.columns = [f"{plots.method_label(method)} {value}" for value, method in wide.columns]
 ordered = [f"{plots.method_label(m)} {v}" for m in s.methods for v in ("score", "spread")]
 st.dataframe(wide[ordered].sort_values(ordered[0], ascending=False), height=300,

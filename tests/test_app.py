@@ -343,6 +343,34 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
     assert len(values(bars["x"] if bars.get("orientation") != "h" else bars["y"])) == 3
 
 
+class NaNForZeroFirstFeature(nn.Module):
+    """Logits times x0 / x0: NaN for a sample whose first feature is exactly 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.relu, self.head = nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.relu(self.fc(x))) * (x[:, :1] / x[:, :1])
+
+
+def test_a_sample_with_nan_logits_is_reported_on_the_scores_page(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(60, 4)
+    x[0, 0] = 0.0
+    labels = torch.arange(60) // 20
+    program = torch.export.export(NaNForZeroFirstFeature().eval(), (x[1:5],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=labels.numpy())
+    app = upload(run_app(), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
+                 ("d.npz", (tmp_path / "d.npz").read_bytes(), OCTET))
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    assert [w.value for w in app.warning if w.value.startswith("1 sample(s) have scores")]
+    assert len(app.dataframe[0].value) == 8  # the table keeps every neuron, NaN and all
+
+
 def _torchscript() -> bytes:
     buffer = io.BytesIO()
     torch.jit.save(torch.jit.script(nn.Linear(64, 10)), buffer)
