@@ -186,8 +186,9 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     Args:
         source: .npz, .npy, .pt, .csv or .parquet; a path, bytes or a binary file object.
         features: the inputs key (.npz/.pt) or the feature columns (.csv/.parquet);
-            detected when None (every other column, but for the row numbers that pandas'
-            `to_csv` writes by default as "Unnamed: 0").
+            detected when None (every other column, but for the row index that pandas'
+            `to_csv` writes by default: a first column without a header, of distinct
+            integers).
         label: the labels key or column; detected when None ("" for none).
         cluster: the cluster key or column; detected when None ("" for none).
         max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
@@ -325,9 +326,10 @@ def _read_csv(data: bytes, limit: int) -> pd.DataFrame:
 
 
 def _is_saved_index(frame: pd.DataFrame, column: str) -> bool:
-    """The row numbers pandas writes by default (`to_csv` without index=False)."""
-    return (column.startswith("Unnamed: ") and pd.api.types.is_integer_dtype(frame[column])
-            and bool((frame[column].to_numpy() == np.arange(len(frame))).all()))
+    """The row index pandas writes by default (`to_csv` without index=False): a first
+    column without a header, of distinct integers."""
+    return (column == frame.columns[0] and column.startswith("Unnamed: ")
+            and pd.api.types.is_integer_dtype(frame[column]) and frame[column].is_unique)
 
 
 def _is_number(text: Any) -> bool:
@@ -364,8 +366,10 @@ def _from_frame(frame: pd.DataFrame, features, label, cluster) -> Dataset:
         text = [c for c in feature_columns if not pd.api.types.is_numeric_dtype(frame[c])]
         if text:
             raise AttributionError(
-                f"Columns {', '.join(text[:5])} are not numeric. Choose the feature columns "
-                "with features=[...], and the label/cluster columns with label= and cluster=.")
+                f"Columns {', '.join(text[:5])} are not numeric. Name the label and cluster "
+                "columns 'label' and 'cluster' (found by those names) and drop other text "
+                "columns, or choose the columns: features=, label=, cluster= in Python, "
+                "--features, --label-key, --cluster-key on the command line.")
     else:
         feature_columns = [features] if isinstance(features, str) else list(features)
         missing = [c for c in feature_columns if c not in columns]
@@ -411,7 +415,8 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
                                f"0..{model.n_classes - 1} (e.g. {int(bad[0])}). Check the label "
                                "column and that the data belongs to this model.")
     if dataset.clusters is not None:
-        check_clusters(dataset.clusters)
+        check_clusters(dataset.clusters, remedy="Merge them with others in the data's cluster "
+                                                "ids, or leave the cluster ids out.")
     class_names = dataset.class_names
     if class_names is None or len(class_names) != model.n_classes:
         class_names = model.class_names
@@ -430,8 +435,11 @@ def _as_ids(inputs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return inputs.to(dtype)
 
 
-def check_clusters(clusters: Any, *, min_size: int = 2) -> None:
-    """Raise when there are no samples or some cluster has fewer than `min_size` samples."""
+def check_clusters(clusters: Any, *, min_size: int = 2,
+                   remedy: str = "Merge them, choose fewer k-means clusters or another "
+                                 "cluster source.") -> None:
+    """Raise when there are no samples or some cluster has fewer than `min_size` samples;
+    the message ends with `remedy`."""
     ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
     if len(ids) == 0:
         raise AttributionError("There are no samples to put in clusters.")
@@ -440,8 +448,7 @@ def check_clusters(clusters: Any, *, min_size: int = 2) -> None:
     if small:
         raise AttributionError(
             f"Clusters need at least {min_size} samples each; too small: "
-            f"{', '.join(small[:8])}{' ...' if len(small) > 8 else ''}. Merge them, choose "
-            "fewer k-means clusters or another cluster source.")
+            f"{', '.join(small[:8])}{' ...' if len(small) > 8 else ''}. {remedy}")
 
 
 # ---------------------------------------------------------------- predictions and clusters
@@ -528,6 +535,9 @@ def _kmeans(points: np.ndarray, k: Optional[int], seed: int) -> np.ndarray:
         raise AttributionError(f"k-means needs an integer k from 2 to the number of samples "
                                f"({n}); got {k!r}.")
     distinct = len(np.unique(points, axis=0))
+    if distinct < 2:
+        raise AttributionError("k-means cannot split these samples: they are all identical "
+                               "(here). Choose another cluster source.")
     if distinct < k:
         raise AttributionError(f"k-means cannot make {k} clusters: there are only {distinct} "
                                f"distinct samples; choose k <= {distinct}.")

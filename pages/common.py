@@ -366,7 +366,7 @@ def sidebar() -> Optional[Context]:
                   format_func=CLUSTER_SOURCE_LABELS.get,
                   help="How samples are grouped; scores are averaged within each cluster.")
     cluster_by = st.session_state["w_cluster_by"]
-    k_options = list(range(2, 21))
+    k_options = list(range(2, max(3, min(21, len(ws.data) + 1))))
     _prepare("w_k", k_options, 8)
     if cluster_by.startswith("kmeans"):
         bar.select_slider("Number of k-means clusters", k_options, key="w_k")

@@ -88,19 +88,21 @@ def test_pt_tensor_tuple_and_npy_and_images(tmp_path):
         assert at.load_data(handle).inputs.shape == (4, 3)
 
 
-def test_row_numbers_written_by_pandas_are_not_a_feature():
+def test_the_row_index_written_by_pandas_is_not_a_feature():
     frame = table(label=LABELS)
-    saved = frame.to_csv().encode()  # index=True: a leading "Unnamed: 0" column of 0..N-1
+    features = tuple(c for c in frame.columns if c != "label")
+    saved = frame.to_csv().encode()  # index=True: a first column without a header
     assert saved.startswith(b",a,")
-    loaded = at.load_data(saved)
-    assert loaded.feature_names == tuple(c for c in frame.columns if c != "label")
-    shuffled = frame.sample(frac=1, random_state=1).to_csv().encode()  # not 0..N-1: a feature
-    assert at.load_data(shuffled).feature_names[0] == "Unnamed: 0"
+    assert at.load_data(saved).feature_names == features
+    filtered = frame[frame["label"] == 1].sample(frac=1, random_state=1).to_csv().encode()
+    assert at.load_data(filtered).feature_names == features  # rows 2, 1: still the index
+    repeated = frame.set_index(pd.Index([0, 0, 1, 1])).to_csv().encode()  # not an index
+    assert at.load_data(repeated).feature_names == ("Unnamed: 0",) + features
 
 
 def test_columns_and_keys_can_be_chosen():
     frame = table(target=LABELS, kind=[5, 6, 5, 6], note=["x", "y", "z", "w"])
-    with pytest.raises(at.AttributionError, match="note are not numeric"):
+    with pytest.raises(at.AttributionError, match="note are not numeric.*--features"):
         at.load_data(csv_bytes(frame))
     chosen = at.load_data(csv_bytes(frame), features=["a", "c"], label="target", cluster="kind")
     assert chosen.inputs.shape == (4, 2) and chosen.clusters.tolist() == [5, 6, 5, 6]
@@ -211,7 +213,8 @@ def test_check_data_rejects_labels_outside_the_model_classes():
 
 def test_check_data_rejects_single_sample_clusters():
     dataset = at.Dataset(inputs=INPUTS, labels=LABELS, clusters=["p", "p", "p", "lonely"])
-    with pytest.raises(at.AttributionError, match=r"too small: 'lonely' \(1\)"):
+    with pytest.raises(at.AttributionError, match=r"too small: 'lonely' \(1\). Merge them "
+                                                   "with others in the data's cluster ids"):
         at.check_data(dataset, picker_model())
     at.check_clusters(dataset.clusters, min_size=1)
     with pytest.raises(at.AttributionError, match="no samples"):
@@ -258,6 +261,9 @@ def test_kmeans_on_inputs_is_seeded_and_checks_k():
     duplicates = at.Dataset(inputs=np.repeat(INPUTS[:2], 3, axis=0))
     with pytest.raises(at.AttributionError, match="only 2 distinct samples"):
         at.make_clusters("kmeans_inputs", duplicates, k=3)
+    identical = at.Dataset(inputs=np.ones((5, 3), np.float32))
+    with pytest.raises(at.AttributionError, match="all identical.*another cluster source"):
+        at.make_clusters("kmeans_inputs", identical, k=2)
 
 
 def test_kmeans_on_conv_activations_uses_channel_means():
