@@ -273,12 +273,20 @@ def context() -> Context:
 # ------------------------------------------------------------------ choices and the URL
 
 def _from_url() -> dict[str, str]:
-    """URL parameters not yet applied to a widget (read once per session)."""
+    """URL parameters not yet applied to a widget (read once per session). A link to an
+    uploaded model's view waits until the files are uploaded."""
     if "url_choices" not in st.session_state:
         st.session_state["url_choices"] = {key: st.query_params[param]
                                            for key, param in URL_KEYS.items()
                                            if param in st.query_params}
+    if _waits_for_upload():
+        return {}
     return st.session_state["url_choices"]
+
+
+def _waits_for_upload() -> bool:
+    return (st.session_state.get("url_choices", {}).get("w_source") == UPLOAD
+            and "upload" not in st.session_state)
 
 
 def _prepare(key: str, options: Sequence, default: Any) -> None:
@@ -337,6 +345,9 @@ def sidebar() -> Optional[Context]:
     if st.session_state.pop("upload_is_new", False):
         st.session_state["w_source"] = UPLOAD
     _prepare("w_source", sources, sources[0])
+    if _waits_for_upload():
+        bar.info("This link shows a view of an uploaded model: upload the same model and data "
+                 "on the Model & data page to see it.", icon=":material/upload_file:")
     uploaded = st.session_state.get("upload")
     bar.selectbox("Model and data", sources, key="w_source",
                   format_func=lambda s: ("Uploaded: " + uploaded.model_name if s == UPLOAD

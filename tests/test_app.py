@@ -343,6 +343,22 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
     assert len(values(bars["x"] if bars.get("orientation") != "h" else bars["y"])) == 3
 
 
+def test_a_link_to_an_uploaded_models_view_waits_for_the_upload(tmp_path):
+    token_files(tmp_path, n=60)
+    link = {"source": "upload", "layer": "embed", "cluster_by": "label", "cluster": "2",
+            "method": "ablation"}
+    app = run_app(link)
+    assert_clean(app)
+    assert [i.value for i in app.sidebar.info if "upload the same model and data" in i.value]
+    app = upload(app, ("t.pt2", (tmp_path / "tokens.pt2").read_bytes(), OCTET),
+                 ("t.npz", (tmp_path / "tokens.npz").read_bytes(), OCTET))
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    assert {key: sidebar_widget(app, key).value for key in ("w_layer", "w_cluster", "w_method")
+            } == {"w_layer": "embed", "w_cluster": 2, "w_method": "ablation"}
+    assert dict(app.query_params)["layer"] == "embed" and not app.sidebar.info
+
+
 class NaNForZeroFirstFeature(nn.Module):
     """Logits times x0 / x0: NaN for a sample whose first feature is exactly 0."""
 
