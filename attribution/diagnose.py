@@ -45,7 +45,7 @@ from .errors import AttributionError
 from .guards import eval_mode
 from .layers import run_model
 from .oracle import rank_correlation
-from .pruning import curve_summary, pruning_curve
+from .pruning import curve_summary, pruning_curve, spaced_ks
 from .scores import (REDUCTIONS, Inputs, _as_batch_tensor, _check_method, cluster_codes,
                      iter_labelled_batches, model_device, neuron_scores, on_device,
                      score_batches)
@@ -387,9 +387,9 @@ def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray) -> tuple[Findin
 def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
                      batch_size) -> tuple[Finding, float]:
     n_neurons = group.cluster_score.shape[0]
-    ks = np.unique(np.linspace(0, n_neurons, min(n_neurons, _MAX_CURVE_POINTS) + 1).round())
+    ks = spaced_ks(n_neurons, _MAX_CURVE_POINTS)
     curve = pruning_curve(model, layer, group.x, group.targets,
-                          np.nan_to_num(group.cluster_score, nan=0.0), ks=ks.astype(int),
+                          np.nan_to_num(group.cluster_score, nan=0.0), ks=ks,
                           n_random=n_random, seed=seed, ablation=ablation, metric=metric,
                           batch_size=batch_size)
     beaten = float(curve_summary(curve)["fraction_random_beaten"].iloc[0])

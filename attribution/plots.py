@@ -170,27 +170,35 @@ def neuron_summary(per_sample: np.ndarray, reduce: str, method: str) -> pd.DataF
     })
 
 
+def _evenly_spaced(order: np.ndarray, most: int) -> np.ndarray:
+    if len(order) <= most:
+        return order
+    return order[np.linspace(0, len(order) - 1, most).round().astype(int)]
+
+
 def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *,
-                       max_samples: int = 200) -> pd.DataFrame:
+                       max_samples: int = 200, max_neurons: int = 128) -> pd.DataFrame:
     """One cluster's samples x neurons as rows (sample, neuron, score), sorted for reading.
 
     Neurons are ordered by their mean score (highest first); samples by their score on the
-    top neuron. Above `max_samples` samples, evenly spaced rows of that order are kept, so
-    the picture keeps its shape.
+    top neuron. Above `max_samples` samples (`max_neurons` neurons), evenly spaced rows
+    (columns) of that order are kept, so the picture keeps its shape; `attrs["n_neurons"]`
+    is the layer's count.
     """
     values = np.asarray(per_sample, dtype=np.float64)
     ids = np.asarray(sample_ids)
-    neuron_order = np.argsort(-values.mean(axis=0), kind="stable")
-    sample_order = np.argsort(-values[:, neuron_order[0]], kind="stable") if values.size else []
-    if len(sample_order) > max_samples:
-        keep = np.linspace(0, len(sample_order) - 1, max_samples).round().astype(int)
-        sample_order = np.asarray(sample_order)[keep]
+    neuron_order = _evenly_spaced(np.argsort(-values.mean(axis=0), kind="stable"), max_neurons)
+    sample_order = (np.argsort(-values[:, neuron_order[0]], kind="stable") if values.size
+                    else np.zeros(0, dtype=int))
+    sample_order = _evenly_spaced(sample_order, max_samples)
     block = values[np.ix_(sample_order, neuron_order)]
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "sample": np.repeat(ids[sample_order], len(neuron_order)),
         "neuron": np.tile(neuron_order, len(sample_order)),
         "score": block.ravel(),
     })
+    frame.attrs["n_neurons"] = values.shape[1]
+    return frame
 
 
 def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
@@ -208,6 +216,9 @@ def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- figures -----------------------------------------------------------------------------
+
+_MOST_GAPPED = 64  # cells per row above which a 1 px gap would hide narrow cells
+
 
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
                     highlight: object = None) -> go.Figure:
@@ -229,7 +240,8 @@ def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
         colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
         hovertemplate="cluster %{y}<br>neuron %{x}<br>score %{z:.4g}"
                       "<br>n = %{customdata} samples<extra></extra>",
-        xgap=1, ygap=1, **_colour_range(z, _is_signed(z.ravel())),
+        xgap=1 if z.shape[1] <= _MOST_GAPPED else 0, ygap=1 if z.shape[0] <= _MOST_GAPPED else 0,
+        **_colour_range(z, _is_signed(z.ravel())),
     ))
     if highlight is not None and highlight in clusters:
         row = clusters.index(highlight)
@@ -261,7 +273,11 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
                       "<extra></extra>",
         **_colour_range(z, _is_signed(z.ravel())),
     ))
-    fig.update_xaxes(title="neuron (sorted by cluster mean, highest first)", type="category")
+    n_neurons = samples.attrs.get("n_neurons", len(neuron_order))
+    spacing = "" if n_neurons == len(neuron_order) else \
+        f"; {len(neuron_order)} of {n_neurons}, evenly spaced"
+    fig.update_xaxes(title=f"neuron (sorted by cluster mean, highest first{spacing})",
+                     type="category")
     fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
     shown = len(sample_order)
     count = f"{shown} samples" if not n_total or n_total == shown else \

@@ -373,6 +373,13 @@ def _check_options(ablation: str, metric: str, n_random: int, batch_size: int) -
         raise AttributionError("batch_size must be a positive integer.")
 
 
+def spaced_ks(n_neurons: int, most: int) -> list[int]:
+    """Every k from 0 to `n_neurons` when that is at most `most` + 1 values, else `most` + 1
+    evenly spaced ones (0 and n_neurons included): a curve's shape at a bounded cost."""
+    return sorted(set(np.linspace(0, n_neurons, min(n_neurons, most) + 1).round()
+                      .astype(int).tolist()))
+
+
 def _check_ks(ks: Optional[Sequence[int]], n_neurons: int) -> list[int]:
     if ks is None:
         return list(range(n_neurons + 1))

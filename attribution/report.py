@@ -30,10 +30,11 @@ from .layers import LayerInfo
 from .loading import LoadedModel
 from .methods import METHODS
 from .oracle import oracle_agreement
-from .pruning import cluster_pruning_curves, curve_summary
+from .pruning import cluster_pruning_curves, curve_summary, spaced_ks
 from .scores import REDUCTIONS, neuron_scores
 
 TARGETS = ("true", "predicted", "fixed")
+CURVE_K_STEPS = 128  # pruning curves of wider layers use evenly spaced k (every k: minutes)
 TARGET_LABELS = {"true": "true class", "predicted": "predicted class", "fixed": "a fixed class"}
 CLUSTER_SOURCE_LABELS = {
     "label": "true label", "predicted": "predicted label",
@@ -351,8 +352,8 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     curves = cluster_pruning_curves(
         model, settings.layer, dataset.inputs, curve_targets(dataset, settings.metric, targets),
         clusters, settings.cluster, row.loc[settings.cluster].drop("n").to_numpy(),
-        n_random=settings.n_random, seed=settings.seed, metric=settings.metric,
-        batch_size=settings.batch_size)
+        ks=spaced_ks(len(row.columns) - 1, CURVE_K_STEPS), n_random=settings.n_random,
+        seed=settings.seed, metric=settings.metric, batch_size=settings.batch_size)
     focus_targets = None if targets is None else targets[torch.from_numpy(focus)]
     focus_inputs = dataset.inputs[torch.from_numpy(focus)]
     step(0.6, "diagnosis")

@@ -6,7 +6,8 @@ import streamlit as st
 
 import attribution as at
 from attribution import plots
-from attribution.report import curve_sentences, curve_targets
+from attribution.pruning import spaced_ks
+from attribution.report import CURVE_K_STEPS, curve_sentences, curve_targets
 from pages import common
 
 common.require_entrypoint()
@@ -110,8 +111,8 @@ else:
     curves = common.guarded(lambda: at.cluster_pruning_curves(
         ctx.ws.model, s.layer, ctx.ws.data.inputs, curve_targets(ctx.ws.data, s.metric,
                                                                  ctx.targets),
-        ctx.clusters, s.cluster, row.to_numpy(), n_random=s.n_random, metric=s.metric,
-        batch_size=s.batch_size, progress=on_progress))
+        ctx.clusters, s.cluster, row.to_numpy(), ks=spaced_ks(n_neurons, CURVE_K_STEPS),
+        n_random=s.n_random, metric=s.metric, batch_size=s.batch_size, progress=on_progress))
     status.empty()
     stop_slot.empty()
     if curves is not None:

@@ -14,7 +14,7 @@ from torch import nn
 import attribution as at
 from attribution import plots
 from attribution.demo import DEMO_DIR, load_demo
-from attribution.pruning import METRICS
+from attribution.pruning import METRICS, spaced_ks
 from pages import common
 from tests.conftest import ROOT
 from tests.zoo import token_files
@@ -357,6 +357,23 @@ def test_a_link_to_an_uploaded_models_view_waits_for_the_upload(tmp_path):
     assert {key: sidebar_widget(app, key).value for key in ("w_layer", "w_cluster", "w_method")
             } == {"w_layer": "embed", "w_cluster": 2, "w_method": "ablation"}
     assert dict(app.query_params)["layer"] == "embed" and not app.sidebar.info
+
+
+def test_a_wide_layer_gets_a_curve_over_evenly_spaced_k(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 300), nn.ReLU(), nn.Linear(300, 3)).eval()
+    x = torch.randn(60, 4)
+    program = torch.export.export(model, (x[:4],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=(torch.arange(60) % 3).numpy())
+    app = upload(run_app(), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
+                 ("d.npz", (tmp_path / "d.npz").read_bytes(), OCTET))
+    sidebar_widget(app, "w_layer").set_value("0")
+    app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    curves = app.session_state["curves"][app.session_state["context"].curve_key()]
+    assert curves[curves["subset"] == "cluster"]["k"].tolist() == spaced_ks(300, 128)
 
 
 class NaNForZeroFirstFeature(nn.Module):

@@ -175,6 +175,25 @@ def test_sample_scores_sorted_and_downsampled():
     assert "50 of 500" in figure.layout.yaxis.title.text
 
 
+def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
+    rng = np.random.default_rng(0)
+    per_sample = rng.normal(size=(30, 1024))
+    tidy = plots.tidy_sample_scores(per_sample, np.arange(30))
+    shown = list(pd.unique(tidy["neuron"]))
+    assert len(shown) == 128 and shown[0] == int(np.argmax(per_sample.mean(0)))
+    assert shown[-1] == int(np.argmin(per_sample.mean(0)))  # both ends of the ranking
+    figure = plots.sample_heatmap(tidy, method="gradient", cluster=1)
+    assert np.asarray(figure.data[0].z).shape == (30, 128)
+    assert "128 of 1024, evenly spaced" in figure.layout.xaxis.title.text
+    wide = pd.DataFrame({"cluster": np.repeat(["x", "y"], 1024), "neuron": np.tile(
+        np.arange(1024), 2), "score": rng.normal(size=2048), "n": 5})
+    heatmap = plots.cluster_heatmap(wide, method="gradient", reduce="mean").data[0]
+    assert heatmap.xgap == 0 and heatmap.ygap == 1  # a 1 px gap would hide sub-pixel cells
+    narrow = plots.cluster_heatmap(wide[wide["neuron"] < 16], method="gradient",
+                                   reduce="mean").data[0]
+    assert narrow.xgap == 1
+
+
 def test_neuron_summary_spread_is_across_samples():
     per_sample = np.array([[1.0, -1.0], [3.0, 1.0]])
     signed = plots.neuron_summary(per_sample, "mean", "gradient")

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
 from attribution import pruning
-from attribution.pruning import CURVE_COLUMNS, refinement_rounds
+from attribution.pruning import CURVE_COLUMNS, refinement_rounds, spaced_ks
 
 from . import references
 from .zoo import build
@@ -327,3 +327,10 @@ def test_an_unknown_cluster_is_named():
     with pytest.raises(at.AttributionError, match="'z' is not among"):
         at.cluster_pruning_curves(model, "fc2", x, y, np.array(["a", "b"] * 20), "z",
                                   np.arange(16.0))
+
+
+def test_spaced_ks_keep_every_k_of_narrow_layers_and_both_ends_of_wide_ones():
+    assert spaced_ks(16, 128) == list(range(17))
+    wide = spaced_ks(1024, 128)
+    assert len(wide) == 129 and wide[0] == 0 and wide[-1] == 1024
+    assert set(np.diff(wide)) == {8}
