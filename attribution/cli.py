@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--n-random", type=_positive, default=20,
                        help="random orders forming the band (default 20)")
     group.add_argument("--metric", choices=METRICS, default="accuracy",
-                       help="what the curves measure (default accuracy)")
+                       help="what the curves measure (default accuracy; for diagnose "
+                            "target_logit, as in the dashboard)")
     ablation = _Parser(add_help=False)
     ablation.add_argument("--ablation", choices=ABLATIONS, default="zero",
                           help="a removed neuron's output becomes 0 or its mean (default zero)")
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--out", type=Path, help="findings as JSON")
     command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
                          help="lowest severity that makes the exit code 1 (default problem)")
-    command.set_defaults(run=run_diagnose)
+    command.set_defaults(run=run_diagnose, metric="target_logit")  # as at.diagnose, the app
 
     command = commands.add_parser(
         "report", parents=[model, data, compute, band],

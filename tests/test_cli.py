@@ -193,6 +193,22 @@ def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):
     assert code == 1 and "PROBLEM   not_better_than_random" in out
 
 
+@pytest.mark.parametrize("metric", [None, "accuracy"])
+def test_diagnose_gives_the_apis_findings_with_the_same_defaults(demo, tmp_path, metric, capsys):
+    model, dataset = demo
+    flags = ("--metric", metric) if metric else ()
+    code, _, err = in_process("diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER,
+                              "--clusters", "none", "--quiet", *flags,
+                              "--out", tmp_path / "findings.json", capsys=capsys)
+    assert code in (0, 1), err
+    ours = {f["code"]: (f["severity"], f["value"])
+            for f in json.loads((tmp_path / "findings.json").read_text())["findings"]}
+    options = {"metric": metric} if metric else {}
+    expected = {f.code: (f.severity, pytest.approx(f.value, rel=1e-6, abs=1e-9)) for f in
+                at.diagnose(model, LAYER, dataset.inputs, dataset.labels, **options)}
+    assert ours == expected
+
+
 def test_report_is_one_offline_html_file(runs):
     code, _, err, folder = runs["report"]
     assert code == 0, err
