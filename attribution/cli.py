@@ -177,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"the method under test: {', '.join(METHODS)} (default gradient)")
     command.add_argument("--cluster", help="check only this cluster (default: every cluster)")
     command.add_argument("--user-scores", type=Path,
-                         help="your own per-sample scores (.npy) to check your hook code")
+                         help="your own per-sample scores (.npy) to check your hook code: "
+                              "one row per sample (with --cluster, its rows or every "
+                              "sample's)")
     command.add_argument("--out", type=Path, help="findings as JSON")
     command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
                          help="lowest severity that makes the exit code 1 (default problem)")
@@ -272,6 +274,10 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
         raise AttributionError(
             f"{args.data} holds samples of shape {list(rows.shape[1:])} but the model expects "
             f"[{expected}]; save the inputs as [N, {expected}].")
+    if not model.input_dtype.is_floating_point and rows.dtype.kind not in "iu":
+        raise AttributionError(
+            f"The model takes integer inputs (e.g. token ids) but {args.data} holds "
+            f"{rows.dtype} values; save them as integers: numpy.save(path, x.astype('int64')).")
     n = rows.shape[0]
     labels = clusters = None
     if args.labels is not None:

@@ -120,8 +120,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         cluster: check only this cluster; None = check every cluster, report the worst.
         reduce: how per-sample scores become the cluster score ("mean", "mean_abs", "std").
         user_scores: optional scores from one's own code for the same method and samples
-            (the analysed ones: the cluster's when `cluster` is given): per-sample [m, n] (or
-            [k, m, n]), or one cluster score [n] (compared with the signed mean).
+            (the analysed ones: the cluster's when `cluster` is given, whose rows are also
+            taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
+            cluster score [n] (compared with the signed mean).
         metric, ablation, n_random, seed: for the pruning curve of not_better_than_random.
         batch_size, n_steps, device: as in `neuron_scores`.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
@@ -137,6 +138,10 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     names, codes = _analysed(clusters, cluster, x.shape[0])
     if cluster is not None:
         keep = torch.from_numpy(codes >= 0)
+        if isinstance(user_scores, torch.Tensor):
+            user_scores = user_scores.detach().cpu().numpy()
+        if user_scores is not None and np.ndim(user_scores) == 2 and len(user_scores) == len(keep):
+            user_scores = np.asarray(user_scores)[codes >= 0]  # every sample's rows given
         x = x[keep]
         targets = targets[keep] if targets is not None else None
         codes = codes[codes >= 0]
@@ -487,7 +492,8 @@ def _capture(user_scores, engine: np.ndarray, method: str) -> Finding:
         repeats, leftover = divmod(user.shape[0], n_samples_)
         if leftover or repeats == 0:
             raise AttributionError(f"user_scores has {user.shape[0]} rows but {n_samples_} "
-                                   "samples were analysed; pass one row per sample, in order.")
+                                   "samples were analysed; pass one row per sample, in order "
+                                   "(for one cluster: its samples' rows, or every sample's).")
         if repeats == n_samples_:
             message = (f"Your array has {n_samples_} x {n_samples_} rows: every backward "
                        "captured the whole batch's gradient [1, B, n], i.e. the loop feeds "

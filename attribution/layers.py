@@ -43,10 +43,13 @@ def run_model(model: nn.Module, inputs: torch.Tensor):
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
         shape = list(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]  # not fx's dump
+        hint = ("Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
+                if isinstance(inputs, torch.Tensor) and not inputs.is_floating_point()
+                else "Check the feature count / image shape the model expects.")
         raise AttributionError(
             f"The model could not run on inputs of shape {shape} "
-            f"(dtype {getattr(inputs, 'dtype', '?')}): {error}. "
-            "Check the feature count / image shape the model expects."
+            f"(dtype {getattr(inputs, 'dtype', '?')}): {reason}. {hint}"
         ) from error
 
 

@@ -142,6 +142,14 @@ def test_a_model_of_token_ids_from_file_and_streamed(tmp_path, capsys):
     assert code == 0, err
     memory = pd.read_csv(tmp_path / "memory.csv")
     assert len(memory) == 3 * 6 * 2
+    np.savez(tmp_path / "unknown.npz", inputs=(ids + 20).numpy(), labels=labels.numpy())
+    np.save(tmp_path / "float_ids.npy", ids.numpy().astype(np.float32))
+    for data, message in (("unknown.npz", "index out of range in self. Integer inputs are ids"),
+                          ("float_ids.npy", "holds float32 values; save them as integers")):
+        extra = ("--labels", tmp_path / "labels.npy") if data.endswith(".npy") else ()
+        code, _, err = in_process("score", *common, "--data", tmp_path / data, *extra,
+                                  "--out", tmp_path / "x.csv", capsys=capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "streamed.csv"), memory,
                                   rtol=1e-5, atol=1e-7)
 

@@ -332,6 +332,10 @@ def test_one_cluster_is_analysed_alone_when_named():
                                   model, model.fc, x[y == 1], y[y == 1])))
     assert all(finding.severity == "ok" for finding in one.values())
     assert not one["sign_cancellation"].message.startswith("Cluster")
+    every_row = references.per_sample_gradient(model, model.fc, x, y)  # all 40 samples' rows
+    taken = by_code(at.diagnose(model, "fc", x, y, "gradient", y.numpy(), cluster=1,
+                                user_scores=every_row))["suspicious_gradient_capture"]
+    assert taken.severity == "ok" and taken.value < 1e-6
 
 
 def test_a_raising_progress_propagates_and_leaves_the_model_untouched():
