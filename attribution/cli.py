@@ -127,13 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    band = _Parser(add_help=False)
-    group = band.add_argument_group("pruning curves")
-    group.add_argument("--n-random", type=_positive, default=20,
-                       help="random orders forming the band (default 20)")
-    group.add_argument("--metric", choices=METRICS, default="accuracy",
-                       help="what the curves measure (default accuracy; for diagnose "
-                            "target_logit, as in the dashboard)")
+    def band(metric: str) -> _Parser:  # one per default: parents share their actions
+        parser = _Parser(add_help=False)
+        group = parser.add_argument_group("pruning curves")
+        group.add_argument("--n-random", type=_positive, default=20,
+                           help="random orders forming the band (default 20)")
+        group.add_argument("--metric", choices=METRICS, default=metric,
+                           help=f"what the curves measure (default {metric})")
+        return parser
+
     ablation = _Parser(add_help=False)
     ablation.add_argument("--ablation", choices=ABLATIONS, default="zero",
                           help="a removed neuron's output becomes 0 or its mean (default zero)")
@@ -157,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_score)
 
     command = commands.add_parser(
-        "curve", parents=[model, data, compute, band, ablation],
+        "curve", parents=[model, data, compute, band("accuracy"), ablation],
         help="pruning curves (ranked, bottom, random band) as CSV, summary as JSON")
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
@@ -171,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_curve)
 
     command = commands.add_parser(
-        "diagnose", parents=[model, data, compute, band, ablation],
+        "diagnose", parents=[model, data, compute, band("target_logit"), ablation],
         help="are the scores degenerate? findings as JSON and a table; exit 1 on a problem")
     command.add_argument("--method", choices=METHODS, default="gradient", metavar="METHOD",
                          help=f"the method under test: {', '.join(METHODS)} (default gradient)")
@@ -183,10 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--out", type=Path, help="findings as JSON")
     command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
                          help="lowest severity that makes the exit code 1 (default problem)")
-    command.set_defaults(run=run_diagnose, metric="target_logit")  # as at.diagnose, the app
+    command.set_defaults(run=run_diagnose)
 
     command = commands.add_parser(
-        "report", parents=[model, data, compute, band],
+        "report", parents=[model, data, compute, band("accuracy")],
         help="the dashboard's self-contained offline HTML report")
     command.add_argument("--method", nargs="+", choices=METHODS, default=["gradient"],
                          metavar="METHOD", help="methods to show; the first ranks the pruning "

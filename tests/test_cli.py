@@ -197,7 +197,7 @@ def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):
               "--quiet")
     assert in_process(*common, "--fail-on", "warning", capsys=capsys)[0] == 1
     code, out, _ = in_process(*common, "--method", "random", "--clusters", "none",
-                              capsys=capsys)
+                              "--metric", "accuracy", capsys=capsys)
     assert code == 1 and "PROBLEM   not_better_than_random" in out
 
 
