@@ -263,12 +263,10 @@ def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,
     on all of a cluster's samples while the output is not (e.g. the other logits of an
     output layer for a one-class cluster); otherwise |target gradient| decides the same."""
     reach = np.abs(gradients)
-    for code in np.unique(codes):
-        rows = codes == code
-        if ((gradients[rows] == 0).all(0) & ~(activations[rows] == 0).all(0)).any():
-            for start, part in score_batches(model, layer, x, "all", "gradient", **options):
-                reach[start:start + len(part)] = part.abs().sum(1).numpy()
-            break
+    if any(((gradients[codes == code] == 0).all(0) & (activations[codes == code] != 0).any(0)
+            ).any() for code in np.unique(codes)):
+        for start, part in score_batches(model, layer, x, "all", "gradient", **options):
+            reach[start:start + len(part)] = part.abs().sum(1).numpy()
     return reach
 
 
