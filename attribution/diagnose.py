@@ -61,6 +61,8 @@ DEAD_PROBLEM = 0.5
 BEATEN_OK, BEATEN_WARNING = 0.95, 0.5
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
 CAPTURE_TOLERANCE = 1e-3
+CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
+                    "unknown")
 PATTERN_TOLERANCE = 1e-2  # how closely a known bug's signature must fit
 _LOGIT_UNIT_METHODS = ("gradient_x_activation", "integrated_gradients", "conductance", "ablation")
 _MAX_CURVE_POINTS = 32
@@ -78,6 +80,8 @@ class Finding:
         message: one sentence saying what was measured and what it means.
         value: the measured number (see the module's table).
         hint: what to do instead ("" when nothing needs doing).
+        pattern: for a failed suspicious_gradient_capture, the bug its signature fits (one
+            of `CAPTURE_PATTERNS`); "" otherwise.
     """
 
     code: str
@@ -85,6 +89,7 @@ class Finding:
     message: str
     value: float
     hint: str = ""
+    pattern: str = ""
 
 
 @dataclass
@@ -493,25 +498,27 @@ def _capture(user_scores, engine: np.ndarray, method: str) -> Finding:
                                    "samples were analysed; pass one row per sample, in order "
                                    "(for one cluster: its samples' rows, or every sample's).")
         if repeats == n_samples_:
+            pattern = "whole_batch"
             message = (f"Your array has {n_samples_} x {n_samples_} rows: every backward "
                        "captured the whole batch's gradient [1, B, n], i.e. the loop feeds "
                        "inputs.unsqueeze(0) instead of inputs[i].unsqueeze(0).")
         else:
+            pattern = "stale_hooks"
             message = (f"Your array has {repeats}x as many rows as samples: each backward "
                        f"appended {repeats} rows, i.e. hooks registered by earlier calls are "
                        "still attached (never removed) or the list kept rows from earlier "
                        "calls.")
-        return Finding(code, "problem", message, float(repeats), hint)
+        return Finding(code, "problem", message, float(repeats), hint, pattern)
     if not np.isfinite(user).all():
         return Finding(code, "problem", "Your scores contain NaN or inf where the engine's are "
-                       "finite.", float("inf"), hint)
+                       "finite.", float("inf"), hint, "non_finite")
     reference = engine.astype(np.float64) if user.ndim == 2 else engine.mean(0)
     error = _relative(user, reference)
     if error <= CAPTURE_TOLERANCE:
         return Finding(code, "ok", f"Your {method} scores match the engine's (relative "
                        f"difference {error:.1e}).", error)
-    return Finding(code, "problem", _explain(user, engine.astype(np.float64), reference, error,
-                                             method), error, hint)
+    pattern, message = _explain(user, engine.astype(np.float64), reference, error, method)
+    return Finding(code, "problem", message, error, hint, pattern)
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -521,28 +528,32 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _explain(user: np.ndarray, engine: np.ndarray, reference: np.ndarray, error: float,
-             method: str) -> str:
-    """Name the bug whose signature fits the difference, if one does."""
+             method: str) -> tuple[str, str]:
+    """(pattern, message): the bug whose signature fits the difference, if one does."""
     denominator = float((reference * reference).sum())
     scale = float((user * reference).sum()) / denominator if denominator > 0 else 0.0
     if scale != 0 and _relative(user, scale * reference) <= PATTERN_TOLERANCE:
         batch = round(1 / scale)
         if batch >= 2 and abs(1 / scale - batch) <= PATTERN_TOLERANCE * batch:
-            return (f"Your scores are the engine's divided by {batch}: each pass fed a batch of "
-                    f"{batch} samples (inputs.unsqueeze(0) instead of inputs[i].unsqueeze(0)), "
-                    "so the hook captured [1, B, n] and averaging over it divided by B.")
-        return f"Your scores are {scale:.3g} x the engine's {method} scores."
+            return "whole_batch", (
+                f"Your scores are the engine's divided by {batch}: each pass fed a batch of "
+                f"{batch} samples (inputs.unsqueeze(0) instead of inputs[i].unsqueeze(0)), so "
+                "the hook captured [1, B, n] and averaging over it divided by B.")
+        return "scaled", f"Your scores are {scale:.3g} x the engine's {method} scores."
     cumulative = np.cumsum(engine, axis=0)
     if user.ndim == 2 and user.shape[0] > 1:
         if _relative(np.diff(user, axis=0), engine[1:]) <= PATTERN_TOLERANCE:
-            return ("Your row i is the sum of the engine's rows 0..i: gradients accumulate "
-                    "across backward calls (.grad is never zeroed between samples).")
+            return "accumulating", (
+                "Your row i is the sum of the engine's rows 0..i: gradients accumulate across "
+                "backward calls (.grad is never zeroed between samples).")
         spread = np.ptp(user, axis=0).max()
         if spread <= PRECISION * np.abs(user).max() and np.ptp(engine, axis=0).max() > 0:
-            return ("Every row of your array is the same, while the engine's differ per "
-                    "sample: one gradient was captured for the whole batch.")
+            return "whole_batch", ("Every row of your array is the same, while the engine's "
+                                   "differ per sample: one gradient was captured for the "
+                                   "whole batch.")
     elif user.ndim == 1 and _relative(user, cumulative.mean(0)) <= PATTERN_TOLERANCE:
-        return ("Your cluster score is the mean of running sums of the engine's per-sample "
-                "scores: gradients accumulate across backward calls (.grad is never zeroed).")
-    return (f"Your scores differ from the engine's {method} scores by {error:.0%} (relative); "
-            "no known bug pattern fits, so compare one sample by hand.")
+        return "accumulating", (
+            "Your cluster score is the mean of running sums of the engine's per-sample "
+            "scores: gradients accumulate across backward calls (.grad is never zeroed).")
+    return "unknown", (f"Your scores differ from the engine's {method} scores by {error:.0%} "
+                       "(relative); no known bug pattern fits, so compare one sample by hand.")

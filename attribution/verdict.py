@@ -1,0 +1,224 @@
+"""One verdict for a layer, cluster and method, from the degeneracy check's findings: what the
+findings mean in plain words, the one thing to do, and the remedies an interface can apply.
+
+    findings = at.diagnose(model, "relu2", x, y, "gradient", reduce="mean")
+    answer = verdict(findings, method="gradient", reduce="mean", cluster_source="kmeans_inputs")
+    answer.headline   # "Averaging cancels: the ranking is mostly noise"
+    answer.remedies   # (Remedy("reduce", "mean_abs", ...), Remedy("method", ...), ...)
+
+The cause is the first flagged finding in `CAUSES` order: a bug in one's own code first, then
+scores that are not numbers, then the reasons a ranking carries nothing (constant, rounding
+level, cancelling signs, dead neurons), and last the symptoms (no better than random, no
+agreement with ablation) that those reasons explain when they are present.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .diagnose import SEVERITIES, Finding
+
+CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
+          "sign_cancellation", "dead_neurons", "not_better_than_random",
+          "disagrees_with_ablation")
+CHOICES = ("reduce", "method", "cluster_source")
+"""What a remedy changes: the reduction, the scoring method, or how samples are clustered."""
+ONE_CLASS_SOURCES = ("label", "predicted")
+CHECK_NAMES = {  # check -> (name when it passed, name when it flagged something)
+    "non_finite": ("Every score is a finite number", "Some scores are NaN or infinite"),
+    "constant_scores": ("Neurons get different scores", "Every neuron gets the same score"),
+    "tiny_scores": ("Scores are well above float rounding", "Scores are tiny"),
+    "sign_cancellation": ("Signs agree within the cluster",
+                          "Signed averaging cancels"),
+    "dead_neurons": ("No neuron is dead on every sample", "Dead neurons"),
+    "not_better_than_random": ("Removing top-ranked neurons hurts more than random removal",
+                               "The ranking does no better than random removal"),
+    "disagrees_with_ablation": ("The ranking matches removing each neuron (exact ablation)",
+                                "The ranking does not match exact ablation"),
+    "suspicious_gradient_capture": ("Your own scores match the engine's",
+                                    "Your own scores differ from the engine's"),
+}
+CAPTURE_HEADLINES = {
+    "whole_batch": "Your hook code feeds the whole batch",
+    "stale_hooks": "Your hooks are never removed: each call adds rows",
+    "accumulating": "Your gradients accumulate from one sample to the next",
+    "scaled": "Your scores are a scaled copy of the engine's",
+    "non_finite": "Your scores contain NaN or infinite values",
+    "unknown": "Your scores differ from the engine's",
+}
+_RANK = {severity: position for position, severity in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A change of one analysis choice that addresses the cause.
+
+    Attributes:
+        choice: which setting (one of `CHOICES`).
+        value: its new value ("mean_abs", "gradient_x_activation", "label", ...).
+        label: the change in words, for a button ("Average magnitudes (mean |·|)").
+    """
+
+    choice: str
+    value: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the findings mean for this view.
+
+    Attributes:
+        severity: "ok", "warning" or "problem" (the deciding finding's).
+        headline: the answer in a few plain words.
+        explanation: one or two sentences of evidence behind it.
+        action: the one thing to do ("" when nothing needs doing).
+        remedies: the changes of settings that address the cause, best first.
+        cause: the deciding check's code ("" when every check passed).
+        notes: findings worth knowing that do not change the verdict.
+    """
+
+    severity: str
+    headline: str
+    explanation: str
+    action: str
+    remedies: tuple[Remedy, ...] = ()
+    cause: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def check_name(finding: Finding) -> str:
+    """The check named by what it verified ("Signs agree within the cluster") when it
+    passed, by what it found when it did not."""
+    passed, flagged = CHECK_NAMES.get(finding.code, (finding.code, finding.code))
+    return passed if finding.severity == "ok" else flagged
+
+
+def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
+            cluster_source: Optional[str] = None, has_labels: bool = True) -> Verdict:
+    """The one verdict for the findings of `diagnose` on one view.
+
+    Args:
+        findings: the `diagnose` findings of this layer, cluster and method.
+        method, reduce: the view's scoring method and reduction.
+        cluster_source: how the clusters were formed (`attribution.data.CLUSTER_SOURCES`);
+            None = not known (no cluster remedy is offered).
+        has_labels: whether the data has labels (one-class clusters by true label).
+    Returns:
+        A `Verdict`; remedies never repeat the current choice.
+    """
+    by_code = {finding.code: finding for finding in findings}
+    flagged = [by_code[code] for code in CAUSES if code in by_code
+               and by_code[code].severity != "ok"]
+    blocking = [f for f in flagged if not (f.code == "dead_neurons" and f.severity == "warning")]
+    notes = tuple(f"{check_name(f)}: {f.message}" for f in flagged if f not in blocking)
+    if not blocking:
+        passed = [code for code in CAUSES if code in by_code]
+        return Verdict("ok", "These scores are usable",
+                       f"All {len(passed)} checks passed: "
+                       + "; ".join(check_name(by_code[code]).lower() for code in passed) + ".",
+                       "", (), "", notes)
+    cause = blocking[0]
+    worst = max(blocking, key=lambda f: _RANK[f.severity]).severity
+    symptoms = [f for f in blocking[1:]
+                if f.code in ("not_better_than_random", "disagrees_with_ablation")]
+    remedies = _remedies(cause, method, reduce, cluster_source, has_labels)
+    headline = _headline(cause, bool(symptoms))
+    explanation = cause.message + "".join(f" {check_name(f)}: {_lower_first(f.message)}"
+                                          for f in symptoms)
+    action = remedies[0].label + "." if remedies else cause.hint
+    return Verdict(worst, headline, explanation, action, remedies, cause.code, notes)
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _headline(cause: Finding, ranking_suffers: bool) -> str:
+    if cause.code == "suspicious_gradient_capture":
+        return CAPTURE_HEADLINES.get(cause.pattern, CAPTURE_HEADLINES["unknown"])
+    if cause.code == "sign_cancellation":
+        if cause.severity == "problem" or ranking_suffers:
+            return "Averaging cancels: the ranking is mostly noise"
+        return "Averaging partly cancels: the ranking is weaker than it could be"
+    return {
+        "non_finite": "The scores are not numbers: no ranking can be trusted",
+        "constant_scores": "Every neuron scores the same: the ranking carries nothing",
+        "tiny_scores": ("The scores are at rounding level: the ranking is noise"
+                        if cause.severity == "problem" else
+                        "The scores are very small: check the other findings"),
+        "dead_neurons": "Most neurons are dead here: the ranking is mostly ties",
+        "not_better_than_random": ("The ranking is no better than random"
+                                   if cause.severity == "problem" else
+                                   "The ranking is only weakly better than random"),
+        "disagrees_with_ablation": "The scores do not track what removing a neuron does",
+    }.get(cause.code, cause.code.replace("_", " "))
+
+
+def _remedies(cause: Finding, method: str, reduce: str, cluster_source: Optional[str],
+              has_labels: bool) -> tuple[Remedy, ...]:
+    one_class = "label" if has_labels else "predicted"
+    options = {
+        "sign_cancellation": [("reduce", "mean_abs"), ("method", "gradient_x_activation"),
+                              ("cluster_source", one_class)],
+        "tiny_scores": [("reduce", "mean_abs"), ("method", "gradient_x_activation")],
+        "constant_scores": [("method", "gradient_x_activation"), ("method", "ablation")],
+        "not_better_than_random": [("method", "gradient_x_activation"), ("method", "ablation")],
+        "disagrees_with_ablation": [("method", "gradient_x_activation"),
+                                    ("method", "ablation")],
+    }.get(cause.code, [])
+    current = {"reduce": reduce, "method": method, "cluster_source": cluster_source}
+    chosen, seen = [], set()
+    for choice, value in options:
+        if current[choice] == value or choice in seen:
+            continue
+        if choice == "cluster_source" and (cluster_source is None
+                                           or cluster_source in ONE_CLASS_SOURCES):
+            continue
+        seen.add(choice)
+        chosen.append(Remedy(choice, value, _REMEDY_LABELS[(choice, value)]))
+    return tuple(chosen)
+
+
+_REMEDY_LABELS = {
+    ("reduce", "mean_abs"): "Average magnitudes (mean |·|)",
+    ("method", "gradient_x_activation"): "Switch to gradient × activation",
+    ("method", "ablation"): "Switch to exact ablation",
+    ("cluster_source", "label"): "Use one-class clusters (by true label)",
+    ("cluster_source", "predicted"): "Use one-class clusters (by predicted label)",
+}
+
+
+def cluster_composition(clusters: Sequence, classes: Sequence[int],
+                        class_names: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """What each cluster mixes: the share of each class among its samples.
+
+    Args:
+        clusters: cluster id per sample [N].
+        classes: class id per sample [N] (true or predicted labels).
+        class_names: names of the class ids, or None.
+    Returns:
+        rows (cluster, class, name, count, share), each cluster's classes by falling share.
+    """
+    frame = pd.DataFrame({"cluster": np.asarray(clusters), "class": np.asarray(classes)})
+    counts = frame.groupby(["cluster", "class"], sort=True).size().rename("count").reset_index()
+    counts["share"] = counts["count"] / counts.groupby("cluster")["count"].transform("sum")
+    counts["name"] = [str(class_names[c]) if class_names is not None and 0 <= c < len(class_names)
+                      else str(c) for c in counts["class"]]
+    counts = counts.sort_values(["cluster", "share", "class"], ascending=[True, False, True],
+                                kind="stable")
+    return counts[["cluster", "class", "name", "count", "share"]].reset_index(drop=True)
+
+
+def describe_mix(composition: pd.DataFrame, cluster: object, shown: int = 2) -> str:
+    """A cluster's mix in a few words: "62% six, 21% eight, 3 more classes"."""
+    part = composition[composition["cluster"] == cluster]
+    words = [f"{share:.0%} {name}" for share, name in
+             zip(part["share"].head(shown), part["name"].head(shown))]
+    if len(part) > shown:
+        others = len(part) - shown
+        words.append(f"{others} more class{'es' if others > 1 else ''}")
+    return ", ".join(words)

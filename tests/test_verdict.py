@@ -1,0 +1,132 @@
+"""The verdict: one answer in plain words from the real findings of `diagnose`, with the
+remedies that address the cause, on models whose health is known by construction."""
+import numpy as np
+import pytest
+import torch
+
+import attribution as at
+from attribution.diagnose import CAPTURE_PATTERNS, CHECKS
+from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES, Finding,
+                                 Remedy, check_name, cluster_composition, describe_mix,
+                                 verdict)
+
+from .test_diagnose import (HandSetNet, LeakyGradientAttribution, data,
+                            seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
+
+
+def findings_of(method="gradient", reduce="mean", one_class=True, **kwargs):
+    """HandSetNet: the gradient of logit 0 is +w, of logit 1 is -w. With 22 targets of
+    class 0 and 18 of class 1 the class-0 cluster agrees in sign, while over all samples
+    the signed mean keeps |22 - 18| / 40 = 10% of the magnitude."""
+    model, (x, _) = HandSetNet().eval(), data()
+    y = torch.tensor([0] * 22 + [1] * 18)
+    clusters = y.numpy() if one_class else None
+    cluster = 0 if one_class else None
+    return at.diagnose(model, "fc", x, y, method, clusters, cluster=cluster, reduce=reduce,
+                       **kwargs)
+
+
+def test_every_check_has_a_place_in_the_causes_and_names_for_both_outcomes():
+    assert set(CAUSES) == set(CHECKS) == set(CHECK_NAMES)
+    assert set(CAPTURE_HEADLINES) == set(CAPTURE_PATTERNS)
+    for code, (passed, flagged) in CHECK_NAMES.items():
+        assert passed != flagged
+        assert check_name(Finding(code, "ok", "", 0.0)) == passed
+        assert check_name(Finding(code, "warning", "", 0.0)) == flagged
+
+
+def test_a_one_class_cluster_gets_usable_scores_and_no_remedy():
+    answer = verdict(findings_of(), method="gradient", reduce="mean", cluster_source="label")
+    assert answer.severity == "ok" and answer.headline == "These scores are usable"
+    assert answer.remedies == () and answer.action == "" and answer.cause == ""
+    assert f"All {len(CHECKS) - 1} checks passed" in answer.explanation  # no user scores
+
+
+def test_signs_cancelling_over_a_mixed_cluster_say_so_and_offer_the_three_remedies():
+    findings = findings_of(one_class=False)
+    answer = verdict(findings, method="gradient", reduce="mean", cluster_source="kmeans_inputs")
+    assert answer.cause == "sign_cancellation" and answer.severity == "problem"
+    assert answer.headline == "Averaging cancels: the ranking is mostly noise"
+    assert [(r.choice, r.value) for r in answer.remedies] == [
+        ("reduce", "mean_abs"), ("method", "gradient_x_activation"), ("cluster_source", "label")]
+    assert answer.action == "Average magnitudes (mean |·|)."
+    assert {r.choice for r in answer.remedies} <= set(CHOICES)
+
+
+def test_applying_the_first_remedy_clears_the_cancellation_verdict():
+    mixed = verdict(findings_of(one_class=False), method="gradient", reduce="mean",
+                    cluster_source="kmeans_inputs")
+    remedy = mixed.remedies[0]
+    after = verdict(findings_of(one_class=False, **{remedy.choice: remedy.value}),
+                    method="gradient", reduce=remedy.value, cluster_source="kmeans_inputs")
+    assert after.cause != "sign_cancellation"
+
+
+def test_remedies_never_repeat_the_current_choice():
+    findings = findings_of(one_class=False)
+    answer = verdict(findings, method="gradient_x_activation", reduce="mean",
+                     cluster_source="label")
+    assert ("method", "gradient_x_activation") not in [(r.choice, r.value)
+                                                        for r in answer.remedies]
+    assert all(r.choice != "cluster_source" for r in answer.remedies)  # already one class
+    without_labels = verdict(findings, method="gradient", reduce="mean",
+                             cluster_source="correctness", has_labels=False)
+    assert without_labels.remedies[-1] == Remedy("cluster_source", "predicted",
+                                                 "Use one-class clusters (by predicted label)")
+
+
+def test_dead_neurons_alone_are_a_note_not_a_verdict():
+    dead = Finding("dead_neurons", "warning", "2 of 16 neurons are dead on every sample.", 0.1)
+    findings = [f if f.code != "dead_neurons" else dead for f in findings_of()]
+    answer = verdict(findings, method="gradient", reduce="mean", cluster_source="label")
+    assert answer.headline == "These scores are usable"
+    assert answer.notes == ("Dead neurons: 2 of 16 neurons are dead on every sample.",)
+
+
+@pytest.mark.parametrize("loop, pattern", [
+    (seed_002_whole_batch_loop, "whole_batch"),
+    (seed_000_stale_gradient_loop, "accumulating"),
+])
+def test_the_users_own_buggy_loop_decides_the_verdict(loop, pattern):
+    model, (x, y) = HandSetNet().eval(), data()
+    model.zero_grad()
+    user = loop(model, model.fc, x, y)
+    findings = at.diagnose(model, "fc", x, y, "gradient", user_scores=user)
+    answer = verdict(findings, method="gradient", reduce="mean")
+    assert answer.cause == "suspicious_gradient_capture" and answer.severity == "problem"
+    assert answer.headline == CAPTURE_HEADLINES[pattern]
+
+
+def test_hooks_left_attached_are_named_in_the_verdict():
+    model, (x, y) = HandSetNet().eval(), data()
+    attribution = LeakyGradientAttribution(model)
+    attribution.attribute(model.fc, x, y)
+    findings = at.diagnose(model, "fc", x, y, "gradient",
+                           user_scores=attribution.attribute(model.fc, x, y))
+    assert verdict(findings, method="gradient", reduce="mean").headline == \
+        CAPTURE_HEADLINES["stale_hooks"]
+
+
+def test_cluster_composition_counts_each_clusters_classes():
+    clusters = np.array([0, 0, 0, 0, 1, 1, 1])
+    classes = np.array([6, 6, 6, 8, 1, 2, 3])
+    names = tuple("zero one two three four five six seven eight nine".split())
+    table = cluster_composition(clusters, classes, names)
+    first = table[table["cluster"] == 0]
+    assert first["name"].tolist() == ["six", "eight"] and first["count"].tolist() == [3, 1]
+    assert first["share"].tolist() == [0.75, 0.25]
+    assert table.groupby("cluster")["share"].sum().tolist() == pytest.approx([1.0, 1.0])
+    assert describe_mix(table, 0) == "75% six, 25% eight"
+    assert describe_mix(table, 1, shown=1) == "33% one, 2 more classes"
+    assert cluster_composition(clusters, classes)["name"].iloc[0] == "6"
+
+
+def test_a_mixed_kmeans_cluster_of_the_demo_is_described_by_its_classes():
+    loaded, dataset = at.load_demo("digits_mlp")
+    clusters = at.make_clusters("kmeans_inputs", dataset, loaded, k=2)
+    table = cluster_composition(clusters, dataset.labels.numpy(), dataset.class_names)
+    assert (table.groupby("cluster").size() > 1).all()  # two clusters of ten digits: mixed
+    counts = table.groupby("cluster")["count"].sum()
+    assert counts.tolist() == np.bincount(clusters).tolist()
+    assert torch.equal(torch.as_tensor(sorted(table["class"].unique())),
+                       dataset.labels.unique())
