@@ -29,6 +29,7 @@ from attribution.demo import DEMO_DIR, DEMOS, load_demo
 from attribution.loading import LoadedModel, load_model
 from attribution.report import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
                                 cluster_label, scoring_targets)
+from attribution.verdict import cluster_composition, describe_mix
 
 TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST_CODE") == "1"
 """Start-up setting (`streamlit run app.py -- --trust-code`): lets uploads run code. Only for
@@ -51,7 +52,10 @@ _ACTIVATION_KINDS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "EL
 URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_by",
             "w_k": "k", "w_cluster": "cluster", "w_method": "method", "w_compare": "compare",
             "w_reduce": "reduce", "w_target": "target", "w_class": "class",
-            "w_batch": "batch", "w_metric": "metric", "w_random": "random"}
+            "w_batch": "batch", "w_metric": "metric", "w_random": "random",
+            "w_neuron": "neuron"}
+CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
+"""`attribution.verdict.Remedy.choice` -> the sidebar widget it changes (`apply_choice`)."""
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
     "w_metric": ("accuracy", tuple(METRIC_LABELS)), "w_random": (20, RANDOM_ORDERS)}
 
@@ -302,6 +306,17 @@ def _prepare(key: str, options: Sequence, default: Any) -> None:
         st.session_state[key] = default
 
 
+def apply_choice(key: str, value: Any) -> None:
+    """Change sidebar choice `key` (a widget key, e.g. "w_reduce") from a page. Call it as a
+    button's on_click: the next run draws the sidebar and computes with `value`."""
+    st.session_state[key] = value
+
+
+def url_choice(key: str) -> Optional[str]:
+    """A page's own choice from a shared link, once per session (e.g. "w_neuron"), else None."""
+    return _from_url().pop(key, None)
+
+
 def page_choice(key: str) -> Any:
     """A page's own setting (metric, random orders): its widget's value while the page is
     shown, else the value kept from the last visit or the URL."""
@@ -391,10 +406,16 @@ def sidebar() -> Optional[Context]:
     ids, counts = np.unique(clusters, return_counts=True)
     sizes = dict(zip(ids.tolist(), counts.tolist()))
     id_list = ids.tolist()
+    mixes = {}  # k-means clusters say what they mix
+    if cluster_by.startswith("kmeans"):
+        classes = ws.data.labels.numpy() if has_labels else \
+            _predictions(ws.key, ws.loaded, ws.data)
+        composition = cluster_composition(clusters, classes, ws.class_names)
+        mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
     _prepare("w_cluster", id_list, id_list[0])
     bar.selectbox("Cluster", id_list, key="w_cluster",
                   format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
-                                        f"{sizes[c]} samples",
+                                        f"{sizes[c]} samples{mixes.get(c, '')}",
                   help="The cluster whose neurons the pages rank and prune.")
 
     methods = list(at.methods_for(ws.data.inputs.dtype))
@@ -441,6 +462,16 @@ def sidebar() -> Optional[Context]:
     _sync_url()
     bar.caption("Choices are kept across pages and in the page address: copy the URL to "
                 "share this view.")
+    if _waits_for_upload():  # not the demo's results under a link to another model's view
+        wanted = ", ".join(f"{URL_KEYS[key]} {value}" for key, value in
+                           st.session_state["url_choices"].items() if key != "w_source")
+        st.info("This link shows a view of an uploaded model"
+                + (f" ({escape_markdown(wanted)})" if wanted else "") + ". Upload the same "
+                "model and data on the Model & data page to see it; the choices are applied "
+                "then.", icon=":material/upload_file:")
+        st.page_link("pages/data.py", label="Upload the model and data",
+                     icon=":material/upload_file:")
+        return None
     return ctx
 
 
