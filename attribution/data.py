@@ -27,11 +27,10 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import eval_mode
-from .layers import run_model
+from .layers import run_logits
 from .scores import model_device, neuron_scores
 from .loading import (LoadedModel, Source, _describe, _parsing, open_zip, read_source, sniff,
                       zip_kind)
-from .split import logits_of
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -468,7 +467,7 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
     with eval_mode(module), torch.no_grad():
         for start in range(0, inputs.shape[0], batch_size):
             batch = inputs[start:start + batch_size].to(device)
-            parts.append(logits_of(run_model(module, batch)).argmax(dim=1).cpu())
+            parts.append(run_logits(module, batch).argmax(dim=1).cpu())
     return torch.cat(parts)
 
 

@@ -41,15 +41,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import model_io
 from .errors import AttributionError
 from .guards import eval_mode
-from .layers import run_model
+from .layers import run_logits
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve, spaced_ks
 from .scores import (REDUCTIONS, Inputs, _as_batch_tensor, _check_method, cluster_codes,
                      iter_labelled_batches, model_device, neuron_scores, on_device,
                      score_batches)
-from .split import logits_of
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
@@ -215,7 +215,7 @@ def _materialise(model, inputs: Inputs, targets, batch_size: int):
         ys.append(labels)
     if not xs or sum(part.shape[0] for part in xs) == 0:
         raise AttributionError("There are no samples to diagnose (the inputs are empty).")
-    x = torch.cat(xs)
+    x = model_io.cat(xs)
     if isinstance(targets, str):
         if any(y is None for y in ys):
             raise AttributionError("targets='labels' reads y from (x, y) batches, but these "
@@ -250,7 +250,7 @@ def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
 
 def _logits(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     with eval_mode(model), torch.no_grad():
-        return torch.cat([logits_of(run_model(model, x[i:i + batch_size])).float().cpu()
+        return torch.cat([run_logits(model, x[i:i + batch_size]).float().cpu()
                           for i in range(0, x.shape[0], batch_size)])
 
 

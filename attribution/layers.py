@@ -8,6 +8,7 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import eval_mode, forward_hooks
+from .model_io import call, describe, is_batch, is_floating, logits_of, output_key
 
 
 # Modules that act on the last dim: on a sequence [B, T, F] their units are the F features.
@@ -35,22 +36,27 @@ class LayerInfo:
     neuron_axis: int = 1
 
 
-def run_model(model: nn.Module, inputs: torch.Tensor):
-    """Call `model(inputs)`, turning the model's own error into an AttributionError."""
+def run_model(model: nn.Module, inputs):
+    """Call the model on a batch (`model_io.call`), turning the model's own error into an
+    AttributionError."""
     try:
-        return model(inputs)
+        return call(model, inputs)
     except AttributionError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-        shape = list(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]  # not fx's dump
         hint = ("Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
-                if isinstance(inputs, torch.Tensor) and not inputs.is_floating_point()
+                if is_batch(inputs) and not is_floating(inputs)
                 else "Check the feature count / image shape the model expects.")
         raise AttributionError(
-            f"The model could not run on inputs of shape {shape} "
-            f"(dtype {getattr(inputs, 'dtype', '?')}): {reason}. {hint}"
+            f"The model could not run on inputs of shape {describe(inputs)}: {reason}. {hint}"
         ) from error
+
+
+def run_logits(model: nn.Module, inputs) -> torch.Tensor:
+    """The model's logits [B, n_classes] for a batch: `run_model`, then the output entry
+    that holds them (`model_io.logits_of`, as declared with `model_io.select_output`)."""
+    return logits_of(run_model(model, inputs), output_key(model))
 
 
 def module_kind(name: str, module: nn.Module) -> str:

@@ -56,9 +56,8 @@ from torch import nn
 from .architectures import Architecture, is_description, parse_architecture
 from .errors import AttributionError
 from .guards import eval_mode
-from .layers import LayerInfo, list_layers, run_model
+from .layers import LayerInfo, list_layers, run_logits
 from .scores import model_device
-from .split import logits_of
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
 """Default size limit for a model or data file (`max_bytes=` overrides it per call)."""
@@ -741,7 +740,7 @@ def _check_runs(module: nn.Module, example: torch.Tensor, exported: bool) -> int
         for batch in (1, 3):
             probe = torch.zeros((batch,) + tuple(example.shape[1:]), dtype=example.dtype)
             try:
-                logits = logits_of(run_model(module, probe))
+                logits = run_logits(module, probe)
             except AttributionError as error:
                 if exported and "shape[0]" in str(error):
                     raise AttributionError(

@@ -3,16 +3,19 @@
 A method maps one batch to per-neuron scores: [B, n_neurons], or [B, n_classes, n_neurons]
 when `batch.targets == "all"`. For conv layers a neuron is a channel: per-position scores are
 summed over spatial positions (the effect of the whole channel), except `activation`, which
-is averaged; `ablation` zeroes the whole channel.
+is averaged; `ablation` zeroes the whole channel. Sequences likewise: a neuron is a feature at
+every token; with an attention mask only real tokens are summed or averaged, and `ablation`
+zeroes the feature at every position (padding included: a model that masks padding ignores it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
 
+from . import model_io
 from .errors import AttributionError
 from .split import LayerRunner
 
@@ -25,7 +28,7 @@ class Batch:
 
     Attributes:
         runner: runs the model around the layer.
-        x: inputs [B, ...] on the model's device.
+        x: inputs [B, ...] on the model's device (a tensor or `model_io.NamedInputs`).
         targets: LongTensor [B], None (predicted class) or "all".
         n_steps: integration steps for path methods.
         start: index of the batch's first sample in the whole dataset.
@@ -68,12 +71,26 @@ def register(name: str, summary: str, *,
     return add
 
 
-def _reduce_spatial(scores: torch.Tensor, neuron_dim: int, how: str) -> torch.Tensor:
-    """Collapse the dims after `neuron_dim` (spatial positions of a conv channel)."""
+def _reduce_spatial(scores: torch.Tensor, neuron_dim: int, how: str,
+                    mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Collapse the dims after `neuron_dim`: positions of a conv channel or tokens of a
+    sequence ([B, (C,) n, ...] -> [B, (C,) n]). With an attention mask [B, T] and one
+    position dim of size T only the real tokens count (sum, or mean over them), so padding
+    changes no score."""
     if scores.dim() <= neuron_dim + 1:
         return scores
     dims = tuple(range(neuron_dim + 1, scores.dim()))
+    if mask is not None and len(dims) == 1 and scores.shape[-1] == mask.shape[1]:
+        weights = mask.to(scores.dtype).view(
+            (mask.shape[0],) + (1,) * (scores.dim() - 2) + (mask.shape[1],))
+        total = (scores * weights).sum(-1)
+        return total if how == "sum" else total / weights.sum(-1).clamp_min(1)
     return scores.sum(dims) if how == "sum" else scores.mean(dims)
+
+
+def _mask(batch: "Batch") -> Optional[torch.Tensor]:
+    """The batch's attention mask [B, T] (1 = real token), or None."""
+    return model_io.attention_mask(batch.x)
 
 
 def _resolve_targets(targets: Targets, logits: torch.Tensor) -> Targets:
@@ -151,13 +168,13 @@ def gradient(batch: Batch) -> torch.Tensor:
     z, logits = batch.runner.forward_with_leaf(batch.x)
     targets = _resolve_targets(batch.targets, logits)
     grad = _classes_first(_gradients(logits, z, targets), targets)
-    return _reduce_spatial(grad, _neuron_dim(targets), "sum")
+    return _reduce_spatial(grad, _neuron_dim(targets), "sum", _mask(batch))
 
 
 @register("activation", "z: the layer output itself (averaged over positions for conv)")
 def activation(batch: Batch) -> torch.Tensor:
     z, _, logits = batch.runner.capture(batch.x)
-    scores = _reduce_spatial(z, 1, "mean")
+    scores = _reduce_spatial(z, 1, "mean", _mask(batch))
     if isinstance(batch.targets, str):
         scores = scores.unsqueeze(1).expand(-1, logits.shape[1], -1)
     return scores
@@ -169,7 +186,7 @@ def gradient_x_activation(batch: Batch) -> torch.Tensor:
     targets = _resolve_targets(batch.targets, logits)
     grad = _classes_first(_gradients(logits, z, targets), targets)
     return _reduce_spatial(_with_class_axis(z.detach(), targets) * grad,
-                           _neuron_dim(targets), "sum")
+                           _neuron_dim(targets), "sum", _mask(batch))
 
 
 def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
@@ -199,7 +216,7 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
         weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
         total = weighted if total is None else total + weighted
     attribution = _with_class_axis(z, targets) * _classes_first(total, targets)
-    return _reduce_spatial(attribution, _neuron_dim(targets), "sum")
+    return _reduce_spatial(attribution, _neuron_dim(targets), "sum", _mask(batch))
 
 
 @register("conductance",
@@ -210,18 +227,17 @@ def conductance(batch: Batch) -> torch.Tensor:
     targets = batch.targets
     if targets is None:
         targets = runner.capture(x)[2].argmax(1)
-    _, alphas = gauss_legendre(batch.n_steps + 1, x.device)
-    scale_shape = (-1,) + (1,) * x.dim()
-    scaled = (alphas.view(scale_shape) * x.unsqueeze(0)).flatten(0, 1)  # [(S+1)*B, ...]
+    n = model_io.n_rows(x)
+    _, alphas = gauss_legendre(batch.n_steps + 1, model_io.device_of(x))
+    scaled = model_io.interpolate(x, alphas)  # [(S+1)*B, ...]
     evals, grads = [], []
-    for steps in _step_chunks(batch.n_steps + 1, x.shape[0], batch.max_rows):
-        part = scaled[steps.start * x.shape[0]:steps.stop * x.shape[0]]
+    for steps in _step_chunks(batch.n_steps + 1, n, batch.max_rows):
+        part = model_io.take(scaled, slice(steps.start * n, steps.stop * n))
         z, logits = runner.forward_with_leaf(part)
         grads.append(_gradients(logits, z, targets, steps.stop - steps.start).detach())
         evals.append(z.detach())
     z_all = torch.cat(evals)  # [(S+1)*B, n, ...]
     grad_all = torch.cat(grads, dim=1 if isinstance(targets, str) else 0)
-    n = x.shape[0]
     z_steps = z_all.unflatten(0, (batch.n_steps + 1, n))
     grad_steps = grad_all.unflatten(-z_all.dim(), (batch.n_steps + 1, n))  # [(C,) S+1, B, ...]
     difference = z_steps[1:] - z_steps[:-1]  # [S, B, n, ...]
@@ -229,7 +245,8 @@ def conductance(batch: Batch) -> torch.Tensor:
         attribution = (difference.unsqueeze(0) * grad_steps[:, :-1]).sum(1)  # [C, B, n, ...]
     else:
         attribution = (difference * grad_steps[:-1]).sum(0)
-    return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum")
+    return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum",
+                           _mask(batch))
 
 
 @register("ablation", "F(x) - F(x with neuron zeroed): exact, one neuron at a time")

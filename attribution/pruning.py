@@ -30,6 +30,7 @@ from torch.nn import functional
 from .errors import AttributionError
 from .guards import eval_mode
 from .layers import resolve_layer
+from .model_io import NamedInputs
 from .scores import (_as_batch_tensor, _batch_labels, _check_targets,
                      _validated, Inputs, cluster_codes, iter_labelled_batches, model_device,
                      n_samples, on_device)
@@ -242,6 +243,8 @@ def _nbytes(value: Any) -> int:
         return value.numel() * value.element_size()
     if isinstance(value, (tuple, list)):
         return sum(_nbytes(item) for item in value)
+    if isinstance(value, NamedInputs):
+        return sum(_nbytes(item) for item in value.values())
     return 0
 
 

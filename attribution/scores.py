@@ -3,20 +3,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
+from . import model_io
 from .errors import AttributionError
 from .guards import eval_mode
 from .layers import resolve_layer
 from .methods import METHODS, REGISTRY, Batch, Targets
 from .split import runner_for
 
-Inputs = Union[torch.Tensor, np.ndarray, Iterable]
+Inputs = Union[torch.Tensor, np.ndarray, Mapping, Iterable]
 Progress = Optional[Callable[[float], object]]
 REDUCTIONS = ("mean", "mean_abs", "std")
 _MAX_ELEMENTS_PER_PASS = 1 << 24  # bounds stacked variants (steps, ablated neurons, masks)
@@ -64,25 +65,15 @@ def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Mo
     return copy.deepcopy(model).to(wanted)
 
 
-def _as_batch_tensor(x, model: nn.Module, device: torch.device) -> torch.Tensor:
-    if isinstance(x, np.ndarray):
-        x = np.ascontiguousarray(x)
-        x = torch.from_numpy(x if x.flags.writeable else x.copy())  # a memory map is read-only
-    if not isinstance(x, torch.Tensor):
-        raise AttributionError(f"Inputs must be a tensor, a NumPy array or an iterable of "
-                               f"batches; got {type(x).__name__}.")
-    if x.is_floating_point():
-        dtypes = [p.dtype for p in model.parameters() if p.is_floating_point()]
-        x = x.to(device=device, dtype=dtypes[0] if dtypes else x.dtype)
-    else:
-        x = x.to(device)
-    return x
+def _as_batch_tensor(x, model: nn.Module, device: torch.device):
+    """One batch (tensor, array or named inputs) as tensors on `device` for `model`."""
+    return model_io.to_model(x, model, device)
 
 
 def n_samples(inputs: Inputs) -> Optional[int]:
-    """Number of samples when known up front (tensors, arrays, `NpyRows`, sized loaders),
-    else None."""
-    shape = getattr(inputs, "shape", None)
+    """Number of samples when known up front (tensors, arrays, named inputs, `NpyRows`,
+    sized loaders), else None."""
+    shape = getattr(model_io.named(inputs), "shape", None)
     if shape is not None:
         return int(shape[0])
     dataset = getattr(inputs, "dataset", None)
@@ -92,11 +83,13 @@ def n_samples(inputs: Inputs) -> Optional[int]:
 
 
 def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[object, object]]:
-    """(x, y) per batch: slices of an in-memory or memory-mapped array (y None), or the items
-    of an iterable of batches such as a DataLoader (x, or an (x, y, ...) tuple)."""
-    if isinstance(inputs, (torch.Tensor, np.ndarray)):
-        for begin in range(0, inputs.shape[0], batch_size):
-            yield inputs[begin:begin + batch_size], None
+    """(x, y) per batch: slices of an in-memory or memory-mapped array or of named inputs
+    (y None), or the items of an iterable of batches such as a DataLoader (x, an (x, y, ...)
+    tuple, or a dict of named inputs whose "labels" entry, if any, is y)."""
+    inputs = model_io.named(inputs)
+    if model_io.is_batch(inputs):
+        for begin in range(0, model_io.n_rows(inputs), batch_size):
+            yield model_io.take(inputs, slice(begin, begin + batch_size)), None
         return
     try:
         iterator = iter(inputs)
@@ -105,7 +98,11 @@ def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[obj
                                f"batches; got {type(inputs).__name__}.") from None
     for item in iterator:
         if isinstance(item, (tuple, list)):
-            yield item[0], item[1] if len(item) > 1 else None
+            yield model_io.named(item[0]), item[1] if len(item) > 1 else None
+        elif isinstance(item, Mapping):  # a transformers-style batch
+            entries = dict(item)
+            labels = entries.pop("labels", None)
+            yield model_io.named(entries), labels
         else:
             yield item, None
 
@@ -136,7 +133,7 @@ def _check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Ta
     if targets is None or (isinstance(targets, str) and targets == "all"):
         return targets
     if isinstance(targets, str) and targets == "labels":
-        if isinstance(inputs, (torch.Tensor, np.ndarray)):
+        if model_io.is_batch(model_io.named(inputs)):
             raise AttributionError("targets='labels' reads y from the (x, y) batches of a "
                                    "DataLoader; with array inputs pass the labels as a "
                                    "LongTensor [N].")
@@ -186,28 +183,29 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     with eval_mode(model):
         for raw, labels in iter_labelled_batches(inputs, batch_size):
             x = _as_batch_tensor(raw, model, device)
-            if x.shape[0] == 0:
+            if model_io.n_rows(x) == 0:
                 continue
-            if REGISTRY[method].scales_inputs and not x.is_floating_point():
+            if REGISTRY[method].scales_inputs and not model_io.is_floating(x):
                 raise AttributionError(
                     f"{method} interpolates the inputs from a zero baseline, which {x.dtype} "
                     "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
                     "interpolates the layer's output instead.")
             if runner is None:
                 runner = runner_for(model, name, module, x)
+            rows = model_io.n_rows(x)
             batch_targets = targets
             if isinstance(targets, torch.Tensor):
-                if start + x.shape[0] > targets.shape[0]:
+                if start + rows > targets.shape[0]:
                     raise AttributionError("There are more samples than targets.")
-                batch_targets = targets[start:start + x.shape[0]].to(device)
+                batch_targets = targets[start:start + rows].to(device)
             elif targets == "labels":
-                batch_targets = _batch_labels(labels, x.shape[0], device)
-            per_row = max(1, x[0].numel(), runner.layer_size)  # a stacked variant's size
+                batch_targets = _batch_labels(labels, rows, device)
+            per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant's size
             scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
                                     first_index + start, seed,
-                                    max(x.shape[0], _MAX_ELEMENTS_PER_PASS // per_row)))
+                                    max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
             yield start, scores.detach().to("cpu", torch.float32)
-            start += x.shape[0]
+            start += rows
             if progress is not None:
                 progress(min(1.0, start / total) if total else float("nan"))
     if start == 0:

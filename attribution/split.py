@@ -26,27 +26,16 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import forward_hooks, leaf_like
-from .layers import neuron_axis, run_model
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The [B, n_classes] logits from a model's output (a tensor or a 1-tuple of one)."""
-    if isinstance(output, (tuple, list)) and len(output) == 1:
-        output = output[0]
-    if not isinstance(output, torch.Tensor) or output.dim() != 2:
-        shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-        raise AttributionError(
-            f"The model must return logits of shape [N, n_classes]; it returned {shape}. "
-            "Wrap it so forward() returns one [N, n_classes] tensor."
-        )
-    return output
+from .layers import neuron_axis, run_logits, run_model
+from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
 
 
 def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
-    """Stack `repeats` copies of a per-sample tensor along dim 0 (always a copy); other
-    values (not tensors, or without a batch dim) are returned as they are."""
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-        return value.repeat(repeats, *([1] * (value.dim() - 1)))
+    """Stack `repeats` copies of per-sample tensors or named inputs along dim 0 (always a
+    copy); other values (not tensors, or without a batch dim) are returned as they are."""
+    if ((isinstance(value, NamedInputs) or isinstance(value, torch.Tensor) and value.dim() > 0)
+            and value.shape[0] == batch):
+        return repeat(value, repeats)
     if isinstance(value, (tuple, list)):
         return type(value)(_repeat_batch(v, batch, repeats) for v in value)
     return value
@@ -118,7 +107,7 @@ class HookRunner(LayerRunner):
             return replace(output)
 
         with forward_hooks({self.module: hook}):
-            logits = logits_of(run_model(self.model, x))
+            logits = run_logits(self.model, x)
         if not calls:
             raise AttributionError(f"Layer {self.name!r} did not run in the forward pass; "
                                    "pick a layer from list_layers().")
@@ -136,7 +125,7 @@ class HookRunner(LayerRunner):
         return captured["z"], x, logits
 
     def tail(self, z, state, repeats):
-        x = _repeat_batch(state, state.shape[0], repeats)
+        x = _repeat_batch(state, n_rows(state), repeats)
 
         def swap(output):
             moved = self._from_neurons(z)
@@ -245,7 +234,7 @@ class FxRunner(LayerRunner):
 
     def _front(self, x):
         try:
-            return self.front.forward(x)  # not __call__: fx prints failures to stderr
+            return call(self.front.forward, x)  # not __call__: fx prints failures to stderr
         except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
             run_model(self.model, x)  # re-raise the model's own message as AttributionError
             raise error
@@ -264,7 +253,8 @@ class FxRunner(LayerRunner):
                  for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad and z.is_leaf:
             z = z.clone()  # in-place ops after the layer must not touch the leaf
-        return logits_of(self.back.forward(self._from_neurons(z), *saved))
+        return logits_of(self.back.forward(self._from_neurons(z), *saved),
+                         output_key(self.model))
 
     def forward_with_leaf(self, x):
         with torch.no_grad():
@@ -278,7 +268,7 @@ class FxRunner(LayerRunner):
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
     """Does `runner` reproduce the model's logits, alone and with two stacked variants?"""
     with torch.no_grad():
-        reference = logits_of(run_model(model, x))
+        reference = run_logits(model, x)
         z, state, logits = runner.capture(x)
         doubled = runner.tail(torch.cat([z, z]), state, 2)
     tolerance = 1e-4 * (1 + reference.abs().max().item())
