@@ -444,3 +444,21 @@ def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(tickangle=-30)
     return _finish(fig, title="Do the methods rank neurons alike? (Spearman ρ)",
                    height=max(340, 150 + 44 * len(methods)))
+
+
+def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
+    """What one cluster mixes: the share of each class among its samples.
+
+    Args:
+        mix: rows (name, count, share) of one cluster, largest share first
+            (`attribution.verdict.cluster_composition`).
+    """
+    fig = go.Figure(go.Bar(
+        x=mix["share"], y=[plain(name) for name in mix["name"]], orientation="h",
+        marker_color=CURVE_COLOURS["bottom"], customdata=mix["count"],
+        hovertemplate="%{y}: %{x:.0%} (%{customdata} samples)<extra></extra>",
+    ))
+    fig.update_yaxes(autorange="reversed", type="category", title="class")
+    fig.update_xaxes(title="share of the cluster's samples", tickformat=".0%", range=[0, 1])
+    return _finish(fig, title=f"What cluster {plain(cluster)} mixes",
+                   height=max(220, 90 + 22 * len(mix)))

@@ -13,17 +13,20 @@ agreement with ablation) that those reasons explain when they are present.
 """
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from .diagnose import SEVERITIES, Finding
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
           "disagrees_with_ablation")
+SYMPTOMS = ("not_better_than_random", "disagrees_with_ablation")
 CHOICES = ("reduce", "method", "cluster_source")
 """What a remedy changes: the reduction, the scoring method, or how samples are clustered."""
 ONE_CLASS_SOURCES = ("label", "predicted")
@@ -121,10 +124,11 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
                        f"All {len(passed)} checks passed: "
                        + "; ".join(check_name(by_code[code]).lower() for code in passed) + ".",
                        "", (), "", notes)
-    cause = blocking[0]
     worst = max(blocking, key=lambda f: _RANK[f.severity]).severity
-    symptoms = [f for f in blocking[1:]
-                if f.code in ("not_better_than_random", "disagrees_with_ablation")]
+    symptoms = [f for f in blocking if f.code in SYMPTOMS]
+    cause = blocking[0] if blocking[0].code not in SYMPTOMS else \
+        max(symptoms, key=lambda f: _RANK[f.severity])  # the worse symptom when no reason
+    symptoms = [f for f in symptoms if f is not cause]
     remedies = _remedies(cause, method, reduce, cluster_source, has_labels)
     headline = _headline(cause, bool(symptoms))
     explanation = cause.message + "".join(f" {check_name(f)}: {_lower_first(f.message)}"
@@ -162,8 +166,8 @@ def _remedies(cause: Finding, method: str, reduce: str, cluster_source: Optional
               has_labels: bool) -> tuple[Remedy, ...]:
     one_class = "label" if has_labels else "predicted"
     options = {
-        "sign_cancellation": [("reduce", "mean_abs"), ("method", "gradient_x_activation"),
-                              ("cluster_source", one_class)],
+        "sign_cancellation": [("cluster_source", one_class), ("reduce", "mean_abs"),
+                              ("method", "gradient_x_activation")],
         "tiny_scores": [("reduce", "mean_abs"), ("method", "gradient_x_activation")],
         "constant_scores": [("method", "gradient_x_activation"), ("method", "ablation")],
         "not_better_than_random": [("method", "gradient_x_activation"), ("method", "ablation")],
@@ -222,3 +226,61 @@ def describe_mix(composition: pd.DataFrame, cluster: object, shown: int = 2) -> 
         others = len(part) - shown
         words.append(f"{others} more class{'es' if others > 1 else ''}")
     return ", ".join(words)
+
+
+# ------------------------------------------------------------ the own-code check's package
+
+SCORE_LINES = {  # method -> its per-sample score from z and grad = dF/dz, [1, n, ...] -> [n]
+    "gradient": "grad.flatten(2).sum(-1)[0] if grad.dim() > 2 else grad[0]",
+    "gradient_x_activation": "(z * grad).flatten(2).sum(-1)[0] if z.dim() > 2 else (z * grad)[0]",
+    "activation": "z.flatten(2).mean(-1)[0] if z.dim() > 2 else z[0]",
+}
+
+
+def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.ndarray,
+                  labels: Optional[torch.Tensor] = None) -> bytes:
+    """What one's own code needs to be checked against the engine, as one .npz file.
+
+    Args:
+        inputs: the analysed samples [m, ...], in the order the scores must come back.
+        targets: the class whose logit each row is scored for, int64 [m].
+        sample_ids: each row's index in the full data [m].
+        labels: true class ids [m], or None.
+    Returns:
+        .npz bytes with arrays inputs, targets, sample_ids (and labels).
+    """
+    arrays = {"inputs": inputs.detach().cpu().numpy(),
+              "targets": targets.detach().cpu().numpy().astype(np.int64),
+              "sample_ids": np.asarray(sample_ids, dtype=np.int64)}
+    if labels is not None:
+        arrays["labels"] = labels.detach().cpu().numpy().astype(np.int64)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def expected_loop(layer: str, method: str, file_name: str = "cluster_check.npz") -> str:
+    """A short, correct per-sample loop for `method` on `layer`, reading `check_package`'s
+    file and saving the [m, n] scores the check compares (Python source)."""
+    score = SCORE_LINES.get(method, f"<your {method} score of each neuron, shape [n]>")
+    return f'''import numpy as np
+import torch
+
+pack = np.load("{file_name}")
+x, targets = torch.from_numpy(pack["inputs"]), torch.from_numpy(pack["targets"])
+layer = model.get_submodule({layer!r})
+model.eval()
+rows = []
+for i in range(len(x)):                      # one sample per pass: x[i:i + 1]
+    captured = {{}}
+    handle = layer.register_forward_hook(lambda m, args, out: captured.update(z=out))
+    try:
+        model.zero_grad()                    # no gradient left from the last sample
+        logits = model(x[i:i + 1])
+        z = captured["z"]
+        grad, = torch.autograd.grad(logits[0, targets[i]], z)  # dF/dz, [1, n, ...]
+    finally:
+        handle.remove()                      # never leave a hook behind
+    rows.append(({score}).detach())
+np.save("my_scores.npy", torch.stack(rows).numpy())  # [samples, neurons], in file order
+'''

@@ -1,14 +1,17 @@
-"""Diagnosis page: are the scores degenerate, do they agree with exact ablation and with each
-other, does signed averaging cancel, and does one's own gradient code match the engine?"""
-import io
-
+"""Diagnosis page: the verdict on the current layer, cluster and method first (with the remedies
+the app can apply in one click), then the evidence: each check, the pruning curve it rests on,
+agreement with exact ablation and between methods, and a check of one's own gradient code."""
 import numpy as np
 import pandas as pd
 import streamlit as st
+import torch
 
 import attribution as at
 from attribution import plots
 from attribution.data import load_data
+from attribution.pruning import spaced_ks
+from attribution.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
+                                 cluster_composition, expected_loop, verdict)
 from pages import common
 
 common.require_entrypoint()
@@ -16,49 +19,160 @@ common.require_entrypoint()
 ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
          "problem": ":material/error:"}
+CURVE_POINTS = 32  # k values of the evidence curve (as the not_better_than_random check)
+BEFORE = "remedy_before"  # session state: the view before the last remedy, for the comparison
 
 ctx = common.context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 n_focus = int(ctx.focus.sum())
 
+
+@st.cache_data(max_entries=16, show_spinner="Pruning the cluster's neurons in score order…")
+def cluster_curve(key: tuple, _model, layer: str, _inputs, _targets, _scores):
+    """The cluster's pruning curve by its own scores (target logit, as the check measures)."""
+    curve = at.pruning_curve(_model, layer, _inputs, _targets, _scores,
+                             ks=spaced_ks(len(_scores), CURVE_POINTS), metric="target_logit")
+    return curve.assign(subset="cluster")
+
+
 st.title("Diagnosis")
 st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{plots.REDUCTION_LABELS[s.reduce]}) on cluster "
            f"{common.escape_markdown(focus_label)} ({n_focus} samples), layer "
            f"{common.escape_markdown(s.layer)}.")
+verdict_box = st.container()
+evidence = st.container()
 
 with st.expander("Check your own gradient code", icon=":material/bug_report:"):
     st.markdown(
-        f"Run your code on this cluster's {n_focus} samples (download them below, in this "
-        f"order) for the **{plots.method_label(s.method)}** method and the same target logit, "
-        "save the per-sample scores as a NumPy array of shape [samples, neurons] with "
-        "`np.save`, and upload the `.npy` file. The check compares it with the engine and "
-        "names common bugs (feeding the whole batch, stale gradients).")
-    inputs_file = io.BytesIO()
-    np.save(inputs_file, ctx.focus_inputs().numpy())
-    st.download_button("Download this cluster's inputs (.npy)", inputs_file.getvalue(),
-                       file_name="cluster_inputs.npy", mime="application/octet-stream",
+        f"Download this cluster's {n_focus} samples with the class each row is scored for, "
+        f"run your code for the **{plots.method_label(s.method)}** method on each row in "
+        "file order, save the scores with `np.save` as an array of shape "
+        f"[{n_focus}, {ctx.n_neurons}] (samples x neurons) and upload it. The check compares "
+        "it with the engine and names common bugs (feeding the whole batch, stale gradients, "
+        "hooks left attached). A correct loop looks like this:")
+    targets = ctx.focus_targets()
+    if targets is None:  # the predicted class
+        targets = torch.from_numpy(ctx.predictions()[ctx.focus])
+    labels = None if ctx.ws.data.labels is None else \
+        ctx.ws.data.labels[torch.from_numpy(ctx.focus)]
+    st.code(expected_loop(s.layer, s.method), language="python")
+    st.download_button("Download what the check needs (.npz: inputs, targets, labels, "
+                       "sample ids)",
+                       check_package(ctx.focus_inputs(), targets, ctx.focus.nonzero()[0],
+                                     labels),
+                       file_name="cluster_check.npz", mime="application/octet-stream",
                        on_click="ignore")
     uploaded = st.file_uploader("Your per-sample scores (.npy)", type=["npy"],
                                 key="user_scores")
+    upload_message = st.empty()
+
 user_scores, user_key = None, ""
 if uploaded is not None:
     payload = uploaded.getvalue()
     try:
         user_scores, user_key = load_data(payload).inputs.numpy(), common.digest(payload)
     except at.AttributionError as error:
-        common.show_error(error, before="Your scores file could not be read: ",
-                          after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
-                                "(samples x neurons) with np.save.")
+        with upload_message.container():
+            common.show_error(error, before="Your scores file could not be read: ",
+                              after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
+                                    "(samples x neurons) with np.save.")
+findings = None
+if user_scores is not None:
+    try:
+        findings = ctx.findings(user_scores, user_key)
+    except at.AttributionError as error:  # the file's shape: said next to the uploader
+        with upload_message.container():
+            common.show_error(error, before="Your scores were not checked: ")
+if findings is None:
+    findings = common.guarded(ctx.findings)
+if findings is None:
+    st.stop()
 
-st.subheader("Findings")
-findings = common.guarded(lambda: ctx.findings(user_scores, user_key))
-for finding in findings or []:
-    text = f"**{finding.code.replace('_', ' ')}** · {common.escape_markdown(finding.message)}"
-    if finding.hint:
-        text += f"  \n*What to do:* {common.escape_markdown(finding.hint)}"
-    ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
+answer = verdict(findings, method=s.method, reduce=s.reduce, cluster_source=s.cluster_source,
+                 has_labels=ctx.ws.data.labels is not None)
+facts = {f.code: f for f in findings}
+
+
+def remember_and_apply(key: str, value) -> None:
+    """A remedy button: keep this view's verdict for the comparison, then change the choice."""
+    st.session_state[BEFORE] = {"headline": answer.headline, "key": key, "applied": value,
+                                "value": st.session_state.get(key), "facts": {
+                                    code: facts[code].value for code in
+                                    ("not_better_than_random", "disagrees_with_ablation",
+                                     "sign_cancellation") if code in facts}}
+    common.apply_choice(key, value)
+
+
+with verdict_box:
+    ALERTS[answer.severity](f"**{answer.headline}.** {common.escape_markdown(answer.explanation)}",
+                            icon=ICONS[answer.severity])
+    if answer.action:
+        st.markdown(f"**What to do:** {common.escape_markdown(answer.action)}")
+    if answer.remedies:
+        columns = st.columns(len(answer.remedies))
+        for column, remedy in zip(columns, answer.remedies):
+            column.button(remedy.label, key=f"remedy_{remedy.choice}_{remedy.value}",
+                          type="primary" if remedy is answer.remedies[0] else "secondary",
+                          on_click=remember_and_apply,
+                          args=(common.CHOICE_KEYS[remedy.choice], remedy.value))
+    before = st.session_state.get(BEFORE)
+    if before is not None and st.session_state.get(before["key"]) != before["applied"]:
+        del st.session_state[BEFORE]  # changed again since: no longer the remedy's view
+        before = None
+    if before is not None:
+        changes = []
+        for code, words in (("not_better_than_random", "random orders beaten"),
+                            ("disagrees_with_ablation", "Spearman ρ with ablation"),
+                            ("sign_cancellation", "signed mean keeps of |score|")):
+            if code in before["facts"] and code in facts:
+                form = "{:.0%}" if code != "disagrees_with_ablation" else "{:.2f}"
+                changes.append(f"{words}: {form.format(before['facts'][code])} → "
+                               f"{form.format(facts[code].value)}")
+        st.info(f"Before the change: *{before['headline']}*. Now: *{answer.headline}*.  \n"
+                + "; ".join(changes), icon=":material/compare_arrows:")
+        if st.button("Undo the change", key="remedy_undo", on_click=common.apply_choice,
+                     args=(before["key"], before["value"])):
+            st.session_state.pop(BEFORE, None)
+    for note in answer.notes:
+        st.caption(common.escape_markdown(note))
+
+with evidence:
+    if s.cluster_source not in ONE_CLASS_SOURCES:
+        classes = ctx.ws.data.labels.numpy() if ctx.ws.data.labels is not None \
+            else ctx.predictions()
+        mix = cluster_composition(ctx.clusters, classes, ctx.ws.class_names)
+        mix = mix[mix["cluster"] == s.cluster]
+        which = "true" if ctx.ws.data.labels is not None else "predicted"
+        st.caption(f"Cluster {common.escape_markdown(focus_label)} holds {len(mix)} "
+                   f"{which} classes; a mixed cluster is where signed means cancel.")
+        common.chart(plots.class_mix_bars(mix, cluster=focus_label), key="class_mix")
+
+    st.subheader("Evidence")
+    for finding in findings:
+        text = f"**{check_name(finding)}** · {common.escape_markdown(finding.message)}"
+        if finding.hint:
+            text += f"  \n*What to do:* {common.escape_markdown(finding.hint)}"
+        ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
+
+    main = ctx.scores(s.method)[ctx.focus]
+    row = plots.neuron_summary(main, s.reduce, s.method)["score"].to_numpy()
+    if np.isfinite(row).all():
+        curve = common.guarded(lambda: cluster_curve(
+            ctx.curve_key() + ("diagnosis",), ctx.ws.model, s.layer, ctx.focus_inputs(),
+            ctx.focus_targets(), row))
+        if curve is not None:
+            common.chart(plots.pruning_figure(
+                curve, n_neurons=ctx.n_neurons, metric="target_logit",
+                titles={"cluster": f"cluster {plots.plain(focus_label)}, "
+                                   f"{plots.method_label(s.method)} "
+                                   f"({plots.REDUCTION_LABELS[s.reduce]})"}),
+                key="diagnosis_curve")
+            st.caption("The curve the 'better than random' check rests on: the cluster's "
+                       "target logit as its neurons are removed in the order of these scores "
+                       "(orange), against random orders (grey band). A useful ranking drops "
+                       "faster than the band.")
 
 st.subheader("Agreement with exact ablation")
 st.caption("The oracle removes each neuron alone and measures the drop of the target logit. "
@@ -90,7 +204,6 @@ with left:
         st.caption("How alike the methods rank this cluster's neurons. Methods that agree with "
                    "each other but not with ablation share a blind spot.")
 with right:
-    main = ctx.scores(s.method)[ctx.focus]
     strongest = int(np.abs(main.mean(axis=0)).argmax()) if s.reduce == "mean" else \
         int(np.abs(main).mean(axis=0).argmax())
     neurons = list(range(ctx.n_neurons))

@@ -7,10 +7,10 @@ import torch
 import attribution as at
 from attribution.diagnose import CAPTURE_PATTERNS, CHECKS
 from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES, Finding,
-                                 Remedy, check_name, cluster_composition, describe_mix,
-                                 verdict)
+                                 Remedy, check_name, check_package, cluster_composition,
+                                 describe_mix, expected_loop, verdict)
 
-from .test_diagnose import (HandSetNet, LeakyGradientAttribution, data,
+from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                             seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
 
 
@@ -48,18 +48,21 @@ def test_signs_cancelling_over_a_mixed_cluster_say_so_and_offer_the_three_remedi
     assert answer.cause == "sign_cancellation" and answer.severity == "problem"
     assert answer.headline == "Averaging cancels: the ranking is mostly noise"
     assert [(r.choice, r.value) for r in answer.remedies] == [
-        ("reduce", "mean_abs"), ("method", "gradient_x_activation"), ("cluster_source", "label")]
-    assert answer.action == "Average magnitudes (mean |·|)."
+        ("cluster_source", "label"), ("reduce", "mean_abs"), ("method", "gradient_x_activation")]
+    assert answer.action == "Use one-class clusters (by true label)."
     assert {r.choice for r in answer.remedies} <= set(CHOICES)
 
 
-def test_applying_the_first_remedy_clears_the_cancellation_verdict():
+def test_one_class_clusters_and_magnitudes_clear_the_cancellation_verdict():
     mixed = verdict(findings_of(one_class=False), method="gradient", reduce="mean",
                     cluster_source="kmeans_inputs")
-    remedy = mixed.remedies[0]
-    after = verdict(findings_of(one_class=False, **{remedy.choice: remedy.value}),
-                    method="gradient", reduce=remedy.value, cluster_source="kmeans_inputs")
-    assert after.cause != "sign_cancellation"
+    for remedy in mixed.remedies[:2]:  # gradient x activation keeps the signs of w here
+        settings = {"method": "gradient", "reduce": "mean", "cluster_source": "kmeans_inputs",
+                    remedy.choice: remedy.value}
+        findings = findings_of(one_class=settings["cluster_source"] == "label",
+                               method=settings["method"], reduce=settings["reduce"])
+        after = verdict(findings, **settings)
+        assert after.cause != "sign_cancellation", remedy
 
 
 def test_remedies_never_repeat_the_current_choice():
@@ -71,8 +74,8 @@ def test_remedies_never_repeat_the_current_choice():
     assert all(r.choice != "cluster_source" for r in answer.remedies)  # already one class
     without_labels = verdict(findings, method="gradient", reduce="mean",
                              cluster_source="correctness", has_labels=False)
-    assert without_labels.remedies[-1] == Remedy("cluster_source", "predicted",
-                                                 "Use one-class clusters (by predicted label)")
+    assert Remedy("cluster_source", "predicted", "Use one-class clusters (by predicted label)") \
+        in without_labels.remedies
 
 
 def test_dead_neurons_alone_are_a_note_not_a_verdict():
@@ -130,3 +133,20 @@ def test_a_mixed_kmeans_cluster_of_the_demo_is_described_by_its_classes():
     assert counts.tolist() == np.bincount(clusters).tolist()
     assert torch.equal(torch.as_tensor(sorted(table["class"].unique())),
                        dataset.labels.unique())
+
+
+@pytest.mark.parametrize("method", ["gradient", "gradient_x_activation", "activation"])
+def test_the_loop_shown_to_the_user_matches_the_engine_on_the_downloaded_package(
+        method, tmp_path, monkeypatch):
+    model, (x, y) = HandSetNet().eval(), data()
+    ids = np.arange(100, 100 + len(x))
+    (tmp_path / "cluster_check.npz").write_bytes(check_package(x, y, ids, labels=y))
+    monkeypatch.chdir(tmp_path)
+    exec(expected_loop("fc", method), {"model": model})  # the snippet as the page shows it
+    user = np.load(tmp_path / "my_scores.npy")
+    assert user.shape == (len(x), WIDTH)
+    findings = {f.code: f for f in at.diagnose(model, "fc", x, y, method, user_scores=user)}
+    assert findings["suspicious_gradient_capture"].severity == "ok"
+    package = np.load(tmp_path / "cluster_check.npz")
+    assert package["sample_ids"].tolist() == ids.tolist()
+    assert package["targets"].tolist() == package["labels"].tolist() == y.tolist()
