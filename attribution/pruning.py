@@ -53,7 +53,8 @@ CurveProgress = Optional[Callable[[float, pd.DataFrame], object]]
 def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
                   ks: Optional[Sequence[int]] = None, n_random: int = 20, seed: int = 0,
                   ablation: str = "zero", metric: str = "accuracy", batch_size: int = 256,
-                  progress: CurveProgress = None, device=None) -> pd.DataFrame:
+                  progress: CurveProgress = None, resume: Optional[pd.DataFrame] = None,
+                  device=None) -> pd.DataFrame:
     """The metric after removing k neurons in descending score order, against bottom-k and random.
 
     Args:
@@ -74,6 +75,9 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
         batch_size: samples per captured batch; results do not depend on it.
         progress: called as progress(fraction, partial_frame) after each refinement round; the
             first round covers the whole k range coarsely. May raise to stop.
+        resume: a partial frame that `progress` received from an interrupted call with the
+            same arguments: its k values are not computed again (AttributionError when it
+            belongs to other scores, orders, metric or samples).
         device: where to compute ("cpu", "cuda"); None = where the model is (never moved).
     Returns:
         DataFrame with columns `CURVE_COLUMNS`, one row per k (ascending). `attrs` holds
@@ -83,14 +87,15 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
     """
     return _curves(model, layer, inputs, targets, scores, None, None, ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,
-                   batch_size=batch_size, progress=progress, device=device)
+                   batch_size=batch_size, progress=progress, resume=resume, device=device)
 
 
 def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
                            cluster, scores, *, ks: Optional[Sequence[int]] = None,
                            n_random: int = 20, seed: int = 0, ablation: str = "zero",
                            metric: str = "accuracy", batch_size: int = 256,
-                           progress: CurveProgress = None, device=None) -> pd.DataFrame:
+                           progress: CurveProgress = None, resume: Optional[pd.DataFrame] = None,
+                           device=None) -> pd.DataFrame:
     """Pruning curves of one ranking on a cluster and on the rest of the data, in one pass.
 
     Both subsets share the masks, the random orders and (for "mean") the mean over all
@@ -114,7 +119,7 @@ def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clu
     groups = np.where(in_cluster, 0, 1)
     return _curves(model, layer, inputs, targets, scores, groups, ("cluster", "rest"), ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,
-                   batch_size=batch_size, progress=progress, device=device)
+                   batch_size=batch_size, progress=progress, resume=resume, device=device)
 
 
 def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.DataFrame:
@@ -400,7 +405,7 @@ def _check_ks(ks: Optional[Sequence[int]], n_neurons: int) -> list[int]:
 
 
 def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, n_random, seed,
-            ablation, metric, batch_size, progress, device) -> pd.DataFrame:
+            ablation, metric, batch_size, progress, resume, device) -> pd.DataFrame:
     """Shared body of `pruning_curve` (one subset) and `cluster_pruning_curves` (two)."""
     _check_options(ablation, metric, n_random, batch_size)
     name, _ = resolve_layer(model, layer)
@@ -432,6 +437,11 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             rounds = rounds[:1] + ([sum(rounds[1:], [])] if len(rounds) > 1 else [])
         sums = torch.zeros(orders.shape[0], len(ks), n_groups, dtype=torch.float64)
         done: list[int] = []
+        if resume is not None:
+            done = _resumed(resume, sums, passes.counts, ks, subset_names, orders, metric,
+                            ablation)
+            rounds = [kept for kept in ([p for p in positions if p not in done]
+                                        for positions in rounds) if kept]
         for positions in rounds:
             masks = _removal_masks(orders, [ks[p] for p in positions])  # [O, K_round, n]
             unique, inverse = torch.unique(masks.reshape(-1, n_neurons).to(passes.device),
@@ -449,6 +459,36 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
                                                      n_random, seed))
     return _frame(sums, passes.counts, ks, list(range(len(ks))), subset_names, orders, metric,
                   ablation, n_random, seed)
+
+
+def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: list[int],
+             subset_names, orders: torch.Tensor, metric: str, ablation: str) -> list[int]:
+    """Fill `sums` [O, K, G] at the k positions of `partial` (a progress frame of the same
+    curve); returns those positions."""
+    attrs = partial.attrs
+    names = subset_names or (None,)
+    sizes = attrs.get("n_samples") if subset_names else {None: attrs.get("n_samples")}
+    draws = attrs.get("random_curves") if subset_names else {None: attrs.get("random_curves")}
+    same = (attrs.get("metric") == metric and attrs.get("ablation") == ablation
+            and attrs.get("orders") == orders.tolist() and isinstance(sizes, dict)
+            and all(sizes.get(name, 0) == int(counts[group]) for group, name in enumerate(names))
+            and set(partial["k"]) <= set(ks))
+    if not same:
+        raise AttributionError("resume= holds a partial curve of other scores, random orders, "
+                               "metric, ablation or samples; compute this curve from the "
+                               "start (resume=None).")
+    positions = sorted(ks.index(int(k)) for k in pd.unique(partial["k"]))
+    for group, name in enumerate(names):
+        if counts[group] == 0:
+            continue
+        part = partial if name is None else partial[partial["subset"] == name]
+        part = part.sort_values("k")
+        if [ks.index(int(k)) for k in part["k"]] != positions:
+            raise AttributionError("resume= has different k values per subset; compute this "
+                                   "curve from the start (resume=None).")
+        means = np.vstack([part["ranked"], part["bottom"], np.asarray(draws[name])])  # [O, K]
+        sums[:, positions, group] = torch.from_numpy(means * float(counts[group]))
+    return positions
 
 
 def _frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: list[int],
@@ -476,6 +516,7 @@ def _frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: lis
     frame.attrs = {
         "metric": metric, "ablation": ablation, "n_neurons": int(orders.shape[1]),
         "n_random": n_random, "seed": seed, "random_orders": orders[2:].tolist(),
+        "orders": orders.tolist(),  # ranked, bottom, then the random ones: for resume=
         "n_samples": sizes[None] if single else sizes,
         "random_curves": random_curves[None] if single else random_curves,
     }
