@@ -31,6 +31,7 @@ import yaml
 from torch import nn
 
 from .errors import AttributionError
+from .limits import DEFAULT_LIMITS, Limits, over_budget
 
 KINDS = ("mlp", "cnn")
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -70,11 +71,22 @@ class Architecture:
 
     def module_kinds(self) -> list[str]:
         """Class names of the modules in order, e.g. ["Linear", "ReLU", "Linear"]."""
-        return [type(module).__name__ for module in self._modules(torch.device("meta"))]
+        return [kind.__name__ for kind, _ in self._plan()]
+
+    def n_parameters(self) -> int:
+        """Number of weights and biases of the built module (computed, nothing is built)."""
+        total = 0
+        for kind, args in self._plan():
+            if kind is nn.Linear:
+                total += (args[0] + 1) * args[1]
+            elif kind is nn.Conv2d:
+                total += (args[0] * args[2] ** 2 + 1) * args[1]
+        return total
 
     def build(self, device: Union[str, torch.device, None] = None) -> nn.Sequential:
         """The module, with freshly initialised weights (on `device`; "meta" allocates none)."""
-        modules = self._modules(torch.device(device or "cpu"))
+        with torch.device(torch.device(device or "cpu")):
+            modules = [kind(*args) for kind, args in self._plan()]
         names = self.names or tuple(str(i) for i in range(len(modules)))
         return nn.Sequential(OrderedDict(zip(names, modules)))
 
@@ -87,56 +99,58 @@ class Architecture:
                 out[key] = list(value) if isinstance(value, tuple) else value
         return out
 
-    def _modules(self, device: torch.device) -> list[nn.Module]:
+    def _plan(self) -> list[tuple[Callable[..., nn.Module], tuple]]:
+        """The modules in order as (class, constructor arguments); nothing is built."""
         activation = ACTIVATIONS[self.activation]
-        modules: list[nn.Module] = []
-        with torch.device(device):
-            if self.kind == "cnn":
-                in_channels, height, width = self.input_shape
-                padding = self.kernel_size // 2 if self.padding is None else self.padding
-                for channels in self.channels:
-                    modules += [nn.Conv2d(in_channels, channels, self.kernel_size,
-                                          padding=padding), activation()]
-                    height = (height + 2 * padding - self.kernel_size + 1) // self.pool
-                    width = (width + 2 * padding - self.kernel_size + 1) // self.pool
-                    if height < 1 or width < 1:
-                        raise AttributionError(
-                            f"The convolutions shrink the {list(self.input_shape[1:])} input to "
-                            "nothing; use less pooling, more padding or a smaller kernel_size.")
-                    if self.pool > 1:
-                        modules.append(nn.MaxPool2d(self.pool))
-                    in_channels = channels
-                features = in_channels * height * width
-            else:
-                features = 1
-                for size in self.input_shape:
-                    features *= size
-            if self.kind == "cnn" or len(self.input_shape) > 1:
-                modules.append(nn.Flatten())
-            for units in self.hidden:
-                modules += [nn.Linear(features, units), activation()]
-                features = units
-            modules.append(nn.Linear(features, self.n_classes))
-        return modules
+        plan: list[tuple[Callable[..., nn.Module], tuple]] = []
+        if self.kind == "cnn":
+            in_channels, height, width = self.input_shape
+            padding = self.kernel_size // 2 if self.padding is None else self.padding
+            for channels in self.channels:
+                plan += [(nn.Conv2d, (in_channels, channels, self.kernel_size, 1, padding)),
+                         (activation, ())]
+                height = (height + 2 * padding - self.kernel_size + 1) // self.pool
+                width = (width + 2 * padding - self.kernel_size + 1) // self.pool
+                if height < 1 or width < 1:
+                    raise AttributionError(
+                        f"The convolutions shrink the {list(self.input_shape[1:])} input to "
+                        "nothing; use less pooling, more padding or a smaller kernel_size.")
+                if self.pool > 1:
+                    plan.append((nn.MaxPool2d, (self.pool,)))
+                in_channels = channels
+            features = in_channels * height * width
+        else:
+            features = 1
+            for size in self.input_shape:
+                features *= size
+        if self.kind == "cnn" or len(self.input_shape) > 1:
+            plan.append((nn.Flatten, ()))
+        for units in self.hidden:
+            plan += [(nn.Linear, (features, units)), (activation, ())]
+            features = units
+        plan.append((nn.Linear, (features, self.n_classes)))
+        return plan
 
 
-def parse_architecture(source: Description) -> Architecture:
-    """Read and validate a description given as a dict, JSON/YAML text or bytes, or a path."""
+def parse_architecture(source: Description, limits: Optional[Limits] = None) -> Architecture:
+    """Read and validate a description given as a dict, JSON/YAML text or bytes, or a path;
+    its layer and parameter counts within `limits` (default `DEFAULT_LIMITS`)."""
+    limits = limits or DEFAULT_LIMITS
     if isinstance(source, Architecture):
-        return source
+        return _within(source, limits)
     if isinstance(source, dict):
-        return _from_dict(source)
+        return _from_dict(source, limits)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _from_dict(_parse_text(bytes(source)))
+        return _from_dict(_parse_text(bytes(source)), limits)
     if isinstance(source, str) and (source.lstrip().startswith("{") or "\n" in source):
-        return _from_dict(_parse_text(source.encode()))
+        return _from_dict(_parse_text(source.encode()), limits)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.is_file():
             raise AttributionError(f"Architecture file not found: {path}.")
         if path.stat().st_size > _MAX_TEXT_BYTES:
             raise AttributionError(f"{path.name} is too large for an architecture description.")
-        return _from_dict(_parse_text(path.read_bytes()))
+        return _from_dict(_parse_text(path.read_bytes()), limits)
     raise AttributionError(f"An architecture must be a dict, JSON/YAML text or a path; got "
                            f"{type(source).__name__}.")
 
@@ -161,7 +175,9 @@ def _parse_text(data: bytes) -> dict:
         parsed = json.loads(text)
     except (ValueError, RecursionError):
         try:
-            parsed = yaml.safe_load(text)
+            parsed = yaml.load(text, Loader=_NoAliasLoader)
+        except AttributionError:
+            raise
         except (yaml.YAMLError, RecursionError, ValueError) as error:
             raise AttributionError(f"The architecture description is neither valid JSON nor "
                                    f"valid YAML: {error}.") from None
@@ -171,7 +187,31 @@ def _parse_text(data: bytes) -> dict:
     return parsed
 
 
-def _from_dict(raw: dict) -> Architecture:
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.safe_load without anchors and aliases, which no description needs and which
+    let a few bytes stand for a structure of billions of nodes ("billion laughs")."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise AttributionError("The architecture description uses YAML aliases (*name); "
+                                   "write every value out instead.")
+        return super().compose_node(parent, index)
+
+
+def _within(architecture: Architecture, limits: Limits) -> Architecture:
+    """`architecture` when its layer and parameter counts are within `limits`."""
+    layers = len(architecture.hidden) + len(architecture.channels)
+    if layers > limits.max_layers:
+        raise AttributionError(over_budget("The architecture has", f"{layers} layers",
+                                           f"{limits.max_layers}", "max_layers"))
+    parameters = architecture.n_parameters()
+    if parameters > limits.max_parameters:
+        raise AttributionError(over_budget("The architecture has", f"{parameters:,} parameters",
+                                           f"{limits.max_parameters:,}", "max_parameters"))
+    return architecture
+
+
+def _from_dict(raw: dict, limits: Limits) -> Architecture:
     kind = raw.get("kind")
     if kind not in KINDS:
         raise AttributionError(f'"kind" must be one of {", ".join(KINDS)}; got '
@@ -199,10 +239,15 @@ def _from_dict(raw: dict) -> Architecture:
     n_classes = _sizes([raw["n_classes"]], "n_classes", _MAX_WIDTH)[0]
     if n_classes < 2:
         raise AttributionError("n_classes must be at least 2.")
+    hidden = _sizes(raw.get("hidden", []), "hidden", _MAX_WIDTH)
+    channels = _sizes(raw.get("channels", []), "channels", _MAX_WIDTH)
+    if len(hidden) + len(channels) > limits.max_layers:  # before any per-layer work
+        raise AttributionError(over_budget("The architecture has",
+                                           f"{len(hidden) + len(channels)} layers",
+                                           f"{limits.max_layers}", "max_layers"))
     architecture = Architecture(
         kind=kind, input_shape=input_shape, n_classes=n_classes,
-        hidden=_sizes(raw.get("hidden", []), "hidden", _MAX_WIDTH),
-        channels=_sizes(raw.get("channels", []), "channels", _MAX_WIDTH),
+        hidden=hidden, channels=channels,
         kernel_size=_sizes([raw.get("kernel_size", 3)], "kernel_size", 64)[0],
         padding=None if raw.get("padding") is None
         else _sizes([raw["padding"]], "padding", 64, minimum=0)[0],
@@ -211,15 +256,13 @@ def _from_dict(raw: dict) -> Architecture:
         names=_names(raw.get("names")),
         class_names=_class_names(raw.get("class_names"), n_classes),
     )
-    if architecture.names is not None:
-        kinds = architecture.module_kinds()
-        if len(architecture.names) != len(kinds):
-            raise AttributionError(
-                f'"names" has {len(architecture.names)} entries but the {kind} has '
-                f"{len(kinds)} modules ({', '.join(kinds)}); give one name per module.")
-    else:
-        architecture.module_kinds()  # surfaces shape errors (e.g. too much pooling) now
-    return architecture
+    kinds = architecture.module_kinds()  # surfaces shape errors (e.g. too much pooling) now
+    if architecture.names is not None and len(architecture.names) != len(kinds):
+        raise AttributionError(
+            f'"names" has {len(architecture.names)} entries but the {kind} has '
+            f"{len(kinds)} modules ({', '.join(kinds[:12])}{', ...' if len(kinds) > 12 else ''}); "
+            "give one name per module.")
+    return _within(architecture, limits)
 
 
 def _sizes(value: Any, key: str, maximum: int, minimum: int = 1) -> tuple[int, ...]:
