@@ -4,6 +4,8 @@ own files on your own machine). Opens on the built-in digits demo with charts dr
 Pages run through `common.run_page`: until st.navigation first runs in the server process,
 Streamlit runs a page's address (a shared link on a fresh server) as that pages/ script alone,
 and the page then runs this file in its place (`common.require_entrypoint`)."""
+import importlib
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -17,6 +19,23 @@ PAGES = [
     st.Page("pages/export.py", title="Share & export", icon=":material/download:"),
 ]
 page = st.navigation(PAGES, position="top")
+
+
+@st.cache_resource(show_spinner=False)
+def import_plotly_optional_modules() -> None:
+    """Import numpy, pandas and PIL.Image to the end, once per server process.
+
+    plotly (`_plotly_utils.optional_imports.get_module(name, should_load=False)`) takes these
+    from sys.modules as it finds them, and a module enters sys.modules before its body has
+    run: a figure built while another session's thread is still importing one fails with
+    "partially initialized module 'pandas' has no attribute 'Series'". `import` waits for
+    another thread's import of the same module to finish, and the cache's compute lock makes
+    every session wait here until the first has done it."""
+    for name in ("numpy", "pandas", "PIL.Image"):
+        importlib.import_module(name)
+
+
+import_plotly_optional_modules()
 
 loading = st.empty()
 if "session_started" not in st.session_state:

@@ -276,11 +276,11 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     stop = app.page.get_by_role("button", name="Stop the curve")
     stop.wait_for(timeout=60_000)
     stop.click()
-    app.page.get_by_role("button", name="Compute again").wait_for(timeout=60_000)
+    app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
     assert app.page.get_by_text("Verdict:").count() == 0
     app.page.get_by_text("Stopped: the curve shows the points computed").wait_for()
     app.screenshot("9-pruning-stopped")
-    app.page.get_by_role("button", name="Compute again").click()
+    app.page.get_by_role("button", name="Continue the curve").click()
     app.wait_for_text("Verdict:", timeout_s=120)
     assert app.page.evaluate(RANKED_POINTS) == [33, 33]
 
@@ -396,3 +396,29 @@ def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_setting
             assert re.search(f"[?&]{parameter}(&|$)", address), address
         app.screenshot("10-shared-link-fresh-server")
         _check_and_close(app, context)
+
+
+COLD_START_SERVERS, COLD_START_TABS = 5, 3
+COLD_START_STAGGER_S = (0.0, 0.4, 0.8, 1.2, 1.6)  # between tabs, one value per fresh server
+STARTED = """() => document.querySelector('[data-testid="stException"]') || ((%s)(
+    ['score per cluster', false]) && [...document.querySelectorAll(
+    '[data-testid="stSidebar"] [data-testid="stWidgetLabel"]')].some(
+    e => e.innerText === 'Model and data'))""" % CHART_WITH_TITLE
+
+
+def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
+    """Collaborators opening the app at once on a cold server (issue 10.2): a session's first
+    run draws a placeholder chart, and plotly takes numpy and pandas from sys.modules as it
+    finds them, half-initialised while another session's thread is still importing them.
+    The imports of the first session last about two seconds, so the tabs open a little apart
+    (a different spacing on each fresh server); every tab must reach its charts and sidebar
+    without an exception."""
+    for round_, stagger_s in enumerate(COLD_START_STAGGER_S[:COLD_START_SERVERS]):
+        with _streamlit_server(f"streamlit-cold-{round_}.log") as fresh:
+            tabs = [_tab(browser, fresh) for _ in range(COLD_START_TABS)]
+            for index, (tab, _) in enumerate(tabs):
+                time.sleep(stagger_s if index else 0.0)
+                tab.page.goto(fresh.url, wait_until="commit")
+            for tab, context in tabs:
+                tab.page.wait_for_function(STARTED, timeout=120_000, polling=50)
+                _check_and_close(tab, context)
