@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Subset
 
-from . import pruning
+from . import model_io, pruning
 from .errors import AttributionError
 from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
                      cluster_statistics as shard_statistics, n_samples, on_device,
@@ -100,11 +100,12 @@ class Shard:
 def shards(inputs: Inputs, rank: int, size: int) -> Iterator[Shard]:
     """This rank's pieces of `inputs`.
 
-    Arrays, tensors and `NpyRows` are sliced lazily into one contiguous range per rank; a
+    Arrays, tensors, named inputs and `NpyRows` are sliced lazily into one contiguous range per rank; a
     DataLoader over a map-style dataset read in order gets a DataLoader over its range; any
     other iterable is dealt out batch by batch (every rank reads every batch, and scores
     batches rank, rank + size, ...).
     """
+    inputs = model_io.named(inputs)
     total = n_samples(inputs)
     if size == 1:
         yield Shard(inputs, 0, total)
@@ -122,7 +123,8 @@ def shards(inputs: Inputs, rank: int, size: int) -> Iterator[Shard]:
                                "targets and cluster ids would not line up: use shuffle=False.")
     first_index = 0
     for number, item in enumerate(inputs):
-        batch_size = len(item[0] if isinstance(item, (tuple, list)) else item)
+        batch_size = model_io.n_rows(model_io.named(
+            item[0] if isinstance(item, (tuple, list)) else item))
         if number % size == rank:
             yield Shard([item], first_index, batch_size)
         first_index += batch_size

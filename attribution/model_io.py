@@ -181,7 +181,24 @@ def cat(parts: list) -> Any:
 def call(model: nn.Module, x: Any) -> Any:
     """`model(**x)` for named inputs (or a plain dict of them), `model(x)` for one tensor."""
     x = named(x)
-    return model(**dict(x.items())) if isinstance(x, NamedInputs) else model(x)
+    if not isinstance(x, NamedInputs):
+        return model(x)
+    positional = _positional_names(model)
+    if positional:
+        return model(*(x[name] for name in positional),
+                     **{name: value for name, value in x.items() if name not in positional})
+    return model(**dict(x.items()))
+
+
+def _positional_names(model: Any) -> list[str]:
+    """The inputs that a torch.export module exported with positional arguments takes by
+    position (it refuses them as keywords); [] for any other module."""
+    calls = getattr(model, "module_call_graph", None)
+    if not calls:
+        return []
+    count = calls[0].signature.in_spec.children()[0].num_children
+    placeholders = [node.name for node in model.graph.nodes if node.op == "placeholder"]
+    return placeholders[:count]
 
 
 def attention_mask(x: Any) -> Optional[torch.Tensor]:

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from . import model_io
 from .errors import AttributionError
 from .methods import METHODS, methods_for
 from .scores import REDUCTIONS, Inputs, _check_method, cluster_codes, cluster_scores, n_samples
@@ -108,7 +109,11 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
 
 
 def _input_dtype(inputs: Inputs) -> torch.dtype:
-    """The dtype of tensor or array inputs; float32 when unknown (an iterable of batches)."""
+    """The dtype of tensor or array inputs (int64 for named inputs without floating-point
+    ones); float32 when unknown (an iterable of batches)."""
+    inputs = model_io.named(inputs)
+    if isinstance(inputs, model_io.NamedInputs):
+        return torch.float32 if model_io.is_floating(inputs) else torch.int64
     dtype = getattr(inputs, "dtype", torch.float32)
     if isinstance(dtype, torch.dtype):
         return dtype
