@@ -137,8 +137,8 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
         area_bottom, area_random (area of random_mean), gap_vs_random (area between the random
         mean and the ranked curve; positive = the ranking does more damage than random), and
         fraction_random_beaten (share of random orders whose area the ranking beats, ties
-        count half; NaN when `curves.attrs` lacks the random curves, e.g. after a CSV
-        round-trip).
+        count half; NaN when `curves.attrs` lacks the random curves of its rows, e.g. after a
+        CSV round-trip or a slice of rows).
     """
     metric = metric or curves.attrs.get("metric")
     if metric not in METRICS:
@@ -159,7 +159,7 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
         ranked = _mean_over_k(part["ranked"].to_numpy(), k)
         random_mean = _mean_over_k(part["random_mean"].to_numpy(), k)
         draws = random_by_subset.get(name)
-        if draws is None:
+        if draws is None or any(len(draw) != len(k) for draw in draws):  # e.g. rows sliced
             beaten = np.nan
         else:
             areas = np.array([_mean_over_k(np.asarray(draw), k) for draw in draws])
@@ -486,7 +486,11 @@ def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: 
         if [ks.index(int(k)) for k in part["k"]] != positions:
             raise AttributionError("resume= has different k values per subset; compute this "
                                    "curve from the start (resume=None).")
-        means = np.vstack([part["ranked"], part["bottom"], np.asarray(draws[name])])  # [O, K]
+        random_means = np.asarray(draws[name], dtype=np.float64)
+        if random_means.shape != (orders.shape[0] - 2, len(part)):
+            raise AttributionError("resume= lacks the random curves of its points; compute "
+                                   "this curve from the start (resume=None).")
+        means = np.vstack([part["ranked"], part["bottom"], random_means])  # [O, K]
         sums[:, positions, group] = torch.from_numpy(means * float(counts[group]))
     return positions
 

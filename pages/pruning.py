@@ -1,5 +1,8 @@
 """Pruning page: live top-k vs bottom-k vs random curves for the cluster in focus and for the
-rest of the data, drawn while they compute, with a stop button and a summary in words."""
+rest of the data, drawn while they compute, with a stop button and a summary in words.
+
+No work is thrown away: the points of each curve are kept per curve key as they arrive, so a
+curve left mid-way (another page, a stop, a closed tab's rerun) resumes from them."""
 import time
 
 import streamlit as st
@@ -13,7 +16,8 @@ from pages import common
 common.require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
-MAX_KEPT_CURVES = 16  # finished curves kept per session
+MAX_KEPT_CURVES = 16  # finished (and, separately, unfinished) curves kept per session
+ESTIMATE_ABOVE_SECONDS = 3.0  # say how long the rest takes when it is longer than this
 
 ctx = common.context()
 s = ctx.settings
@@ -37,10 +41,19 @@ n_neurons = ctx.n_neurons
 key = ctx.curve_key()
 finished = st.session_state.setdefault("curves", {})
 stopped = st.session_state.setdefault("stopped_curves", {})
+partials = st.session_state.setdefault("partial_curves", {})  # key -> points computed so far
+
+
+def keep(store: dict, curve_key: tuple, value) -> None:
+    """Store `value` under `curve_key`, dropping the oldest beyond MAX_KEPT_CURVES."""
+    store.pop(curve_key, None)
+    while len(store) >= MAX_KEPT_CURVES:
+        store.pop(next(iter(store)))
+    store[curve_key] = value
 
 
 def stop() -> None:
-    stopped[key] = st.session_state.get("partial_curve")
+    stopped[key] = partials.get(key)
 
 
 def show(curves, note: str) -> None:
@@ -49,9 +62,9 @@ def show(curves, note: str) -> None:
     st.caption(note)
 
 
-def summarise(curves) -> None:
+def summarise(curves, so_far: bool = False) -> None:
     summary = at.curve_summary(curves)
-    st.subheader("In words")
+    st.subheader("In words, from the points computed so far" if so_far else "In words")
     for sentence in curve_sentences(summary, metric=s.metric, method=s.method,
                                     cluster=focus_label, sizes=curves.attrs.get("n_samples"),
                                     n_random=s.n_random):
@@ -78,10 +91,13 @@ if key in finished:
     summarise(finished[key])
 elif key in stopped:
     if stopped[key] is not None:
-        show(stopped[key], "Stopped: the curve shows the points computed before the stop.")
+        done, total = stopped[key]["k"].nunique(), len(spaced_ks(n_neurons, CURVE_K_STEPS))
+        show(stopped[key], f"Stopped: the curve shows the {done} of {total} k values computed "
+                           "before the stop; continuing computes only the rest.")
+        summarise(stopped[key], so_far=True)
     else:
         st.info("Stopped before the first points.")
-    if st.button("Compute again", type="primary"):
+    if st.button("Continue the curve", type="primary", icon=":material/play_arrow:"):
         del stopped[key]
         st.rerun()
 else:
@@ -89,16 +105,31 @@ else:
     if scores is None:
         st.stop()
     row = plots.cluster_table(scores, ctx.clusters, s.reduce).loc[s.cluster].drop("n")
+    ks = spaced_ks(n_neurons, CURVE_K_STEPS)
+    resume = partials.get(key)
     status = st.empty()
-    bar = status.progress(0.0, text="Computing the first points…")
+    start_fraction = 0.0 if resume is None else resume["k"].nunique() / len(ks)
+    bar = status.progress(start_fraction, text="Computing the first points…" if resume is None
+                          else f"Resuming from the {start_fraction:.0%} of the k values "
+                               "computed before…")
     stop_slot = st.empty()
     stop_slot.button("Stop the curve", on_click=stop, icon=":material/stop_circle:")
     chart_slot = st.empty()
+    if resume is not None:
+        with chart_slot.container():
+            common.chart(plots.pruning_figure(resume, n_neurons=n_neurons, metric=s.metric,
+                                              titles=titles), key="partial_curve_resumed")
     last_draw, n_draws = [0.0], [0]
+    started = [time.monotonic(), start_fraction]  # when and from where this run computes
 
     def on_progress(fraction, partial) -> None:
-        st.session_state["partial_curve"] = partial
-        bar.progress(fraction, text=f"{fraction:.0%} of the k values computed")
+        keep(partials, key, partial)  # first: a rerun or stop may end the run at any call
+        elapsed = time.monotonic() - started[0]
+        rate = (fraction - started[1]) / elapsed if elapsed > 0 else 0.0
+        left = (1.0 - fraction) / rate if rate > 0 else 0.0
+        estimate = (f" · about {left:.0f} s left (estimated from the points so far)"
+                    if left > ESTIMATE_ABOVE_SECONDS else "")
+        bar.progress(fraction, text=f"{fraction:.0%} of the k values computed{estimate}")
         now = time.monotonic()
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
             last_draw[0], n_draws[0] = now, n_draws[0] + 1
@@ -107,18 +138,28 @@ else:
                                                   metric=s.metric, titles=titles),
                              key=f"partial_curve_{n_draws[0]}")
 
-    st.session_state["partial_curve"] = None
-    curves = common.guarded(lambda: at.cluster_pruning_curves(
-        ctx.ws.model, s.layer, ctx.ws.data.inputs, curve_targets(ctx.ws.data, s.metric,
-                                                                 ctx.targets),
-        ctx.clusters, s.cluster, row.to_numpy(), ks=spaced_ks(n_neurons, CURVE_K_STEPS),
-        n_random=s.n_random, metric=s.metric, batch_size=s.batch_size, progress=on_progress))
+    def compute(resume_from):
+        return at.cluster_pruning_curves(
+            ctx.ws.model, s.layer, ctx.ws.data.inputs,
+            curve_targets(ctx.ws.data, s.metric, ctx.targets), ctx.clusters, s.cluster,
+            row.to_numpy(), ks=ks, n_random=s.n_random, metric=s.metric,
+            batch_size=s.batch_size, progress=on_progress, resume=resume_from)
+
+    def compute_resuming():
+        try:
+            return compute(resume)
+        except at.AttributionError:
+            if resume is None:
+                raise
+            started[1] = 0.0  # the kept points do not fit (e.g. other data): from the start
+            return compute(None)
+
+    curves = common.guarded(compute_resuming)
     status.empty()
     stop_slot.empty()
     if curves is not None:
-        while len(finished) >= MAX_KEPT_CURVES:
-            finished.pop(next(iter(finished)))
-        finished[key] = curves
+        partials.pop(key, None)
+        keep(finished, key, curves)
         with chart_slot.container():
             show(curves, "Complete.")
         summarise(curves)

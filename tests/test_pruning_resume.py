@@ -78,3 +78,20 @@ def test_resuming_from_a_curve_of_other_scores_or_metric_is_refused(demo):
                          n_random=5, resume=partial)
     finished = run(resume=run())  # a finished curve resumes to itself, computing nothing
     pd.testing.assert_frame_equal(finished, run())
+
+
+def test_a_partial_cut_from_a_finished_frame_is_refused_not_misread(demo):
+    model, data, scores = demo
+    full = at.pruning_curve(model, "relu1", data.inputs, data.labels, scores, n_random=5)
+    cut = full.iloc[:5]  # rows of 5 k, random curves of every k (pandas keeps attrs)
+    with pytest.raises(at.AttributionError, match="random curves"):
+        at.pruning_curve(model, "relu1", data.inputs, data.labels, scores, n_random=5,
+                         resume=cut)
+
+
+def test_the_summary_of_a_slice_of_rows_leaves_the_random_share_unknown(demo):
+    model, data, scores = demo
+    full = at.pruning_curve(model, "relu1", data.inputs, data.labels, scores, n_random=5)
+    summary = at.curve_summary(full.iloc[:5])  # attrs still hold every k's random curves
+    assert np.isnan(summary["fraction_random_beaten"].iloc[0])
+    assert np.isfinite(summary["area_ranked"].iloc[0])

@@ -1,0 +1,165 @@
+"""The dashboard answers (issue 12) through Streamlit's AppTest: the Diagnosis page's verdict
+and remedies, the neuron view, and pruning curves that survive leaving the page."""
+import io
+
+import numpy as np
+import pytest
+
+import attribution as at
+from attribution import plots
+from attribution.verdict import CHECK_NAMES, verdict
+from tests.test_app import (OCTET, _stall_after_first_points, assert_clean, figure, run_app,
+                            sidebar_widget, values)
+
+MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every digit at once
+
+
+def diagnosis(query: dict | None = None):
+    app = run_app(query)
+    app.switch_page("pages/diagnosis.py").run()
+    assert_clean(app)
+    return app
+
+
+def alerts(app) -> list[tuple[str, str]]:
+    """(kind, text) of every alert in the main area, in page order."""
+    return [(node.type, node.value) for node in app.main
+            if getattr(node, "type", None) in ("success", "warning", "error", "info")]
+
+
+def verdict_text(app) -> tuple[str, str]:
+    """The first alert of the page: the verdict."""
+    return alerts(app)[0]
+
+
+def ranked_curve(app) -> np.ndarray:
+    traces = figure(app, "neurons are removed")["data"]
+    ranked = [t for t in traces if t.get("name") == plots.CURVE_LABELS["ranked"]]
+    return values(ranked[0]["y"])
+
+
+def expected_verdict(app):
+    ctx = app.session_state["context"]
+    s = ctx.settings
+    return verdict(ctx.findings(), method=s.method, reduce=s.reduce,
+                   cluster_source=s.cluster_source)
+
+
+def test_the_demo_opens_its_diagnosis_with_a_usable_verdict_and_no_remedy():
+    app = diagnosis()
+    kind, text = verdict_text(app)
+    assert kind == "success" and text.startswith("**These scores are usable.**")
+    assert expected_verdict(app).headline == "These scores are usable"
+    assert not [b for b in app.button if b.key.startswith("remedy_")]
+    names = [passed for passed, _ in CHECK_NAMES.values()]
+    shown = [text for kind, text in alerts(app)[1:]]
+    assert sum(any(text.startswith(f"**{name}**") for text in shown) for name in names) >= 6
+    assert not any("✓" in text or "disagrees with ablation" in text for _, text in alerts(app))
+
+
+def test_a_mixed_cluster_says_averaging_cancels_and_a_remedy_moves_the_curve():
+    app = diagnosis(MIXED)
+    kind, text = verdict_text(app)
+    assert kind in ("warning", "error")
+    assert "Averaging cancels: the ranking is mostly noise" in text
+    answer = expected_verdict(app)
+    buttons = [b for b in app.button if b.key.startswith("remedy_")]
+    assert [b.label for b in buttons] == [r.label for r in answer.remedies]
+    mix = figure(app, "What cluster correct mixes")["data"][0]
+    assert len(values(mix["x"])) == 10  # every digit is among the correctly classified
+    before = ranked_curve(app)
+
+    app.button(key="remedy_cluster_source_label").click().run()
+    assert_clean(app)
+    assert sidebar_widget(app, "w_cluster_by").value == "label"
+    assert app.query_params["cluster_by"] == "label"
+    kind, text = verdict_text(app)
+    assert kind == "success" and "These scores are usable" in text
+    after = ranked_curve(app)
+    assert after.shape != before.shape or not np.allclose(after, before)  # the curve moved
+    comparison = [t for k, t in alerts(app) if t.startswith("Before the change")]
+    assert comparison and "Averaging cancels" in comparison[0]
+
+    app.button(key="remedy_undo").click().run()
+    assert_clean(app)
+    assert sidebar_widget(app, "w_cluster_by").value == "correctness"
+    assert "Averaging cancels" in verdict_text(app)[1]
+
+
+def test_a_wrong_shaped_scores_upload_is_explained_and_the_findings_stay():
+    app = diagnosis()
+    ctx = app.session_state["context"]
+    wrong = np.zeros((int(ctx.focus.sum()) + 1, ctx.n_neurons), dtype=np.float32)
+    buffer = io.BytesIO()
+    np.save(buffer, wrong)
+    app.file_uploader(key="user_scores").set_value(("mine.npy", buffer.getvalue(), OCTET)).run()
+    assert_clean(app)
+    errors = [e.value for e in app.error]
+    assert any(e.startswith("Your scores were not checked") and "rows" in e for e in errors)
+    assert verdict_text(app)[1].startswith("**These scores are usable.**")
+    assert len([t for k, t in alerts(app) if k == "success"]) >= 6  # the checks are still shown
+
+
+def test_the_own_code_check_offers_its_package_and_the_loop_for_this_layer_and_method():
+    app = diagnosis({"target": "predicted", "layer": "relu1"})
+    labels = [b.proto.label for b in app.get("download_button")]
+    assert any("inputs, targets, labels, sample ids" in label for label in labels), labels
+    snippet = [c.value for c in app.code if "register_forward_hook" in c.value]
+    assert snippet and "get_submodule('relu1')" in snippet[0] and "(z * grad)" in snippet[0]
+
+
+# ------------------------------------------------------------------ interrupted work
+
+def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(monkeypatch):
+    app = run_app({"layer": "relu1", "random": "100"})
+    app.switch_page("pages/pruning.py")
+    with monkeypatch.context() as patch:
+        _stall_after_first_points(patch)
+        with pytest.raises(RuntimeError, match="timed out"):
+            app.run(timeout=3)
+    key = app.session_state["context"].curve_key()
+    kept = app.session_state["partial_curves"][key]
+    assert 0 < kept["k"].nunique() < 33
+
+    calls = []
+    real = at.cluster_pruning_curves
+
+    def recording(*args, resume=None, **kwargs):
+        calls.append(resume)
+        return real(*args, resume=resume, **kwargs)
+
+    monkeypatch.setattr(at, "cluster_pruning_curves", recording)
+    app.switch_page("pages/scores.py").run()  # away ...
+    assert_clean(app)
+    app.switch_page("pages/pruning.py").run(timeout=120)  # ... and back
+    assert_clean(app)
+    assert len(calls) == 1 and calls[0] is kept  # resumed from the kept points
+    assert key in app.session_state["curves"] and key not in app.session_state["partial_curves"]
+    assert len(ranked_curve(app)) == 33
+
+
+def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypatch):
+    app = run_app({"layer": "relu1", "random": "50"})
+    app.switch_page("pages/pruning.py")
+    with monkeypatch.context() as patch:
+        _stall_after_first_points(patch)
+        with pytest.raises(RuntimeError, match="timed out"):
+            app.run(timeout=3)
+    key = app.session_state["context"].curve_key()
+    partial = app.session_state["partial_curves"][key]
+    app.session_state["stopped_curves"][key] = partial  # what the Stop button's callback does
+    app.run()
+    assert_clean(app)
+    assert "In words, from the points computed so far" in [h.value for h in app.subheader]
+    assert len(app.dataframe) == 1 and len(app.dataframe[0].value) == 2  # cluster, rest
+    assert [b.label for b in app.button] == ["Continue the curve"]
+    assert len(ranked_curve(app)) == partial["k"].nunique() < 33
+
+    calls = []
+    real = at.cluster_pruning_curves
+    monkeypatch.setattr(at, "cluster_pruning_curves", lambda *args, resume=None, **kwargs: (
+        calls.append(resume), real(*args, resume=resume, **kwargs))[1])
+    app.button[0].click().run(timeout=120)
+    assert_clean(app)
+    assert len(calls) == 1 and calls[0] is partial
+    assert key in app.session_state["curves"] and len(ranked_curve(app)) == 33
