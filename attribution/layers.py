@@ -2,17 +2,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
 
 from .errors import AttributionError
 from .guards import eval_mode, forward_hooks
-from .model_io import call, describe, is_batch, is_floating, logits_of, output_key
+from .model_io import (NamedInputs, call, describe, is_batch, is_floating, logits_of,
+                       n_rows, output_key, repeat, take)
 
 
-# Modules that act on the last dim: on a sequence [B, T, F] their units are the F features.
-_LAST_AXIS_KINDS = ("Linear", "Bilinear", "LayerNorm", "RMSNorm", "Embedding")
+AXIS_RULES = {
+    "only axis": "the output is [N, n]",
+    "lengths": "the other axes follow the length of the inputs (positions)",
+    "parameters": "the only axis whose size is a dim of the module's parameters",
+    "input": "as the layer feeding it (same shape, no parameters of its own)",
+    "channels first": "dim 1, as for conv channels (nothing else told the axes apart)",
+    "chosen": "given with the layer as 'name:axis'",
+}
+"""How a layer's neuron axis was found (`LayerInfo.axis_rule`), most data-driven first."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +31,12 @@ class LayerInfo:
     Attributes:
         name: dotted name as in `model.named_modules()`.
         kind: the module's class name (e.g. "Linear", "Conv2d", "ReLU").
-        n_neurons: size of the neuron axis (units of a Linear, channels of a Conv).
+        n_neurons: size of the neuron axis (units of a Linear, channels of a Conv, features
+            of a position-wise layer on a sequence).
         shape: output shape of one sample, without the batch dim, e.g. (32,) or (16, 8, 8).
-        neuron_axis: the output dim of the neurons (batch = dim 0): 1, except for a Linear,
-            LayerNorm or Embedding on a sequence [B, T, F] (the last dim, F) and the
-            elementwise modules after it; the other dims are positions.
+        neuron_axis: the output dim of the neurons (batch = dim 0); the other dims are
+            positions (a conv's pixels, a sequence's tokens), over which scores are pooled.
+        axis_rule: how the axis was found, a key of `AXIS_RULES`.
     """
 
     name: str
@@ -34,6 +44,20 @@ class LayerInfo:
     n_neurons: int
     shape: tuple[int, ...]
     neuron_axis: int = 1
+    axis_rule: str = "only axis"
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """The shape of the position axes of one sample, () for [N, n]."""
+        return tuple(s for axis, s in enumerate(self.shape, 1) if axis != self.neuron_axis)
+
+    def describe(self) -> str:
+        """E.g. "16 positions × 128 features", "8 × 8 positions × 16 channels", "32 neurons"."""
+        if not self.positions:
+            return f"{self.n_neurons} neurons"
+        unit = "channels" if self.neuron_axis == 1 else "features"
+        where = " × ".join(map(str, self.positions))
+        return f"{where} positions × {self.n_neurons} {unit}"
 
 
 def run_model(model: nn.Module, inputs):
@@ -72,67 +96,207 @@ def module_kind(name: str, module: nn.Module) -> str:
     return type(module).__name__
 
 
-def list_layers(model: nn.Module, example_input: torch.Tensor) -> list[LayerInfo]:
+def list_layers(model: nn.Module, example_input) -> list[LayerInfo]:
     """Every module whose output is a tensor with a neuron axis, in call order.
 
-    Found by one forward pass of `example_input` ([B, ...], B >= 1). Skipped: the model
-    itself (its output is the logits), modules that return their input unchanged (Identity,
-    Dropout in eval), containers whose output is a child's output, and modules called more
-    than once per forward (shared modules cannot be scored unambiguously). An in-place
-    module (ReLU(inplace=True)) after a listed layer is listed: it changed the values.
+    Found by a forward pass of `example_input` ([B, ...], B >= 1; a tensor or named inputs),
+    plus one pass per input dim with that dim halved, which tells position axes (they follow
+    the input's length) from neuron axes; see `AXIS_RULES` for the order of the rules.
+    Skipped: the model itself and containers whose output is the logits, modules that
+    return their input unchanged (Identity, Dropout in eval), containers whose output is a
+    listed child's output, and modules called more than once per forward (shared modules
+    cannot be scored unambiguously); the innermost container passing on the output of such
+    a shared module (a ResNet block ending in its twice-called ReLU) is listed in its place.
+    An in-place module (ReLU(inplace=True)) after a listed layer is listed: it changed the
+    values.
     """
-    seen: dict[str, LayerInfo] = {}
-    calls: dict[str, int] = {}
-    # id -> (tensor, its version when seen, its neuron axis); holding the tensor keeps its id
-    # from being reused
-    produced: dict[int, tuple[torch.Tensor, int, int]] = {}
-    axis_by_shape: dict[torch.Size, int] = {}  # the latest listed output of each shape
+    survey = _survey(model, example_input)
+    return [info for name, info in survey.layers.items() if name in survey.listed]
+
+
+def neuron_axis(model: nn.Module, name: str, example_input) -> tuple[int, str]:
+    """(neuron axis, rule of `AXIS_RULES`) of module `name`'s output, listed or not; (1,
+    "channels first") when the module gave no tensor output."""
+    info = _survey(model, take(example_input, slice(0, 2))).layers.get(name)
+    return (info.neuron_axis, info.axis_rule) if info is not None else (1, "channels first")
+
+
+@dataclass
+class _Survey:
+    layers: dict[str, LayerInfo]  # every module with a tensor output of dim >= 2, call order
+    listed: set[str]
+
+
+def _survey(model: nn.Module, example_input) -> _Survey:
+    if n_rows(example_input) == 1:  # two rows tell a per-sample output from a broadcast one
+        example_input = repeat(example_input, 2)
+    rows = n_rows(example_input)
     names = {module: name for name, module in model.named_modules() if name}
+    calls: dict[str, int] = {}
+    shapes: dict[str, torch.Size] = {}  # the first output of each module
+    feeders: dict[str, str] = {}  # module -> the module whose output was its first input
+    claims: dict[str, list[str]] = {}  # producer -> containers passing its output on
+    passing: set[str] = set()  # modules returning their input unchanged
+    # id -> (tensor, its version when seen, producer); holding the tensor keeps its id
+    produced: dict[int, tuple[torch.Tensor, int, str]] = {}
 
     def record(name):
         def hook(module, args, output):
             calls[name] = calls.get(name, 0) + 1
-            if not isinstance(output, torch.Tensor) or output.dim() < 2:
+            output = _one_tensor(output)
+            if (calls[name] > 1 or not isinstance(output, torch.Tensor) or output.dim() < 2
+                    or output.shape[0] != rows):  # e.g. position embeddings [1, T, F]
                 return None
+            first_input = args[0] if args else None
+            source = produced.get(id(first_input)) if isinstance(first_input, torch.Tensor) else None
+            if source is not None and source[1] == first_input._version:
+                feeders[name] = source[2]
             earlier = produced.get(id(output))
             if earlier is not None and earlier[1] == output._version:
-                return None  # a child's output (or an earlier module's) passed on as it is
-            first_input = args[0] if args else None
+                claims.setdefault(earlier[2], []).append(name)  # a child's output passed on
+                shapes[name] = output.shape
+                return None
             if earlier is None and output is first_input:
-                return None  # the input passed on: Identity, Dropout in eval
-            kind = module_kind(name, module)
-            axis = 1
-            if output.dim() > 2 and kind.endswith(_LAST_AXIS_KINDS):
-                axis = output.dim() - 1
-            elif (output.dim() > 2 and isinstance(first_input, torch.Tensor)
-                  and first_input.shape == output.shape):  # elementwise: the axis it acts on
-                earlier_input = produced.get(id(first_input))
-                axis = (earlier_input[2] if earlier_input is not None
-                        else axis_by_shape.get(output.shape, 1))  # e.g. after a functional add
-            produced[id(output)] = (output, output._version, axis)  # in-place ops bump _version
-            axis_by_shape[output.shape] = axis
-            seen[name] = LayerInfo(name, kind, int(output.shape[axis]),
-                                   tuple(int(s) for s in output.shape[1:]), axis)
+                passing.add(name)  # the input passed on: Identity, Dropout in eval
+                return None
+            produced[id(output)] = (output, output._version, name)  # in-place ops bump it
+            shapes[name] = output.shape
             return None
         return hook
 
     with eval_mode(model), torch.no_grad(), forward_hooks(
         {module: record(name) for module, name in names.items()}
     ):
-        run_model(model, example_input)
-    # Children finish before their containers, so `produced` already holds a child's output
-    # when the container's hook sees the same tensor. Call order is hook order.
-    return [info for name, info in seen.items() if calls.get(name) == 1]
+        result = run_model(model, example_input)
+    followed = _axes_following_lengths(model, example_input, names, shapes)
+    layers: dict[str, LayerInfo] = {}
+    for name, shape in shapes.items():  # call order: a feeder is decided before its users
+        module = model.get_submodule(name)
+        axis, rule = _neuron_axis(shape, followed.get(name, set()), module,
+                                  layers.get(feeders.get(name, "")), list(layers.values()))
+        layers[name] = LayerInfo(name, module_kind(name, module), int(shape[axis]),
+                                 tuple(int(s) for s in shape[1:]), axis, rule)
+    once = {name for name in layers if calls.get(name) == 1 and name not in passing}
+    owners = [name for name in layers if name in once and not any(
+        name in containers for containers in claims.values())]
+    for producer, containers in claims.items():  # a shared module's output: innermost owner
+        if producer not in once:
+            owners += [c for c in containers if c in once][:1]
+    logits = result if isinstance(result, torch.Tensor) else None
+    listed = {name for name in owners if not (
+        logits is not None and _is_container(model.get_submodule(name))
+        and shapes[name] == logits.shape and _same_output(name, produced, claims, logits))}
+    return _Survey(layers, listed)
 
 
-def neuron_axis(model: nn.Module, name: str, example_input: torch.Tensor) -> int:
-    """The neuron axis of layer `name` (see `LayerInfo.neuron_axis`); 1 if it is not listed."""
-    return next((info.neuron_axis for info in list_layers(model, example_input)
-                 if info.name == name), 1)
+def _one_tensor(output):
+    """The output itself, or the one tensor of a list that torch.export's unflattened modules
+    return with sizes (ints) they hand on to the next module."""
+    if isinstance(output, (tuple, list)):
+        tensors = [value for value in output if isinstance(value, torch.Tensor)]
+        if len(tensors) == 1 and all(isinstance(value, (torch.Tensor, int)) for value in output):
+            return tensors[0]
+    return output
+
+
+def _is_container(module: nn.Module) -> bool:
+    return next(module.children(), None) is not None
+
+
+def _same_output(name: str, produced: dict, claims: dict, logits: torch.Tensor) -> bool:
+    """Is the tensor `name` returned the model's own output (the logits)?"""
+    entry = produced.get(id(logits))
+    return entry is not None and (entry[2] == name or name in claims.get(entry[2], []))
+
+
+def _halved(example_input, dim: int):
+    """The inputs with dim `dim` cut to half its length (None where it has no such dim)."""
+    if isinstance(example_input, NamedInputs):  # sequences: every entry of that length
+        lengths = {v.shape[dim] for v in example_input.values() if v.dim() > dim}
+        if len(lengths) != 1 or next(iter(lengths)) < 2:
+            return None
+        return example_input.map(lambda v: v.narrow(dim, 0, v.shape[dim] // 2)
+                                 if v.dim() > dim else v)
+    if not isinstance(example_input, torch.Tensor) or example_input.dim() <= dim \
+            or example_input.shape[dim] < 2:
+        return None
+    return example_input.narrow(dim, 0, example_input.shape[dim] // 2)
+
+
+def _axes_following_lengths(model: nn.Module, example_input, names: dict,
+                            shapes: dict[str, torch.Size]) -> dict[str, set[int]]:
+    """Module -> the axes of its output whose size changed when an input dim was halved.
+
+    The model may refuse the shorter input part way (a fixed-size head, position
+    embeddings of fixed count): the modules that ran before it did still count.
+    """
+    n_dims = max((v.dim() for v in example_input.values()), default=1) if isinstance(
+        example_input, NamedInputs) else example_input.dim()
+    followed: dict[str, set[int]] = {}
+    for dim in range(1, n_dims):
+        shorter = _halved(example_input, dim)
+        if shorter is None:
+            continue
+        seen: dict[str, torch.Size] = {}
+
+        def record(name):
+            def hook(module, args, output):
+                output = _one_tensor(output)
+                if name not in seen and isinstance(output, torch.Tensor):
+                    seen[name] = output.shape
+            return hook
+
+        with eval_mode(model), torch.no_grad(), forward_hooks(
+                {module: record(name) for module, name in names.items()}):
+            try:
+                call(model, shorter)
+            except Exception:  # noqa: BLE001 - a probe: what ran before the failure counts
+                pass
+        for name, shape in seen.items():
+            base = shapes.get(name)
+            if base is not None and len(base) == len(shape) and base[0] == shape[0]:
+                followed.setdefault(name, set()).update(
+                    axis for axis in range(1, len(base)) if base[axis] != shape[axis])
+    return followed
+
+
+def _neuron_axis(shape: torch.Size, followed: set[int], module: nn.Module,
+                 feeder: Optional[LayerInfo], earlier: list[LayerInfo]) -> tuple[int, str]:
+    """(axis, rule) for an output of `shape` [B, ...], by the rules of `AXIS_RULES`."""
+    if len(shape) == 2:
+        return 1, "only axis"
+    candidates = [axis for axis in range(1, len(shape)) if axis not in followed]
+    candidates = [axis for axis in candidates if shape[axis] > 1] or candidates
+    if len(candidates) == 1:
+        return candidates[0], "lengths" if followed else "only axis"
+    sizes = {int(s) for p in module.parameters() for s in p.shape}
+    matching = [axis for axis in candidates if shape[axis] in sizes]
+    if len(matching) == 1:
+        return matching[0], "parameters"
+    if not sizes:  # elementwise: the axis of the layer feeding it (or the latest of its shape)
+        same = [info for info in earlier if info.shape == tuple(shape[1:])]
+        source = feeder if feeder is not None and feeder.shape == tuple(shape[1:]) else (
+            same[-1] if same else None)
+        if source is not None and source.neuron_axis in candidates:
+            return source.neuron_axis, "input"
+    return (1 if 1 in candidates else candidates[0]), "channels first"
+
+
+def split_axis(layer: str | nn.Module) -> tuple[str | nn.Module, Optional[int]]:
+    """A layer spec "name:axis" as (name, axis); (layer, None) without an axis."""
+    if isinstance(layer, str) and ":" in layer:
+        name, _, axis = layer.rpartition(":")
+        if axis.lstrip("-").isdigit():
+            return name, int(axis)
+    return layer, None
 
 
 def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
-    """(dotted name, module) for a layer given by name or by module object."""
+    """(layer spec, module) for a layer given by module object, dotted name, or "name:axis"
+    (its neuron axis chosen by hand, e.g. "transformer.h.0.mlp.c_fc:2"; batch = dim 0).
+
+    The spec is the dotted name, with ":axis" kept when one was given; `runner_for` reads it.
+    """
     modules = dict(model.named_modules())
     if isinstance(layer, nn.Module):
         for name, module in modules.items():
@@ -140,7 +304,9 @@ def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Mod
                 return name, module
         raise AttributionError("That module is not part of this model; pass one of its "
                                "submodules or its dotted name.")
-    if not isinstance(layer, str) or layer not in modules or layer == "":
+    name, axis = split_axis(layer) if layer not in modules else (layer, None)
+    if not isinstance(name, str) or name not in modules or name == "":
         valid = ", ".join(name for name in modules if name) or "(none)"
-        raise AttributionError(f"Unknown layer {layer!r}. Valid layer names: {valid}.")
-    return layer, modules[layer]
+        raise AttributionError(f"Unknown layer {layer!r}. Valid layer names: {valid}; add "
+                               "':axis' to choose the neuron axis (e.g. 'fc:2').")
+    return (name if axis is None else f"{name}:{axis}"), modules[name]

@@ -15,10 +15,12 @@ that the tail reads from the front (residual inputs, branches) are carried in `s
 """
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from typing import Any
+import warnings
+from typing import Any, Optional
 
 import torch
 import torch.fx as fx
@@ -26,7 +28,7 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import forward_hooks, leaf_like
-from .layers import neuron_axis, run_logits, run_model
+from .layers import neuron_axis, run_logits, run_model, split_axis
 from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
 
 
@@ -54,6 +56,7 @@ class LayerRunner(ABC):
     def __init__(self, model: nn.Module, name: str, module: nn.Module):
         self._model, self.name, self.module = weakref.ref(model), name, module
         self.axis = 1  # the layer's neuron axis; z is always handed out with neurons at dim 1
+        self.axis_rule = "only axis"  # how the axis was found (`layers.AXIS_RULES`)
 
     def _to_neurons(self, output: torch.Tensor) -> torch.Tensor:
         return output if self.axis == 1 else output.movedim(self.axis, 1)
@@ -68,6 +71,10 @@ class LayerRunner(ABC):
     def is_current(self, module: nn.Module) -> bool:
         """Does the runner still run the model as it is now (the layer is `module`)?"""
         return self.module is module
+
+    def accepts(self, x: Any) -> bool:
+        """Can the runner run inputs like `x` (a batch of any size)?"""
+        return True
 
     @abstractmethod
     def capture(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
@@ -163,11 +170,146 @@ class _LayerLeafTracer(fx.Tracer):
         return super().is_leaf_module(module, qualified_name)
 
 
-def _graph_of(model: nn.Module, name: str) -> fx.Graph:
-    graph = getattr(model, "graph", None)
-    if isinstance(graph, fx.Graph):  # GraphModule, or torch.export's UnflattenedModule
-        return graph
-    return _LayerLeafTracer(name).trace(model)
+def _graph_of(model: nn.Module, name: str, example: Any
+              ) -> tuple[fx.Graph, nn.Module, fx.Node]:
+    """(one fx graph of the model, the module that owns its submodules and attributes, the
+    node whose value is layer `name`'s output).
+
+    An eager model is traced with fx, the layer kept as one call_module node; where its
+    forward defeats fx (transformers' models) it is exported with torch.export first (see
+    `_exported`). A GraphModule is used as it is; torch.export's unflattened modules are
+    inlined into one graph (`_inlined`).
+    """
+    if not isinstance(getattr(model, "graph", None), fx.Graph):
+        try:
+            graph, owner = _LayerLeafTracer(name).trace(model), model
+        except Exception:  # noqa: BLE001 - fx refuses; torch.export may not
+            owner = _exported(model, example)
+            graph, layer_node = _inlined(owner, name)
+            return graph, owner, layer_node
+    else:
+        graph, owner = getattr(model, "graph"), model
+        if _has_nested_graphs(model):
+            graph, layer_node = _inlined(model, name)
+            return graph, owner, layer_node
+    layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target == name]
+    if len(layer_nodes) != 1:
+        raise ValueError(f"layer appears {len(layer_nodes)} times in the graph")
+    return graph, owner, layer_nodes[0]
+
+
+def _has_nested_graphs(model: nn.Module) -> bool:
+    return any(isinstance(getattr(module, "graph", None), fx.Graph)
+               for name, module in model.named_modules() if name)
+
+
+def _inlined(owner: nn.Module, name: str) -> tuple[fx.Graph, fx.Node]:
+    """(`owner`'s graph with the graph of every submodule it calls, torch.export's unflattened
+    modules, copied in place of the call; the node of layer `name`'s output).
+
+    Everything is inlined, the layer too: unflatten hands sizes computed in one module (the
+    batch size times the heads) to the next, and the tail must see how they were computed
+    to recompute them for stacked variants. The layer's output is the one tensor among the
+    values its graph returns (the others are such sizes).
+    """
+    graph, outputs = fx.Graph(), []
+
+    def copy(module: nn.Module, prefix: str, inputs: Optional[list]) -> Any:
+        env: dict[fx.Node, Any] = {}
+        arguments = iter(inputs or [])
+        for node in module.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = graph.node_copy(node) if inputs is None else next(arguments)
+            elif node.op == "output":
+                return fx.map_arg(node.args[0], env.__getitem__)
+            else:
+                path = prefix + node.target if node.op in ("call_module", "get_attr") else ""
+                child = owner.get_submodule(path) if node.op == "call_module" else None
+                if child is not None and isinstance(getattr(child, "graph", None), fx.Graph):
+                    if node.kwargs or len(node.args) != sum(
+                            n.op == "placeholder" for n in child.graph.nodes):
+                        raise ValueError(f"cannot inline the call of {path}")
+                    env[node] = copy(child, path + ".",
+                                     list(fx.map_arg(node.args, env.__getitem__)))
+                    if path == name:
+                        outputs.append(env[node])
+                elif (node.op == "call_function" and node.target is operator.getitem
+                      and isinstance(env.get(node.args[0]), (tuple, list))):
+                    env[node] = env[node.args[0]][node.args[1]]  # an inlined call's result
+                else:
+                    env[node] = graph.node_copy(node, env.__getitem__)
+                    if path:
+                        env[node].target = path
+                    if node.op == "call_module" and path == name:
+                        outputs.append(env[node])
+        raise ValueError("graph without output")
+
+    graph.output(copy(owner, "", None))
+    if len(outputs) != 1:
+        raise ValueError(f"layer appears {len(outputs)} times in the graph")
+    value = outputs[0]
+    if isinstance(value, (tuple, list)):  # the tensor among sizes
+        tensors = [v for v in value if isinstance(v, fx.Node)
+                   and isinstance(v.meta.get("val"), torch.Tensor)]
+        if len(tensors) != 1:
+            raise ValueError("the layer returns several tensors")
+        value = tensors[0]
+    if not isinstance(value, fx.Node):
+        raise ValueError("the layer returns no tensor")
+    return graph, value
+
+
+_EXPORTS: "weakref.WeakKeyDictionary[nn.Module, tuple[Any, nn.Module]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _signature(x: Any) -> Any:
+    """What an export specializes on: each input's name, per-sample shape and dtype."""
+    entries = x.items() if isinstance(x, NamedInputs) else [("", x)]
+    return tuple((key, tuple(value.shape[1:]), value.dtype) for key, value in entries)
+
+
+def _exported(model: nn.Module, example: Any) -> nn.Module:
+    """torch.export's unflattened module of an eager model (its parameters are the model's
+    own tensors), with a dynamic batch dim; cached per model and input signature. Raises
+    what torch.export raises (data-dependent control flow, ...)."""
+    if example is None:
+        raise ValueError("no example input to export with")
+    key = _signature(example)
+    with _CACHE_LOCK:
+        cached = _EXPORTS.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    rows = example if n_rows(example) >= 2 else repeat(example, 2)  # batch 1 would specialize
+    if isinstance(rows, NamedInputs):
+        args, kwargs = (), dict(rows.items())
+        dynamic: Any = {key: {0: torch.export.Dim.AUTO} for key in kwargs}
+    else:
+        args, kwargs, dynamic = (rows,), {}, ({0: torch.export.Dim.AUTO},)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+        owner = torch.export.unflatten(program)
+    with _CACHE_LOCK:
+        _EXPORTS[model] = (key, owner)
+    return owner
+
+
+def _batch_sizes(front: list[fx.Node], from_input: set[fx.Node]) -> list[fx.Node]:
+    """Front nodes that compute the batch size (torch.export's `sym_size(x, 0)` of a
+    per-sample value) or an integer from it: the tail recomputes them from its own batch,
+    which holds every stacked variant."""
+    sizes: list[fx.Node] = []
+    for node in front:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten.sym_size.int:
+            if node.args[1] == 0 and node.args[0] in from_input:
+                sizes.append(node)
+        elif (getattr(node.target, "__module__", None) in ("_operator", "operator")
+              and node.all_input_nodes and all(n in sizes for n in node.all_input_nodes)):
+            sizes.append(node)
+    return sizes
 
 
 def _parts_of(model: nn.Module, attributes: list[str]) -> list[tuple[str, Any]]:
@@ -187,24 +329,25 @@ def _parts_of(model: nn.Module, attributes: list[str]) -> list[tuple[str, Any]]:
 class FxRunner(LayerRunner):
     """Splits the model's fx graph at the layer; the tail re-runs alone on stacked variants."""
 
-    def __init__(self, model: nn.Module, name: str, module: nn.Module):
+    def __init__(self, model: nn.Module, name: str, module: nn.Module, example: Any = None):
         super().__init__(model, name, module)
-        graph = _graph_of(model, name)
+        graph, owner, layer_node = _graph_of(model, name, example)
+        # an export specializes on the per-sample shapes it saw; fx and .pt2 graphs do not
+        self._signature = _signature(example) if owner is not model else None
         nodes = list(graph.nodes)
-        layer_nodes = [n for n in nodes if n.op == "call_module" and n.target == name]
-        if len(layer_nodes) != 1:
-            raise ValueError(f"layer appears {len(layer_nodes)} times in the graph")
-        cut = nodes.index(layer_nodes[0]) + 1
+        layer_nodes = [layer_node]
+        cut = nodes.index(layer_node) + 1
         front, tail = nodes[:cut], nodes[cut:]
         tail_set = set(tail)
-        live = [layer_nodes[0]] + [
-            n for n in front[:-1] if any(user in tail_set for user in n.users)
-        ]
         from_input: set[fx.Node] = set()  # parameters and buffers are not per-sample values
         for node in front:
             if node.op == "placeholder" or any(arg in from_input
                                                for arg in node.all_input_nodes):
                 from_input.add(node)
+        sizes = _batch_sizes(front[:-1], from_input)
+        live = [layer_nodes[0]] + [
+            n for n in front[:-1] if n not in sizes and any(user in tail_set for user in n.users)
+        ]
         self._per_sample = tuple(node in from_input for node in live[1:])
 
         front_graph, env = fx.Graph(), {}
@@ -214,13 +357,17 @@ class FxRunner(LayerRunner):
 
         tail_graph = fx.Graph()
         env = {node: tail_graph.placeholder(f"live_{i}") for i, node in enumerate(live)}
+        for node in sizes:
+            env[node] = (tail_graph.call_function(node.target, (env[live[0]], 0))
+                         if node.target is torch.ops.aten.sym_size.int
+                         else tail_graph.node_copy(node, lambda arg: env[arg]))
         for node in tail:
             if node.op == "output":
                 tail_graph.output(fx.map_arg(node.args[0], lambda arg: env[arg]))
             else:
                 env[node] = tail_graph.node_copy(node, lambda arg: env[arg])
-        self.front = fx.GraphModule(model, front_graph)
-        self.back = fx.GraphModule(model, tail_graph)
+        self.front = fx.GraphModule(owner, front_graph)
+        self.back = fx.GraphModule(owner, tail_graph)
         self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
         self._parts = _parts_of(model, self._read)  # the split graphs hold these objects
 
@@ -231,6 +378,10 @@ class FxRunner(LayerRunner):
         return (super().is_current(module) and len(parts) == len(self._parts)
                 and all(name == old_name and value is old_value for (name, value), (
                     old_name, old_value) in zip(parts, self._parts)))
+
+    def accepts(self, x):
+        """False for inputs of other per-sample shapes than an export of the model saw."""
+        return self._signature is None or self._signature == _signature(x)
 
     def _front(self, x):
         try:
@@ -284,30 +435,43 @@ _CACHE_LOCK = threading.Lock()
 def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) -> LayerRunner:
     """The fastest runner that reproduces the model on `x` (cached per model and layer).
 
-    Call inside `eval_mode(model)`.
+    `name` is a layer spec of `layers.resolve_layer`: "name" (the neuron axis found from the
+    data, `layers.neuron_axis`) or "name:axis" (chosen). Call inside `eval_mode(model)`.
     """
     with _CACHE_LOCK:
         cached = _CACHE.get(model, {}).get(name)
-    if cached is not None and cached.is_current(module):
+    if cached is not None and cached.is_current(module) and cached.accepts(x):
         return cached
+    path, chosen = split_axis(name)
     runner: LayerRunner
     try:
-        runner = FxRunner(model, name, module)
+        runner = FxRunner(model, path, module, x)
         if not _agrees(runner, model, x):
-            runner = HookRunner(model, name, module)
+            runner = HookRunner(model, path, module)
     except AttributionError:
         raise
     except Exception:  # untraceable forward (data-dependent control flow, ...): use hooks
-        runner = HookRunner(model, name, module)
+        runner = HookRunner(model, path, module)
     with torch.no_grad():
         z, _, logits = runner.capture(x)  # a HookRunner raises "runs twice" here
     if z.dim() < 2:
         raise AttributionError(
-            f"Layer {name!r} has no neuron axis: its output has shape {list(z.shape)}. "
+            f"Layer {path!r} has no neuron axis: its output has shape {list(z.shape)}. "
             "Pick a layer from list_layers()."
         )
-    if z.dim() > 2:  # positions too: a sequence's neurons may be its last dim
-        runner.axis = neuron_axis(model, name, x)
+    if z.shape[0] != n_rows(x):
+        raise AttributionError(
+            f"Layer {path!r} has no output per sample: its output has shape "
+            f"{list(z.shape)} for {n_rows(x)} samples (e.g. position embeddings shared by "
+            "the batch). Pick a layer from list_layers().")
+    if chosen is not None:
+        if not -z.dim() < chosen < z.dim() or chosen % z.dim() == 0:
+            raise AttributionError(
+                f"Neuron axis {chosen} does not fit layer {path!r}, whose output has shape "
+                f"{list(z.shape)} (batch = dim 0); choose 1..{z.dim() - 1}.")
+        runner.axis, runner.axis_rule = chosen % z.dim(), "chosen"
+    elif z.dim() > 2:  # positions too: which axis holds the neurons is read from the data
+        runner.axis, runner.axis_rule = neuron_axis(model, path, x)
     runner.n_classes, runner.layer_size = logits.shape[1], z[0].numel()
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner
