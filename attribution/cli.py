@@ -697,7 +697,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.simplefilter("ignore", FutureWarning)  # libraries' notes to developers
             joined = distributed.join_from_environment(
                 distributed.device_for_rank(args.device))
-            return args.run(args)
+            with torch.inference_mode(False):  # a model it loads must be able to take gradients
+                return args.run(args)
     except AttributionError as error:
         _say(f"error: {error}")
         return EXIT_BAD_INPUT

@@ -74,3 +74,19 @@ def forward_hooks(hooks: dict[nn.Module, ForwardHook]) -> Iterator[None]:
 def leaf_like(tensor: torch.Tensor) -> torch.Tensor:
     """A detached copy of `tensor` that requires grad (an autograd leaf)."""
     return tensor.detach().clone().requires_grad_(True)
+
+
+@contextlib.contextmanager
+def autograd_on() -> Iterator[None]:
+    """Record autograd graphs in the calling thread whatever mode the caller is in
+    (`torch.no_grad()`, `torch.set_grad_enabled(False)`, `torch.inference_mode()`); the
+    caller's mode is back on exit. Inside, tensors made are ordinary (not inference) ones."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def autograd_input(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` detached, or an ordinary copy of it when it was made under
+    `torch.inference_mode()` (such a tensor cannot be saved for a backward pass)."""
+    with torch.inference_mode(False):
+        return tensor.clone() if tensor.is_inference() else tensor.detach()

@@ -107,10 +107,15 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
     return logits.gather(1, targets.repeat(repeats)[:, None])[:, 0]
 
 
-def _gradients(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int = 1):
-    """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes)."""
+def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Targets,
+               repeats: int = 1) -> torch.Tensor:
+    """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes).
+
+    NaN where the differentiated logit is NaN or inf (its derivative describes no output);
+    AttributionError when no gradient can flow from the logits back to z.
+    """
     try:
-        return _backward(logits, z, targets, repeats)
+        grad = _backward(logits, z, targets, repeats)
     except RuntimeError as error:
         if "modified by an inplace operation" not in str(error):
             raise
@@ -120,27 +125,56 @@ def _gradients(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats:
             "relu(x, inplace=True)), so plain autograd on the model fails too. Make that "
             f"operation out of place, or use a method without gradients (ablation). ({error})"
         ) from None
+    if grad is None:
+        raise _no_gradient_path(batch)
+    broken = ~torch.isfinite(_selected(logits, targets, repeats).detach())  # [R*B] or [R*B, C]
+    if broken.any():
+        broken = broken.T if isinstance(targets, str) else broken
+        grad = grad.masked_fill(broken.view(broken.shape + (1,) * (grad.dim() - broken.dim())),
+                                float("nan"))
+    return grad
 
 
-def _backward(logits: torch.Tensor, z: torch.Tensor, targets: Targets, repeats: int):
+def _backward(logits: torch.Tensor, z: torch.Tensor, targets: Targets,
+              repeats: int) -> Optional[torch.Tensor]:
+    """The gradient of `_gradients`, or None when the logits do not reach z in the graph."""
     selected = _selected(logits, targets, repeats)
-    n_classes = logits.shape[1]
-    if not selected.requires_grad:  # the logits do not depend on this layer at all
-        zeros = torch.zeros_like(z)
-        return zeros if not isinstance(targets, str) else zeros.expand(n_classes, *z.shape)
+    if not selected.requires_grad:
+        return None
     if not isinstance(targets, str):
-        (grad,) = torch.autograd.grad(selected.sum(), z)
-        return grad
+        return torch.autograd.grad(selected.sum(), z, allow_unused=True)[0]
+    n_classes = logits.shape[1]
     one_hot = torch.eye(n_classes, dtype=logits.dtype, device=logits.device)
     grad_outputs = one_hot[:, None, :].expand(n_classes, *logits.shape)
     try:
-        (grad,) = torch.autograd.grad(logits, z, grad_outputs, is_grads_batched=True)
-        return grad
+        return torch.autograd.grad(logits, z, grad_outputs, is_grads_batched=True,
+                                   allow_unused=True)[0]
     except RuntimeError:  # an op without a batching rule: one backward per class, one forward
-        return torch.stack([
-            torch.autograd.grad(logits[:, c].sum(), z, retain_graph=c < n_classes - 1)[0]
-            for c in range(n_classes)
-        ])
+        grads = [torch.autograd.grad(logits[:, c].sum(), z, retain_graph=c < n_classes - 1,
+                                     allow_unused=True)[0] for c in range(n_classes)]
+        if all(grad is None for grad in grads):
+            return None
+        return torch.stack([torch.zeros_like(z) if grad is None else grad for grad in grads])
+
+
+def _no_gradient_path(batch: Batch) -> AttributionError:
+    """Why no gradient reaches the layer, told apart by zeroing the layer's whole output."""
+    runner = batch.runner
+    with torch.no_grad():
+        z, state, logits = runner.capture(batch.x)
+        zeroed = runner.tail(torch.zeros_like(z), state, 1)
+    change = float((zeroed - logits).abs().nan_to_num(nan=float("inf")).max())
+    if change > 0:
+        return AttributionError(
+            f"No gradient flows from the logits back to layer {runner.name!r}, yet zeroing "
+            f"its output moves them (by up to {change:.3g}): the model cuts the graph after "
+            "this layer (.detach(), torch.no_grad() or a NumPy round trip in forward), so "
+            "every gradient would read 0. Remove the cut, or use ablation or activation.")
+    return AttributionError(
+        f"The logits do not depend on layer {runner.name!r}: zeroing its output changes "
+        "none of them and no gradient reaches it (its output is computed but not used for "
+        "the logits), so every score would be 0. Pick a layer that feeds the logits "
+        "(list_layers).")
 
 
 def gauss_legendre(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +201,7 @@ def _neuron_dim(targets: Targets) -> int:
 def gradient(batch: Batch) -> torch.Tensor:
     z, logits = batch.runner.forward_with_leaf(batch.x)
     targets = _resolve_targets(batch.targets, logits)
-    grad = _classes_first(_gradients(logits, z, targets), targets)
+    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
     return _reduce_spatial(grad, _neuron_dim(targets), "sum", _mask(batch))
 
 
@@ -184,7 +218,7 @@ def activation(batch: Batch) -> torch.Tensor:
 def gradient_x_activation(batch: Batch) -> torch.Tensor:
     z, logits = batch.runner.forward_with_leaf(batch.x)
     targets = _resolve_targets(batch.targets, logits)
-    grad = _classes_first(_gradients(logits, z, targets), targets)
+    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
     return _reduce_spatial(_with_class_axis(z.detach(), targets) * grad,
                            _neuron_dim(targets), "sum", _mask(batch))
 
@@ -206,11 +240,11 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
     total = None
     for steps in _step_chunks(batch.n_steps, n_rows, batch.max_rows):
         shape = (-1,) + (1,) * z.dim()
-        scaled = (alphas[steps].view(shape) * z.unsqueeze(0)).flatten(0, 1).requires_grad_(True)
+        scaled = (alphas[steps].view(shape) * z.unsqueeze(0)).flatten(0, 1)
+        scaled = scaled.to(z.dtype).requires_grad_(True)  # a half-precision model stays half
         repeats = alphas[steps].numel()
-        with torch.enable_grad():
-            step_logits = runner.tail(scaled, state, repeats)
-            grad = _gradients(step_logits, scaled, targets, repeats)
+        step_logits = runner.tail(scaled, state, repeats)  # score_batches turned autograd on
+        grad = _gradients(batch, step_logits, scaled, targets, repeats)
         grad = grad.unflatten(-z.dim(), (repeats, n_rows))  # [(C,) S, B, n, ...]
         moved = grad.movedim(-z.dim() - 1, 0)  # [S, (C,) B, n, ...]
         weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
@@ -234,7 +268,7 @@ def conductance(batch: Batch) -> torch.Tensor:
     for steps in _step_chunks(batch.n_steps + 1, n, batch.max_rows):
         part = model_io.take(scaled, slice(steps.start * n, steps.stop * n))
         z, logits = runner.forward_with_leaf(part)
-        grads.append(_gradients(logits, z, targets, steps.stop - steps.start).detach())
+        grads.append(_gradients(batch, logits, z, targets, steps.stop - steps.start).detach())
         evals.append(z.detach())
     z_all = torch.cat(evals)  # [(S+1)*B, n, ...]
     grad_all = torch.cat(grads, dim=1 if isinstance(targets, str) else 0)

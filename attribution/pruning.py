@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional
 
 from .errors import AttributionError
-from .guards import eval_mode
+from .guards import autograd_on, eval_mode
 from .layers import resolve_layer
 from .model_io import NamedInputs
 from .scores import (_as_batch_tensor, _batch_labels, _check_targets,
@@ -302,10 +302,19 @@ class _LayerPasses:
             if x.shape[0] == 0:
                 continue
             if self.runner is None:
-                self.runner = runner_for(self.model, self.name, self.module, x)
+                with autograd_on():  # the runner is shared with gradient methods (cache)
+                    self.runner = runner_for(self.model, self.name, self.module, x)
             stop = start + x.shape[0]
             with torch.no_grad():
                 z, state, logits = self.runner.capture(x)
+            broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + start
+            if len(broken):
+                shown = ", ".join(map(str, broken[:8].tolist())) + (", ..." if len(broken) > 8
+                                                                   else "")
+                raise AttributionError(
+                    f"The model's logits are NaN or inf on sample(s) {shown} before any neuron "
+                    "is removed, so no metric of a pruned model can be measured on them. "
+                    "Leave them out, or fix the model or inputs (at.diagnose lists them all).")
             if self.targets is None:
                 targets = logits.argmax(1)
             elif isinstance(self.targets, str):  # "labels"

@@ -12,7 +12,7 @@ from torch import nn
 
 from . import model_io
 from .errors import AttributionError
-from .guards import eval_mode
+from .guards import autograd_input, autograd_on, eval_mode
 from .layers import resolve_layer
 from .methods import METHODS, REGISTRY, Batch, Targets
 from .split import runner_for
@@ -53,8 +53,15 @@ def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Mo
     """`model` when it already lives on `device` (or device is None), else a copy moved there.
 
     The caller's model never moves (a model shared by a server stays where it is); move it
-    yourself (`model.to(device)`) to avoid the copy.
+    yourself (`model.to(device)`) to avoid the copy. A model on the meta device (shapes
+    without weights) raises AttributionError.
     """
+    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        raise AttributionError(
+            "The model's weights are on the meta device: it has shapes but no values (built "
+            "under torch.device('meta') or an empty-weights loader), so no score can be "
+            "computed. Load its weights first, e.g. model.to_empty(device='cpu') then "
+            "model.load_state_dict(state).")
     if device is None:
         return model
     wanted, current = resolve_device(device), model_device(model)
@@ -66,8 +73,12 @@ def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Mo
 
 
 def _as_batch_tensor(x, model: nn.Module, device: torch.device):
-    """One batch (tensor, array or named inputs) as tensors on `device` for `model`."""
-    return model_io.to_model(x, model, device)
+    """One batch (tensor, array or named inputs) as tensors on `device` for `model`, detached
+    and ordinary even when made under torch.inference_mode() (`guards.autograd_input`)."""
+    batch = model_io.to_model(x, model, device)
+    if isinstance(batch, model_io.NamedInputs):
+        return batch.map(autograd_input)
+    return autograd_input(batch)
 
 
 def n_samples(inputs: Inputs) -> Optional[int]:
@@ -191,7 +202,8 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                     "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
                     "interpolates the layer's output instead.")
             if runner is None:
-                runner = runner_for(model, name, module, x)
+                with autograd_on():  # a runner built under inference_mode fails autograd
+                    runner = runner_for(model, name, module, x)
             rows = model_io.n_rows(x)
             batch_targets = targets
             if isinstance(targets, torch.Tensor):
@@ -201,10 +213,12 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             elif targets == "labels":
                 batch_targets = _batch_labels(labels, rows, device)
             per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant's size
-            scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
-                                    first_index + start, seed,
-                                    max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
-            yield start, scores.detach().to("cpu", torch.float32)
+            with autograd_on():  # the caller's no_grad / inference_mode would zero gradients
+                scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
+                                        first_index + start, seed,
+                                        max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
+                scores = scores.detach().to("cpu", torch.float32)
+            yield start, scores
             start += rows
             if progress is not None:
                 progress(min(1.0, start / total) if total else float("nan"))

@@ -27,7 +27,7 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import AttributionError
-from .guards import forward_hooks, leaf_like
+from .guards import autograd_on, forward_hooks, leaf_like
 from .layers import neuron_axis, run_logits, run_model, split_axis
 from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
 
@@ -41,6 +41,49 @@ def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_repeat_batch(v, batch, repeats) for v in value)
     return value
+
+
+def _global_hooks(*names: str) -> bool:
+    """Are hooks registered for every module (`torch.nn.modules.module.register_module_*`)?"""
+    return any(getattr(torch.nn.modules.module, name, None) for name in names)
+
+
+def runs_own_hooks(model: nn.Module) -> bool:
+    """Does calling `model` itself run forward (pre-)hooks, its own or global ones? The fx
+    split calls its graphs directly and would skip them, so such a model runs on hooks."""
+    return (bool(model._forward_hooks or model._forward_pre_hooks)
+            or _global_hooks("_global_forward_hooks", "_global_forward_pre_hooks"))
+
+
+def check_differentiable(model: nn.Module) -> None:
+    """Raise AttributionError where autograd cannot give the model's own dF/dz: parameters
+    or buffers made under torch.inference_mode(), or backward hooks, which may change
+    gradients (forward hooks are part of the model's function and are kept)."""
+    made_in_inference = [name for name, tensor in [*model.named_parameters(),
+                                                   *model.named_buffers()]
+                         if tensor.is_inference()]
+    if made_in_inference:
+        raise AttributionError(
+            f"The model's tensors {_listed(made_in_inference)} were made under "
+            "torch.inference_mode(); such tensors cannot enter autograd, so gradient-based "
+            "scores are impossible. Build or load the model outside inference_mode "
+            "(torch.no_grad() is fine), or use a method without gradients (activation, "
+            "ablation).")
+    hooked = [name or "the model itself" for name, module in model.named_modules()
+              if module._backward_hooks or module._backward_pre_hooks]
+    if _global_hooks("_global_backward_hooks", "_global_backward_pre_hooks"):
+        hooked.append("every module (register_module_full_backward_hook)")
+    if hooked:
+        raise AttributionError(
+            f"Backward hooks are registered on {_listed(hooked)}; they can change gradients, "
+            "so gradient-based scores would not be the model's derivatives (nor agree with "
+            "ablation). Remove them first (handle.remove() on the handle that "
+            "register_full_backward_hook returned), or use activation or ablation.")
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(repr(name) for name in names[:shown]) + more
 
 
 class LayerRunner(ABC):
@@ -140,9 +183,12 @@ class HookRunner(LayerRunner):
                 raise AttributionError(f"Internal shape mismatch at layer {self.name!r}.")
             return moved.clone() if z.requires_grad else moved
 
+        if z.requires_grad:
+            check_differentiable(self.model)
         return self._run(x, swap)
 
     def forward_with_leaf(self, x):
+        check_differentiable(self.model)
         captured = {}
 
         def to_leaf(output):
@@ -150,7 +196,7 @@ class HookRunner(LayerRunner):
             captured["z"] = leaf_like(self._to_neurons(output))
             return self._from_neurons(captured["z"].clone())
 
-        with torch.no_grad():
+        with autograd_on(), torch.no_grad():
             logits = self._run(x, to_leaf)
         return captured["z"], logits
 
@@ -331,6 +377,8 @@ class FxRunner(LayerRunner):
 
     def __init__(self, model: nn.Module, name: str, module: nn.Module, example: Any = None):
         super().__init__(model, name, module)
+        if runs_own_hooks(model):
+            raise ValueError("the model's own forward hooks would be skipped")
         graph, owner, layer_node = _graph_of(model, name, example)
         # an export specializes on the per-sample shapes it saw; fx and .pt2 graphs do not
         self._signature = _signature(example) if owner is not model else None
@@ -373,9 +421,11 @@ class FxRunner(LayerRunner):
 
     def is_current(self, module: nn.Module) -> bool:
         """Also False once a submodule, parameter, buffer or tensor attribute has been
-        replaced by another object (e.g. `model.head = nn.Linear(...)`)."""
+        replaced by another object (e.g. `model.head = nn.Linear(...)`), or once calling the
+        model runs hooks the split would skip (`runs_own_hooks`)."""
         parts = _parts_of(self.model, self._read)
-        return (super().is_current(module) and len(parts) == len(self._parts)
+        return (super().is_current(module) and not runs_own_hooks(self.model)
+                and len(parts) == len(self._parts)
                 and all(name == old_name and value is old_value for (name, value), (
                     old_name, old_value) in zip(parts, self._parts)))
 
@@ -402,16 +452,18 @@ class FxRunner(LayerRunner):
         saved, batch = state
         saved = [_repeat_batch(value, batch, repeats) if per_sample else value
                  for value, per_sample in zip(saved, self._per_sample)]
-        if z.requires_grad and z.is_leaf:
-            z = z.clone()  # in-place ops after the layer must not touch the leaf
+        if z.requires_grad:
+            check_differentiable(self.model)
+            if z.is_leaf:
+                z = z.clone()  # in-place ops after the layer must not touch the leaf
         return logits_of(self.back.forward(self._from_neurons(z), *saved),
                          output_key(self.model))
 
     def forward_with_leaf(self, x):
-        with torch.no_grad():
-            output, *saved = self._front(x)
-        leaf = leaf_like(self._to_neurons(output))
-        with torch.enable_grad():
+        with autograd_on():
+            with torch.no_grad():
+                output, *saved = self._front(x)
+            leaf = leaf_like(self._to_neurons(output))
             logits = self.tail(leaf, (saved, x.shape[0]), 1)
         return leaf, logits
 
