@@ -14,23 +14,8 @@ input file can run code. Pickles are read with `torch.load(weights_only=True)`, 
 restricted unpickler that rebuilds tensors and plain containers only; safetensors and JSON/YAML
 (`yaml.safe_load`) are data formats; uploaded Python is never executed.
 
-Is `torch.export.load` safe on untrusted bytes? No, not on its own (its docstring says so).
-Reading torch 2.13's deserializer shows these ways for a crafted archive to run code; the first
-three are demonstrated in tests/test_loading.py: (1) weights or constants marked `use_pickle`
-are read with `torch.load(weights_only=False)`, "opaque object" constants with `pickle.loads`;
-(2) symbolic-shape strings (`expr_str`) go to `sympy.sympify`, which calls `eval`; (3)
-`guards_code` strings become Python source that `ExportedProgram.module()` passes to `exec`;
-(4) sample inputs and legacy payloads fall back to `weights_only=False` when the safe load
-fails; (5) a node's target may name any attribute reachable from `torch`, `math` or `operator`
-(e.g. `torch.os.system`), and only the program verifier stands between it and a call; (6)
-AOTInductor payloads are native shared libraries; (7) torch.fx regenerates Python source from
-the graph, so names and comment text must not carry code. `_check_export_archive` therefore
-reads the archive with the zip reader torch itself uses and, before torch deserialises
-anything, refuses: entries outside the layout `torch.export.save` writes (no AOTInductor, no
-legacy payloads), pickled or custom-object payloads, sample inputs that need more than
-`weights_only=True`, any `guards_code`, operators other than ATen/prims ops, symbolic-int
-arithmetic and a few control-flow wrappers, shape expressions outside a small token
-whitelist, names that are not identifiers, and line breaks outside stack traces.
+A `.pt2` is checked by `attribution.export_guard` (the security boundary, with its threat
+model) before `torch.export.load` reads it.
 """
 from __future__ import annotations
 
@@ -38,8 +23,6 @@ import contextlib
 import importlib.util
 import io
 import json
-import math
-import operator
 import os
 import pickle
 import re
@@ -55,6 +38,7 @@ from torch import nn
 
 from .architectures import Architecture, is_description, parse_architecture
 from .errors import AttributionError
+from .export_guard import EXPORT_RECIPE, check_export_archive
 from .guards import eval_mode
 from .layers import LayerInfo, list_layers, run_logits
 from .scores import model_device
@@ -65,14 +49,6 @@ UNPACKED_RATIO = 8
 """A zip archive may unpack to at most this many times its size limit."""
 
 Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
-
-EXPORT_RECIPE = (
-    "    ep = torch.export.export(model.eval(), (example_batch,),\n"
-    "                             dynamic_shapes=({0: torch.export.Dim('batch')},))\n"
-    "    torch.export.save(ep, 'model.pt2')\n"
-    "(example_batch: a few real samples, at least 2, shaped like the model's input.)"
-)
-
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
@@ -227,185 +203,9 @@ def _parsing(problem: str) -> Iterator[None]:
 
 # ---------------------------------------------------------------- torch.export archives
 
-_EXPORT_ENTRIES = re.compile(
-    r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
-    r"|models/model\.json|data/weights/model_weights_config\.json|data/weights/weight_\d+"
-    r"|data/constants/model_constants_config\.json|data/constants/tensor_\d+"
-    r"|data/sample_inputs/model\.pt|extra/[A-Za-z0-9_.\-]+)\Z")
-_SYMBOLIC_OPS = frozenset({
-    operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt,
-    operator.neg, operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv,
-    operator.mod, operator.truediv, operator.and_, operator.or_, math.trunc, torch.sym_not,
-    torch.sym_int, torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min,
-    torch.sym_sqrt,
-})
-_CONTROL_FLOW = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond",
-                           "while_loop", "map_impl", "scan"})
-_SHAPE_FUNCTIONS = frozenset({
-    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Mod", "Max", "Min", "Abs", "Eq",
-    "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "true", "false", "True", "False", "oo",
-    "FloorDiv", "CleanDiv", "CeilDiv", "ModularIndexing", "PythonMod", "Where", "FloorToInt",
-    "CeilToInt", "TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "ToFloat",
-    "Identity", "IntTrueDiv", "FloatTrueDiv", "IsNonOverlappingAndDenseIndicator",
-    "integer", "positive", "negative", "nonnegative", "nonpositive", "real", "finite",
-})
-_SHAPE_TOKEN = re.compile(
-    r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|'(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)'"
-    r"|\d+(?:\.\d+)?|==|!=|<=|>=|//|[-+*/%(),=<>])")
-_SYMBOL = re.compile(r"[a-z]+\d+\Z")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DOTTED = re.compile(r"([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?\Z")  # nn.Sequential: "0.1"
-_IDENTIFIER_KEYS = frozenset({"name", "as_name"})
-_DOTTED_KEYS = frozenset({"fqn", "parameter_name", "buffer_name", "tensor_constant_name"})
-
-
-def _refuse(reason: str) -> AttributionError:
-    return AttributionError(
-        f"This .pt2 file was refused because {reason}; loading it could run code. Re-export "
-        f"the model with a plain torch.export on your own machine:\n{EXPORT_RECIPE}")
-
-
-def _check_export_archive(data: bytes) -> dict[str, bytes]:
-    """Refuse archives that could run code in `torch.export.load` (see the module docstring).
-
-    Returns the archive's extra files (name -> bytes), read by the same reader torch uses.
-    """
-    with _parsing("The .pt2 archive is damaged or truncated"):
-        reader = torch._C.PyTorchFileReader(io.BytesIO(data))
-        records = list(reader.get_all_records())
-        unexpected = [name for name in records if not _EXPORT_ENTRIES.match(name)]
-        if unexpected:
-            raise _refuse(f"it holds entries that torch.export.save does not write "
-                          f"({', '.join(sorted(unexpected)[:5])})")
-        if (reader.get_record("archive_format") != b"pt2"
-                or reader.get_record("archive_version") != b"0"):
-            raise AttributionError("This .pt2 archive was written by an unsupported PyTorch "
-                                   f"version; re-export it with torch {torch.__version__}:\n"
-                                   f"{EXPORT_RECIPE}")
-        if "models/model.json" not in records:
-            raise AttributionError("This .pt2 archive holds no model (models/model.json is "
-                                   "missing); it may be an AOTInductor package. Save the "
-                                   f"ExportedProgram itself:\n{EXPORT_RECIPE}")
-        for config_name, prefix in (("data/weights/model_weights_config.json", "weight_"),
-                                    ("data/constants/model_constants_config.json", "tensor_")):
-            if config_name not in records:
-                raise AttributionError(f"The .pt2 archive is incomplete ({config_name} is "
-                                       "missing); save it again with torch.export.save.")
-            config = json.loads(reader.get_record(config_name)).get("config", {})
-            for entry in config.values():
-                if entry.get("use_pickle") is not False or not re.fullmatch(
-                        prefix + r"\d+", str(entry.get("path_name"))):
-                    raise _refuse("it stores pickled Python objects among its tensors")
-                _check_tensor_size(entry, reader, config_name.rsplit("/", 1)[0])
-        if "data/sample_inputs/model.pt" in records:
-            try:
-                torch.load(io.BytesIO(reader.get_record("data/sample_inputs/model.pt")),
-                           weights_only=True)
-            except Exception:
-                raise _refuse("its sample inputs are not plain tensors") from None
-        program = json.loads(reader.get_record("models/model.json"))
-        if not isinstance(program, dict):
-            raise AttributionError("The .pt2 archive's model description is not a JSON object.")
-        if program.get("guards_code"):
-            raise _refuse("it carries guard code, which PyTorch runs as Python")
-        for key in program.get("range_constraints") or {}:
-            _check_shape_expression(str(key))
-        _check_program_tree(program)
-        return {name[len("extra/"):]: reader.get_record(name)
-                for name in records if name.startswith("extra/")}
-
-
-def _check_tensor_size(entry: dict, reader: Any, folder: str) -> None:
-    """torch allocates an empty record's tensor at its declared size: it must hold nothing."""
-    sizes = [size.get("as_int") for size in entry["tensor_meta"]["sizes"]]
-    if not all(isinstance(size, int) and size >= 0 for size in sizes):
-        raise AttributionError("The .pt2 archive declares a tensor with an invalid shape; "
-                               "save it again with torch.export.save.")
-    record = f"{folder}/{entry['path_name']}"
-    if record not in reader.get_all_records() or (
-            not reader.get_record(record) and math.prod(sizes) > 0):
-        raise AttributionError("The .pt2 archive is missing tensor data it declares; save it "
-                               "again with torch.export.save.")
-
-
-def _check_program_tree(program: dict) -> None:
-    stack: list[tuple[Any, Optional[str]]] = [(program, None)]
-    while stack:
-        value, key = stack.pop()
-        if isinstance(value, dict):
-            if isinstance(value.get("target"), str) and "inputs" in value:
-                _check_operator(value["target"])
-            stack.extend((item, str(item_key)) for item_key, item in value.items())
-            stack.extend((str(item_key), None) for item_key in value)
-        elif isinstance(value, list):
-            stack.extend((item, key) for item in value)
-        elif isinstance(value, str):
-            _check_text(value, key)
-
-
-def _check_text(text: str, key: Optional[str]) -> None:
-    allowed_breaks = "\n\t" if key == "stack_trace" else "\t"
-    if any((ord(c) < 32 and c not in allowed_breaks) or c in "\x7f\u2028\u2029\x85"
-           for c in text):
-        raise _refuse("a name or annotation contains line breaks or control characters")
-    if key == "expr_str":
-        _check_shape_expression(text)
-    elif key in _IDENTIFIER_KEYS and not _IDENTIFIER.match(text):
-        raise _refuse(f"the value name {text[:40]!r} is not an identifier")
-    elif key in _DOTTED_KEYS and not _DOTTED.match(text):
-        raise _refuse(f"the module path {text[:40]!r} is not a dotted name")
-
-
-def _check_shape_expression(text: str) -> None:
-    """Only sympy constructors, symbol names and arithmetic: what torch.export itself writes."""
-    if len(text) > 2000 or "**" in text:
-        raise _refuse("a shape expression is too long or uses powers")
-    position = 0
-    while position < len(text.rstrip()):
-        match = _SHAPE_TOKEN.match(text, position)
-        if match is None:
-            raise _refuse(f"a shape expression contains {text[position:position + 20]!r}")
-        name = match.group("name") or match.group("quoted")
-        if name and name not in _SHAPE_FUNCTIONS and not _SYMBOL.match(name):
-            raise _refuse(f"a shape expression uses the name {name!r}")
-        position = match.end()
-
-
-def _check_operator(target: str) -> None:
-    """Resolve `target` exactly as torch's deserializer does, then allow only known-safe ops."""
-    resolved = _resolve_like_torch(target)
-    if isinstance(resolved, torch._ops.OpOverload) and resolved.namespace in ("aten", "prims"):
-        return
-    if isinstance(resolved, torch._ops.HigherOrderOperator) and resolved.name() in _CONTROL_FLOW:
-        return
-    try:
-        if resolved in _SYMBOLIC_OPS:
-            return
-    except TypeError:  # unhashable
-        pass
-    raise _refuse(f"its graph calls {target[:80]!r}, which is not a standard tensor operation")
-
-
-def _resolve_like_torch(target: str) -> Any:
-    # Mirrors torch._export.serde.serialize.GraphModuleDeserializer.deserialize_operator.
-    if target.startswith("_operator"):
-        obj: Any = operator
-    elif target.startswith("torch"):
-        obj = torch
-    elif target.startswith("math"):
-        obj = math
-    else:
-        return target
-    for name in target.split(".")[1:]:
-        if not hasattr(obj, name):
-            return target
-        obj = getattr(obj, name)
-    return obj
-
-
 def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes]]:
     """(unflattened module, example input or None, extra files) of a .pt2."""
-    extra_files = _check_export_archive(data)
+    extra_files = check_export_archive(data)
     with _parsing("torch.export could not load this .pt2 archive"):
         program = torch.export.load(io.BytesIO(data))
         module = torch.export.unflatten(program)

@@ -1,0 +1,686 @@
+"""Hostile .pt2 archives: every way torch.export.load resolves a name, evals, unpickles or
+allocates is tried and refused in seconds, and ordinary exports still load.
+
+The corpus is built by script from real `torch.export.save` archives: unzip, edit the JSON
+records or entries, rezip. Refusals run in one child process that measures each one's time
+and the growth of its peak memory.
+"""
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution import export_guard
+from attribution.limits import Limits
+
+B = torch.export.Dim("batch")
+
+
+# ---------------------------------------------------------------- models to export
+
+class NoGrad(nn.Module):
+    """`with torch.no_grad()` in forward: the export holds wrap_with_set_grad_enabled."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = self.a(x)
+        return self.b(h)
+
+
+class Cond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.a(-x), (x,))
+
+
+class Map(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        from torch._higher_order_ops.map import map as map_rows
+        return map_rows(lambda row: self.a(row), x)
+
+
+class Scan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        from torch._higher_order_ops.scan import scan
+        _, ys = scan(lambda carry, row: (carry + row, carry * row), x[0], x)
+        return self.a(ys)
+
+
+class Autocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.a(x)
+        return h.float()
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding="same")
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 16, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.out = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.out(torch.relu(self.fc2(h)) + h)
+
+
+class Transformerish(nn.Module):
+    """Token ids [B, 5] -> Embedding, MultiheadAttention, LayerNorm, GELU, softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.norm = nn.LayerNorm(8)
+        self.act = nn.GELU(approximate="tanh")
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        attended, _ = self.attention(h, h, h)
+        logits = self.out(self.act(self.norm(h + attended)).mean(1))
+        return torch.softmax(logits, -1) + torch.div(logits, 0.5, rounding_mode="floor")
+
+
+class Tied(nn.Module):
+    """Output weights tied to the embedding: two tensors in one stored record."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(6, 4)
+        self.out = nn.Linear(4, 6, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.out(self.embed(ids).mean(1))
+
+
+def exported(model, example, strict=False, decompose=False) -> bytes:
+    torch.manual_seed(0)
+    program = torch.export.export(model.eval(), (example,), dynamic_shapes=({0: B},),
+                                  strict=strict)
+    if decompose:
+        program = program.run_decompositions()
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+FLOATS = torch.linspace(-1, 1, 12).reshape(3, 4)
+IDS = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [0, 19, 3, 3, 1]])
+
+
+@pytest.fixture(scope="module")
+def bases() -> dict:
+    torch.manual_seed(0)
+    return {"mlp": exported(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3)),
+                            FLOATS),
+            "nograd": exported(NoGrad(), FLOATS), "cond": exported(Cond(), FLOATS),
+            "map": exported(Map(), FLOATS), "scan": exported(Scan(), FLOATS)}
+
+
+# ---------------------------------------------------------------- editing archives
+
+def rebuilt(data: bytes, edit, compression=zipfile.ZIP_STORED) -> bytes:
+    """The archive with `edit(entries)` applied to its {name below the root: bytes}."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    root = source.namelist()[0].split("/")[0]
+    entries = {name.split("/", 1)[1]: source.read(name) for name in source.namelist()}
+    edit(entries)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression) as archive:
+        for name, content in entries.items():
+            archive.writestr(name[1:] if name.startswith("/") else f"{root}/{name}", content)
+    return out.getvalue()
+
+
+def program_edit(change):
+    """An edit of models/model.json through `change(program)`."""
+    def edit(entries):
+        program = json.loads(entries["models/model.json"])
+        change(program)
+        entries["models/model.json"] = json.dumps(program).encode()
+    return edit
+
+
+def config_edit(change, which="weights"):
+    folder = {"weights": "data/weights/model_weights_config.json",
+              "constants": "data/constants/model_constants_config.json"}[which]
+
+    def edit(entries):
+        config = json.loads(entries[folder])
+        change(config["config"], entries)
+        entries[folder] = json.dumps(config).encode()
+    return edit
+
+
+def graph(program) -> dict:
+    return program["graph_module"]["graph"]
+
+
+def node(program, target_end: str) -> dict:
+    return next(n for n in graph(program)["nodes"] if n["target"].endswith(target_end))
+
+
+def set_input(target_end, name, argument):
+    def change(program):
+        inputs = node(program, target_end)["inputs"]
+        next(i for i in inputs if i["name"] == name)["arg"] = argument
+    return program_edit(change)
+
+
+def hop_arguments(target_end, position, argument, operands=()):
+    """Replace a higher-order op's argument at `position` (and its operands after it)."""
+    def change(program):
+        inputs = node(program, target_end)["inputs"]
+        inputs[position]["arg"] = argument
+        if operands:
+            inputs[position + 1:] = [{"name": "", "arg": a, "kind": 1} for a in operands]
+    return program_edit(change)
+
+
+def shell(marker) -> str:
+    return f"__import__('os').system('touch {marker}')"
+
+
+class Exploit:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def first_weight(config) -> dict:
+    return next(iter(config.values()))
+
+
+def declare_huge_empty(config, entries):
+    entry = first_weight(config)
+    entry["tensor_meta"]["sizes"] = [{"as_int": 2 ** 20}, {"as_int": 2 ** 20}]
+    entries["data/weights/" + entry["path_name"]] = b""
+
+
+def pad_record(config, entries):
+    entries["data/weights/" + first_weight(config)["path_name"]] += bytes(64)
+
+
+def pickled(use_pickle_marker):
+    def change(config, entries):
+        entry = first_weight(config)
+        entry["use_pickle"] = True
+        entries["data/weights/" + entry["path_name"]] = saved(Exploit(use_pickle_marker))
+    return change
+
+
+def opaque_object(marker):
+    def change(config, entries):
+        config["evil"] = {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True,
+                          "tensor_meta": None}
+        entries["data/constants/opaque_obj_0"] = pickle.dumps(Exploit(marker))
+    return change
+
+
+def sparse_weight(config, entries):
+    first_weight(config)["tensor_meta"]["layout"] = 1
+
+
+def deflated_zeros(config, entries):
+    """A 64 MB weight of zeros, declared honestly; deflate makes it 64 KB."""
+    entry = first_weight(config)
+    entry["tensor_meta"].update(sizes=[{"as_int": 4096}, {"as_int": 4096}],
+                                strides=[{"as_int": 4096}, {"as_int": 1}])
+    entries["data/weights/" + entry["path_name"]] = bytes(4 * 4096 * 4096)
+
+
+def claimed_size(data: bytes, entry_end: str, size: int) -> bytes:
+    """The archive with one entry's declared unpacked size rewritten in its zip headers."""
+    buffer = bytearray(data)
+    info = next(i for i in zipfile.ZipFile(io.BytesIO(data)).infolist()
+                if i.filename.endswith(entry_end))
+    struct.pack_into("<I", buffer, info.header_offset + 22, size)  # the local header
+    end = data.rindex(b"PK\x05\x06")
+    position = struct.unpack_from("<I", data, end + 16)[0]  # the central directory
+    while True:
+        name_length, extra, comment = struct.unpack_from("<HHH", data, position + 28)
+        if data[position + 46:position + 46 + name_length].decode() == info.filename:
+            struct.pack_into("<I", buffer, position + 24, size)
+            return bytes(buffer)
+        position += 46 + name_length + extra + comment
+
+
+def sample_inputs(value):
+    return lambda entries: entries.update({"data/sample_inputs/model.pt": value})
+
+
+def deeply_nested(depth):
+    """wrap_with_set_grad_enabled subgraphs nested `depth` deep."""
+    def change(program):
+        hop = node(program, "wrap_with_set_grad_enabled")
+        template = json.dumps(hop)
+        body = hop["inputs"][1]["arg"]["as_graph"]["graph"]
+        for _ in range(depth):
+            inner = json.loads(template)
+            body["nodes"] = [inner]
+            body = inner["inputs"][1]["arg"]["as_graph"]["graph"]
+    return program_edit(change)
+
+
+def many_nodes(count):
+    def change(program):
+        relu = dict(node(program, "relu.default"), metadata={})
+        graph(program)["nodes"] += [dict(relu, name=f"r{i}") for i in range(count)]
+    return program_edit(change)
+
+
+def legacy_fallback(marker):
+    """A top-level legacy layout beside the archive: torch's fallback reader unpickles it."""
+    def edit(entries):
+        entries["/version"] = b"8.20"
+        entries["/serialized_state_dict.pt"] = saved(Exploit(marker))
+    return edit
+
+
+def replace_symbols(text_of):
+    def change(program):
+        text = re.sub(r"Symbol\('s\d+', positive=True, integer=True\)",
+                      lambda _: text_of.replace("'", "\\u0027"), json.dumps(program))
+        program.clear()
+        program.update(json.loads(text))
+    return program_edit(change)
+
+
+def treespec_context(context):
+    def change(program):
+        signature = program["graph_module"]["module_call_graph"][0]["signature"]
+        spec = json.loads(signature["in_spec"])
+        spec[1]["children_spec"][1]["context"] = context
+        signature["in_spec"] = json.dumps(spec)
+    return program_edit(change)
+
+
+def treespec_type(kind):
+    def change(program):
+        signature = program["graph_module"]["module_call_graph"][0]["signature"]
+        spec = json.loads(signature["in_spec"])
+        spec[1]["children_spec"][1]["type"] = kind
+        signature["in_spec"] = json.dumps(spec)
+    return program_edit(change)
+
+
+def metadata(target_end, **values):
+    return program_edit(lambda p: node(p, target_end)["metadata"].update(values))
+
+
+def retarget(target_end, target):
+    return program_edit(lambda p: node(p, target_end).update(target=target))
+
+
+def gelu_with(approximate):
+    def change(program):
+        relu = node(program, "relu.default")
+        relu["target"] = "torch.ops.aten.gelu.default"
+        relu["inputs"].append({"name": "approximate", "arg": {"as_string": approximate},
+                               "kind": 2})
+    return program_edit(change)
+
+
+def from_file(program):
+    relu = node(program, "relu.default")
+    relu.update(target="torch.ops.aten.from_file.default", inputs=[
+        {"name": "filename", "arg": {"as_string": "/etc/passwd"}, "kind": 1},
+        {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+        {"name": "size", "arg": {"as_int": 16}, "kind": 1}])
+
+
+CUSTOM_OBJECT = {"name": "obj", "class_fqn": "__torch__.torch.classes.evil.Evil"}
+
+# name -> (base archive, edit of its entries, a phrase of the refusal); {marker} is a path
+# that the payload would create if it ran.
+VECTORS = {
+    # names torch resolves and calls
+    "hop callable: sympy class evals a string": ("nograd", lambda m: hop_arguments(
+        "wrap_with_set_grad_enabled", 1, {"as_operator": "torch.utils._sympy.functions."
+                                                         "FloorDiv"},
+        [{"as_string": shell(m)}, {"as_int": 2}]), "not a subgraph"),
+    "hop callable: torch.os.system": ("nograd", lambda m: hop_arguments(
+        "wrap_with_set_grad_enabled", 1, {"as_operator": "torch.os.system"},
+        [{"as_string": f"touch {m}"}]), "not a subgraph"),
+    "hop callable: builtins.exec through torch.fx": ("nograd", lambda m: hop_arguments(
+        "wrap_with_set_grad_enabled", 1, {"as_operator": "torch.fx.graph.builtins.exec"},
+        [{"as_string": shell(m)}]), "not a subgraph"),
+    "hop operand: operator": ("nograd", lambda m: hop_arguments(
+        "wrap_with_set_grad_enabled", 2, {"as_operator": "torch.os.system"}),
+        "an operator argument"),
+    "cond branch: operator": ("cond", lambda m: hop_arguments(
+        "cond", 1, {"as_operator": "torch.os.system"}), "not a subgraph"),
+    "map_impl body: operator": ("map", lambda m: hop_arguments(
+        "map_impl", 0, {"as_operator": "torch.os.system"}), "not a subgraph"),
+    "scan combine: operator": ("scan", lambda m: hop_arguments(
+        "scan", 0, {"as_operator": "torch.os.system"}), "not a subgraph"),
+    "while_loop (unbounded)": ("cond", lambda m: retarget(
+        "cond", "torch.ops.higher_order.while_loop"), "not a standard tensor operation"),
+    "aten argument: operator": ("mlp", lambda m: set_input(
+        "linear.default", "bias", {"as_operator": "torch.os.system"}), "an operator argument"),
+    "signature output: operator": ("mlp", lambda m: program_edit(
+        lambda p: p["graph_module"]["signature"]["output_specs"][0]["user_output"].update(
+            arg={"as_operator": "torch.os.system"})), "an operator argument"),
+    "node target: torch.os.system": ("mlp", lambda m: retarget(
+        "relu.default", "torch.os.system"), "torch.os.system"),
+    "node target: operator.pow (compute)": ("mlp", lambda m: retarget(
+        "relu.default", "_operator.pow"), "not a standard tensor operation"),
+    "node target: custom namespace": ("mlp", lambda m: retarget(
+        "relu.default", "torch.ops.evil.run.default"), "not a standard tensor operation"),
+    "source_fn_stack: lazy import": ("mlp", lambda m: metadata(
+        "relu.default", source_fn_stack="relu,torch._inductor.codecache.x"),
+        "not a loaded module attribute"),
+    # strings
+    "string where a tensor goes": ("mlp", lambda m: set_input(
+        "linear.default", "weight", {"as_string": shell(m)}), "not allowed there"),
+    "string argument, unknown value": ("mlp", lambda m: gelu_with(shell(m)),
+                                       "passes the string"),
+    "aten.from_file reads a file": ("mlp", lambda m: program_edit(from_file),
+                                    "passes the string"),
+    # custom objects and pickles
+    "argument: custom object": ("mlp", lambda m: set_input(
+        "linear.default", "bias", {"as_custom_obj": CUSTOM_OBJECT}), "custom (script) object"),
+    "graph: custom object values": ("mlp", lambda m: program_edit(
+        lambda p: graph(p).update(custom_obj_values={"obj": CUSTOM_OBJECT})),
+        "custom (script) objects"),
+    "input spec: custom object": ("mlp", lambda m: program_edit(
+        lambda p: p["graph_module"]["signature"]["input_specs"].append(
+            {"custom_obj": {"arg": CUSTOM_OBJECT, "custom_obj_name": "obj"}})),
+        "not allowed there"),
+    "constant: opaque object (pickle.loads)": ("mlp", lambda m: config_edit(
+        opaque_object(m), "constants"), "does not write"),
+    "weight: use_pickle": ("mlp", lambda m: config_edit(pickled(m)), "pickled Python objects"),
+    "sample inputs: pickle that runs code": ("mlp", lambda m: sample_inputs(saved(
+        ((Exploit(m),), {}))), "sample inputs"),
+    "sample inputs: sparse tensor": ("mlp", lambda m: sample_inputs(saved(
+        ((torch.eye(3).to_sparse(),), {}))), "sample inputs"),
+    "legacy layout beside the archive": ("mlp", legacy_fallback, "damaged"),
+    "guards_code: Python": ("mlp", lambda m: program_edit(
+        lambda p: p.update(guards_code=[f"{shell(m)} or True"])), "guard code"),
+    "treespec context: __enum__ import": ("mlp", lambda m: treespec_context(json.dumps(
+        [{"__enum__": True, "fqn": "antigravity:X", "name": "y"}])), "not a list of keys"),
+    "treespec type: defaultdict factory": ("mlp", lambda m: treespec_type(
+        "collections.defaultdict"), "tree spec uses the type"),
+    "verifier: unknown": ("mlp", lambda m: program_edit(lambda p: p.update(
+        verifiers=["EVIL"])), "verifier"),
+    # expressions
+    "sym expression: eval": ("mlp", lambda m: replace_symbols(shell(m)), "shape expression"),
+    "sym expression: attribute access": ("mlp", lambda m: replace_symbols(
+        "Symbol.__subclasses__()"), "shape expression"),
+    "range constraint: eval in key": ("mlp", lambda m: program_edit(lambda p: p.update(
+        range_constraints={shell(m): {"min_val": 0, "max_val": None}})), "not a shape symbol"),
+    "range constraint: u<n> counts to n": ("mlp", lambda m: program_edit(lambda p: p.update(
+        range_constraints={"u99999999999": {"min_val": 0, "max_val": None}})),
+        "not a shape symbol"),
+    # sizes and budgets
+    "huge declared tensor, empty record": ("mlp", lambda m: config_edit(declare_huge_empty),
+                                           "missing tensor data"),
+    "record larger than declared": ("mlp", lambda m: config_edit(pad_record), "holds"),
+    "sparse weight": ("mlp", lambda m: config_edit(sparse_weight), "sparse"),
+    "nested subgraphs": ("nograd", lambda m: deeply_nested(40), "nested too deeply"),
+    "too many nodes": ("mlp", lambda m: many_nodes(export_guard.MAX_NODES), "more than"),
+    # unknown schema
+    "unknown argument kind": ("mlp", lambda m: set_input(
+        "linear.default", "bias", {"as_evil": 1}), "not allowed there"),
+    "nested tensor lists": ("mlp", lambda m: set_input(
+        "linear.default", "bias", {"as_nested_tensors": [[{"name": "x"}]]}),
+        "not allowed there"),
+    "unknown program field": ("mlp", lambda m: program_edit(lambda p: p.update(evil=1)),
+                              "schema does not know"),
+    "unknown node field": ("mlp", lambda m: program_edit(
+        lambda p: node(p, "relu.default").update(evil=1)), "schema does not know"),
+    "unknown metadata": ("mlp", lambda m: metadata("relu.default", evil="x"),
+                         "unknown metadata"),
+    "node name: code": ("mlp", lambda m: program_edit(
+        lambda p: node(p, "relu.default").update(name="x=print(1)")), "not an identifier"),
+    "node name: keyword": ("mlp", lambda m: program_edit(
+        lambda p: node(p, "relu.default").update(name="import")), "not an identifier"),
+    "stack trace: carriage return": ("mlp", lambda m: metadata(
+        "relu.default", stack_trace='File "a", line 1, in f\r' + shell(m)), "line breaks"),
+    "module path: not dotted": ("mlp", lambda m: metadata(
+        "relu.default", nn_module_stack="k,x[0].__class__,torch.nn.ReLU"), "dotted name"),
+    "AOTInductor library": ("mlp", lambda m: lambda e: e.update(
+        {"data/aotinductor/model/model.so": b"\x7fELF"}), "does not write"),
+    "big-endian tensors": ("mlp", lambda m: lambda e: e.update(byteorder=b"big"),
+                           "big-endian"),
+}
+BUDGET_VECTORS = {
+    # name -> (how the bytes are made from the mlp base, limits, phrase)
+    "a record declaring 3.2 GB (directory)": (
+        lambda mlp: claimed_size(rebuilt(mlp, lambda e: None), "weight_0", 3_200_000_000),
+        Limits(), "over the limit"),
+    "a deflated 64 MB record over a 32 MB budget": (
+        lambda mlp: rebuilt(mlp, config_edit(deflated_zeros), zipfile.ZIP_DEFLATED),
+        Limits(max_decoded_bytes=32_000_000), "over the limit"),
+}
+
+RUNNER = r"""
+import json, resource, sys, time, pickle
+import attribution as at
+from attribution.export_guard import check_export_archive
+cases = pickle.load(open(sys.argv[1], "rb"))
+at.load_model(cases.pop("warm-up")[0])
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def outcome(call):
+    try:
+        call()
+        return ["accepted", ""]
+    except Exception as error:
+        return [type(error).__name__, str(error)]
+base, results = peak(), {}
+for name, (data, limits) in cases.items():
+    start = time.perf_counter()
+    guard = outcome(lambda: check_export_archive(data, limits))
+    guard_seconds = time.perf_counter() - start
+    loader = outcome(lambda: at.load_model(data, limits=limits))
+    results[name] = guard + loader + [guard_seconds, time.perf_counter() - start,
+                                      peak() - base]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals(bases, tmp_path_factory) -> dict:
+    """name -> [guard's exception type, its message, load_model's exception type, its message,
+    seconds of the guard, seconds of both, growth of the peak memory in bytes], measured in a
+    child process that tries the guard alone and then `load_model` on every hostile file."""
+    folder = tmp_path_factory.mktemp("hostile")
+    cases = {"warm-up": (bases["mlp"], Limits())}
+    for name, (base, make, _) in VECTORS.items():
+        cases[name] = (rebuilt(bases[base], make(folder / marker_name(name))), Limits())
+    for name, (make, limits, _) in BUDGET_VECTORS.items():
+        cases[name] = (make(bases["mlp"]), limits)
+    (folder / "cases.pkl").write_bytes(pickle.dumps(cases))
+    run = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "cases.pkl")],
+                         capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"results": results, "folder": folder}
+
+
+def marker_name(vector: str) -> str:
+    return "marker_" + re.sub(r"\W+", "_", vector)
+
+
+@pytest.mark.parametrize("vector", list(VECTORS) + list(BUDGET_VECTORS))
+def test_hostile_export_is_refused_quickly_and_runs_nothing(refusals, vector):
+    kind, message, loader_kind, loader_message, _, seconds, grown = refusals["results"][vector]
+    phrase = VECTORS[vector][2] if vector in VECTORS else BUDGET_VECTORS[vector][2]
+    assert kind == "AttributionError", f"{vector}: {kind} {message[:300]}"
+    assert phrase in message, message[:400]
+    assert loader_kind == "AttributionError", f"{vector}: {loader_kind} {loader_message[:300]}"
+    assert seconds < 10 and grown < 2 ** 30, (seconds, grown)
+    assert not (refusals["folder"] / marker_name(vector)).exists()
+
+
+def test_refusals_together_stay_under_a_gib(refusals):
+    assert max(grown for *_, grown in refusals["results"].values()) < 2 ** 30
+
+
+# ---------------------------------------------------------------- the vectors are real
+
+def test_plain_torch_runs_the_payloads_that_are_refused_here(bases, tmp_path, monkeypatch):
+    """Without the guard these archives run code in torch.export.load or the first forward;
+    if torch stops doing so, the corpus above needs new vectors."""
+    (tmp_path / "planted.py").write_text(f"import os\nos.system('touch {tmp_path}/imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    payloads = {
+        "sympy": ("nograd", VECTORS["hop callable: sympy class evals a string"][1]),
+        "opaque": ("mlp", VECTORS["constant: opaque object (pickle.loads)"][1]),
+        "guards": ("mlp", VECTORS["guards_code: Python"][1]),
+        "expression": ("mlp", VECTORS["sym expression: eval"][1]),
+        "pickled_weight": ("mlp", VECTORS["weight: use_pickle"][1]),
+        "imported": ("mlp", lambda m: treespec_context(json.dumps(
+            [{"__enum__": True, "fqn": "planted:X", "name": "y"}]))),
+    }
+    for name, (base, make) in payloads.items():
+        marker = tmp_path / name
+        crafted = rebuilt(bases[base], make(marker))
+        with contextlib.suppress(Exception):  # torch may fail after the payload has run
+            program = torch.export.load(io.BytesIO(crafted))
+            with contextlib.suppress(Exception):
+                torch.export.unflatten(program)(FLOATS)
+            program.module()(FLOATS)
+        assert marker.exists(), f"{name}: torch no longer runs this payload"
+        marker.unlink()
+        with pytest.raises(at.AttributionError, match="refused"):
+            at.load_model(crafted)
+        assert not marker.exists()
+
+
+def test_a_range_key_u_n_makes_torch_count_to_n(bases):
+    """Why range-constraint symbols are bounded: torch loops once per unbacked symbol index."""
+    crafted = rebuilt(bases["mlp"], program_edit(lambda p: p.update(
+        range_constraints={"u3000000": {"min_val": 0, "max_val": None}})))
+    start = time.perf_counter()
+    torch.export.load(io.BytesIO(crafted))
+    looped = time.perf_counter() - start
+    start = time.perf_counter()
+    torch.export.load(io.BytesIO(bases["mlp"]))
+    assert looped > time.perf_counter() - start + 0.05
+
+
+# ---------------------------------------------------------------- ordinary exports load
+
+ORDINARY = {
+    "CNN with BatchNorm and 'same' padding": (CNN, torch.randn(3, 1, 4, 4), {}),
+    "residual": (Residual, FLOATS, {}),
+    "transformer-ish on token ids": (Transformerish, IDS, {}),
+    "no_grad block (wrap_with_set_grad_enabled)": (NoGrad, FLOATS, {}),
+    "autocast block": (Autocast, FLOATS, {}),
+    "cond": (Cond, FLOATS, {}),
+    "map over rows": (Map, FLOATS, {}),
+    "scan": (Scan, FLOATS, {}),
+    "top-level nn.Sequential": (lambda: nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6),
+                                                      nn.ReLU(), nn.Linear(6, 3)), FLOATS, {}),
+    "tied weights": (Tied, IDS % 6, {}),
+    "strict export": (Residual, FLOATS, {"strict": True}),
+    "decomposed to core ATen": (Transformerish, IDS, {"decompose": True}),
+}
+
+
+@pytest.mark.parametrize("name", ORDINARY)
+def test_ordinary_exports_pass_the_guard_and_load(name):
+    build, example, options = ORDINARY[name]
+    torch.manual_seed(0)
+    model = build().eval()
+    loaded = at.load_model(exported(model, example, **options))
+    assert loaded.input_shape == tuple(example.shape[1:])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.module(example), model(example))
+
+
+def test_demo_archives_pass_the_guard():
+    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo")
+    names = [name for name in os.listdir(demo) if name.endswith(".pt2")]
+    assert names
+    for name in names:
+        with open(os.path.join(demo, name), "rb") as file:
+            assert at.load_model(file.read()).n_classes > 1
+
+
+def test_a_transformers_export_with_named_inputs_and_guards_loads():
+    """BERT from a small config: two named inputs, a shape guard relating them, an output type
+    registered by transformers, and expanded buffers (position ids)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     num_labels=3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    inputs = {"input_ids": IDS, "attention_mask": torch.ones_like(IDS)}
+    program = torch.export.export(model, (), inputs, dynamic_shapes={
+        name: {0: B} for name in inputs})
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    assert json.loads(zipfile.ZipFile(buffer).read("archive/models/model.json"))["guards_code"]
+    loaded = at.load_model(buffer.getvalue())
+    assert loaded.input_names == ("input_ids", "attention_mask") and loaded.n_classes == 3
+
+
+def test_shape_guards_are_accepted_and_python_is_not():
+    for guard in ("L['attention_mask'].size()[0] == L['input_ids'].size()[0]",
+                  "2 <= L['x'].size()[0]", "(L['x'].size()[1] // 2) * 2 == L['x'].size()[1]"):
+        export_guard._guard(guard)
+    for guard in ("L['x'].size.__class__", "__import__('os')", "L['x'].size()[0] ** 99999",
+                  "[c for c in ()]", "L['x'].size()[0]; 1"):
+        with pytest.raises(at.AttributionError, match="guard code"):
+            export_guard._guard(guard)
+
+
+def test_extra_files_come_back(bases):
+    crafted = rebuilt(bases["mlp"], lambda e: e.update({"extra/class_names.json": b'["a"]'}))
+    assert export_guard.check_export_archive(crafted) == {"class_names.json": b'["a"]'}
