@@ -4,8 +4,8 @@ gradient code right?
 `diagnose` returns one `Finding` per check (severity "ok", "warning" or "problem"). With
 several clusters every check runs on each and reports the worst. Value measured; thresholds:
 
-- non_finite: share of per-sample scores that are NaN/inf. Problem if > 0 (the other checks
-  are then skipped).
+- non_finite: share of the analysed samples whose logits or scores are NaN/inf (named in the
+  message). Problem if > 0 (the other checks are then skipped).
 - constant_scores: (max - min) / max |s| of the cluster scores. Problem if <= 1e3 float32 eps
   (every neuron equal to float32 resolution).
 - tiny_scores: largest neuron effect / logit scale (std of all logits). Problem if <= 1e3
@@ -133,7 +133,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
         One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
-        user_scores is given; only non_finite when the scores are not finite.
+        user_scores is given; only non_finite when the logits or scores are not finite.
     """
     _check_method(method)
     if reduce not in REDUCTIONS:
@@ -141,6 +141,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     model = on_device(model, device)
     x, targets = _materialise(model, inputs, targets, batch_size)
     names, codes = _analysed(clusters, cluster, x.shape[0])
+    sample_ids = np.flatnonzero(codes >= 0)  # the analysed samples' positions in the inputs
     if cluster is not None:
         keep = torch.from_numpy(codes >= 0)
         if isinstance(user_scores, torch.Tensor):
@@ -157,9 +158,10 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
 
     options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
     scores = neuron_scores(model, layer, x, targets, method, **options).numpy()
+    logits = _logits(model, x, batch_size)
     report(0.2, [])
-    if not np.isfinite(scores).all():
-        finding = _non_finite(scores)
+    if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):
+        finding = _non_finite(scores, logits.numpy(), sample_ids)
         report(1.0, [finding])
         return [finding]
     gradients = (scores if method == "gradient"
@@ -167,7 +169,6 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
     effects = (scores if method == "ablation"
                else neuron_scores(model, layer, x, targets, "ablation", **options).numpy())
-    logits = _logits(model, x, batch_size)
     reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
 
@@ -284,14 +285,24 @@ def _dead(reach: np.ndarray, activations: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------ checks
 # Each check returns (Finding for one cluster, badness); `_worst` keeps the worst cluster.
 
-def _non_finite(scores: np.ndarray) -> Finding:
-    share = float((~np.isfinite(scores)).mean())
+def _non_finite(scores: np.ndarray, logits: np.ndarray, sample_ids: np.ndarray) -> Finding:
+    """Name the samples whose logits [m, C] or scores [m, ...] are NaN/inf; `sample_ids` [m]
+    are their positions in the inputs."""
+    bad_logits = ~np.isfinite(logits).all(1)
+    bad_scores = ~np.isfinite(scores.reshape(len(scores), -1)).all(1)
+    parts = []
+    if bad_logits.any():
+        parts.append("The model's logits are NaN or inf on "
+                     + _neuron_list(sample_ids[bad_logits], noun="sample"))
+    if bad_scores.any():
+        parts.append(f"{float((~np.isfinite(scores)).mean()):.1%} of the per-sample scores are "
+                     f"NaN or inf ({_neuron_list(sample_ids[bad_scores], noun='sample')})")
     return Finding(
         "non_finite", "problem",
-        f"{share:.1%} of the per-sample scores are NaN or inf, so no ranking can be trusted "
-        "(the other checks were skipped).", share,
-        "Check the model's logits for NaN/inf on these inputs (weights, inputs, a log of 0) "
-        "and that the inputs are scaled as in training.")
+        "; ".join(parts) + ", so no ranking can be trusted (the other checks were skipped).",
+        float((bad_logits | bad_scores).mean()),
+        "Check the model on these samples (weights, inputs, a log of 0, an overflow) and that "
+        "the inputs are scaled as in training, or leave the samples out.")
 
 
 def _constant(group: _Evidence) -> tuple[Finding, float]:
@@ -467,10 +478,10 @@ def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
                    finding.value, finding.hint)
 
 
-def _neuron_list(indices: np.ndarray, shown: int = 8) -> str:
+def _neuron_list(indices: np.ndarray, shown: int = 8, noun: str = "neuron") -> str:
     listed = ", ".join(str(int(i)) for i in indices[:shown])
     more = f", ... ({len(indices) - shown} more)" if len(indices) > shown else ""
-    return f"neuron{'s' if len(indices) != 1 else ''} {listed}{more}"
+    return f"{noun}{'s' if len(indices) != 1 else ''} {listed}{more}"
 
 
 # ------------------------------------------------------------------ the user's own scores

@@ -77,8 +77,10 @@ def check_differentiable(model: nn.Module) -> None:
         raise AttributionError(
             f"Backward hooks are registered on {_listed(hooked)}; they can change gradients, "
             "so gradient-based scores would not be the model's derivatives (nor agree with "
-            "ablation). Remove them first (handle.remove() on the handle that "
-            "register_full_backward_hook returned), or use activation or ablation.")
+            "ablation); hooks left by one's own gradient code also append to its lists on "
+            "every backward. Remove them first (handle.remove() on the handle the register "
+            "call returned; without it, module._backward_hooks.clear()), or use activation "
+            "or ablation.")
 
 
 def _listed(names: list[str], shown: int = 5) -> str:

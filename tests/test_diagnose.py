@@ -240,7 +240,9 @@ def test_non_finite_scores_stop_the_other_checks():
         model.head.weight[0, 2] = float("nan")
     findings = at.diagnose(model, "fc", x, y, "gradient")
     assert [(f.code, f.severity) for f in findings] == [("non_finite", "problem")]
-    assert findings[0].value == pytest.approx(1 / WIDTH)  # neuron 2 on every sample (0 * NaN)
+    # class 0's logit is NaN on every sample (0 * NaN at neuron 2): the samples are named
+    assert findings[0].value == 1.0
+    assert "logits are NaN or inf on samples 0, 1, 2" in findings[0].message
     assert healthy_run()["non_finite"].severity == "ok"
 
 
@@ -308,9 +310,11 @@ def test_hooks_appended_across_calls_are_caught():
     model, (x, y) = HandSetNet().eval(), data()
     attribution = LeakyGradientAttribution(model)
     first = attribution.attribute(model.fc, x, y)
-    assert capture(model, first).severity == "ok"
+    assert capture(HandSetNet().eval(), first).severity == "ok"  # its weights, no hooks
     second = attribution.attribute(model.fc, x, y)
-    finding = capture(model, second)
+    with pytest.raises(at.AttributionError, match="Backward hooks are registered on 'fc'"):
+        capture(model, second)  # the leaky model itself: its hooks would change our gradients
+    finding = capture(HandSetNet().eval(), second)  # the same weights, without the hooks
     assert finding.severity == "problem" and finding.value == 3.0
     assert "hooks registered by earlier calls" in finding.message
 

@@ -1,0 +1,229 @@
+"""Paths that used to give numbers that look like data where the truth was something else:
+each now gives the right numbers or an AttributionError that says what happened."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.utils.prune
+from captum.testing.helpers.basic_models import BasicModel_MultiLayer
+from torch import nn
+
+import attribution as at
+from attribution import split
+from attribution.guards import eval_mode
+from attribution.split import FxRunner, HookRunner, runner_for
+
+from .zoo import ResidualMLP, build
+
+GRADIENT_METHODS = ("gradient", "gradient_x_activation", "integrated_gradients", "conductance")
+
+
+class DetachedTail(nn.Module):
+    """The head reads fc1's output through .detach(): gradients stop, the effect does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)).detach())
+
+
+@pytest.mark.parametrize("method", GRADIENT_METHODS)
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_detached_tail_is_named_not_scored_zero(method, frozen):
+    """Was: zeros (frozen parameters) or torch's 'appears to not have been used' error."""
+    torch.manual_seed(0)
+    model = DetachedTail().eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(not frozen)
+    x = torch.randn(12, 10)
+    assert at.neuron_scores(model, "fc1", x, None, "ablation").abs().sum() > 0  # it matters
+    with pytest.raises(at.AttributionError, match="cuts the graph after this layer"):
+        at.neuron_scores(model, "fc1", x, None, method, n_steps=4)
+
+
+@pytest.mark.parametrize("method", GRADIENT_METHODS)
+def test_a_layer_the_logits_do_not_use_is_named_not_scored_zero(method):
+    """Captum's unused-layer model: `relu` runs but the output uses `multi_relu`."""
+    model = BasicModel_MultiLayer(multi_input_module=True)
+    x = torch.tensor([[3.0, 4.0, 0.0], [1.0, -2.0, 5.0]])
+    assert at.neuron_scores(model, "relu", x, None, "ablation").abs().sum() == 0
+    with pytest.raises(at.AttributionError, match="do not depend on layer 'relu'"):
+        at.neuron_scores(model, "relu", x, torch.tensor([0, 1]), method, n_steps=4)
+
+
+@pytest.mark.parametrize("method", at.METHODS)
+def test_frozen_parameters_give_the_same_scores(method):
+    model, x, y = build("residual_mlp")
+    expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, method, n_steps=8),
+                               expected)
+
+
+def test_a_sample_with_nan_logits_gets_nan_gradient_scores_and_is_named_by_diagnose():
+    """Was: finite gradients for the NaN sample, and diagnose said every score is finite."""
+    model, x, y = build("residual_mlp")
+    x = x.clone()
+    x[[3, 17]] = float("nan")
+    for method in GRADIENT_METHODS + ("ablation",):
+        scores = at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+        assert not torch.isfinite(scores[[3, 17]]).any(), method
+        others = torch.ones(len(x), dtype=torch.bool)
+        others[[3, 17]] = False
+        assert torch.isfinite(scores[others]).all(), method
+    (finding,) = at.diagnose(model, "fc1", x, y, "gradient")
+    assert (finding.code, finding.severity) == ("non_finite", "problem")
+    assert "logits are NaN or inf on samples 3, 17" in finding.message
+    assert finding.value == pytest.approx(2 / len(x))
+
+
+def test_an_infinite_logit_makes_only_the_scores_that_read_it_nan():
+    """Class 0's logit is +inf everywhere: gradients of class 0 are NaN, of the other
+    classes exact; diagnose names the samples even for activation, which reads no logit."""
+    model, x, y = build("residual_mlp")
+    reference = at.neuron_scores(model, "fc2", x, "all", "gradient")
+    with torch.no_grad():
+        model.out.bias[0] = float("inf")
+    scores = at.neuron_scores(model, "fc2", x, "all", "gradient")
+    assert torch.isnan(scores[:, 0]).all()
+    torch.testing.assert_close(scores[:, 1:], reference[:, 1:])
+    (finding,) = at.diagnose(model, "fc2", x, y, "activation", cluster=None)
+    assert finding.code == "non_finite" and "samples 0, 1, 2" in finding.message
+    assert finding.value == 1.0
+
+
+def test_the_sample_ids_of_non_finite_logits_are_positions_in_the_inputs():
+    model, x, y = build("residual_mlp")
+    x = x.clone()
+    x[5] = float("inf")
+    clusters = np.arange(len(x)) % 2  # sample 5 is in cluster 1, as its 3rd member
+    (finding,) = at.diagnose(model, "fc1", x, y, "gradient", clusters, cluster=1)
+    assert "logits are NaN or inf on sample 5;" in finding.message
+
+
+def test_a_pruning_curve_refuses_samples_with_nan_logits():
+    """Was: an accuracy curve that counted the NaN samples as correct or wrong at random."""
+    model, x, y = build("residual_mlp")
+    x = x.clone()
+    x[7] = float("nan")
+    with pytest.raises(at.AttributionError, match="NaN or inf on sample.s. 7 before"):
+        at.pruning_curve(model, "fc1", x, y, np.arange(16.0), n_random=2)
+
+
+def test_a_forward_hook_on_the_model_counts_on_both_runners_even_when_added_later():
+    """Was: the fx runner cached before the hook skipped it (scores x1 where hooks gave x2)."""
+    model, x, y = build("residual_mlp")
+    plain = at.neuron_scores(model, "fc1", x, y, "gradient")
+    with eval_mode(model):
+        assert isinstance(runner_for(model, "fc1", model.fc1, x), FxRunner)
+    handle = model.register_forward_hook(lambda module, args, output: 2 * output)
+    try:
+        doubled = at.neuron_scores(model, "fc1", x, y, "gradient")
+        with eval_mode(model):
+            assert isinstance(runner_for(model, "fc1", model.fc1, x), HookRunner)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(doubled, 2 * plain)
+
+
+def test_forward_hooks_on_submodules_and_pre_hooks_count_the_same_on_both_runners():
+    """Forward hooks are part of the model's function: both runners see them (e.g.
+    torch.nn.utils.prune's pre-hook)."""
+    results = {}
+    for name in ("fx", "hooks"):
+        model, x, y = build("residual_mlp")
+        torch.nn.utils.prune.l1_unstructured(model.fc2, "weight", amount=0.5)
+        model.out.register_forward_hook(lambda module, args, output: output - output.mean())
+        with eval_mode(model):
+            runner = runner_for(model, "fc1", model.fc1, x)
+            if name == "hooks":
+                runner = HookRunner(model, "fc1", model.fc1)
+                runner.n_classes, runner.layer_size = 3, 16
+                split._CACHE[model]["fc1"] = runner
+        results[name] = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+                         for method in at.METHODS}
+    for method in at.METHODS:
+        torch.testing.assert_close(results["fx"][method], results["hooks"][method])
+
+
+@pytest.mark.parametrize("register", [
+    lambda model: model.fc1.register_full_backward_pre_hook(lambda m, grad: (3 * grad[0],)),
+    lambda model: model.out.register_full_backward_hook(lambda m, gin, gout: (5 * gin[0],)),
+    lambda model: model.register_full_backward_hook(lambda m, gin, gout: None),
+], ids=["pre-hook on the layer", "hook after the layer", "hook on the model"])
+@pytest.mark.parametrize("runner_kind", ["fx", "hooks"])
+def test_backward_hooks_are_refused_for_gradients_on_both_runners(register, runner_kind):
+    """Was: x3 on the hook runner but x1 on fx for a pre-hook on the layer, x5 on both for a
+    hook after it: gradients that were not the model's derivatives, differently per runner."""
+    model, x, y = build("residual_mlp")
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+                for method in ("activation", "ablation")}
+    if runner_kind == "hooks":
+        with eval_mode(model):
+            runner = HookRunner(model, "fc1", model.fc1)
+            runner.n_classes, runner.layer_size = 3, 16
+            split._CACHE[model]["fc1"] = runner
+    handle = register(model)
+    try:
+        for method in GRADIENT_METHODS:
+            with pytest.raises(at.AttributionError, match="Backward hooks are registered"):
+                at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+        for method, scores in expected.items():  # no gradient, nothing to refuse
+            torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, method), scores)
+    finally:
+        handle.remove()
+    at.neuron_scores(model, "fc1", x, y, "gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_every_method_runs_a_model_of_another_float_dtype(dtype):
+    """Was: integrated_gradients and conductance failed on half-precision models (float32
+    interpolation steps fed to float16 layers)."""
+    model, x, y = build("residual_mlp")
+    tolerance = {torch.float64: 1e-5, torch.float16: 2e-2, torch.bfloat16: 0.15}[dtype]
+    cast = build("residual_mlp")[0].to(dtype)
+    for method in at.METHODS:
+        expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8)
+        scores = at.neuron_scores(cast, "fc1", x, y, method, n_steps=8)
+        assert scores.dtype == torch.float32
+        scale = expected.abs().max()
+        assert (scores - expected).abs().max() <= tolerance * scale, method
+
+
+def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
+    """Was: torch's 'Tensor.item() cannot be called on meta tensors'."""
+    with torch.device("meta"):
+        model = ResidualMLP()
+    x, y = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+    for call in (lambda: at.neuron_scores(model, "fc1", x, y),
+                 lambda: at.pruning_curve(model, "fc1", x, y, np.arange(16.0)),
+                 lambda: at.diagnose(model, "fc1", x, y)):
+        with pytest.raises(at.AttributionError, match="meta device.*to_empty"):
+            call()
+
+
+def test_inputs_that_require_grad_are_scored_the_same_and_get_no_grad():
+    model, x, y = build("residual_mlp")
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+                for method in at.METHODS}
+    leaf = x.clone().requires_grad_(True)
+    for method in at.METHODS:
+        torch.testing.assert_close(at.neuron_scores(model, "fc1", leaf, y, method, n_steps=4),
+                                   expected[method])
+    assert leaf.grad is None and all(p.grad is None for p in model.parameters())
+
+
+def test_a_model_left_in_train_mode_with_dropout_scores_as_in_eval_mode():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    x = torch.randn(20, 6)
+    expected = {method: at.neuron_scores(model.eval(), "0", x, None, method, n_steps=4)
+                for method in at.METHODS}
+    model.train()
+    for method in at.METHODS:
+        torch.testing.assert_close(at.neuron_scores(model, "0", x, None, method, n_steps=4),
+                                   expected[method])
+    assert model.training
