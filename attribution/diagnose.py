@@ -47,9 +47,9 @@ from .guards import eval_mode
 from .layers import run_logits
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve, spaced_ks
-from .scores import (REDUCTIONS, Inputs, _as_batch_tensor, _check_method, cluster_codes,
-                     iter_labelled_batches, model_device, neuron_scores, on_device,
-                     score_batches)
+from .scores import (Inputs, _as_batch_tensor, _check_method, check_reduce, cluster_codes,
+                     find_cluster, iter_labelled_batches, model_device, neuron_scores,
+                     on_device, score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
@@ -136,8 +136,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         user_scores is given; only non_finite when the logits or scores are not finite.
     """
     _check_method(method)
-    if reduce not in REDUCTIONS:
-        raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
+    check_reduce(reduce)
     model = on_device(model, device)
     x, targets = _materialise(model, inputs, targets, batch_size)
     names, codes = _analysed(clusters, cluster, x.shape[0])
@@ -243,9 +242,7 @@ def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
     codes, ids = cluster_codes(clusters, total)
     if cluster is None:
         return list(ids), codes
-    if cluster not in ids:
-        shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
-        raise AttributionError(f"Cluster {cluster!r} is not among the cluster ids ({shown}).")
+    cluster = find_cluster(cluster, ids)
     return [cluster], np.where(codes == ids.get_loc(cluster), 0, -1)
 
 

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Sub
 
 from . import model_io, pruning
 from .errors import AttributionError
-from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
+from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes, find_cluster,
                      cluster_statistics as shard_statistics, n_samples, on_device,
                      resolve_device)
 
@@ -331,10 +331,7 @@ def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clu
     """`attribution.cluster_pruning_curves` (subsets "cluster" and "rest"), sharded over the
     ranks of `group`; arguments and limits as in `pruning_curve` here."""
     codes, ids = cluster_codes(clusters, n_samples(inputs))
-    if cluster not in ids:
-        shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
-        raise AttributionError(f"Cluster {cluster!r} is not among the cluster ids ({shown}).")
-    in_cluster = codes == ids.get_loc(cluster)
+    in_cluster = codes == ids.get_loc(find_cluster(cluster, ids))
     return _pooled_curves(model, layer, inputs, targets, scores, in_cluster, dict(
         ks=ks, n_random=n_random, seed=seed, ablation=ablation, metric=metric,
         batch_size=batch_size, progress=progress), device, group)

@@ -24,7 +24,8 @@ from torch import nn
 from . import model_io
 from .errors import AttributionError
 from .methods import METHODS, methods_for
-from .scores import REDUCTIONS, Inputs, _check_method, cluster_codes, cluster_scores, n_samples
+from .scores import (Inputs, _check_method, check_reduce, cluster_codes, cluster_scores,
+                     n_samples)
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
                   "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k")
@@ -63,8 +64,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         raise AttributionError("Pass at least one method to compare with the oracle.")
     for method in methods:
         _check_method(method)
-    if reduce not in REDUCTIONS:
-        raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
+    check_reduce(reduce)
     if isinstance(targets, str):
         raise AttributionError("The oracle is the drop of one target logit per sample: pass a "
                                "LongTensor of class ids or None (the predicted class).")

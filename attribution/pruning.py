@@ -32,7 +32,7 @@ from .guards import autograd_on, eval_mode
 from .layers import resolve_layer
 from .model_io import NamedInputs
 from .scores import (_as_batch_tensor, _batch_labels, _check_targets,
-                     _validated, Inputs, cluster_codes, iter_labelled_batches, model_device,
+                     _validated, Inputs, cluster_codes, find_cluster, iter_labelled_batches, model_device,
                      n_samples, on_device)
 from .split import runner_for
 
@@ -112,10 +112,7 @@ def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clu
         with n_samples and random_curves keyed by subset.
     """
     codes, ids = cluster_codes(clusters, n_samples(inputs))
-    if cluster not in ids:
-        shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
-        raise AttributionError(f"Cluster {cluster!r} is not among the cluster ids ({shown}).")
-    in_cluster = codes == ids.get_loc(cluster)
+    in_cluster = codes == ids.get_loc(find_cluster(cluster, ids))
     groups = np.where(in_cluster, 0, 1)
     return _curves(model, layer, inputs, targets, scores, groups, ("cluster", "rest"), ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,

@@ -6,14 +6,15 @@
     html_text, tables = render_report(content), report_csvs(content)  # tables: name -> CSV
 
 The dashboard assembles a `ReportContent` from what it already computed (`assemble`); the
-command line calls `build_report`. plotly.js is embedded inline (the file opens without a
+command line calls `build_report`. Both take their targets, cluster rows and pruning-curve
+choices from `AnalysisSettings` (attribution/analysis.py), as the dashboard's pages do. plotly.js is embedded inline (the file opens without a
 network), and every user-supplied string is HTML-escaped.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import html
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 from plotly.offline import get_plotlyjs
 
 from . import plots
+from .analysis import AnalysisSettings, cluster_label
 from .data import Dataset, make_clusters, predict_classes
 from .diagnose import diagnose
 from .errors import AttributionError
@@ -30,72 +32,8 @@ from .layers import LayerInfo
 from .loading import LoadedModel
 from .methods import METHODS
 from .oracle import oracle_agreement
-from .pruning import cluster_pruning_curves, curve_summary, spaced_ks
-from .scores import REDUCTIONS, neuron_scores
-
-TARGETS = ("true", "predicted", "fixed")
-CURVE_K_STEPS = 128  # pruning curves of wider layers use evenly spaced k (every k: minutes)
-TARGET_LABELS = {"true": "true class", "predicted": "predicted class", "fixed": "a fixed class"}
-CLUSTER_SOURCE_LABELS = {
-    "label": "true label", "predicted": "predicted label",
-    "correctness": "correct vs misclassified", "provided": "provided cluster column",
-    "kmeans_inputs": "k-means on the inputs", "kmeans_activations": "k-means on the layer",
-}
-
-
-@dataclass(frozen=True)
-class AnalysisSettings:
-    """Every choice behind one view of the results (the dashboard's sidebar, the CLI's flags).
-
-    Attributes:
-        layer: dotted layer name.
-        method: the main scoring method; `compare` adds methods shown beside it.
-        cluster_source: one of `CLUSTER_SOURCE_LABELS` (`attribution.data.make_clusters`).
-        k: number of clusters for the k-means sources.
-        cluster: the cluster in focus; None = the first cluster id.
-        reduce: "mean" (signed) or "mean_abs".
-        target: "true" (labels), "predicted" or "fixed" (`fixed_class` for every sample).
-        metric: pruning-curve metric: "accuracy", "target_logit" or "loss".
-        n_random: random orders forming the pruning curves' band.
-    """
-
-    layer: str
-    method: str = "gradient_x_activation"
-    compare: tuple[str, ...] = ()
-    cluster_source: str = "label"
-    k: int = 8
-    cluster: object = None
-    reduce: str = "mean"
-    target: str = "true"
-    fixed_class: int = 0
-    metric: str = "accuracy"
-    n_random: int = 20
-    batch_size: int = 256
-    seed: int = 0
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The main method first, then the compared ones (no repeats)."""
-        return tuple(dict.fromkeys((self.method,) + tuple(self.compare)))
-
-    def describe(self, class_names: Optional[Sequence[str]] = None) -> dict[str, str]:
-        """Label -> value, in words, for tables and reports."""
-        target = TARGET_LABELS.get(self.target, self.target)
-        if self.target == "fixed":
-            target = f"class {_class_label(self.fixed_class, class_names)}"
-        source = CLUSTER_SOURCE_LABELS.get(self.cluster_source, self.cluster_source)
-        if self.cluster_source.startswith("kmeans"):
-            source += f" (k = {self.k})"
-        return {
-            "layer": self.layer, "clusters from": source,
-            "cluster in focus": cluster_label(self.cluster, self.cluster_source, class_names),
-            "method": plots.method_label(self.method),
-            "compared with": ", ".join(plots.method_label(m) for m in self.methods[1:]) or "-",
-            "reduction": plots.REDUCTION_LABELS.get(self.reduce, self.reduce),
-            "target logit": target, "pruning metric": self.metric,
-            "random orders": str(self.n_random), "batch size": str(self.batch_size),
-            "seed": str(self.seed),
-        }
+from .pruning import curve_summary
+from .scores import neuron_scores
 
 
 @dataclass
@@ -140,47 +78,6 @@ class ReportContent:
     metric: str = "accuracy"
     cluster_labels: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
-
-
-def cluster_label(cluster: object, source: str, class_names: Optional[Sequence[str]]) -> str:
-    """e.g. "3 (three)" for clusters that are classes, when the classes have names; else the
-    id itself."""
-    if (source in ("label", "predicted") and class_names is not None
-            and isinstance(cluster, (int, np.integer)) and 0 <= cluster < len(class_names)):
-        return f"{cluster} ({class_names[cluster]})"
-    return str(cluster)
-
-
-def _class_label(class_id: int, class_names: Optional[Sequence[str]]) -> str:
-    if class_names is not None and 0 <= class_id < len(class_names):
-        return f"{class_id} ({class_names[class_id]})"
-    return str(class_id)
-
-
-def scoring_targets(dataset: Dataset, target: str, fixed_class: int = 0,
-                    n_classes: Optional[int] = None) -> Optional[torch.Tensor]:
-    """The logit each sample is scored for: LongTensor [N], or None (the predicted class)."""
-    if target == "predicted":
-        return None
-    if target == "true":
-        if dataset.labels is None:
-            raise AttributionError("This data has no labels, so there is no true class to "
-                                   "score; choose the predicted class or a fixed class.")
-        return dataset.labels
-    if target == "fixed":
-        if n_classes is not None and not 0 <= fixed_class < n_classes:
-            raise AttributionError(f"The fixed class must lie in 0..{n_classes - 1}.")
-        return torch.full((len(dataset),), int(fixed_class), dtype=torch.long)
-    raise AttributionError(f"Unknown target {target!r}; use one of {', '.join(TARGETS)}.")
-
-
-def curve_targets(dataset: Dataset, metric: str,
-                  scoring: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Targets of the pruning curves: accuracy is measured against the labels (against the
-    unpruned model's predictions without labels); logit and loss follow the scoring target."""
-    if metric == "accuracy":
-        return dataset.labels
-    return scoring
 
 
 def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster: object,
@@ -269,7 +166,7 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
         clusters: cluster id per sample [N]; settings.cluster must be one of them.
         curves: `cluster_pruning_curves` output, or None.
     """
-    focus = np.asarray(clusters) == settings.cluster
+    focus = settings.cluster_rows(clusters)
     tidy = pd.concat([plots.tidy_cluster_scores(
         plots.cluster_table(per_sample[m], clusters, settings.reduce), m)
         for m in settings.methods], ignore_index=True)
@@ -319,9 +216,6 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     for method in settings.methods:
         if method not in METHODS:
             raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
-    if settings.reduce not in REDUCTIONS:
-        raise AttributionError(f"Unknown reduce {settings.reduce!r}; use one of "
-                               f"{', '.join(REDUCTIONS)}.")
     model = loaded.module
     layers = loaded.layers()
     if settings.layer not in {info.name for info in layers}:
@@ -330,30 +224,18 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     step(0.0, "clusters")
     clusters = make_clusters(settings.cluster_source, dataset, loaded, settings.layer,
                              settings.k, settings.seed, batch_size=settings.batch_size)
-    ids = sorted(set(clusters.tolist()), key=str)
-    if settings.cluster is None:
-        settings = replace(settings, cluster=ids[0])
-    elif settings.cluster not in ids:
-        matches = [c for c in ids if str(c) == str(settings.cluster)]
-        if not matches:
-            raise AttributionError(f"Cluster {settings.cluster!r} is not among the clusters "
-                                   f"({', '.join(map(str, ids[:20]))}).")
-        settings = replace(settings, cluster=matches[0])
-    targets = scoring_targets(dataset, settings.target, settings.fixed_class, loaded.n_classes)
+    settings = settings.with_cluster_of(clusters)
+    targets = settings.targets(dataset, loaded.n_classes)
     per_sample = {}
     for index, method in enumerate(settings.methods):
         step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
         per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
                                            method, batch_size=settings.batch_size,
                                            seed=settings.seed).numpy()
-    focus = np.asarray(clusters) == settings.cluster
-    row = plots.cluster_table(per_sample[settings.method], clusters, settings.reduce)
+    focus = settings.cluster_rows(clusters)
     step(0.4, "pruning curves")
-    curves = cluster_pruning_curves(
-        model, settings.layer, dataset.inputs, curve_targets(dataset, settings.metric, targets),
-        clusters, settings.cluster, row.loc[settings.cluster].drop("n").to_numpy(),
-        ks=spaced_ks(len(row.columns) - 1, CURVE_K_STEPS), n_random=settings.n_random,
-        seed=settings.seed, metric=settings.metric, batch_size=settings.batch_size)
+    curves = settings.pruning_curves(model, dataset, clusters, targets,
+                                     settings.ranking(per_sample[settings.method], clusters))
     focus_targets = None if targets is None else targets[torch.from_numpy(focus)]
     focus_inputs = dataset.inputs[torch.from_numpy(focus)]
     step(0.6, "diagnosis")

@@ -291,6 +291,25 @@ def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray,
     return codes.astype(np.int64), pd.Index(uniques, name="cluster")
 
 
+def find_cluster(wanted: object, ids: Sequence) -> object:
+    """The id among `ids` that is `wanted`, or else the one that prints as `wanted` does (the
+    command line's "3" is the cluster 3); AttributionError naming the ids otherwise."""
+    index = pd.Index(ids)
+    if wanted in index:
+        return index[index.get_loc(wanted)]
+    matches = [candidate for candidate in index if str(candidate) == str(wanted)]
+    if len(matches) == 1:
+        return matches[0]
+    shown = ", ".join(map(str, index[:20])) + (", ..." if len(index) > 20 else "")
+    raise AttributionError(f"Cluster {wanted!r} is not among the cluster ids ({shown}).")
+
+
+def check_reduce(reduce: str) -> None:
+    """AttributionError unless `reduce` is one of REDUCTIONS."""
+    if reduce not in REDUCTIONS:
+        raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
+
+
 @dataclass
 class ClusterStatistics:
     """Running per-cluster sums of scores: every reduction follows, and shards add up.
@@ -313,9 +332,7 @@ class ClusterStatistics:
 
     def frame(self, reduce: str = "mean") -> pd.DataFrame:
         """The `cluster_scores` table for `reduce` ("mean", "mean_abs" or "std")."""
-        if reduce not in REDUCTIONS:
-            raise AttributionError(f"Unknown reduce {reduce!r}; use one of "
-                                   f"{', '.join(REDUCTIONS)}.")
+        check_reduce(reduce)
         sizes = self.counts.view((-1,) + (1,) * (self.sums.dim() - 1))
         if reduce == "mean":
             table = self.sums / sizes
@@ -381,8 +398,7 @@ def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, cl
         (0..n_neurons-1) and a column "n" (cluster size). For targets="all" the index is
         (cluster, class): `df.loc[c]` is the classes x neurons table of cluster c.
     """
-    if reduce not in REDUCTIONS:
-        raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
+    check_reduce(reduce)
     codes, ids = cluster_codes(clusters, n_samples(inputs))
     statistics = cluster_statistics(model, layer, inputs, targets, codes, ids, method,
                                     batch_size=batch_size, n_steps=n_steps,

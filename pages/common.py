@@ -27,8 +27,8 @@ from attribution import plots
 from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.demo import DEMO_DIR, DEMOS, load_demo
 from attribution.loading import LoadedModel, load_model
-from attribution.report import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
-                                cluster_label, scoring_targets)
+from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
+                                  cluster_label)
 from attribution.verdict import cluster_composition, describe_mix
 
 TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST_CODE") == "1"
@@ -226,7 +226,7 @@ class Context:
     @property
     def focus(self) -> np.ndarray:
         """bool [N]: the samples of the cluster in focus."""
-        return self.clusters == self.settings.cluster
+        return self.settings.cluster_rows(self.clusters)
 
     @property
     def n_neurons(self) -> int:
@@ -262,6 +262,13 @@ class Context:
 
     def cluster_label(self, cluster: Any) -> str:
         return cluster_label(cluster, self.settings.cluster_source, self.ws.class_names)
+
+    def pruning_curves(self, **run):
+        """The focus cluster's pruning curves against the rest, ranked by the main method's
+        cluster scores (`AnalysisSettings.pruning_curves`); `run`: progress=, resume=."""
+        s = self.settings
+        return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
+                                s.ranking(self.scores(s.method), self.clusters), **run)
 
     def curve_key(self) -> tuple:
         s = self.settings
@@ -352,6 +359,76 @@ def _sync_url() -> None:
         st.query_params.from_dict(choices)
 
 
+CLUSTER_SHOWN = "cluster_shown"  # session state: what the last run's cluster choice was
+
+
+@dataclass(frozen=True)
+class ClusterShown:
+    """The cluster in focus as the last run showed it, and the partition it belongs to."""
+
+    partition: tuple  # equal for partitions whose equal ids name the same group
+    labels_key: tuple  # what the option labels follow from (they change with it)
+    cluster: Any
+    label: str
+    words: str  # the partition in words, e.g. "k-means on the inputs (k = 8)"
+    title: str  # the model and data
+
+
+def _partition_words(source: str, k: int, layer: str) -> str:
+    words = CLUSTER_SOURCE_LABELS.get(source, source)
+    if source == "kmeans_activations":
+        words = f"k-means on layer {layer}"
+    return words + (f" (k = {k})" if source.startswith("kmeans") else "")
+
+
+def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
+    """Give the Cluster widget a cluster of the current partition before it is drawn.
+
+    Ids of class-valued sources name the same group in any data (class 3 of the true and of
+    the predicted labels; a correctness or provided name); k-means ids name nothing beyond
+    their own clustering. A cluster
+    chosen in a partition where it does not exist (other source, k, layer or data) is
+    replaced by the first cluster, and a notice says which and why. Streamlit's selectbox
+    keeps the option's label as its value, so the value is set again whenever the labels
+    may have changed: the widget then never shows a label of another partition."""
+    state = st.session_state
+    kmeans = source.startswith("kmeans")
+    layer = state["w_layer"] if source == "kmeans_activations" else ""
+    class_valued = "classes" if source in ("label", "predicted") else source
+    partition = (source, state["w_k"], layer, ws.key) if kmeans else (class_valued,)
+    labels_key = (ws.key,) + partition
+    last = state.get(CLUSTER_SHOWN)
+    # a run stopped before the sidebar was drawn makes Streamlit forget the widget's value
+    chosen = state.get("w_cluster", None if last is None else last.cluster)
+    wanted = _from_url().pop("w_cluster", None)
+    if wanted is not None:
+        chosen = next((c for c in ids if str(c) == wanted), ids[0])
+    elif last is not None and (chosen not in ids or last.partition != partition):
+        chosen = ids[0]
+        if last.cluster is not None:
+            words = _partition_words(source, state["w_k"], layer)
+            old, new = last.words, words
+            if last.title != ws.title:
+                old, new = f"{old} of {last.title}", f"{new} of {ws.title}"
+            notice = (f"Cluster {last.label} of {old} does not exist in {new} "
+                      f"({len(ids)} clusters); showing cluster "
+                      f"{cluster_label(chosen, source, ws.class_names)}.")
+            state["cluster_notice"] = (partition, chosen, notice)
+            st.toast(escape_markdown(notice), icon=":material/swap_horiz:")
+    elif chosen not in ids:
+        chosen = ids[0]
+    if chosen != state.get("w_cluster") or last is None or last.labels_key != labels_key:
+        state["w_cluster"] = chosen  # sent to the browser with the current labels
+    shown = state.get("cluster_notice")
+    if shown is not None and shown[:2] == (partition, chosen):
+        bar.warning(escape_markdown(shown[2]), icon=":material/swap_horiz:")
+    else:
+        state.pop("cluster_notice", None)
+    state[CLUSTER_SHOWN] = ClusterShown(
+        partition, labels_key, chosen, cluster_label(chosen, source, ws.class_names),
+        _partition_words(source, state["w_k"], layer), ws.title)
+
+
 def sidebar() -> Optional[Context]:
     """Draw the sidebar choices; store and return the context (None after an error shown)."""
     bar = st.sidebar
@@ -412,7 +489,7 @@ def sidebar() -> Optional[Context]:
             _predictions(ws.key, ws.loaded, ws.data)
         composition = cluster_composition(clusters, classes, ws.class_names)
         mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
-    _prepare("w_cluster", id_list, id_list[0])
+    _prepare_cluster(ws, cluster_by, id_list, bar)
     bar.selectbox("Cluster", id_list, key="w_cluster",
                   format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
                                         f"{sizes[c]} samples{mixes.get(c, '')}",
@@ -455,8 +532,7 @@ def sidebar() -> Optional[Context]:
         reduce=state["w_reduce"], target=state["w_target"], fixed_class=state["w_class"],
         metric=page_choice("w_metric"), n_random=page_choice("w_random"),
         batch_size=state["w_batch"])
-    targets = scoring_targets(ws.data, settings.target, settings.fixed_class,
-                              ws.loaded.n_classes)
+    targets = settings.targets(ws.data, ws.loaded.n_classes)
     ctx = Context(ws, settings, clusters, targets)
     st.session_state["context"] = ctx
     _sync_url()

@@ -8,8 +8,7 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution import plots
-from attribution.report import assemble, curve_targets, model_facts, render_report, report_csvs
+from attribution.report import assemble, model_facts, render_report, report_csvs
 from pages import common
 
 common.require_entrypoint()
@@ -32,9 +31,9 @@ st.markdown("One HTML file that opens offline in any browser: the settings, the 
             "summary, the findings, the heatmap, ranked neurons, method comparison, pruning "
             "curves and the agreement with ablation, with interactive charts. The CSV bundle "
             "holds every table.")
-described = s.describe(ctx.ws.class_names)
-st.table(pd.DataFrame({"value": list(described.values())},
-                      index=pd.Index(list(described), name="setting")))
+described = s.describe(ctx.ws.class_names)  # names from the data: a table of plain text
+st.dataframe(pd.DataFrame({"setting": list(described), "value": list(described.values())}),
+             hide_index=True, width="content")
 
 key = ctx.curve_key() + (s.methods,)
 built = st.session_state.get("report")
@@ -46,15 +45,9 @@ if st.button("Build report", type="primary", icon=":material/description:"):
         progress.progress(0.2, text="Pruning curves…")
         finished = st.session_state.setdefault("curves", {})
         curves = finished.get(ctx.curve_key())
-        if curves is None:
-            row = plots.cluster_table(per_sample[s.method], ctx.clusters,
-                                      s.reduce).loc[s.cluster].drop("n")
-            curves = at.cluster_pruning_curves(
-                ctx.ws.model, s.layer, ctx.ws.data.inputs,
-                curve_targets(ctx.ws.data, s.metric, ctx.targets), ctx.clusters, s.cluster,
-                row.to_numpy(), n_random=s.n_random, metric=s.metric,
-                batch_size=s.batch_size,
-                progress=lambda f, _: progress.progress(0.2 + 0.4 * f, text="Pruning curves…"))
+        if curves is None:  # the Pruning page's curves: the same settings, the same call
+            curves = ctx.pruning_curves(progress=lambda f, _: progress.progress(
+                0.2 + 0.4 * f, text="Pruning curves…"))
             finished[ctx.curve_key()] = curves
         progress.progress(0.6, text="Degeneracy checks…")
         findings = ctx.findings()

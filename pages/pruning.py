@@ -9,8 +9,7 @@ import streamlit as st
 
 import attribution as at
 from attribution import plots
-from attribution.pruning import spaced_ks
-from attribution.report import CURVE_K_STEPS, curve_sentences, curve_targets
+from attribution.report import curve_sentences
 from pages import common
 
 common.require_entrypoint()
@@ -91,7 +90,7 @@ if key in finished:
     summarise(finished[key])
 elif key in stopped:
     if stopped[key] is not None:
-        done, total = stopped[key]["k"].nunique(), len(spaced_ks(n_neurons, CURVE_K_STEPS))
+        done, total = stopped[key]["k"].nunique(), len(s.curve_ks(n_neurons))
         show(stopped[key], f"Stopped: the curve shows the {done} of {total} k values computed "
                            "before the stop; continuing computes only the rest.")
         summarise(stopped[key], so_far=True)
@@ -104,8 +103,7 @@ else:
     scores = common.guarded(lambda: ctx.scores(s.method))
     if scores is None:
         st.stop()
-    row = plots.cluster_table(scores, ctx.clusters, s.reduce).loc[s.cluster].drop("n")
-    ks = spaced_ks(n_neurons, CURVE_K_STEPS)
+    ks = s.curve_ks(n_neurons)
     resume = partials.get(key)
     status = st.empty()
     start_fraction = 0.0 if resume is None else resume["k"].nunique() / len(ks)
@@ -139,11 +137,7 @@ else:
                              key=f"partial_curve_{n_draws[0]}")
 
     def compute(resume_from):
-        return at.cluster_pruning_curves(
-            ctx.ws.model, s.layer, ctx.ws.data.inputs,
-            curve_targets(ctx.ws.data, s.metric, ctx.targets), ctx.clusters, s.cluster,
-            row.to_numpy(), ks=ks, n_random=s.n_random, metric=s.metric,
-            batch_size=s.batch_size, progress=on_progress, resume=resume_from)
+        return ctx.pruning_curves(progress=on_progress, resume=resume_from)
 
     def compute_resuming():
         try:

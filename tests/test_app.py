@@ -2,6 +2,7 @@
 import base64
 import io
 import json
+import re
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ import attribution as at
 from attribution import plots
 from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS, spaced_ks
+from attribution.report import collect_report
 from pages import common
 from tests.conftest import ROOT
 from tests.zoo import token_files
@@ -552,3 +554,97 @@ def test_stop_button_keeps_the_points_computed_so_far():
     assert len(values(ranked[0]["x"])) == 5
     app.button[0].click().run()
     assert key in app.session_state["curves"] and not app.button
+
+
+def unescaped(text: str) -> str:
+    """Markdown text as it reads on screen (backslash escapes removed)."""
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def assert_cluster_options_of(app: AppTest, clusters: np.ndarray) -> None:
+    """Every option label of the Cluster box names a cluster of `clusters` with its size."""
+    ids, counts = np.unique(clusters, return_counts=True)
+    options = sidebar_widget(app, "w_cluster").options
+    assert len(options) == len(ids)
+    for option, cluster, count in zip(options, ids.tolist(), counts.tolist()):
+        assert option.startswith(f"{cluster}") and f" · {count} samples" in option, option
+
+
+def test_a_cluster_that_does_not_exist_in_the_new_partition_is_replaced_visibly():
+    app = run_app()
+    sidebar_widget(app, "w_cluster").set_value(7).run()
+    sidebar_widget(app, "w_cluster_by").set_value("kmeans_inputs").run()
+    assert_clean(app)
+    clusters = app.session_state["context"].clusters
+    notice = ("Cluster 7 (seven) of true label does not exist in k-means on the inputs "
+              f"(k = 8) ({len(np.unique(clusters))} clusters); showing cluster 0.")
+    assert [unescaped(t.value) for t in app.toast] == [notice]
+    assert [unescaped(w.value) for w in app.sidebar.warning] == [notice]
+    assert sidebar_widget(app, "w_cluster").value == 0
+    assert app.session_state["context"].settings.cluster == 0
+    assert app.query_params["cluster"] == "0"
+    assert_cluster_options_of(app, clusters)
+    app.switch_page("pages/pruning.py").run()  # the choice survives a page switch
+    assert_clean(app)
+    assert sidebar_widget(app, "w_cluster").value == 0 and app.query_params["cluster"] == "0"
+    assert not app.toast
+    sidebar_widget(app, "w_cluster").set_value(5).run()  # a choice in this partition: no notice
+    assert_clean(app)
+    assert not app.sidebar.warning and app.session_state["context"].settings.cluster == 5
+    sidebar_widget(app, "w_k").set_value(9).run()  # k-means with another k: another partition
+    assert "Cluster 5 of k-means on the inputs (k = 8) does not exist in k-means on the " \
+        "inputs (k = 9) (9 clusters); showing cluster 0." in [unescaped(t.value)
+                                                               for t in app.toast]
+    assert_cluster_options_of(app, app.session_state["context"].clusters)
+
+
+def test_a_cluster_kept_when_it_exists_and_replaced_visibly_after_new_data():
+    app = run_app()
+    sidebar_widget(app, "w_cluster").set_value(3).run()
+    sidebar_widget(app, "w_cluster_by").set_value("predicted").run()  # class 3 is predicted too
+    assert_clean(app)
+    assert not app.toast and sidebar_widget(app, "w_cluster").value == 3
+    assert_cluster_options_of(app, app.session_state["context"].clusters)
+    sidebar_widget(app, "w_cluster_by").set_value("label").run()
+    inputs, labels = _digits()
+    without_three = labels != 3
+    app = upload(app, ("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET),
+                 ("d.npz", _npz(inputs=inputs[without_three], labels=labels[without_three]),
+                  OCTET))
+    assert_clean(app)
+    toasts = [unescaped(t.value) for t in app.toast]
+    assert toasts == ["Cluster 3 (three) of true label of Demo: digits MLP does not exist in "
+                      "true label of m.pt2 + d.npz (9 clusters); showing cluster "
+                      "0 (zero)."], toasts
+    assert sidebar_widget(app, "w_cluster").value == 0
+    assert_cluster_options_of(app, app.session_state["context"].clusters)
+
+
+def test_export_page_pruning_page_and_report_compute_identical_curves(tmp_path):
+    """One set of settings, one answer (issue 10.4): the Share & export page once computed
+    every k of a wide layer and kept it under the Pruning page's key (which evaluates
+    evenly spaced k), and the report passed a seed the pages did not."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 300), nn.ReLU(), nn.Linear(300, 3)).eval()
+    x = torch.randn(60, 4)
+    program = torch.export.export(model, (x[:4],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=(torch.arange(60) % 3).numpy())
+    app = upload(run_app({"random": "5"}), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
+                 ("d.npz", (tmp_path / "d.npz").read_bytes(), OCTET))
+    sidebar_widget(app, "w_layer").set_value("0")
+    app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    ctx = app.session_state["context"]
+    key = ctx.curve_key()
+    on_pruning_page = app.session_state["curves"][key]
+    app.session_state["curves"] = {}  # the export page computes its own
+    app.switch_page("pages/export.py").run()
+    next(b for b in app.button if b.label == "Build report").click().run()
+    assert_clean(app)
+    on_export_page = app.session_state["curves"][key]
+    in_report = collect_report(ctx.ws.loaded, ctx.ws.data, ctx.settings).curves
+    assert on_pruning_page["k"].nunique() == len(ctx.settings.curve_ks(300)) < 301
+    for other in (on_export_page, in_report):
+        pd.testing.assert_frame_equal(other, on_pruning_page)

@@ -11,7 +11,7 @@ import torch
 from plotly.offline import get_plotlyjs
 
 import attribution as at
-from attribution import plots, report
+from attribution import analysis, plots, report
 from attribution.demo import load_demo
 from attribution.diagnose import Finding
 
@@ -118,7 +118,7 @@ def test_collect_report_refuses_bad_settings(demo):
     loaded, dataset = demo
     for bad, words in ((replace(SETTINGS, layer="nope"), "Unknown layer"),
                        (replace(SETTINGS, method="nope"), "Unknown method"),
-                       (replace(SETTINGS, cluster=42), "not among the clusters"),
+                       (replace(SETTINGS, cluster=42), "not among the cluster ids"),
                        (replace(SETTINGS, target="fixed", fixed_class=10), "0..9")):
         with pytest.raises(at.AttributionError, match=words):
             report.collect_report(loaded, dataset, bad)
@@ -133,15 +133,40 @@ def test_cluster_given_as_text_is_matched_and_none_means_the_first(demo):
 
 def test_scoring_and_curve_targets(demo):
     _, dataset = demo
-    assert report.scoring_targets(dataset, "predicted") is None
-    assert torch.equal(report.scoring_targets(dataset, "true"), dataset.labels)
-    fixed = report.scoring_targets(dataset, "fixed", 4, n_classes=10)
+    assert replace(SETTINGS, target="predicted").targets(dataset) is None
+    assert torch.equal(replace(SETTINGS, target="true").targets(dataset), dataset.labels)
+    fixed_settings = replace(SETTINGS, target="fixed", fixed_class=4)
+    fixed = fixed_settings.targets(dataset, n_classes=10)
     assert fixed.dtype == torch.long and set(fixed.tolist()) == {4}
-    assert report.curve_targets(dataset, "accuracy", fixed) is dataset.labels
-    assert report.curve_targets(dataset, "loss", fixed) is fixed
+    assert fixed_settings.curve_targets(dataset.labels, fixed) is dataset.labels
+    assert replace(fixed_settings, metric="loss").curve_targets(dataset.labels, fixed) is fixed
     unlabelled = replace(dataset, labels=None)
     with pytest.raises(at.AttributionError, match="no labels"):
-        report.scoring_targets(unlabelled, "true")
+        SETTINGS.targets(unlabelled)
+    with pytest.raises(at.AttributionError, match="0..9"):
+        replace(SETTINGS, target="fixed", fixed_class=10).targets(dataset, n_classes=10)
+    for bad, words in ((dict(reduce="median"), "Unknown reduce"),
+                       (dict(target="all"), "Unknown target")):
+        with pytest.raises(at.AttributionError, match=words):
+            replace(SETTINGS, **bad)
+
+
+def test_settings_decide_the_cluster_its_rows_and_the_curve_ks():
+    clusters = np.array(["b", "a", "b", "c"])
+    assert replace(SETTINGS, cluster=None).with_cluster_of(clusters).cluster == "a"
+    settings = replace(SETTINGS, cluster="b").with_cluster_of(clusters)
+    assert settings.cluster_rows(clusters).tolist() == [True, False, True, False]
+    numbered = replace(SETTINGS, cluster="7").with_cluster_of(np.array([3, 7, 7]))
+    assert numbered.cluster == 7 and type(numbered.cluster) is int
+    with pytest.raises(at.AttributionError, match="'z' is not among the cluster ids"):
+        replace(SETTINGS, cluster="z").with_cluster_of(clusters)
+    for n_neurons in (16, analysis.CURVE_K_STEPS, 1000):
+        ks = SETTINGS.curve_ks(n_neurons)
+        assert ks[0] == 0 and ks[-1] == n_neurons
+        assert len(ks) == min(n_neurons, analysis.CURVE_K_STEPS) + 1
+    per_sample = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_allclose(settings.ranking(per_sample, clusters),
+                               per_sample[[0, 2]].mean(axis=0))
 
 
 def _summary(cluster_gap: float, rest_gap: float, beaten: float) -> pd.DataFrame:
