@@ -462,3 +462,138 @@ def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
     fig.update_xaxes(title="share of the cluster's samples", tickformat=".0%", range=[0, 1])
     return _finish(fig, title=f"What cluster {plain(cluster)} mixes",
                    height=max(220, 90 + 22 * len(mix)))
+
+
+SUBSET_COLOURS = {"cluster": CURVE_COLOURS["ranked"], "rest": CURVE_COLOURS["random"]}
+
+
+def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
+                         cluster: object) -> go.Figure:
+    """One neuron's per-sample score and activation, the cluster against the rest.
+
+    Args:
+        samples: rows (score, activation, in_cluster), one per sample
+            (`attribution.neuron.NeuronView.samples`).
+    """
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=[f"{method_label(method)} score", "activation"])
+    groups = [("cluster", samples["in_cluster"].to_numpy(dtype=bool),
+               f"cluster {plain(cluster)}"), ("rest", ~samples["in_cluster"].to_numpy(dtype=bool),
+                                              "rest of the data")]
+    for column, value in enumerate(("score", "activation"), start=1):
+        for subset, rows, name in groups:
+            if not rows.any():
+                continue
+            fig.add_trace(go.Histogram(
+                x=samples.loc[rows, value], name=f"{name} ({int(rows.sum())})",
+                histnorm="probability", opacity=0.6, nbinsx=40, legendgroup=subset,
+                showlegend=column == 1, marker_color=SUBSET_COLOURS[subset],
+                hovertemplate=f"{value} %{{x}}<br>%{{y:.1%}} of the samples<extra>"
+                              f"{name}</extra>"), row=1, col=column)
+        fig.update_xaxes(title=score_axis_title(method) if value == "score"
+                         else "layer output (mean over positions)", row=1, col=column)
+    fig.update_yaxes(title="share of the samples", tickformat=".0%", row=1, col=1)
+    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.25, x=0))
+    return _finish(fig, title=f"Neuron {neuron}: each sample's score and activation",
+                   height=380, top=84)
+
+
+def _upsampled(grid: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A [h, w] map stretched to [H, W] by nearest neighbour (a channel's map over its input)."""
+    rows = np.arange(shape[0]) * grid.shape[0] // shape[0]
+    columns = np.arange(shape[1]) * grid.shape[1] // shape[1]
+    return grid[np.ix_(rows, columns)]
+
+
+def _caption(example: pd.Series) -> str:
+    """"#401 · 4<br>2.00": the sample's row, its label id and the neuron's activation."""
+    label = example.get("label")
+    label = "" if label is None or pd.isna(label) else f" · {int(label)}"
+    return f"#{int(example['sample'])}{label}<br>{example['activation']:.3g}"
+
+
+def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
+    """The samples that drive a neuron most (top row) and least (bottom row) as images, with
+    the neuron's map over each one when the layer has positions (a conv channel).
+
+    Args:
+        examples: rows (sample, side, activation, label, input [C, H, W], positions [h, w] or
+            None) as `attribution.neuron.NeuronView.examples`; optional label_name.
+    """
+    sides = [side for side in ("most", "least") if (examples["side"] == side).any()]
+    width = int(max((examples["side"] == side).sum() for side in sides))
+    ordered = [examples[examples["side"] == side] for side in sides]
+    titles = [title for part in ordered  # row by row, each padded to the row width
+              for title in [_caption(row) for _, row in part.iterrows()]
+              + [""] * (width - len(part))]
+    fig = make_subplots(rows=len(sides), cols=width, horizontal_spacing=0.01,
+                        vertical_spacing=0.12, subplot_titles=titles)
+    maps = [m for m in examples["positions"] if m is not None]
+    top = max((float(np.abs(m).max()) for m in maps), default=0.0) or 1.0
+    for row, part in enumerate(ordered, start=1):
+        for column, (_, example) in enumerate(part.iterrows(), start=1):
+            image = np.asarray(example["input"], dtype=np.float64)
+            low, high = float(image.min()), float(image.max())
+            scaled = (image - low) / (high - low) if high > low else np.zeros_like(image)
+            if scaled.shape[0] == 1:
+                fig.add_trace(go.Heatmap(z=scaled[0], colorscale="Greys", showscale=False,
+                                         hoverinfo="skip"), row=row, col=column)
+            else:
+                fig.add_trace(go.Image(z=(scaled[:3].transpose(1, 2, 0) * 255).astype(np.uint8),
+                                       hoverinfo="skip"), row=row, col=column)
+            if example["positions"] is not None:
+                grid = np.asarray(example["positions"], dtype=np.float64)
+                fig.add_trace(go.Heatmap(
+                    z=_upsampled(grid, scaled.shape[1:]), zmin=-top, zmax=top, opacity=0.6,
+                    colorscale=[[0, NEGATIVE_COLOUR], [0.5, "rgba(255,255,255,0)"],
+                                [1, POSITIVE_COLOUR]], showscale=False,
+                    hovertemplate="neuron output %{z:.3g}<extra></extra>"), row=row, col=column)
+    fig.update_xaxes(visible=False, constrain="domain")
+    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", constrain="domain")
+    for axis in range(2, len(sides) * width + 1):
+        fig.update_yaxes(scaleanchor=f"x{axis}", row=(axis - 1) // width + 1,
+                         col=(axis - 1) % width + 1)
+    fig.update_annotations(font_size=10)
+    overlay = "; colour: the channel's output at each position (red > 0 > blue)" if maps else ""
+    return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most (top) "
+                              f"and least (bottom)",
+                   subtitle=f"sample number · label · activation{overlay}",
+                   height=130 + 150 * len(sides), top=90)
+
+
+def example_values(examples: pd.DataFrame, *, neuron: int,
+                   feature_names: Optional[Sequence[str]] = None) -> go.Figure:
+    """The samples that drive a neuron most and least, as their values: feature values of a
+    table [F] (colour: the value), or token ids of a sequence [T] (colour: the neuron's
+    output at each token, when the layer has positions).
+
+    Args:
+        examples: rows (sample, side, activation, input, positions) as
+            `attribution.neuron.NeuronView.examples`.
+        feature_names: one name per feature, or None.
+    """
+    inputs = np.stack([np.asarray(value).reshape(-1) for value in examples["input"]])
+    per_token = all(m is not None and np.size(m) == inputs.shape[1]
+                    for m in examples["positions"])
+    colour = np.stack([np.asarray(m, dtype=np.float64).reshape(-1)
+                       for m in examples["positions"]]) if per_token else inputs
+    rows = [f"{'most' if side == 'most' else 'least'} · #{int(sample)} · act {act:.3g}"
+            for side, sample, act in zip(examples["side"], examples["sample"],
+                                         examples["activation"])]
+    columns = list(feature_names) if feature_names is not None and not per_token \
+        else [str(i) for i in range(inputs.shape[1])]
+    text = inputs.astype(np.int64).astype(str) if per_token else None
+    fig = go.Figure(go.Heatmap(
+        z=colour, x=[plain(c) for c in columns], y=rows, text=text,
+        texttemplate="%{text}" if per_token else None,
+        colorbar=dict(title=dict(text="neuron output" if per_token else "value",
+                                 side="right")),
+        hovertemplate=("token %{text} at %{x}<br>neuron output %{z:.3g}" if per_token else
+                       "%{x} = %{z:.4g}") + "<br>%{y}<extra></extra>",
+        **_colour_range(colour, _is_signed(colour.ravel()))))
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(type="category", title="position (token)" if per_token else "feature")
+    what = "token ids, coloured by the neuron's output at each" if per_token else \
+        "feature values"
+    return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most and "
+                              f"least ({what})", height=max(300, 110 + 22 * len(rows)))

@@ -56,6 +56,8 @@ URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_b
             "w_neuron": "neuron"}
 CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
 """`attribution.verdict.Remedy.choice` -> the sidebar widget it changes (`apply_choice`)."""
+NEURON_CHOICE = "neuron_choice"  # session state: the neuron the Neuron page opens
+NEURON_PAGE = "pages/neuron.py"
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
     "w_metric": ("accuracy", tuple(METRIC_LABELS)), "w_random": (20, RANDOM_ORDERS)}
 
@@ -319,6 +321,16 @@ def apply_choice(key: str, value: Any) -> None:
     st.session_state[key] = value
 
 
+def switch_page(page: str, **params: str) -> None:
+    """st.switch_page that keeps every choice. Streamlit drops widget values on a rerun the
+    script itself requests, so the choices travel in the page address (with `params` added)
+    and the next run applies them as it applies a shared link."""
+    address = {param: value for param, value in st.query_params.to_dict().items()}
+    address.update(params)
+    st.session_state.pop("url_choices", None)  # read the address again on the next run
+    st.switch_page(page, query_params=address)
+
+
 def url_choice(key: str) -> Optional[str]:
     """A page's own choice from a shared link, once per session (e.g. "w_neuron"), else None."""
     return _from_url().pop(key, None)
@@ -580,9 +592,13 @@ def require_entrypoint() -> None:
 
 # ------------------------------------------------------------------ small drawing helpers
 
-def chart(figure, key: Optional[str] = None) -> None:
-    """Draw a plotly figure the same way on every page (the figure's own colours)."""
-    st.plotly_chart(figure, theme=None, key=key, config={"displaylogo": False})
+def chart(figure, key: Optional[str] = None,
+          on_click: Optional[Callable[[], None]] = None) -> None:
+    """Draw a plotly figure the same way on every page (the figure's own colours).
+    `on_click` runs when the user clicks a point; the selection is then in
+    st.session_state[key]["selection"]["points"]."""
+    clicks = {} if on_click is None else dict(on_select=on_click, selection_mode="points")
+    st.plotly_chart(figure, theme=None, key=key, config={"displaylogo": False}, **clicks)
 
 
 def show_error(message: object, before: str = "", after: str = "") -> None:

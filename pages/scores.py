@@ -1,17 +1,40 @@
 """Scores page: clusters x neurons, one cluster's samples x neurons, ranked neurons with their
-spread, the methods side by side, and the table behind them."""
+spread, the methods side by side, and the table behind them. Clicking a bar or a heatmap cell
+opens that neuron on the Neuron page (a cell of the cluster heatmap also picks its cluster)."""
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from attribution import plots
+from attribution.neuron import neuron_from_point
 from pages import common
 
 common.require_entrypoint()
 
+SMALL_LAYER = 20  # layers up to this many neurons show every neuron's bar by default
+OPEN_NEURON = "open_neuron"  # session state: a click asked for the Neuron page
+
+if st.session_state.pop(OPEN_NEURON, False):
+    common.switch_page(common.NEURON_PAGE, neuron=str(st.session_state[common.NEURON_CHOICE]))
+
 ctx = common.context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
+cluster_of_label = {ctx.cluster_label(c): c for c in np.unique(ctx.clusters).tolist()}
+
+
+def open_clicked(chart_key: str) -> None:
+    """A click on a chart (callback): open the clicked neuron (and a heatmap row's cluster)."""
+    points = st.session_state[chart_key]["selection"]["points"]
+    for point in points:
+        neuron = neuron_from_point(point)
+        if neuron is None:
+            continue
+        if chart_key == "cluster_heatmap" and point.get("y") in cluster_of_label:
+            common.apply_choice("w_cluster", cluster_of_label[point["y"]])
+        st.session_state[common.NEURON_CHOICE] = neuron
+        st.session_state[OPEN_NEURON] = True
+        return
 
 st.title("Neuron scores")
 st.caption(f"{common.escape_markdown(ctx.ws.title)} · layer "
@@ -32,10 +55,11 @@ table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
 tidy = plots.tidy_cluster_scores(table, s.method)
 tidy["cluster"] = tidy["cluster"].map(ctx.cluster_label)
 common.chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
-                                   highlight=focus_label), key="cluster_heatmap")
+                                   highlight=focus_label), key="cluster_heatmap",
+             on_click=lambda: open_clicked("cluster_heatmap"))
 st.caption("Each cell is the cluster's average score for one neuron. Signed scores: red raises "
            "the target logit, blue lowers it, white is zero. The framed row is the cluster in "
-           "focus (sidebar).")
+           "focus (sidebar). Click a cell or a bar to open that neuron.")
 
 summaries = pd.concat([plots.neuron_summary(per_sample[m][ctx.focus], s.reduce, m)
                        for m in s.methods], ignore_index=True)
@@ -44,11 +68,13 @@ left, right = st.columns(2, gap="medium")
 with left:
     controls = st.columns([2, 1])
     most = min(40, ctx.n_neurons)
-    top_n = most if most < 2 else controls[0].slider("Neurons shown", 1, most, min(15, most),
+    every = most if ctx.n_neurons <= SMALL_LAYER else min(15, most)  # small layer: all
+    top_n = most if most < 2 else controls[0].slider("Neurons shown", 1, most, every,
                                                      key="top_n")
     bottom = controls[1].toggle("Lowest instead", key="show_bottom")
     common.chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
-                                   bottom=bottom), key="neuron_bars")
+                                   bottom=bottom), key="neuron_bars",
+                 on_click=lambda: open_clicked("neuron_bars"))
     st.caption(f"Cluster {common.escape_markdown(focus_label)}: bars are the cluster score, "
                "whiskers ±1 standard deviation across its samples. Whiskers much longer than "
                "the bar mean the samples disagree.")
@@ -56,7 +82,8 @@ with right:
     samples = plots.tidy_sample_scores(per_sample[s.method][ctx.focus],
                                        ctx.focus.nonzero()[0])
     common.chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
-                                      n_total=int(ctx.focus.sum())), key="sample_heatmap")
+                                      n_total=int(ctx.focus.sum())), key="sample_heatmap",
+                 on_click=lambda: open_clicked("sample_heatmap"))
     st.caption("One row per sample of the cluster, sorted by the top neuron; neurons sorted by "
                "the cluster score. Large clusters are shown by evenly spaced rows.")
 

@@ -1,13 +1,16 @@
 """The dashboard answers (issue 12) through Streamlit's AppTest: the Diagnosis page's verdict
 and remedies, the neuron view, and pruning curves that survive leaving the page."""
 import io
+import time
 
 import numpy as np
 import pytest
 
 import attribution as at
 from attribution import plots
+from attribution.neuron import neuron_view
 from attribution.verdict import CHECK_NAMES, verdict
+from pages import common
 from tests.test_app import (OCTET, _stall_after_first_points, assert_clean, figure, run_app,
                             sidebar_widget, values)
 
@@ -163,3 +166,59 @@ def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypat
     assert_clean(app)
     assert len(calls) == 1 and calls[0] is partial
     assert key in app.session_state["curves"] and len(ranked_curve(app)) == 33
+
+
+# ------------------------------------------------------------------ the neuron view
+
+def open_neuron_by_click(app, neuron: int):
+    """What a click on a bar does (the chart's on_select callback): the neuron chosen and the
+    Neuron page asked for; AppTest cannot click inside a plotly chart (the browser test does)."""
+    app.session_state[common.NEURON_CHOICE] = neuron
+    app.session_state["open_neuron"] = True
+    started = time.monotonic()
+    app.run()
+    return time.monotonic() - started
+
+
+def test_a_clicked_neuron_opens_with_its_removal_distributions_and_examples():
+    app = run_app({"source": "digits_cnn", "layer": "conv2", "cluster": "3"})
+    seconds = open_neuron_by_click(app, 5)
+    assert_clean(app)
+    assert [t.value for t in app.title] == ["Neuron 5 of conv2"]
+    assert sidebar_widget(app, "w_source").value == "digits_cnn"  # the choices survive
+    assert sidebar_widget(app, "w_cluster").value == 3
+    assert app.query_params["neuron"] == "5" and app.query_params["layer"] == "conv2"
+    ctx = app.session_state["context"]
+    expected = neuron_view(ctx.ws.model, "conv2", ctx.ws.data.inputs, ctx.targets,
+                           ctx.scores(ctx.settings.method), ctx.scores("activation"),
+                           ctx.focus, 5).removal.set_index(["metric", "subset"])
+    shown = {m.label: m.value for m in app.metric}
+    assert shown["Cluster accuracy without it"] == \
+        f"{expected.loc[('accuracy', 'cluster'), 'removed']:.1%}"
+    images = figure(app, "the samples that activate it most")
+    assert sum(t["type"] == "heatmap" for t in images["data"]) == 2 * 2 * 8  # image + map
+    figure(app, "each sample's score and activation")
+    assert seconds < 30  # generous: AppTest on a shared machine; the browser test times it
+
+
+def test_a_link_with_a_neuron_opens_it_and_the_heatmap_click_picks_the_cluster_too():
+    app = run_app({"layer": "relu1", "neuron": "7"})
+    app.switch_page("pages/neuron.py").run()
+    assert_clean(app)
+    assert [t.value for t in app.title] == ["Neuron 7 of relu1"]
+    values_shown = figure(app, "the samples that activate it most")["data"][0]
+    assert len(values(values_shown["x"])) == 64  # the digits MLP's 64 pixel features
+    app.selectbox(key="w_neuron").set_value(2).run()
+    assert_clean(app)
+    assert [t.value for t in app.title] == ["Neuron 2 of relu1"]
+    assert app.query_params["neuron"] == "2"
+
+
+def test_small_layers_show_every_neuron_and_a_bad_neuron_in_a_link_falls_back():
+    app = run_app({"neuron": "99"})
+    assert figure(app, "neurons by")["layout"]["title"]["text"].startswith("Highest 16 ")
+    app.switch_page("pages/neuron.py").run()
+    assert_clean(app)
+    ctx = app.session_state["context"]
+    top = int(np.argmax(ctx.scores(ctx.settings.method)[ctx.focus].mean(0)))
+    assert [t.value for t in app.title] == [f"Neuron {top} of relu2"]

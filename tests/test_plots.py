@@ -202,3 +202,57 @@ def test_neuron_summary_spread_is_across_samples():
     magnitude = plots.neuron_summary(per_sample, "mean_abs", "gradient")
     assert list(magnitude["score"]) == [2.0, 1.0]
     assert list(magnitude["spread"]) == pytest.approx([np.sqrt(2), 0.0])
+
+
+# --- the answers' figures (issue 12) -------------------------------------------------------
+
+def _examples(inputs: list, positions: list, sides=("most", "most", "least")) -> pd.DataFrame:
+    return pd.DataFrame({"sample": range(len(inputs)), "rank": 1, "side": list(sides),
+                         "activation": [3.0, 2.0, 0.0], "score": 0.1, "in_cluster": True,
+                         "label": [4, None, 1], "input": inputs, "positions": positions})
+
+
+def test_example_images_draw_each_sample_with_its_channel_map_on_two_rows():
+    images = [np.full((1, 4, 4), float(i)) for i in range(3)]
+    maps = [np.arange(4.0).reshape(2, 2) * (i + 1) for i in range(3)]
+    fig = plots.example_images(_examples(images, maps), neuron=5)
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heatmaps) == 6  # an image and a map per sample
+    overlay = np.asarray(heatmaps[1].z)
+    assert overlay.shape == (4, 4) and overlay[0, 0] == 0 and overlay[3, 3] == 3  # upsampled
+    assert heatmaps[-1].zmax == pytest.approx(9.0)  # one colour scale for every map
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["#0 · 4<br>3", "#1<br>2", "#2 · 1<br>0"]
+    first, _, below = fig.layout.annotations  # the least-activating sample starts row 2
+    assert below.x == pytest.approx(first.x) and below.y < first.y
+    assert "most (top)" in fig.layout.title.text
+    rgb = plots.example_images(_examples([np.random.rand(3, 4, 4)] * 3, [None] * 3), neuron=1)
+    assert [t.type for t in rgb.data] == ["image"] * 3
+
+
+def test_example_values_colour_tokens_by_the_neuron_output_or_show_feature_values():
+    tokens = [np.array([5, 9, 2]), np.array([1, 1, 7]), np.array([3, 0, 4])]
+    per_token = [np.array([0.5, -1.0, 2.0])] * 3
+    fig = plots.example_values(_examples(tokens, per_token), neuron=2)
+    assert np.asarray(fig.data[0].text)[0].tolist() == ["5", "9", "2"]
+    assert np.asarray(fig.data[0].z)[0].tolist() == [0.5, -1.0, 2.0]
+    table = plots.example_values(_examples([np.array([0.1, 0.2])] * 3, [None] * 3), neuron=2,
+                                 feature_names=["<b>a</b>", "b"])
+    assert list(table.data[0].x) == ["&lt;b&gt;a&lt;/b&gt;", "b"]  # names are inert
+    assert table.data[0].text is None
+
+
+def test_neuron_distributions_split_cluster_and_rest_in_both_panels():
+    samples = pd.DataFrame({"score": [1.0, -1.0, 0.5, 0.2], "activation": [2.0, 0.0, 1.0, 3.0],
+                            "in_cluster": [True, True, False, False]})
+    fig = plots.neuron_distributions(samples, method="gradient", neuron=3, cluster="<i>x</i>")
+    assert [t.name for t in fig.data] == ["cluster &lt;i&gt;x&lt;/i&gt; (2)",
+                                          "rest of the data (2)"] * 2
+    assert list(fig.data[2].x) == [2.0, 0.0] and fig.data[0].histnorm == "probability"
+
+
+def test_class_mix_bars_show_shares_largest_first():
+    mix = pd.DataFrame({"name": ["six", "eight"], "count": [3, 1], "share": [0.75, 0.25]})
+    fig = plots.class_mix_bars(mix, cluster=2)
+    assert list(fig.data[0].x) == [0.75, 0.25] and list(fig.data[0].y) == ["six", "eight"]
+    assert fig.layout.title.text == "What cluster 2 mixes"

@@ -1,0 +1,116 @@
+"""Neuron page: one neuron of the layer up close. How much it matters for the cluster (its
+per-sample scores there and elsewhere, what removing it alone does) joined with what it
+responds to (its activations, and the samples that drive it most and least, drawn as what
+they are). Opened by clicking a bar or heatmap cell on the Scores page, or by a link."""
+import streamlit as st
+
+from attribution import plots
+from attribution.neuron import neuron_view
+from pages import common
+
+common.require_entrypoint()
+
+EXAMPLES = 8  # samples shown on each side (most, least)
+
+ctx = common.context()
+s = ctx.settings
+focus_label = ctx.cluster_label(s.cluster)
+
+
+@st.cache_data(max_entries=32, show_spinner="Opening the neuron…")
+def view_of(key: tuple, neuron: int, _model, layer: str, _inputs, _targets, _scores,
+            _activations, _focus, _labels, batch_size: int):
+    return neuron_view(_model, layer, _inputs, _targets, _scores, _activations, _focus, neuron,
+                       labels=_labels, n_examples=EXAMPLES, batch_size=batch_size)
+
+
+def keep_choice() -> None:
+    st.session_state[common.NEURON_CHOICE] = st.session_state["w_neuron"]
+
+
+per_sample = common.guarded(lambda: (ctx.scores(s.method), ctx.scores("activation")))
+if per_sample is None:
+    st.stop()
+scores, activations = per_sample
+summary = plots.neuron_summary(scores[ctx.focus], s.reduce, s.method)
+neurons = list(range(ctx.n_neurons))
+wanted = common.url_choice("w_neuron")
+if wanted is not None and wanted.isdigit():
+    st.session_state[common.NEURON_CHOICE] = int(wanted)
+if st.session_state.get(common.NEURON_CHOICE) not in neurons:  # the cluster's top neuron
+    st.session_state[common.NEURON_CHOICE] = int(summary["score"].idxmax())
+st.session_state["w_neuron"] = st.session_state[common.NEURON_CHOICE]
+
+ranks = summary["score"].rank(ascending=False, method="min").astype(int)
+st.title(f"Neuron {st.session_state['w_neuron']} of {common.escape_markdown(s.layer)}")
+top = st.columns([1, 3])
+neuron = top[0].selectbox(
+    "Neuron", neurons, key="w_neuron", on_change=keep_choice,
+    format_func=lambda n: f"{n} · rank {ranks[n]} of {len(neurons)}",
+    help="Ranked by the cluster score; click a bar or heatmap cell on the Scores page to "
+         "open another.")
+st.query_params["neuron"] = str(neuron)  # part of the shared link while this page is shown
+top[1].caption(f"{common.escape_markdown(ctx.ws.title)} · {plots.method_label(s.method)} · "
+               f"{plots.REDUCTION_LABELS[s.reduce]} over cluster "
+               f"{common.escape_markdown(focus_label)} ({int(ctx.focus.sum())} samples)")
+
+labels = ctx.ws.data.labels
+view = common.guarded(lambda: view_of(
+    (ctx.ws.key, s.layer, s.method, ctx.target_key, ctx.cluster_key), neuron, ctx.ws.model,
+    s.layer, ctx.ws.data.inputs, ctx.targets, scores, activations, ctx.focus, labels,
+    s.batch_size))
+if view is None:
+    st.stop()
+
+removal = view.removal.set_index(["metric", "subset"])
+metrics = st.columns(4)
+metrics[0].metric(f"Cluster score ({plots.REDUCTION_LABELS[s.reduce]})",
+                  f"{summary['score'][neuron]:.3g}",
+                  help=f"Rank {ranks[neuron]} of {len(neurons)} in cluster "
+                       f"{plots.plain(focus_label)}; ± {summary['spread'][neuron]:.3g} across "
+                       "its samples.", border=True)
+for column, (metric, subset, words) in zip(metrics[1:], (
+        ("accuracy", "cluster", "Cluster accuracy"),
+        ("accuracy", "rest", "Rest accuracy"),
+        ("target_logit", "cluster", "Cluster target logit"))):
+    if (metric, subset) not in removal.index:
+        continue
+    row = removal.loc[(metric, subset)]
+    shown = (f"{row['removed']:.1%}", f"{row['change'] * 100:+.1f} pp") \
+        if metric == "accuracy" else (f"{row['removed']:.3g}", f"{row['change']:+.3g}")
+    column.metric(f"{words} without it", shown[0], shown[1], border=True,
+                  help="Its output set to 0 alone (zero ablation); the change is against the "
+                       "intact model.")
+
+common.chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
+                                        cluster=focus_label), key="neuron_distributions")
+st.caption("Left: how much the neuron matters for each sample (its score) in the cluster and "
+           "in the rest of the data. Right: how strongly it fires (its output, averaged over "
+           "positions). A neuron that fires everywhere but matters only in the cluster is "
+           "specific to it through what follows, not through what it detects.")
+
+examples = view.examples.assign(label_name=[
+    "" if label is None else common.cluster_label(label, "label", ctx.ws.class_names)
+    for label in view.examples["label"]])
+st.subheader("The samples that drive it most and least")
+if view.input_kind == "image":
+    common.chart(plots.example_images(examples, neuron=neuron), key="neuron_examples")
+    st.caption("Each image: the sample's number in the data, its label and the neuron's "
+               "activation. " + ("The colour over each image is the channel's output at each "
+                                 "position: where in the image it responds." if
+                                 examples["positions"].iloc[0] is not None else ""))
+elif view.input_kind in ("table", "tokens"):
+    common.chart(plots.example_values(examples, neuron=neuron,
+                                      feature_names=ctx.ws.data.feature_names),
+                 key="neuron_examples")
+    st.caption("Token sequences show each token id coloured by the neuron's output at that "
+               "position; tables show the samples' feature values." if
+               view.input_kind == "tokens" else
+               "Each row is a sample (most-activating first), each column an input feature.")
+else:
+    st.info(f"Inputs of shape {list(ctx.ws.data.inputs.shape[1:])} are not drawn; the table "
+            "below lists the samples.", icon=":material/info:")
+st.dataframe(examples[["side", "sample", "activation", "score", "in_cluster", "label_name"]]
+             .rename(columns={"side": "drives it", "label_name": "label",
+                              "in_cluster": "in the cluster"}),
+             hide_index=True, width="stretch")

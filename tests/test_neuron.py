@@ -1,0 +1,139 @@
+"""One neuron up close: removal, examples and maps checked against hand-set models whose
+answers are known, and against the pruning engine's zero ablation."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.neuron import INPUT_KINDS, input_kind, neuron_from_point, neuron_view
+
+
+class Doubler(nn.Module):
+    """x [N, 3] -> hidden = relu(x) (neuron j is feature j) -> logits = hidden @ W.
+
+    Removing neuron j removes x_j's contribution W[j] to the logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.ReLU()
+        self.head = nn.Linear(3, 2, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, 1.0]]))
+
+    def forward(self, x):
+        return self.head(self.hidden(x))
+
+
+def doubler_data():
+    x = torch.tensor([[1.0, 0.5, 0.0], [3.0, 1.0, 2.0], [0.2, 2.0, 1.0], [0.0, 4.0, 0.5],
+                      [2.5, 0.2, 0.1], [0.1, 0.3, 5.0]])
+    return x, torch.tensor([0, 0, 1, 1, 0, 1])
+
+
+def view_of(neuron, in_cluster=None, model=None, x=None, targets=None, **kwargs):
+    model = model or Doubler().eval()
+    if x is None:
+        x, targets = doubler_data()
+    scores = at.neuron_scores(model, "hidden", x, targets, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "hidden", x, targets, "activation").numpy()
+    in_cluster = np.asarray(targets) == 0 if in_cluster is None else in_cluster
+    return neuron_view(model, "hidden", x, targets, scores, activations, in_cluster, neuron,
+                       labels=targets, **kwargs)
+
+
+def test_removing_a_neuron_alone_changes_the_logits_by_its_weight():
+    x, y = doubler_data()
+    view = view_of(0)
+    removal = view.removal.set_index(["metric", "subset"])
+    cluster = y.numpy() == 0
+    logits = Doubler().eval()(x).detach()
+    without = logits - x[:, :1].clamp(min=0) * torch.tensor([[2.0, 0.0]])
+    for subset, rows in (("cluster", cluster), ("rest", ~cluster)):
+        rows = torch.from_numpy(rows)
+        expected = without[rows].gather(1, y[rows, None]).mean().item()
+        assert removal.loc[("target_logit", subset), "removed"] == pytest.approx(expected)
+        accuracy = (without[rows].argmax(1) == y[rows]).double().mean().item()
+        assert removal.loc[("accuracy", subset), "removed"] == pytest.approx(accuracy)
+    assert removal.loc[("target_logit", "cluster"), "change"] == pytest.approx(
+        -2 * x[torch.from_numpy(cluster), 0].mean().item())
+
+
+def test_removal_agrees_with_the_pruning_engine_at_k_1():
+    loaded, data = at.load_demo("digits_mlp")
+    model, x, y = loaded.module, data.inputs, data.labels
+    focus = y.numpy() == 3
+    scores = at.neuron_scores(model, "relu1", x, y, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "relu1", x, y, "activation").numpy()
+    view = neuron_view(model, "relu1", x, y, scores, activations, focus, 11)
+    only = np.eye(scores.shape[1])[11]
+    for metric in ("accuracy", "target_logit"):
+        curve = at.cluster_pruning_curves(model, "relu1", x, y, focus, True, only, ks=[0, 1],
+                                          n_random=1, metric=metric)
+        for subset, part in curve.groupby("subset"):
+            row = view.removal.set_index(["metric", "subset"]).loc[(metric, subset)]
+            assert row["intact"] == pytest.approx(part["ranked"].iloc[0], rel=1e-6)
+            assert row["removed"] == pytest.approx(part["ranked"].iloc[1], rel=1e-6)
+
+
+def test_the_examples_are_the_most_and_least_activating_samples():
+    x, y = doubler_data()
+    view = view_of(1, n_examples=2)
+    most = view.examples[view.examples["side"] == "most"]
+    least = view.examples[view.examples["side"] == "least"]
+    assert most["sample"].tolist() == [3, 2]  # x[:, 1] = 4.0, 2.0
+    assert least["sample"].tolist() == [4, 5]  # 0.2, 0.3
+    assert most["activation"].tolist() == [4.0, 2.0]
+    np.testing.assert_array_equal(most["input"].iloc[0], x[3].numpy())
+    assert most["label"].tolist() == [1, 1] and most["in_cluster"].tolist() == [False, False]
+    assert view.examples["positions"].isna().all()  # a layer without positions
+    assert view.input_kind == "table"
+    assert view.samples["activation"].tolist() == x[:, 1].tolist()
+
+
+def test_a_conv_channel_brings_its_map_over_each_example():
+    conv = nn.Conv2d(1, 2, kernel_size=1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+    model = nn.Sequential(conv, nn.Flatten(), nn.Linear(2 * 16, 2)).eval()
+    x = torch.rand(10, 1, 4, 4)
+    y = torch.arange(10) % 2
+    scores = at.neuron_scores(model, "0", x, y, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "0", x, y, "activation").numpy()
+    view = neuron_view(model, "0", x, y, scores, activations, np.ones(10, dtype=bool), 1,
+                       n_examples=3)
+    assert view.input_kind == "image"
+    assert list(view.removal["subset"].unique()) == ["cluster"]  # no rest: every sample
+    for _, example in view.examples.iterrows():
+        np.testing.assert_allclose(example["positions"], -x[example["sample"], 0].numpy(),
+                                   rtol=1e-6)
+    means = -x.mean(dim=(1, 2, 3))
+    assert view.examples["sample"].iloc[0] == int(means.argmax())
+
+
+@pytest.mark.parametrize("point, neuron", [
+    ({"x": 0.53, "y": "neuron 7", "point_index": 2}, 7),  # a horizontal bar
+    ({"x": 5, "y": "3 (three)", "z": 0.1}, 5),  # a cluster heatmap cell
+    ({"x": "12", "y": "401", "z": -0.2}, 12),  # a sample heatmap cell
+    ({"x": 1.0, "y": "a cluster"}, None),  # nothing names a neuron
+    ({"x": True, "y": None}, None),
+])
+def test_a_clicked_point_names_its_neuron(point, neuron):
+    assert neuron_from_point(point) == neuron
+
+
+def test_input_kinds_follow_the_input_shape():
+    assert input_kind(torch.zeros(2, 3, 8, 8)) == "image"
+    assert input_kind(torch.zeros(2, 64)) == "table"
+    assert input_kind(torch.zeros(2, 12, dtype=torch.long)) == "tokens"
+    assert input_kind(torch.zeros(2, 5, 7)) == "other"
+    assert set(INPUT_KINDS) == {"image", "tokens", "table", "other"}
+
+
+def test_a_neuron_outside_the_layer_or_mismatched_arrays_are_user_errors():
+    with pytest.raises(at.AttributionError, match=r"0\.\.2"):
+        view_of(3)
+    x, y = doubler_data()
+    with pytest.raises(at.AttributionError, match="same samples"):
+        neuron_view(Doubler(), "hidden", x, y, np.zeros((6, 3)), np.zeros((5, 3)),
+                    np.ones(6, dtype=bool), 0)
