@@ -94,7 +94,7 @@ def test_default_demo_opens_with_choices_made_and_charts_drawn(demo_app):
     assert sidebar_widget(demo_app, "w_layer").value == "relu2"
     assert sidebar_widget(demo_app, "w_method").value == "gradient_x_activation"
     titles = list(figures(demo_app))
-    for part in ("score per cluster", "Highest 15 neurons", "Each sample of cluster 0",
+    for part in ("score per cluster", "Highest 16 neurons", "Each sample of cluster 0",
                  "under each method"):
         assert any(part in title for title in titles), (part, titles)
     assert demo_app.query_params["layer"] == "relu2"
@@ -173,9 +173,9 @@ def test_each_sidebar_control_updates_the_charts(key, value, check):
 
 def test_cluster_compare_fixed_class_and_kmeans_controls():
     app = run_app()
-    bars = figure(app, "Highest 15")
+    bars = figure(app, "Highest 16")
     sidebar_widget(app, "w_cluster").set_value(7).run()
-    assert figure(app, "Highest 15")["data"][0] != bars["data"][0]
+    assert figure(app, "Highest 16")["data"][0] != bars["data"][0]
     assert figure(app, "Each sample of cluster 7 (seven)")
     sidebar_widget(app, "w_compare").set_value(["activation"]).run()
     panels = figure(app, "under each method")["layout"]["annotations"]

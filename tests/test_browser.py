@@ -226,7 +226,7 @@ def test_cold_start_opens_the_demo_with_charts(app, server):
     BROWSER_TIMINGS["first page with charts, from launching `streamlit run` (cold)"] = \
         now - server.started
     BROWSER_TIMINGS["first page with charts, from opening the page (cold)"] = now - opened
-    for part in ("Highest 15 neurons", "Each sample of cluster 0", "under each method"):
+    for part in ("Highest 16 neurons", "Each sample of cluster 0", "under each method"):
         app.wait_for_chart(part)
     app.screenshot("1-scores")
     assert within_budget(now - server.started, COLD_START_S)
@@ -312,7 +312,7 @@ def test_upload_model_and_data_then_choose_and_see_every_chart(app):
         app.page.wait_for_url(re.compile(f"[?&]{parameter}(&|$)"), timeout=60_000)
     app.go_to("Neuron scores")
     app.wait_for_chart("integrated gradients score per cluster")
-    app.wait_for_chart("Highest 15 neurons by integrated gradients")
+    app.wait_for_chart("Highest 16 neurons by integrated gradients")
     app.wait_for_chart("Each sample of cluster 3 (three)")
     app.screenshot("5-scores-uploaded-cnn")
     app.go_to("Pruning curves")
