@@ -41,8 +41,9 @@ from .layers import resolve_layer
 from .loading import LoadedModel, load_model, sniff
 from .methods import METHODS
 from .pruning import ABLATIONS, METRICS, curve_summary
-from .report import AnalysisSettings, collect_report, render_report, report_csvs
-from .scores import REDUCTIONS, cluster_codes
+from .analysis import AnalysisSettings, scoring_targets
+from .report import collect_report, render_report, report_csvs
+from .scores import REDUCTIONS, cluster_codes, find_cluster
 from .streaming import NpyRows
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -341,38 +342,31 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
                                      seed=args.seed, batch_size=args.batch_size)
 
 
-def targets_of(args, problem: Problem):
-    """`--targets` as the engine's targets: LongTensor [N], None (predicted) or "all"."""
-    choice = args.targets
-    if choice is None:
-        choice = "label" if problem.labels is not None else "predicted"
-    if choice == "label":
-        if problem.labels is None:
-            raise AttributionError("--targets label needs labels, and this data has none "
-                                   "(.npy data: pass --labels); use --targets predicted.")
-        return problem.labels
-    if choice == "predicted":
-        return None
-    if choice == "all":
-        return "all"
+def target_choice(args, problem: Problem) -> tuple[str, int]:
+    """`--targets` as `AnalysisSettings` words: ("true" | "predicted" | "fixed" | "all",
+    fixed class). The default is the label when the data has labels, else the prediction."""
+    choice = args.targets or ("label" if problem.labels is not None else "predicted")
+    if choice in ("label", "predicted", "all"):
+        return {"label": "true"}.get(choice, choice), 0
     try:
-        class_id = int(choice)
+        return "fixed", int(choice)
     except ValueError:
         raise AttributionError(f"--targets {choice!r} is not understood: use label, predicted, "
                                "all or a class id.") from None
-    if not 0 <= class_id < problem.model.n_classes:
-        raise AttributionError(f"--targets {class_id} is not a class of this model "
-                               f"(0..{problem.model.n_classes - 1}).")
-    return torch.full((problem.n_samples,), class_id, dtype=torch.long)
 
 
-def cluster_id(text: str, ids: Sequence) -> object:
-    """The cluster id among `ids` whose text is `text` (ids may be ints or strings)."""
-    for candidate in ids:
-        if str(candidate) == text:
-            return candidate
-    shown = ", ".join(map(str, list(ids)[:20])) + (", ..." if len(ids) > 20 else "")
-    raise AttributionError(f"Cluster {text!r} is not among the cluster ids ({shown}).")
+def targets_of(args, problem: Problem):
+    """`--targets` as the engine's targets: LongTensor [N], None (predicted) or "all"."""
+    target, fixed_class = target_choice(args, problem)
+    if target == "all":
+        return "all"
+    return scoring_targets(problem.labels, problem.n_samples, target, fixed_class,
+                           problem.model.n_classes)
+
+
+def cluster_id(text: str, clusters: np.ndarray) -> object:
+    """The cluster id among `clusters` [N] whose text is `text` (ids may be ints or strings)."""
+    return find_cluster(text, cluster_codes(clusters, len(clusters))[1])
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -541,7 +535,7 @@ def run_curve(args) -> int:
         clusters, focus = np.full(problem.n_samples, "all"), "all"
     else:
         clusters = clusters_of(args, problem, layer)
-        focus = cluster_id(args.cluster, cluster_codes(clusters, len(clusters))[1])
+        focus = cluster_id(args.cluster, clusters)
     with ProgressBar(f"{args.method} scores", args.quiet) as bar:
         table = distributed.cluster_scores(module, layer, problem.inputs, targets, clusters,
                                            args.method, reduce=args.reduce,
@@ -592,7 +586,7 @@ def run_diagnose(args) -> int:
     if args.cluster is not None:
         if clusters is None:
             raise AttributionError("--cluster needs clusters: choose a --clusters source.")
-        focus = cluster_id(args.cluster, cluster_codes(clusters, len(clusters))[1])
+        focus = cluster_id(args.cluster, clusters)
     user_scores = None if args.user_scores is None else _small_npy(args.user_scores,
                                                                    "user scores")
     with ProgressBar("diagnose", args.quiet) as bar:
@@ -644,15 +638,10 @@ def run_report(args) -> int:
     if source == "none":
         raise AttributionError("The report compares clusters: choose a --clusters source "
                                f"({', '.join(data_module.CLUSTER_SOURCES)}).")
-    targets = args.targets or ("label" if problem.labels is not None else "predicted")
-    if targets == "all":
+    target, fixed_class = target_choice(args, problem)
+    if target == "all":
         raise AttributionError("The report scores one class per sample: use --targets "
                                "label, predicted or a class id, not all.")
-    target, fixed_class = {"label": ("true", 0), "predicted": ("predicted", 0)}.get(
-        targets, ("fixed", None))
-    if target == "fixed":
-        targets_of(args, problem)  # checks the class id
-        fixed_class = int(targets)
     methods = list(dict.fromkeys(args.method))
     settings = AnalysisSettings(
         layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,

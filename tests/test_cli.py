@@ -263,6 +263,8 @@ def bad_inputs(tmp: Path):
           tmp / "o.txt"], ".csv or .parquet"),
         (score + ["--data", DATA, "--targets", "11"], "not a class of this model"),
         (score + ["--data", DATA, "--targets", "best"], "not understood"),
+        (score + ["--data", tmp / "inputs.npy", "--targets", "label"],
+         "This data has no labels"),
         (score + ["--data", DATA, "--device", "cuda:0"] if not torch.cuda.is_available()
          else score + ["--data", DATA, "--device", "cuda:99"], "cuda"),
         (score + ["--data", DATA, "--device", "tpu"], "Unknown device"),
@@ -281,6 +283,8 @@ def bad_inputs(tmp: Path):
         (score + ["--data", DATA, "--per-sample", tmp / "p.txt"], "must end in .npy"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--cluster", "seven",
           "--out", tmp / "c.csv"], "'seven' is not among the cluster ids (even, odd)"),
+        (["report", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--cluster", "seven",
+          "--out", tmp / "r.html"], "'seven' is not among the cluster ids (even, odd)"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "1,x",
           "--out", tmp / "c.csv"], "comma-separated integers"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "0,99",
