@@ -43,7 +43,7 @@ from torch import nn
 
 from . import model_io
 from .errors import AttributionError
-from .guards import eval_mode
+from .guards import engine_modes, eval_mode
 from .layers import run_logits
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve, spaced_ks
@@ -247,7 +247,7 @@ def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
 
 
 def _logits(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), engine_modes(), torch.no_grad():
         return torch.cat([run_logits(model, x[i:i + batch_size]).float().cpu()
                           for i in range(0, x.shape[0], batch_size)])
 

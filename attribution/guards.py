@@ -77,11 +77,17 @@ def leaf_like(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def autograd_on() -> Iterator[None]:
-    """Record autograd graphs in the calling thread whatever mode the caller is in
-    (`torch.no_grad()`, `torch.set_grad_enabled(False)`, `torch.inference_mode()`); the
-    caller's mode is back on exit. Inside, tensors made are ordinary (not inference) ones."""
-    with torch.inference_mode(False), torch.enable_grad():
+def engine_modes() -> Iterator[None]:
+    """The engine's own modes for the calling thread, whatever the caller's: autograd on
+    (under `torch.no_grad()`, `set_grad_enabled(False)`, `inference_mode()`), inference mode
+    and autocast off (an autocast context would compute in lower precision). The caller's
+    modes are back on exit; tensors made inside are ordinary (not inference) ones."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        for device_type in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
 
 

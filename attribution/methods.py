@@ -310,7 +310,7 @@ def random(batch: Batch) -> torch.Tensor:
     rows = []
     for index in range(batch.start, batch.start + z.shape[0]):  # per-sample seeds: batch-size free
         generator = torch.Generator().manual_seed(batch.seed * 1_000_003 + index)
-        rows.append(torch.rand(shape, generator=generator))
+        rows.append(torch.rand(shape, generator=generator, dtype=torch.float32))
     return torch.stack(rows).to(z.device)
 
 

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional
 
 from .errors import AttributionError
-from .guards import autograd_on, eval_mode
+from .guards import engine_modes, eval_mode
 from .layers import resolve_layer
 from .model_io import NamedInputs
 from .scores import (_as_batch_tensor, _batch_labels, _check_targets,
@@ -299,10 +299,10 @@ class _LayerPasses:
             if x.shape[0] == 0:
                 continue
             if self.runner is None:
-                with autograd_on():  # the runner is shared with gradient methods (cache)
+                with engine_modes():  # the runner is shared with gradient methods (cache)
                     self.runner = runner_for(self.model, self.name, self.module, x)
             stop = start + x.shape[0]
-            with torch.no_grad():
+            with engine_modes(), torch.no_grad():  # not the caller's autocast
                 z, state, logits = self.runner.capture(x)
             broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + start
             if len(broken):
@@ -352,7 +352,7 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
     if fill is None:
         fill = torch.zeros((), dtype=z.dtype, device=z.device)
     sums = []
-    with torch.no_grad():
+    with engine_modes(), torch.no_grad():  # not the caller's autocast
         for begin in range(0, removed.shape[0], per_pass):
             chunk = removed[begin:begin + per_pass]
             count = chunk.shape[0]

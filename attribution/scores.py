@@ -12,7 +12,7 @@ from torch import nn
 
 from . import model_io
 from .errors import AttributionError
-from .guards import autograd_input, autograd_on, eval_mode
+from .guards import autograd_input, engine_modes, eval_mode
 from .layers import resolve_layer
 from .methods import METHODS, REGISTRY, Batch, Targets
 from .split import runner_for
@@ -202,7 +202,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                     "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
                     "interpolates the layer's output instead.")
             if runner is None:
-                with autograd_on():  # a runner built under inference_mode fails autograd
+                with engine_modes():  # a runner built under inference_mode fails autograd
                     runner = runner_for(model, name, module, x)
             rows = model_io.n_rows(x)
             batch_targets = targets
@@ -213,7 +213,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             elif targets == "labels":
                 batch_targets = _batch_labels(labels, rows, device)
             per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant's size
-            with autograd_on():  # the caller's no_grad / inference_mode would zero gradients
+            with engine_modes():  # the caller's no_grad would zero gradients, autocast round
                 scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
                                         first_index + start, seed,
                                         max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))

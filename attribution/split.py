@@ -27,7 +27,7 @@ import torch.fx as fx
 from torch import nn
 
 from .errors import AttributionError
-from .guards import autograd_on, forward_hooks, leaf_like
+from .guards import engine_modes, forward_hooks, leaf_like
 from .layers import neuron_axis, run_logits, run_model, split_axis
 from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
 
@@ -198,7 +198,7 @@ class HookRunner(LayerRunner):
             captured["z"] = leaf_like(self._to_neurons(output))
             return self._from_neurons(captured["z"].clone())
 
-        with autograd_on(), torch.no_grad():
+        with engine_modes(), torch.no_grad():
             logits = self._run(x, to_leaf)
         return captured["z"], logits
 
@@ -462,7 +462,7 @@ class FxRunner(LayerRunner):
                          output_key(self.model))
 
     def forward_with_leaf(self, x):
-        with autograd_on():
+        with engine_modes():
             with torch.no_grad():
                 output, *saved = self._front(x)
             leaf = leaf_like(self._to_neurons(output))

@@ -203,3 +203,36 @@ def test_a_model_built_under_inference_mode_is_refused_for_gradients_only(runner
             continue
         with pytest.raises(at.AttributionError, match="inference_mode.*activation, ablation"):
             at.neuron_scores(frozen, "fc1", x, y, method, n_steps=N_STEPS)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+CALLER_SETTINGS = {"autocast(cpu, bfloat16)": lambda: torch.autocast("cpu", torch.bfloat16),
+                   "set_default_dtype(float64)": lambda: default_dtype(torch.float64)}
+
+
+@pytest.mark.parametrize("setting", list(CALLER_SETTINGS))
+def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
+    """Was: up to 7% off under autocast (conductance), and other random scores under a
+    float64 default dtype."""
+    model, x, y = build("residual_mlp")
+    clusters = np.array(["a", "b"])[np.arange(len(x)) % 2]
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
+                for method in at.METHODS}
+    calls = entry_points(model, x, y, clusters)
+    expected_entries = {name: calls[name]() for name in ("pruning_curve", "diagnose")}
+    with CALLER_SETTINGS[setting]():
+        for method in at.METHODS:
+            torch.testing.assert_close(
+                at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS),
+                expected[method], rtol=1e-6, atol=1e-7, msg=method)
+        pd.testing.assert_frame_equal(calls["pruning_curve"](), expected_entries["pruning_curve"])
+        assert calls["diagnose"]() == expected_entries["diagnose"]
