@@ -458,7 +458,8 @@ class FxRunner(LayerRunner):
             check_differentiable(self.model)
             if z.is_leaf:
                 z = z.clone()  # in-place ops after the layer must not touch the leaf
-        return logits_of(self.back.forward(self._from_neurons(z), *saved),
+        z = self._from_neurons(z)  # exported graphs view it: keep the model's own layout
+        return logits_of(self.back.forward(z if z.is_contiguous() else z.contiguous(), *saved),
                          output_key(self.model))
 
     def forward_with_leaf(self, x):

@@ -13,11 +13,11 @@ VOCABULARY, LENGTH = 50, 16
 class BasicBlock(nn.Module):
     """torchvision's ResNet BasicBlock: one ReLU module called twice, optional downsample."""
 
-    def __init__(self, n_in: int, n_out: int, stride: int = 1):
+    def __init__(self, n_in: int, n_out: int, stride: int = 1, inplace: bool = True):
         super().__init__()
         self.conv1 = nn.Conv2d(n_in, n_out, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(n_out)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu = nn.ReLU(inplace=inplace)
         self.conv2 = nn.Conv2d(n_out, n_out, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(n_out)
         self.downsample = None
@@ -34,9 +34,11 @@ class BasicBlock(nn.Module):
 
 class ResNet(nn.Module):
     """torchvision's resnet layout (stem, four stages of BasicBlocks, pool, fc) at any width;
-    widths (64, 128, 256, 512) and blocks (2, 2, 2, 2) give resnet18 (11.2M parameters)."""
+    widths (64, 128, 256, 512) and blocks (2, 2, 2, 2) give resnet18 (11.2M parameters);
+    `inplace` as torchvision's (True) or timm's style (False) ReLU."""
 
-    def __init__(self, widths=(8, 16, 16, 32), blocks=(2, 2, 1, 1), n_classes=5, n_in=3):
+    def __init__(self, widths=(8, 16, 16, 32), blocks=(2, 2, 1, 1), n_classes=5, n_in=3,
+                 inplace: bool = True):
         super().__init__()
         self.conv1 = nn.Conv2d(n_in, widths[0], 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
@@ -45,8 +47,8 @@ class ResNet(nn.Module):
         stages, n = [], widths[0]
         for index, (width, count) in enumerate(zip(widths, blocks)):
             stride = 1 if index == 0 else 2
-            stage = [BasicBlock(n, width, stride)] + [BasicBlock(width, width)
-                                                      for _ in range(count - 1)]
+            stage = [BasicBlock(n, width, stride, inplace)] + [
+                BasicBlock(width, width, 1, inplace) for _ in range(count - 1)]
             stages.append(nn.Sequential(*stage))
             n = width
         self.layer1, self.layer2, self.layer3, self.layer4 = stages

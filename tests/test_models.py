@@ -1,0 +1,163 @@
+"""The models people study (ResNet-, ViT-, GPT-2- and BERT-style), eager and as a .pt2: every
+layer on the fast split, the same layers and neuron axes in both forms, scores as Captum's."""
+import pytest
+import torch
+from captum.attr import LayerGradientXActivation
+
+import attribution as at
+from attribution.errors import AttributionError
+from attribution.guards import eval_mode
+from attribution.split import FxRunner, runner_for
+
+from . import references
+from .models_zoo import ResNet, build_model, exported
+
+MODELS = ["resnet", "vit", "gpt2", "bert"]
+# a nested layer and a block output of each model, scored against Captum
+SCORED = {"resnet": ["layer2.0.bn2", "layer3.0"], "vit": ["blocks.0.mlp.0", "blocks.1"],
+          "gpt2": ["model.transformer.h.0.mlp.c_fc", "model.transformer.h.1"],
+          "bert": ["model.bert.encoder.layer.0.intermediate.dense",
+                   "model.bert.encoder.layer.1.output.LayerNorm"]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small convolutions on a shared 2-core machine run ~80x slower on 2 threads than 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _forms(name, folder):
+    """(name, eager model, the same model loaded from a .pt2, inputs, targets)."""
+    model, x, y = build_model(name, n=6)
+    return name, model, exported(model, x, folder / "model.pt2"), x, y
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def forms(request, tmp_path_factory):
+    return _forms(request.param, tmp_path_factory.mktemp("pt2"))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    return _forms("gpt2", tmp_path_factory.mktemp("gpt2"))
+
+
+def _layers(model, x):
+    return {info.name: info for info in at.list_layers(model, x[:2])}
+
+
+def test_every_layer_splits_fast_in_eager_and_pt2_form(forms):
+    _, model, loaded, x, _ = forms
+    for form in (model, loaded):
+        modules = dict(form.named_modules())
+        with eval_mode(form):
+            slow = [name for name in _layers(form, x)
+                    if not isinstance(runner_for(form, name, modules[name], x), FxRunner)]
+        assert slow == []
+
+
+def test_both_forms_list_the_same_layers_with_the_same_axes(forms):
+    """A .pt2 may list more: modules whose eager output is a tuple or ModelOutput return one
+    tensor once unflattened; every eager layer is there with the same neurons."""
+    _, model, loaded, x, _ = forms
+    eager, from_file = _layers(model, x), _layers(loaded, x)
+    assert set(eager) <= set(from_file)
+    for name, info in eager.items():
+        other = from_file[name]
+        assert (other.shape, other.neuron_axis, other.n_neurons) == (
+            info.shape, info.neuron_axis, info.n_neurons), name
+
+
+def _captum_grad_x_activation(model, module, x, y, axis):
+    """Captum's per-position attribution summed over the positions (our convention)."""
+    result = LayerGradientXActivation(model, module).attribute(x, target=y).detach()
+    result = result.movedim(axis, 1)
+    return result.flatten(2).sum(2) if result.dim() > 2 else result
+
+
+def test_scores_agree_with_captum_in_both_forms(forms):
+    name, model, loaded, x, y = forms
+    for layer in SCORED[name]:
+        info = _layers(model, x)[layer]
+        expected = _captum_grad_x_activation(model, model.get_submodule(layer), x, y,
+                                             info.neuron_axis)
+        for form in (model, loaded):
+            ours = at.neuron_scores(form, layer, x, y, "gradient_x_activation", batch_size=5)
+            assert ours.shape == (x.shape[0], info.n_neurons)
+            torch.testing.assert_close(ours, expected, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(at.neuron_scores(loaded, layer, x, y, "ablation"),
+                                   at.neuron_scores(model, layer, x, y, "ablation"),
+                                   rtol=1e-3, atol=1e-5)
+
+
+def test_gpt2_mlp_neurons_are_its_features_not_its_positions(gpt2):
+    _, model, loaded, x, y = gpt2
+    layer = "model.transformer.h.0.mlp.c_fc"
+    length, width = x.shape[1], 4 * model.model.config.n_embd
+    eager, from_file = _layers(model, x)[layer], _layers(loaded, x)[layer]
+    assert (eager.n_neurons, eager.neuron_axis, eager.axis_rule) == (width, 2, "lengths")
+    # the .pt2 was exported for this length only: the parameters tell the axes apart
+    assert (from_file.n_neurons, from_file.neuron_axis, from_file.axis_rule) == (
+        width, 2, "parameters")
+    assert eager.describe() == f"{length} positions × {width} features"
+    for block in ("model.transformer.h.0", "model.transformer.h.0.mlp.c_proj"):
+        assert _layers(model, x)[block].n_neurons == model.model.config.n_embd
+
+
+def test_a_neuron_axis_chosen_by_hand(gpt2):
+    _, model, _, x, y = gpt2
+    layer = "model.transformer.h.0.mlp.c_fc"
+    torch.testing.assert_close(at.neuron_scores(model, layer + ":2", x, y),
+                               at.neuron_scores(model, layer, x, y))
+    positions = at.neuron_scores(model, layer + ":1", x, y, "gradient_x_activation")
+    assert positions.shape == (x.shape[0], x.shape[1])
+    expected = LayerGradientXActivation(model, model.get_submodule(layer)).attribute(
+        x, target=y).detach().sum(2)
+    torch.testing.assert_close(positions, expected, rtol=1e-3, atol=1e-5)
+    module = model.get_submodule(layer)
+    with eval_mode(model):
+        runner = runner_for(model, layer + ":-2", module, x)
+    assert (runner.axis, runner.axis_rule) == (1, "chosen")
+    with pytest.raises(AttributionError, match="choose 1..2"):
+        at.neuron_scores(model, layer + ":3", x, y)
+    with pytest.raises(AttributionError, match="':axis'"):
+        at.neuron_scores(model, "model.transformer.h.0.mlp.nothing:2", x, y)
+
+
+def test_position_embeddings_shared_by_the_batch_are_not_layers(gpt2):
+    _, model, _, x, y = gpt2
+    assert "model.transformer.wpe" not in _layers(model, x)
+    with pytest.raises(AttributionError, match="no output per sample"):
+        at.neuron_scores(model, "model.transformer.wpe", x, y)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_resnet_blocks_ending_in_a_twice_called_relu_are_listed(inplace):
+    torch.manual_seed(0)
+    model, x = ResNet(inplace=inplace).eval(), torch.randn(6, 3, 32, 32)
+    y = torch.randint(0, 5, (6,))
+    names = [info.name for info in at.list_layers(model, x[:2])]
+    blocks = [name for name, module in model.named_modules() if type(module).__name__ ==
+              "BasicBlock"]
+    assert set(blocks) <= set(names)
+    assert not any(name.endswith("relu") and name != "relu" for name in names)  # runs twice
+    torch.testing.assert_close(
+        at.neuron_scores(model, "layer3.0", x, y, "ablation"),
+        references.ablation(model, model.get_submodule("layer3.0"), x, y), rtol=1e-4, atol=1e-5)
+
+
+def test_an_eager_model_exported_for_one_length_is_exported_again_for_another():
+    model, x, y = build_model("gpt2")
+    layer = "model.transformer.h.1.mlp.c_fc"
+    module = model.get_submodule(layer)
+    with eval_mode(model):
+        first = runner_for(model, layer, module, x)
+        shorter = runner_for(model, layer, module, x[:, :8])
+    assert isinstance(shorter, FxRunner) and shorter is not first
+    expected = _captum_grad_x_activation(model, module, x[:, :8], y, 2)
+    torch.testing.assert_close(at.neuron_scores(model, layer, x[:, :8], y,
+                                                "gradient_x_activation"),
+                               expected, rtol=1e-3, atol=1e-5)
