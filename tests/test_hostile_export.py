@@ -296,6 +296,16 @@ def claimed_size(data: bytes, entry_end: str, size: int) -> bytes:
         position += 46 + name_length + extra + comment
 
 
+def deflated(torch_saved: bytes) -> bytes:
+    """A torch.save zip with its entries deflated (torch reads them; 64 MB of zeros is 64 KB)."""
+    source = zipfile.ZipFile(io.BytesIO(torch_saved))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in source.namelist():
+            archive.writestr(name, source.read(name))
+    return out.getvalue()
+
+
 def sample_inputs(value):
     return lambda entries: entries.update({"data/sample_inputs/model.pt": value})
 
@@ -420,7 +430,16 @@ VECTORS = {
         "relu.default", "torch.ops.evil.run.default"), "not a standard tensor operation"),
     "source_fn_stack: lazy import": ("mlp", lambda m: metadata(
         "relu.default", source_fn_stack="relu,torch._inductor.codecache.x"),
-        "not a loaded module attribute"),
+        "loaded torch module"),
+    "source_fn_stack: builtins through torch.fx": ("mlp", lambda m: metadata(
+        "relu.default", source_fn_stack="relu,torch.fx.graph.builtins.eval"),
+        "loaded torch module"),
+    "aten argument: subgraph": ("nograd", lambda m: program_edit(lambda p: node(
+        p, "linear.default").update(inputs=[{"name": "input", "kind": 1, "arg": node(
+            p, "wrap_with_set_grad_enabled")["inputs"][1]["arg"]}])), "not allowed there"),
+    "hop keyword argument": ("nograd", lambda m: program_edit(lambda p: node(
+        p, "wrap_with_set_grad_enabled")["inputs"][0].update(name="enable", kind=2)),
+        "keyword argument"),
     # strings
     "string where a tensor goes": ("mlp", lambda m: set_input(
         "linear.default", "weight", {"as_string": shell(m)}), "not allowed there"),
@@ -441,6 +460,10 @@ VECTORS = {
     "constant: opaque object (pickle.loads)": ("mlp", lambda m: config_edit(
         opaque_object(m), "constants"), "does not write"),
     "weight: use_pickle": ("mlp", lambda m: config_edit(pickled(m)), "pickled Python objects"),
+    "constant: script object without its record": ("mlp", lambda m: config_edit(
+        lambda config, entries: config.update(evil={
+            "path_name": "custom_obj_0", "is_param": False, "use_pickle": True,
+            "tensor_meta": None}), "constants"), "pickled Python objects"),
     "sample inputs: pickle that runs code": ("mlp", lambda m: sample_inputs(saved(
         ((Exploit(m),), {}))), "sample inputs"),
     "sample inputs: sparse tensor": ("mlp", lambda m: sample_inputs(saved(
@@ -469,7 +492,8 @@ VECTORS = {
     "record larger than declared": ("mlp", lambda m: config_edit(pad_record), "holds"),
     "sparse weight": ("mlp", lambda m: config_edit(sparse_weight), "sparse"),
     "nested subgraphs": ("nograd", lambda m: deeply_nested(40), "nested too deeply"),
-    "too many nodes": ("mlp", lambda m: many_nodes(export_guard.MAX_NODES), "more than"),
+    "too many values for torch to parse": ("mlp", lambda m: many_nodes(
+        export_guard.MAX_PROGRAM_VALUES // 10), "values, over"),
     # unknown schema
     "unknown argument kind": ("mlp", lambda m: set_input(
         "linear.default", "bias", {"as_evil": 1}), "not allowed there"),
@@ -502,6 +526,10 @@ BUDGET_VECTORS = {
         Limits(), "over the limit"),
     "a deflated 64 MB record over a 32 MB budget": (
         lambda mlp: rebuilt(mlp, config_edit(deflated_zeros), zipfile.ZIP_DEFLATED),
+        Limits(max_decoded_bytes=32_000_000), "over the limit"),
+    "sample inputs: a deflated 64 MB tensor over a 32 MB budget": (
+        lambda mlp: rebuilt(mlp, sample_inputs(deflated(saved(((torch.zeros(4096, 4096),),
+                                                               {}))))),
         Limits(max_decoded_bytes=32_000_000), "over the limit"),
 }
 
