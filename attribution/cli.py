@@ -42,7 +42,7 @@ from .loading import LoadedModel, load_model, sniff
 from .methods import METHODS
 from .pruning import ABLATIONS, METRICS, curve_summary
 from .analysis import AnalysisSettings, scoring_targets
-from .report import collect_report, render_report, report_csvs
+from .report import collect_report, csv_text, render_report, report_csvs
 from .scores import REDUCTIONS, cluster_codes, find_cluster
 from .streaming import NpyRows
 
@@ -411,14 +411,15 @@ def _prepare(path: Path) -> Path:
 
 
 def write_table(frame: pd.DataFrame, out: str) -> None:
-    """CSV or Parquet by the file's suffix; '-' is CSV on stdout."""
+    """CSV or Parquet by the file's suffix; '-' is CSV on stdout. CSV text cells cannot
+    start a spreadsheet formula (`report.csv_text`)."""
     if out == "-":
-        frame.to_csv(sys.stdout, index=False)
+        sys.stdout.write(csv_text(frame))
         return
     path = _prepare(Path(out))
     try:
         if path.suffix.lower() == ".csv":
-            frame.to_csv(path, index=False)
+            path.write_text(csv_text(frame), encoding="utf-8")
         else:
             frame.to_parquet(path, index=False)
     except OSError as error:
@@ -476,7 +477,7 @@ def run_layers(args) -> int:
     if not _is_writer():
         return EXIT_OK
     if args.format == "csv":
-        rows.to_csv(sys.stdout, index=False)
+        sys.stdout.write(csv_text(rows))
     elif args.format == "json":
         print(json.dumps(rows.to_dict(orient="records"), indent=2))
     else:

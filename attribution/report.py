@@ -369,6 +369,30 @@ def _curve_titles(cluster: object) -> dict[str, str]:
     return {"cluster": f"cluster {plots.plain(cluster)}", "rest": "rest of the data"}
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""A text cell starting so is a formula to a spreadsheet (OWASP "CSV injection")."""
+
+
+def inert_text(value: object) -> object:
+    """`value` with a leading ' when it is text a spreadsheet would run as a formula."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """CSV of `frame` (no index) whose text cells and column names cannot start a formula in
+    a spreadsheet: they get a leading ' (numbers stay numbers). Lines end in CRLF (RFC 4180),
+    so a cell holding a CR or LF is quoted and stays one cell."""
+    inert = frame.rename(columns=inert_text)
+    for column in inert.columns:
+        values = inert[column]
+        if not (pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values)
+                or pd.api.types.is_datetime64_any_dtype(values)):
+            inert[column] = values.astype(object).map(inert_text)
+    return inert.to_csv(index=False, lineterminator="\r\n")
+
+
 def report_csvs(content: ReportContent) -> dict[str, str]:
     """File name -> CSV text of every table in the report."""
     tables = {
@@ -386,4 +410,4 @@ def report_csvs(content: ReportContent) -> dict[str, str]:
         tables["findings.csv"] = pd.DataFrame(
             [{"code": f.code, "severity": f.severity, "value": f.value, "message": f.message,
               "hint": f.hint} for f in content.findings])
-    return {name: frame.to_csv(index=False) for name, frame in tables.items()}
+    return {name: csv_text(frame) for name, frame in tables.items()}

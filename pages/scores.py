@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from attribution import plots
+from attribution.report import csv_text
 from attribution.neuron import neuron_from_point
 from pages import common
 
@@ -105,10 +106,10 @@ all_clusters = pd.concat([plots.tidy_cluster_scores(
     ignore_index=True)
 columns = st.columns(2)
 columns[0].download_button("Download this cluster's table (CSV)",
-                           summaries.to_csv(index=False).encode(),
+                           csv_text(summaries).encode(),
                            file_name="neuron_scores_cluster.csv", mime="text/csv",
                            on_click="ignore")
 columns[1].download_button("Download every cluster (CSV)",
-                           all_clusters.to_csv(index=False).encode(),
+                           csv_text(all_clusters).encode(),
                            file_name="neuron_scores_all_clusters.csv", mime="text/csv",
                            on_click="ignore")

@@ -648,3 +648,75 @@ def test_export_page_pruning_page_and_report_compute_identical_curves(tmp_path):
     assert on_pruning_page["k"].nunique() == len(ctx.settings.curve_ks(300)) < 301
     for other in (on_export_page, in_report):
         pd.testing.assert_frame_equal(other, on_pruning_page)
+
+
+HOSTILE = ("![x](http://attacker.example/t.png)", "[click](https://attacker.example)",
+           "<img src=x onerror=alert(1)>", "=HYPERLINK(\"http://attacker.example\")",
+           "**bold** _it_ `code` :red[red] $x^2$")
+LIVE_MARKUP = re.compile(r"(?<!\\)\]\(|(?<!\\)<\s*[a-zA-Z/]|(?<![\\/])https?(?<!\\):")
+
+
+def _hostile_upload(tmp_path) -> AppTest:
+    """The digits model with data whose class names and cluster ids are markup."""
+    inputs, labels = _digits()
+    names = [HOSTILE[i % len(HOSTILE)] + f" {i}" for i in range(10)]
+    clusters = np.array([HOSTILE[i % len(HOSTILE)] for i in range(len(labels))])
+    return upload(run_app({"cluster_by": "provided"}),
+                  ("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET),
+                  ("d.npz", _npz(inputs=inputs, labels=labels, clusters=clusters,
+                                 class_names=np.array(names)), OCTET))
+
+
+def _markdown_texts(app: AppTest) -> list[str]:
+    """The text of every element Streamlit renders as Markdown (tables' cells included)."""
+    texts = []
+    for kind in ("markdown", "caption", "info", "warning", "error", "success", "toast",
+                 "title", "header", "subheader", "exception"):
+        texts += [str(element.value) for element in getattr(app, kind)]
+    for table in app.table:
+        texts += [str(v) for v in np.ravel(table.value.to_numpy())] + \
+            [str(v) for v in table.value.index] + [str(v) for v in table.value.columns]
+    return texts
+
+
+def _figure_texts(app: AppTest) -> list[str]:
+    """Every string of every plotly figure (titles, tick labels, hover templates...)."""
+    found = []
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for spec in figures(app).values():
+        walk(spec)
+    return found
+
+
+@pytest.mark.parametrize("page", ("pages/scores.py",) + PAGES)
+def test_names_from_the_data_are_never_rendered_as_markup(tmp_path, page):
+    """Class names and cluster ids of an upload reach every page as plain text: no live link,
+    image, HTML tag or formatting in Markdown-rendered elements, no tag in plotly's HTML-like
+    text (issue 9.5)."""
+    app = _hostile_upload(tmp_path)
+    sidebar_widget(app, "w_cluster").set_value(HOSTILE[0]).run()
+    sidebar_widget(app, "w_target").set_value("fixed").run()
+    app.switch_page(page).run()
+    if page == "pages/export.py":
+        next(b for b in app.button if b.label == "Build report").click().run()
+    assert_clean(app)
+    assert app.session_state["context"].settings.cluster == HOSTILE[0]
+    texts = _markdown_texts(app)
+    assert any("attacker" in text or "HYPERLINK" in text for text in texts + [
+        str(v) for frame in app.dataframe for v in np.ravel(frame.value.to_numpy())]), \
+        "the hostile names should be shown (as text)"
+    for text in texts:
+        assert not LIVE_MARKUP.search(text), text
+        assert "**bold**" not in text and ":red[" not in text, text
+    for text in _figure_texts(app):
+        assert not re.search(r"<\s*(img|a|script)\b", text, re.IGNORECASE), text

@@ -334,3 +334,20 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     with cli.ProgressBar("gradient", quiet=True) as bar:
         bar(0.5)
     assert capsys.readouterr().err == ""
+
+
+def test_score_tables_cannot_start_a_spreadsheet_formula(tmp_path, capsys):
+    """Cluster ids from the data reach the CSV as text a spreadsheet shows, never runs."""
+    with np.load(DATA) as archive:
+        inputs, labels = archive["inputs"][:60], archive["labels"][:60]
+    hostile = np.array(["=HYPERLINK(\"http://attacker.example\")", "@SUM(A1)", "+1", "-1"])
+    np.savez(tmp_path / "d.npz", inputs=inputs, labels=labels,
+             clusters=hostile[np.arange(60) % 4])
+    arguments = ["score", "--model", MODEL, "--data", tmp_path / "d.npz", "--layer", LAYER,
+                 "--quiet", "--out"]
+    for out in (tmp_path / "s.csv", "-"):
+        assert cli.main([str(a) for a in arguments + [out]]) == cli.EXIT_OK
+        text = capsys.readouterr().out if out == "-" else out.read_text()
+        table = pd.read_csv(io.StringIO(text))
+        assert set(table["cluster"]) == {"'" + name for name in hostile}
+        assert (table["score"] < 0).any() and table["score"].dtype == float

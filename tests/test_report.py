@@ -1,4 +1,5 @@
 """The offline HTML report and its CSVs: content, self-containment, escaping."""
+import csv
 import html
 import io
 import re
@@ -203,3 +204,42 @@ def test_settings_describe_themselves_in_words():
     assert words["target logit"] == "class 2 (c)"
     assert words["clusters from"] == "k-means on the inputs (k = 5)"
     assert words["compared with"] == plots.method_label("gradient")
+
+
+FORMULAS = ("=HYPERLINK(\"http://attacker.example\",\"x\")", "+1+1", "-2+3", "@SUM(A1)",
+            "\tcmd", "\rcmd")
+
+
+def test_csv_text_cells_cannot_start_a_formula():
+    frame = pd.DataFrame({"cluster": list(FORMULAS) + ["plain"], "score": [-1.5] * 7,
+                          "n": range(7), FORMULAS[0]: ["-"] * 7})
+    parsed = pd.read_csv(io.StringIO(report.csv_text(frame)), keep_default_na=False)
+    assert parsed["cluster"].tolist() == ["'" + text for text in FORMULAS] + ["plain"]
+    assert parsed["score"].tolist() == [-1.5] * 7 and parsed["n"].tolist() == list(range(7))
+    assert list(parsed.columns)[-1] == "'" + FORMULAS[0]
+    assert parsed.iloc[:, -1].tolist() == ["'-"] * 7
+
+
+def test_report_csvs_neutralise_cluster_names(demo):
+    loaded, dataset = demo
+    clusters = np.array([FORMULAS[i % len(FORMULAS)] for i in range(len(dataset))])
+    per_sample = {m: np.random.default_rng(0).normal(size=(len(dataset), 16)).astype(np.float32)
+                  for m in SETTINGS.methods}
+    settings = replace(SETTINGS, cluster_source="provided", cluster=FORMULAS[0])
+    content = report.assemble(settings, title="t", facts={}, layers=loaded.layers(),
+                              per_sample=per_sample, clusters=clusters)
+    for name, text in report.report_csvs(content).items():
+        for row in csv.reader(io.StringIO(text)):
+            for cell in row:
+                assert not cell.startswith(report.FORMULA_STARTS) or \
+                    _is_number(cell), (name, cell)
+    shown = pd.read_csv(io.StringIO(report.report_csvs(content)["cluster_scores.csv"]))
+    assert set(shown["cluster"]) == {"'" + text for text in FORMULAS}
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
