@@ -10,7 +10,7 @@ from torch import nn
 from .errors import AttributionError
 from .guards import eval_mode, forward_hooks
 from .model_io import (NamedInputs, call, describe, is_batch, is_floating, logits_of,
-                       n_rows, output_key, repeat, take)
+                       n_rows, named, output_key, repeat, take)
 
 
 AXIS_RULES = {
@@ -110,7 +110,7 @@ def list_layers(model: nn.Module, example_input) -> list[LayerInfo]:
     An in-place module (ReLU(inplace=True)) after a listed layer is listed: it changed the
     values.
     """
-    survey = _survey(model, example_input)
+    survey = _survey(model, named(example_input))  # a plain dict of tensors as NamedInputs
     return [info for name, info in survey.layers.items() if name in survey.listed]
 
 

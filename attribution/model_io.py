@@ -8,6 +8,8 @@ functions here, so both kinds flow through scoring, curves, shards and clusters 
     n_rows(x), row_size(x), take(x, rows), to_model(x, model, device), repeat(x, r), cat(parts),
     call(model, x), attention_mask(x), interpolate(x, alphas)
 
+Each takes a plain dict of arrays too (as `NamedInputs`).
+
 Outputs: a tensor [N, C]; a transformers `ModelOutput` or a dict (its "logits"); a tuple,
 list or namedtuple (its `logits` field, else its first [N, C] tensor). `select_output` names
 the entry explicitly for a model whose logits are elsewhere.
@@ -29,6 +31,10 @@ Array = Union[torch.Tensor, np.ndarray]
 OutputKey = Union[str, int, None]
 MASK_NAME = "attention_mask"
 """The input that marks real tokens (1) and padding (0) in a [N, T] batch of sequences."""
+TEXT_INPUT = "input_ids"
+"""The token ids [N, T] of a text model (what a Dataset's `tokens` spell out)."""
+TEXT_INPUTS = (TEXT_INPUT, MASK_NAME, "token_type_ids")
+"""The named inputs of transformers' text classifiers, found in data by these names."""
 
 
 class NamedInputs:
@@ -110,17 +116,20 @@ def is_batch(x: Any) -> bool:
 
 def n_rows(x: Any) -> int:
     """N of a batch [N, ...]."""
+    x = named(x)
     return int(x.shape[0])
 
 
 def row_size(x: Any) -> int:
     """Elements of one sample (over every named entry)."""
+    x = named(x)
     values = x.values() if isinstance(x, NamedInputs) else [x]
     return sum(int(np.prod(value.shape[1:], dtype=np.int64)) for value in values)
 
 
 def take(x: Any, rows) -> Any:
     """Rows of a batch: a slice or an index tensor/array."""
+    x = named(x)
     return x[rows]
 
 
@@ -136,6 +145,7 @@ def _tensor(value: Array) -> torch.Tensor:
 
 def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
     """A batch as tensors on `device`; floating-point ones in the model's float dtype."""
+    x = named(x)
     dtypes = [p.dtype for p in model.parameters() if p.is_floating_point()]
 
     def convert(value):
@@ -155,12 +165,14 @@ def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
 
 def is_floating(x: Any) -> bool:
     """Does the batch hold floating-point inputs that a path method can scale?"""
+    x = named(x)
     values = x.values() if isinstance(x, NamedInputs) else [x]
     return any(_tensor(value).is_floating_point() for value in values)
 
 
 def repeat(x: Any, repeats: int) -> Any:
     """`repeats` stacked copies of a batch [N, ...] -> [repeats*N, ...], copy-major."""
+    x = named(x)
     def stacked(value: torch.Tensor) -> torch.Tensor:
         return value.repeat(repeats, *([1] * (value.dim() - 1)))
 
@@ -169,6 +181,7 @@ def repeat(x: Any, repeats: int) -> Any:
 
 def cat(parts: list) -> Any:
     """Batches joined along the batch dim (named ones name by name)."""
+    parts = [named(part) for part in parts]
     if parts and isinstance(parts[0], NamedInputs):
         names = list(parts[0].keys())
         if any(list(part.keys()) != names for part in parts):
@@ -203,6 +216,7 @@ def _positional_names(model: Any) -> list[str]:
 
 def attention_mask(x: Any) -> Optional[torch.Tensor]:
     """The [N, T] attention mask of named inputs (1 = real token), else None."""
+    x = named(x)
     if isinstance(x, NamedInputs) and MASK_NAME in x:
         mask = _tensor(x[MASK_NAME])
         return mask if mask.dim() == 2 else None
@@ -212,6 +226,7 @@ def attention_mask(x: Any) -> Optional[torch.Tensor]:
 def interpolate(x: Any, alphas: torch.Tensor) -> Any:
     """[S*N, ...]: the batch with its floating-point inputs scaled by each of the S alphas
     (step-major); integer inputs (ids, masks) and the attention mask are repeated as they are."""
+    x = named(x)
     def scaled(value: torch.Tensor) -> torch.Tensor:
         scaled = alphas.view((-1,) + (1,) * value.dim()) * value.unsqueeze(0)
         return scaled.to(value.dtype).flatten(0, 1)  # a half-precision model stays half
@@ -225,12 +240,21 @@ def interpolate(x: Any, alphas: torch.Tensor) -> Any:
 
 def device_of(x: Any) -> torch.device:
     """Where a batch of tensors lives."""
+    x = named(x)
     value = next(iter(x.values())) if isinstance(x, NamedInputs) else x
     return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
 
 
+def flat(x: Any) -> torch.Tensor:
+    """[N, F] float64: every value of each sample side by side (k-means on the inputs)."""
+    x = named(x)
+    values = x.values() if isinstance(x, NamedInputs) else [x]
+    return torch.cat([_tensor(value).reshape(len(value), -1).double() for value in values], 1)
+
+
 def describe(x: Any) -> str:
     """The shapes of a batch, for messages."""
+    x = named(x)
     if isinstance(x, NamedInputs):
         return ", ".join(f"{name} {list(value.shape)} ({value.dtype})"
                          for name, value in x.items())

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch import nn
 
 from .errors import AttributionError
@@ -183,7 +184,9 @@ class HookRunner(LayerRunner):
             moved = self._from_neurons(z)
             if output.shape != moved.shape:
                 raise AttributionError(f"Internal shape mismatch at layer {self.name!r}.")
-            return moved.clone() if z.requires_grad else moved
+            # the model's own layout: its next op may view() it
+            return moved.clone(memory_format=torch.contiguous_format) if z.requires_grad \
+                else moved.contiguous()
 
         if z.requires_grad:
             check_differentiable(self.model)
@@ -418,6 +421,8 @@ class FxRunner(LayerRunner):
                 env[node] = tail_graph.node_copy(node, lambda arg: env[arg])
         self.front = fx.GraphModule(owner, front_graph)
         self.back = fx.GraphModule(owner, tail_graph)
+        calls = getattr(owner, "module_call_graph", None)  # torch.export: flat outputs
+        self._out_spec = calls[0].signature.out_spec if calls else None
         self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
         self._parts = _parts_of(model, self._read)  # the split graphs hold these objects
 
@@ -459,8 +464,11 @@ class FxRunner(LayerRunner):
             if z.is_leaf:
                 z = z.clone()  # in-place ops after the layer must not touch the leaf
         z = self._from_neurons(z)  # exported graphs view it: keep the model's own layout
-        return logits_of(self.back.forward(z if z.is_contiguous() else z.contiguous(), *saved),
-                         output_key(self.model))
+        output = self.back.forward(z if z.is_contiguous() else z.contiguous(), *saved)
+        if self._out_spec is not None:  # the model's own structure (a ModelOutput, a dict)
+            output = pytree.tree_unflatten(
+                list(output) if isinstance(output, (tuple, list)) else [output], self._out_spec)
+        return logits_of(output, output_key(self.model))
 
     def forward_with_leaf(self, x):
         with engine_modes():
