@@ -6,6 +6,9 @@ summed over spatial positions (the effect of the whole channel), except `activat
 is averaged; `ablation` zeroes the whole channel. Sequences likewise: a neuron is a feature at
 every token; with an attention mask only real tokens are summed or averaged, and `ablation`
 zeroes the feature at every position (padding included: a model that masks padding ignores it).
+
+Methods run under `guards.engine_modes` (autograd on whatever the caller's mode). A gradient
+of a NaN/inf logit is NaN; a layer no gradient reaches raises AttributionError, never zeros.
 """
 from __future__ import annotations
 

@@ -4,14 +4,18 @@ Every method and the pruning code go through a `LayerRunner`:
 - `capture(x)` runs the model once without grad and returns (z, state, logits);
 - `tail(z_variants, state, repeats)` maps `repeats` stacked variants of z to logits, so many
   masks, integration steps or ablated neurons share one pass;
-- `forward_with_leaf(x)` runs once with z an autograd leaf, for gradients w.r.t. z.
+- `forward_with_leaf(x)` runs once with z an autograd leaf, for gradients w.r.t. z, whatever
+  the caller's grad mode; a model autograd cannot differentiate faithfully (weights made under
+  inference_mode, backward hooks) is refused there and in a tail of z that requires grad.
 
 z always has the layer's neurons at dim 1 (a Linear on a sequence [B, T, F] has them last:
 its z is [B, F, T]); the runner moves them back for the tail.
 
 `FxRunner` splits a traceable model with torch.fx, so the tail is all that re-runs; values
 that the tail reads from the front (residual inputs, branches) are carried in `state`.
-`HookRunner` works on any model by replacing the layer's output in a full forward.
+`HookRunner` works on any model by replacing the layer's output in a full forward. Forward
+hooks are part of the model's function on both: a model whose own call runs hooks (which the
+split would skip) runs on hooks.
 """
 from __future__ import annotations
 
