@@ -17,6 +17,8 @@ from .loading import LoadedModel, load_model
 from .data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
                    make_clusters, predict_classes)
 from .demo import DEMOS, demo_files, load_demo
+from .model_io import NamedInputs, select_output
+from .tokens import TOKEN_METHODS, token_scores
 from .streaming import NpyRows
 from . import distributed
 
@@ -27,6 +29,7 @@ __all__ = [
     "Finding", "diagnose",
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
     "Dataset", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
-    "DEMOS", "demo_files", "load_demo",
+    "DEMOS", "demo_files", "load_demo", "NamedInputs", "select_output", "TOKEN_METHODS",
+    "token_scores",
     "NpyRows", "distributed",
 ]

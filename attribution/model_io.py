@@ -75,6 +75,13 @@ class NamedInputs:
     def __len__(self) -> int:
         return self.shape[0]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """A floating dtype when any entry is floating (a path method can scale it), else
+        the first entry's (int64 for token ids)."""
+        dtypes = [_tensor(value).dtype for value in self._entries.values()]
+        return next((dtype for dtype in dtypes if dtype.is_floating_point), dtypes[0])
+
     def keys(self):
         return self._entries.keys()
 
