@@ -130,12 +130,19 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
         ) from None
     if grad is None:
         raise _no_gradient_path(batch)
-    broken = ~torch.isfinite(_selected(logits, targets, repeats).detach())  # [R*B] or [R*B, C]
-    if broken.any():
-        broken = broken.T if isinstance(targets, str) else broken
-        grad = grad.masked_fill(broken.view(broken.shape + (1,) * (grad.dim() - broken.dim())),
-                                float("nan"))
-    return grad
+    return _nan_where_not_finite(grad, _selected(logits, targets, repeats), targets)
+
+
+def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor,
+                          targets: Targets) -> torch.Tensor:
+    """`values` [(C,) R*B, n, ...] with NaN where the logit they describe, `selected` [R*B]
+    (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output."""
+    broken = ~torch.isfinite(selected.detach())
+    if not broken.any():
+        return values
+    broken = broken.T if isinstance(targets, str) else broken
+    return values.masked_fill(broken.view(broken.shape + (1,) * (values.dim() - broken.dim())),
+                              float("nan"))
 
 
 def _backward(logits: torch.Tensor, z: torch.Tensor, targets: Targets,
@@ -252,6 +259,7 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
         moved = grad.movedim(-z.dim() - 1, 0)  # [S, (C,) B, n, ...]
         weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
         total = weighted if total is None else total + weighted
+    total = _nan_where_not_finite(total, _selected(logits, targets), targets)  # alpha = 1 too
     attribution = _with_class_axis(z, targets) * _classes_first(total, targets)
     return _reduce_spatial(attribution, _neuron_dim(targets), "sum", _mask(batch))
 
@@ -261,9 +269,8 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
           scales_inputs=True)
 def conductance(batch: Batch) -> torch.Tensor:
     runner, x = batch.runner, batch.x
-    targets = batch.targets
-    if targets is None:
-        targets = runner.capture(x)[2].argmax(1)
+    real_logits = runner.capture(x)[2]  # the quadrature's steps never reach alpha = 1
+    targets = _resolve_targets(batch.targets, real_logits)
     n = model_io.n_rows(x)
     _, alphas = gauss_legendre(batch.n_steps + 1, model_io.device_of(x))
     scaled = model_io.interpolate(x, alphas)  # [(S+1)*B, ...]
@@ -282,6 +289,7 @@ def conductance(batch: Batch) -> torch.Tensor:
         attribution = (difference.unsqueeze(0) * grad_steps[:, :-1]).sum(1)  # [C, B, n, ...]
     else:
         attribution = (difference * grad_steps[:-1]).sum(0)
+    attribution = _nan_where_not_finite(attribution, _selected(real_logits, targets), targets)
     return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum",
                            _mask(batch))
 

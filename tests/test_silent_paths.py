@@ -227,3 +227,37 @@ def test_a_model_left_in_train_mode_with_dropout_scores_as_in_eval_mode():
         torch.testing.assert_close(at.neuron_scores(model, "0", x, None, method, n_steps=4),
                                    expected[method])
     assert model.training
+
+
+class NanAtTheRealInput(nn.Module):
+    """Logits are NaN where the hidden sum reaches `limit`: set just under a sample's own sum,
+    only the real input (alpha = 1) is NaN; every interpolation step of integrated gradients
+    (z scaled) and conductance (x scaled; no bias) stays finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6, bias=False)
+        self.out = nn.Linear(6, 2)
+        self.register_buffer("limit", torch.tensor(float("inf")))
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        logits = self.out(h)
+        return torch.where(h.sum(1, keepdim=True) >= self.limit, float("nan"), logits)
+
+
+@pytest.mark.parametrize("method", GRADIENT_METHODS)
+def test_a_logit_that_is_nan_only_at_the_real_input_gives_nan_path_scores(method):
+    """Was: finite integrated gradients and conductance (their steps never reach alpha = 1)."""
+    torch.manual_seed(0)
+    model = NanAtTheRealInput().eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        sums = torch.relu(model.fc1(x)).sum(1)
+        model.limit.fill_(float(sums[1]) * (1 - 1e-6))  # sample 1 (and larger sums) only
+    broken = sums >= model.limit
+    assert broken[1] and not broken.all()
+    scores = at.neuron_scores(model, "fc1", x, torch.zeros(3, dtype=torch.long), method,
+                              n_steps=16)
+    assert torch.isnan(scores[broken]).all()
+    assert torch.isfinite(scores[~broken]).all()
