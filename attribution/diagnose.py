@@ -27,24 +27,29 @@ several clusters every check runs on each and reports the worst. Value measured;
 
 A neuron is dead on a set of samples when its output is exactly 0 on all of them (a post-ReLU
 layer) or the gradient of every class's logit is exactly 0 on all of them (a pre-activation
-that never turns on; the other logits of an output layer are not dead).
+that never turns on, or a layer whose effect a zero weight after it removes, such as a
+BatchNorm gamma initialised to 0; the other logits of an output layer are not dead). The
+finding says which: output 0, or an output with no gradient, and the zero weights after the
+layer. Messages name settings in the API's words (reduce='mean_abs', target_logit) and
+`Finding.words(screen=True)` in the dashboard's (mean |·|, target logit).
 "Effect" in tiny_scores is in logit units: the score itself for gradient_x_activation,
 integrated_gradients, conductance and ablation; |gradient| x mean |activation| for gradient;
 activation and random have no logit units and are checked against float precision only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import model_io
+from . import model_io, plots
 from .errors import AttributionError
 from .guards import engine_modes, eval_mode
-from .layers import run_logits
+from .layers import resolve_layer, run_logits
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve, spaced_ks
 from .scores import (Inputs, _as_batch_tensor, _check_method, check_reduce, cluster_codes,
@@ -90,6 +95,42 @@ class Finding:
     value: float
     hint: str = ""
     pattern: str = ""
+    screen_message: str = ""
+    screen_hint: str = ""
+
+    def words(self, screen: bool) -> tuple[str, str]:
+        """(message, hint) in the dashboard's words ("mean |·|", "target logit") when
+        `screen`, else in the API's (reduce='mean_abs', target_logit) as in `message`/`hint`."""
+        if screen:
+            return self.screen_message or self.message, self.screen_hint or self.hint
+        return self.message, self.hint
+
+
+_TERM = re.compile(r"«(\w+)=([^»]+)»")  # «setting=value» in a finding's text
+
+
+def _term(setting: str, value: str, screen: bool) -> str:
+    """One setting's value as the API writes it, or as the dashboard shows it."""
+    if not screen:
+        return f"{setting}={value!r}" if setting in ("reduce", "metric") else value
+    if setting == "reduce":
+        return plots.REDUCTION_LABELS.get(value, value)
+    if setting == "metric":
+        return plots.METRIC_LABELS.get(value, value)
+    if setting == "method":
+        return plots.method_label(value)
+    return value.replace("_", " ")  # a check's code
+
+
+def _finding(code: str, severity: str, message: str, value: float, hint: str = "",
+             pattern: str = "") -> Finding:
+    """A Finding whose text may name settings as «setting=value» (reduce, metric, method,
+    check): written in API words in message/hint and in screen words beside them."""
+    def say(text: str, screen: bool) -> str:
+        return _TERM.sub(lambda m: _term(m.group(1), m.group(2), screen), text)
+
+    return Finding(code, severity, say(message, False), value, say(hint, False), pattern,
+                   say(message, True), say(hint, True))
 
 
 @dataclass
@@ -186,7 +227,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     findings.append(_worst([_constant(g) for g in groups], groups, labelled))
     findings.append(_worst([_tiny(g, method) for g in groups], groups, labelled))
     findings.append(_worst([_cancellation(g, reduce) for g in groups], groups, labelled))
-    findings.append(_worst([_dead_neurons(g, everywhere_dead) for g in groups], groups, labelled))
+    zeroed = _zero_weights_after(model, layer)
+    findings.append(_worst([_dead_neurons(g, everywhere_dead, zeroed) for g in groups], groups,
+                           labelled))
     report(0.5, findings)
     curve_checks = []
     for position, group in enumerate(groups):
@@ -273,6 +316,26 @@ def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,
     return reach
 
 
+def _zero_weights_after(model: nn.Module, layer) -> list[str]:
+    """Weights after `layer` (in module order) that are exactly 0 on whole channels, e.g.
+    "bn3.weight (64 of 64 channels)": a BatchNorm gamma initialised to 0 (timm's
+    zero_init_last) removes what flows through it, so the layers before it get no gradient."""
+    name = resolve_layer(model, layer)[0].split(":")[0]
+    found, after = [], False
+    for module_name, module in model.named_modules():
+        if module_name == name:
+            after = True
+            continue
+        weight = getattr(module, "weight", None)
+        if not after or not isinstance(weight, torch.Tensor) or weight.numel() == 0 \
+                or not weight.dtype.is_floating_point:
+            continue
+        zero = (weight.detach().reshape(weight.shape[0], -1) == 0).all(1)
+        if zero.any():
+            found.append(f"{module_name}.weight ({int(zero.sum())} of {zero.numel()} channels)")
+    return found
+
+
 def _dead(reach: np.ndarray, activations: np.ndarray) -> np.ndarray:
     """[n] bool: output exactly 0 on every sample, or no class's logit depends on it on any
     sample (a pre-activation that never turns on)."""
@@ -307,12 +370,12 @@ def _constant(group: _Evidence) -> tuple[Finding, float]:
     scale = float(np.abs(values).max())
     spread = float(np.ptp(values)) / scale if scale > 0 else 0.0
     if spread <= PRECISION:
-        return Finding(
+        return _finding(
             "constant_scores", "problem",
             f"Every neuron gets the same score ({values[0]:.3g}), so the ranking carries no "
             "information and pruning order is arbitrary.", spread,
             "Check that the layer's output varies between neurons and samples; try "
-            "gradient_x_activation or ablation."), -spread
+            "«method=gradient_x_activation» or «method=ablation»."), -spread
     return Finding("constant_scores", "ok",
                    f"Scores vary across neurons (spread {spread:.2g} of the largest).",
                    spread), -spread
@@ -337,17 +400,19 @@ def _tiny(group: _Evidence, method: str) -> tuple[Finding, float]:
                      "magnitude")
         warn_below = 0.0
     if value <= PRECISION:
-        return Finding(
+        return _finding(
             "tiny_scores", "problem",
             f"Scores are at float32 rounding level: {described}, so their order is noise.",
-            value, "Average magnitudes (reduce='mean_abs') or use gradient_x_activation; if "
-            "the logits do not depend on this layer, pick a layer that feeds them."), -value
+            value, "Average magnitudes («reduce=mean_abs») or use "
+            "«method=gradient_x_activation»; if the logits do not depend on this layer, pick "
+            "a layer that feeds them."), -value
     if value < warn_below:
-        return Finding(
+        return _finding(
             "tiny_scores", "warning",
             f"Scores are small: {described}, under 1% of an equal share per neuron.",
-            value, "Small gradients are not a bug by themselves; compare gradient_x_activation "
-            "(logit units) and check sign_cancellation."), -value
+            value, "Small gradients are not a bug by themselves; compare "
+            "«method=gradient_x_activation» (logit units) and check "
+            "«check=sign_cancellation»."), -value
     return Finding("tiny_scores", "ok", f"Scores are well above float precision: {described}.",
                    value), -value
 
@@ -361,38 +426,61 @@ def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     ratio = float(np.median(np.abs(group.scores.mean(0))[active] / magnitude[active]))
     kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons)")
     if reduce != "mean":
-        return Finding("sign_cancellation", "ok",
-                       f"reduce={reduce!r} does not average signs ({kept} with reduce='mean').",
-                       ratio), -ratio
-    hint = ("Use reduce='mean_abs' or gradient_x_activation, or split the cluster into "
-            "smaller, more homogeneous ones (e.g. one class each).")
+        return _finding("sign_cancellation", "ok",
+                        f"«reduce={reduce}» does not average signs ({kept} with "
+                        "«reduce=mean»).", ratio), -ratio
+    hint = ("Use «reduce=mean_abs» or «method=gradient_x_activation», or split the cluster "
+            "into smaller, more homogeneous ones (e.g. one class each).")
     if ratio < CANCELLATION_PROBLEM:
-        return Finding("sign_cancellation", "problem",
+        return _finding("sign_cancellation", "problem",
                        f"Signed averaging cancels: {kept}, because per-sample scores disagree "
                        "in sign; this is why average gradients look tiny.", ratio, hint), -ratio
     if ratio < CANCELLATION_WARNING:
-        return Finding("sign_cancellation", "warning",
-                       f"Signed averaging partly cancels: {kept}.", ratio, hint), -ratio
+        return _finding("sign_cancellation", "warning",
+                        f"Signed averaging partly cancels: {kept}.", ratio, hint), -ratio
     return Finding("sign_cancellation", "ok", f"Signs agree across samples: {kept}.",
                    ratio), -ratio
 
 
-def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray) -> tuple[Finding, float]:
+def _what_is_zero(dead: np.ndarray, activations: np.ndarray, zeroed: list[str]) -> str:
+    """Which of the `dead` [n] neurons output exactly 0, and which have an output but no
+    gradient (something after the layer removes them: a closed ReLU, a zero weight)."""
+    silent = np.flatnonzero(dead & (activations == 0).all(0))
+    unreached = np.flatnonzero(dead & ~(activations == 0).all(0))
+    parts = []
+    if silent.size:
+        parts.append(f"{_neuron_list(silent)} {'outputs' if silent.size == 1 else 'output'} "
+                     "exactly 0")
+    if unreached.size:
+        where = ("a zero weight after this layer: " + ", ".join(zeroed[:3]) if zeroed else
+                 "e.g. a ReLU after this layer that never turns on for them")
+        one = unreached.size == 1
+        parts.append(f"{_neuron_list(unreached)} {'has' if one else 'have'} a nonzero output, "
+                     "but the gradient of every logit with respect to "
+                     f"{'it' if one else 'them'} is exactly 0 on every sample: something after "
+                     f"this layer removes {'it' if one else 'them'} ({where})")
+    return "; ".join(parts)
+
+
+def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
+                  zeroed: list[str]) -> tuple[Finding, float]:
     dead = _dead(group.reach, group.activations)
     share = float(dead.mean())
-    listed = _neuron_list(np.flatnonzero(dead))
-    never_used = np.flatnonzero(dead & everywhere_dead)
+    never_used = dead & everywhere_dead
     hint = ("Their scores are exactly 0 and tie, so their order is arbitrary; exclude them, or "
-            "check the biases/initialisation that switched them off.")
+            "check the biases, initialisation or zero weights that switched them off.")
     if share >= DEAD_PROBLEM:
         return Finding("dead_neurons", "problem",
-                       f"{dead.sum()} of {dead.size} neurons are dead on these samples "
-                       f"({listed}), so most of the ranking is ties.", share, hint), share
-    if never_used.size:
+                       f"{dead.sum()} of {dead.size} neurons are dead on these samples, so "
+                       "most of the ranking is ties: "
+                       f"{_what_is_zero(dead, group.activations, zeroed)}.", share,
+                       hint), share
+    if never_used.any():
         return Finding("dead_neurons", "warning",
-                       f"{never_used.size} of {dead.size} neurons are dead on every sample "
-                       f"({_neuron_list(never_used)}): output and gradient are exactly 0.",
+                       f"{never_used.sum()} of {dead.size} neurons are dead on every sample: "
+                       f"{_what_is_zero(never_used, group.activations, zeroed)}.",
                        share, hint), share
+    listed = _neuron_list(np.flatnonzero(dead))
     if dead.any():
         return Finding("dead_neurons", "ok",
                        f"{dead.sum()} of {dead.size} neurons are silent on this cluster only "
@@ -414,19 +502,19 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
               & (interior["ranked"] <= interior["random_hi"]))
     inside = float(within.mean()) if len(interior) else 1.0
     measured = (f"removing the top-ranked neurons beats {beaten:.0%} of {n_random} random "
-                f"orders ({metric}, area under the curve) and stays inside the 5-95% random "
+                f"orders («metric={metric}», area under the curve) and stays inside the 5-95% random "
                 f"band at {inside:.0%} of k")
-    hint = ("Compare gradient_x_activation or ablation on the pruning page; for signed "
-            "gradients see sign_cancellation.")
+    hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
+            "for signed gradients see «check=sign_cancellation».")
     if beaten < BEATEN_WARNING:
-        return Finding("not_better_than_random", "problem",
+        return _finding("not_better_than_random", "problem",
                        f"The ranking is no better than random: {measured}.", beaten,
                        hint), -beaten
     if beaten < BEATEN_OK:
-        return Finding("not_better_than_random", "warning",
+        return _finding("not_better_than_random", "warning",
                        f"The ranking is only weakly better than random: {measured}.", beaten,
                        hint), -beaten
-    return Finding("not_better_than_random", "ok", f"The ranking beats random: {measured}.",
+    return _finding("not_better_than_random", "ok", f"The ranking beats random: {measured}.",
                    beaten), -beaten
 
 
@@ -438,18 +526,18 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     convention = "signed" if signed else "absolute-value"
     measured = (f"Spearman {rho:.2f} ({convention}) with the exact single-neuron ablation "
                 "effect on the target logit")
-    hint = ("Rank by gradient_x_activation (a first-order ablation estimate) or by ablation "
-            "itself; see the oracle table.")
+    hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
+            "«method=ablation» itself; see the oracle table.")
     if np.isnan(rho):
-        return Finding("disagrees_with_ablation", "problem",
+        return _finding("disagrees_with_ablation", "problem",
                        "The ranking or the ablation effects are constant, so they cannot agree.",
                        rho, hint), np.inf
     if rho < ORACLE_WARNING:
-        return Finding("disagrees_with_ablation", "problem",
+        return _finding("disagrees_with_ablation", "problem",
                        f"The scores barely track what removing a neuron does: {measured}.",
                        rho, hint), -rho
     if rho < ORACLE_OK:
-        return Finding("disagrees_with_ablation", "warning",
+        return _finding("disagrees_with_ablation", "warning",
                        f"The scores only loosely track what removing a neuron does: {measured}.",
                        rho, hint), -rho
     return Finding("disagrees_with_ablation", "ok", f"The scores track ablation: {measured}.",
@@ -471,8 +559,8 @@ def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
         prefix += f" (worst of {flagged} flagged out of {len(results)} clusters)"
     else:
         prefix += f" (least good of {len(results)} clusters, all ok)"
-    return Finding(finding.code, finding.severity, f"{prefix}: {finding.message}",
-                   finding.value, finding.hint)
+    return replace(finding, message=f"{prefix}: {finding.message}",
+                   screen_message=f"{prefix}: {finding.words(screen=True)[0]}")
 
 
 def _neuron_list(indices: np.ndarray, shown: int = 8, noun: str = "neuron") -> str:

@@ -51,6 +51,8 @@ METHOD_UNITS = {
     "random": "arbitrary units",
 }
 REDUCTION_LABELS = {"mean": "signed mean", "mean_abs": "mean |·|", "std": "std"}
+METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
+                 "loss": "cross-entropy loss"}
 METRIC_AXES = {
     "accuracy": "accuracy (% of samples)",
     "target_logit": "mean target logit (logits)",
@@ -103,6 +105,18 @@ def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
 def _is_signed(values: Iterable[float]) -> bool:
     array = np.asarray(list(values), dtype=float)
     return bool(np.nanmin(array, initial=0.0) < 0)
+
+
+def colour_legend(scores: Iterable[float], reduce: str) -> str:
+    """What a heatmap's colours of these scores mean, in words (the figure colours signed
+    values red/blue around white and values >= 0 from light to dark)."""
+    if _is_signed(scores):
+        return "Signed scores: red raises the target logit, blue lowers it, white is zero."
+    if reduce == "mean_abs":
+        return ("Magnitudes (mean |·| over the samples): darker is larger. The sign is dropped, "
+                "so a cell does not say whether a neuron raises or lowers the target logit.")
+    return (f"Every score here is 0 or more ({REDUCTION_LABELS.get(reduce, reduce)}): darker is "
+            "larger.")
 
 
 def _colour_range(values: np.ndarray, signed: bool) -> dict:
@@ -176,18 +190,20 @@ def _evenly_spaced(order: np.ndarray, most: int) -> np.ndarray:
     return order[np.linspace(0, len(order) - 1, most).round().astype(int)]
 
 
-def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *,
+def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *, reduce: str = "mean",
                        max_samples: int = 200, max_neurons: int = 128) -> pd.DataFrame:
     """One cluster's samples x neurons as rows (sample, neuron, score), sorted for reading.
 
-    Neurons are ordered by their mean score (highest first); samples by their score on the
+    Neurons are ordered by their cluster score under `reduce` ("mean" or "mean_abs", highest
+    first), as the cluster heatmap and the bars rank them; samples by their score on the
     top neuron. Above `max_samples` samples (`max_neurons` neurons), evenly spaced rows
     (columns) of that order are kept, so the picture keeps its shape; `attrs["n_neurons"]`
     is the layer's count.
     """
     values = np.asarray(per_sample, dtype=np.float64)
     ids = np.asarray(sample_ids)
-    neuron_order = _evenly_spaced(np.argsort(-values.mean(axis=0), kind="stable"), max_neurons)
+    cluster_score = np.abs(values).mean(axis=0) if reduce == "mean_abs" else values.mean(axis=0)
+    neuron_order = _evenly_spaced(np.argsort(-cluster_score, kind="stable"), max_neurons)
     sample_order = (np.argsort(-values[:, neuron_order[0]], kind="stable") if values.size
                     else np.zeros(0, dtype=int))
     sample_order = _evenly_spaced(sample_order, max_samples)
@@ -198,6 +214,7 @@ def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *,
         "score": block.ravel(),
     })
     frame.attrs["n_neurons"] = values.shape[1]
+    frame.attrs["reduce"] = reduce
     return frame
 
 
@@ -276,7 +293,8 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     n_neurons = samples.attrs.get("n_neurons", len(neuron_order))
     spacing = "" if n_neurons == len(neuron_order) else \
         f"; {len(neuron_order)} of {n_neurons}, evenly spaced"
-    fig.update_xaxes(title=f"neuron (sorted by cluster mean, highest first{spacing})",
+    order = REDUCTION_LABELS.get(samples.attrs.get("reduce", "mean"), "signed mean")
+    fig.update_xaxes(title=f"neuron (sorted by cluster {order}, highest first{spacing})",
                      type="category")
     fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
     shown = len(sample_order)

@@ -308,11 +308,12 @@ def _findings_html(findings: Sequence) -> str:
     items = []
     for finding in findings:
         colour = plots.SEVERITY_COLOURS.get(finding.severity, "#57606A")
+        message, hint = finding.words(screen=True)  # the settings table's words
         items.append(
             f'<div class="finding" style="border-color:{colour}">'
             f"<b style='color:{colour}'>{_e(finding.severity)}</b> "
-            f"<code>{_e(finding.code)}</code> {_e(finding.message)}"
-            f'<div class="hint">{_e(finding.hint)}</div></div>')
+            f"<code>{_e(finding.code)}</code> {_e(message)}"
+            f'<div class="hint">{_e(hint)}</div></div>')
     return "".join(items)
 
 

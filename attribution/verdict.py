@@ -117,7 +117,8 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
     flagged = [by_code[code] for code in CAUSES if code in by_code
                and by_code[code].severity != "ok"]
     blocking = [f for f in flagged if not (f.code == "dead_neurons" and f.severity == "warning")]
-    notes = tuple(f"{check_name(f)}: {f.message}" for f in flagged if f not in blocking)
+    notes = tuple(f"{check_name(f)}: {f.words(screen=True)[0]}" for f in flagged
+                  if f not in blocking)
     if not blocking:
         passed = [code for code in CAUSES if code in by_code]
         return Verdict("ok", "These scores are usable",
@@ -131,9 +132,9 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
     symptoms = [f for f in symptoms if f is not cause]
     remedies = _remedies(cause, method, reduce, cluster_source, has_labels)
     headline = _headline(cause, bool(symptoms))
-    explanation = cause.message + "".join(f" {check_name(f)}: {_lower_first(f.message)}"
-                                          for f in symptoms)
-    action = remedies[0].label + "." if remedies else cause.hint
+    explanation = cause.words(screen=True)[0] + "".join(
+        f" {check_name(f)}: {_lower_first(f.words(screen=True)[0])}" for f in symptoms)
+    action = remedies[0].label + "." if remedies else cause.words(screen=True)[1]
     return Verdict(worst, headline, explanation, action, remedies, cause.code, notes)
 
 

@@ -44,8 +44,7 @@ FAST_DEMOS = {  # demo -> (state dict, architecture, data) in demo/, equal to lo
 UPLOAD = "upload"
 BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
 RANDOM_ORDERS = (5, 10, 20, 50, 100)
-METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
-                 "loss": "cross-entropy loss"}
+METRIC_LABELS = plots.METRIC_LABELS  # the Pruning page's Measure box
 DEFAULT_METHOD, DEFAULT_COMPARE = "gradient_x_activation", ("gradient", "ablation")
 _ACTIVATION_KINDS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"}
 # session-state key -> URL parameter, for every choice a shared link reproduces

@@ -151,9 +151,10 @@ with evidence:
 
     st.subheader("Evidence")
     for finding in findings:
-        text = f"**{check_name(finding)}** · {common.escape_markdown(finding.message)}"
-        if finding.hint:
-            text += f"  \n*What to do:* {common.escape_markdown(finding.hint)}"
+        message, hint = finding.words(screen=True)  # the sidebar's words, not the API's
+        text = f"**{check_name(finding)}** · {common.escape_markdown(message)}"
+        if hint:
+            text += f"  \n*What to do:* {common.escape_markdown(hint)}"
         ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
 
     main = ctx.scores(s.method)[ctx.focus]

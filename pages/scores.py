@@ -58,8 +58,8 @@ tidy["cluster"] = tidy["cluster"].map(ctx.cluster_label)
 common.chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
                                    highlight=focus_label), key="cluster_heatmap",
              on_click=lambda: open_clicked("cluster_heatmap"))
-st.caption("Each cell is the cluster's average score for one neuron. Signed scores: red raises "
-           "the target logit, blue lowers it, white is zero. The framed row is the cluster in "
+st.caption(f"Each cell is the cluster's {plots.REDUCTION_LABELS[s.reduce]} score for one neuron. "
+           f"{plots.colour_legend(tidy['score'], s.reduce)} The framed row is the cluster in "
            "focus (sidebar). Click a cell or a bar to open that neuron.")
 
 summaries = pd.concat([plots.neuron_summary(per_sample[m][ctx.focus], s.reduce, m)
@@ -81,12 +81,14 @@ with left:
                "the bar mean the samples disagree.")
 with right:
     samples = plots.tidy_sample_scores(per_sample[s.method][ctx.focus],
-                                       ctx.focus.nonzero()[0])
+                                       ctx.focus.nonzero()[0], reduce=s.reduce)
     common.chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
                                       n_total=int(ctx.focus.sum())), key="sample_heatmap",
                  on_click=lambda: open_clicked("sample_heatmap"))
     st.caption("One row per sample of the cluster, sorted by the top neuron; neurons sorted by "
-               "the cluster score. Large clusters are shown by evenly spaced rows.")
+               f"the cluster score ({plots.REDUCTION_LABELS[s.reduce]}). "
+               f"{plots.colour_legend(samples['score'], 'mean')} Large clusters are shown by "
+               "evenly spaced rows.")
 
 if len(s.methods) > 1:
     st.subheader("Methods side by side")

@@ -720,3 +720,30 @@ def test_names_from_the_data_are_never_rendered_as_markup(tmp_path, page):
         assert "**bold**" not in text and ":red[" not in text, text
     for text in _figure_texts(app):
         assert not re.search(r"<\s*(img|a|script)\b", text, re.IGNORECASE), text
+
+
+SCREEN_ONLY = re.compile(r"reduce=|metric=|mean_abs|target_logit|gradient_x_activation|"
+                         r"sign_cancellation|integrated_gradients")
+
+
+def test_words_on_the_scores_and_diagnosis_pages_match_the_numbers_and_the_sidebar():
+    """Issue 10.5: in mean |·| mode the heatmap caption does not describe signed colours and
+    the samples heatmap ranks neurons by mean |·|; findings speak the sidebar's words."""
+    app = run_app({"reduce": "mean_abs", "method": "gradient"})
+    assert_clean(app)
+    heatmap_caption = next(c.value for c in app.caption if c.value.startswith("Each cell"))
+    assert "mean |·| score" in heatmap_caption and "Signed scores" not in heatmap_caption
+    ctx = app.session_state["context"]
+    focus = ctx.scores("gradient")[ctx.focus]
+    expected = np.argsort(-np.abs(focus).mean(axis=0), kind="stable")
+    shown = figure(app, "Each sample of cluster")["data"][0]["x"]
+    assert [int(n) for n in shown] == expected.tolist()
+    app.switch_page("pages/diagnosis.py").run()
+    assert_clean(app)
+    sidebar_widget(app, "w_reduce").set_value("mean").run()
+    assert_clean(app)
+    texts = [e.value for kind in ("error", "warning", "success", "info", "markdown", "caption")
+             for e in getattr(app, kind)]
+    assert any("(target logit, area under the curve)" in unescaped(text) for text in texts)
+    for text in texts:
+        assert not SCREEN_ONLY.search(unescaped(text)), text

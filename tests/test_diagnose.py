@@ -1,5 +1,7 @@
 """The degeneracy check: every finding fires on a model built to trigger it, and stays quiet on
 a healthy one. The hand-written loops below are the user's own (seeds 000 and 002)."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -173,6 +175,12 @@ def test_dead_neurons_from_a_bias_pushed_hugely_negative(layer):
     finding = by_code(at.diagnose(model, layer, x, y, "gradient", y.numpy()))["dead_neurons"]
     assert finding.severity == "warning" and finding.value == pytest.approx(2 / WIDTH)
     assert "neurons 1, 6" in finding.message
+    if layer == "fc":  # pre-activation: only the gradient is 0, the output is far from it
+        assert "neurons 1, 6 have a nonzero output, but the gradient of every logit" in \
+            finding.message and "output exactly 0" not in finding.message
+    else:
+        assert "neurons 1, 6 output exactly 0." in finding.message and "gradient" not in \
+            finding.message
     with torch.no_grad():
         model.fc.bias[:5] = -1e4
     finding = by_code(at.diagnose(model, layer, x, y, "gradient"))["dead_neurons"]
@@ -195,7 +203,7 @@ def test_a_dead_conv_channel_is_found_and_every_check_runs_on_conv_layers():
     findings = at.diagnose(model, "relu", x, y, "gradient_x_activation", y.numpy())
     assert [finding.code for finding in findings] == list(CHECKS[:-1])
     dead = by_code(findings)["dead_neurons"]
-    assert dead.severity == "warning" and "neuron 2)" in dead.message
+    assert dead.severity == "warning" and "neuron 2 outputs exactly 0" in dead.message
 
 
 def test_neurons_silent_on_one_cluster_only_are_reported_but_not_flagged():
@@ -373,3 +381,50 @@ def test_user_mistakes_raise_one_actionable_error(change, match):
     targets = arguments.pop("targets")
     with pytest.raises(at.AttributionError, match=match):
         at.diagnose(model, "fc", x, targets, **arguments)
+
+
+class ZeroGammaNet(nn.Module):
+    """conv -> BatchNorm whose gamma starts at 0 (timm's zero_init_last) -> ReLU -> head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 2)
+        nn.init.zeros_(self.bn.weight)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_live_channels_behind_a_zero_batchnorm_gamma_are_named_with_the_zero():
+    torch.manual_seed(0)
+    model, x = ZeroGammaNet().eval(), torch.randn(20, 1, 6, 6)
+    assert (at.neuron_scores(model, "conv", x, None, "activation") != 0).all()  # live outputs
+    finding = by_code(at.diagnose(model, "conv", x, None, "gradient"))["dead_neurons"]
+    assert finding.severity == "problem"
+    assert "neurons 0, 1, 2, 3 have a nonzero output, but the gradient of every logit" in \
+        finding.message
+    assert "a zero weight after this layer: bn.weight (4 of 4 channels)" in finding.message
+    assert "output exactly 0" not in finding.message
+
+
+API_WORDS = re.compile(r"reduce=|metric=|mean_abs|target_logit|gradient_x_activation|"
+                       r"sign_cancellation|integrated_gradients")
+
+
+def test_findings_speak_the_api_to_the_cli_and_the_screen_to_the_dashboard():
+    model, dataset = at.load_demo("digits_mlp")
+    findings = at.diagnose(model.module, "relu1", dataset.inputs[:200], dataset.labels[:200],
+                           "gradient", reduce="mean")
+    cancellation = by_code(findings)["sign_cancellation"]
+    assert cancellation.severity != "ok"
+    assert "reduce='mean_abs'" in cancellation.hint and "gradient_x_activation" in \
+        cancellation.hint
+    assert "mean |·|" in cancellation.words(screen=True)[1]
+    assert "gradient × activation" in cancellation.words(screen=True)[1]
+    assert "target logit" in by_code(findings)["not_better_than_random"].words(screen=True)[0]
+    assert "metric='target_logit'" in by_code(findings)["not_better_than_random"].message
+    for finding in findings:
+        assert finding.words(screen=False) == (finding.message, finding.hint)
+        for text in finding.words(screen=True):
+            assert not API_WORDS.search(text), text
+            assert "«" not in text and "«" not in finding.message + finding.hint

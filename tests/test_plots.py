@@ -256,3 +256,23 @@ def test_class_mix_bars_show_shares_largest_first():
     fig = plots.class_mix_bars(mix, cluster=2)
     assert list(fig.data[0].x) == [0.75, 0.25] and list(fig.data[0].y) == ["six", "eight"]
     assert fig.layout.title.text == "What cluster 2 mixes"
+
+
+def test_samples_heatmap_orders_neurons_by_the_chosen_reduction():
+    # neuron 0: large scores of both signs (signed mean 0, mean |·| 5); neuron 1: +1 always
+    per_sample = np.array([[5.0, 1.0], [-5.0, 1.0], [5.0, 1.0], [-5.0, 1.0]])
+    signed = plots.tidy_sample_scores(per_sample, np.arange(4))
+    magnitude = plots.tidy_sample_scores(per_sample, np.arange(4), reduce="mean_abs")
+    assert list(pd.unique(signed["neuron"])) == [1, 0]
+    assert list(pd.unique(magnitude["neuron"])) == [0, 1]
+    title = plots.sample_heatmap(magnitude, method="gradient", cluster=0).layout.xaxis.title.text
+    assert "sorted by cluster mean |·|" in title
+    assert "sorted by cluster signed mean" in \
+        plots.sample_heatmap(signed, method="gradient", cluster=0).layout.xaxis.title.text
+
+
+def test_colour_legend_says_what_the_colours_of_these_scores_mean():
+    assert plots.colour_legend([-1.0, 2.0], "mean").startswith("Signed scores: red raises")
+    magnitudes = plots.colour_legend([0.0, 2.0], "mean_abs")
+    assert "mean |·|" in magnitudes and "red" not in magnitudes and "sign is dropped" in magnitudes
+    assert "red" not in plots.colour_legend([0.0, 2.0], "mean")
