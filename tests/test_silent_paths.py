@@ -137,6 +137,7 @@ def test_forward_hooks_on_submodules_and_pre_hooks_count_the_same_on_both_runner
         model, x, y = build("residual_mlp")
         torch.nn.utils.prune.l1_unstructured(model.fc2, "weight", amount=0.5)
         model.out.register_forward_hook(lambda module, args, output: output - output.mean())
+        model.fc1.register_forward_hook(lambda module, args, output: 1.5 * output)  # the layer
         with eval_mode(model):
             runner = runner_for(model, "fc1", model.fc1, x)
             if name == "hooks":
