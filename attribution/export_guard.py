@@ -24,9 +24,10 @@ recipe, before torch reads a byte):
 - the entries `torch.export.save` writes, listed alike by torch's zip reader and Python's (so
   the legacy fallback finds nothing), unpacking within `limits.max_decoded_bytes`;
 - tensor records exactly as long as their tensors' declared dtype x shape x strides span, all
-  tensors within `limits.max_decoded_bytes`; strided layout, known dtypes and devices;
-- sample inputs: a torch.save zip whose pickle names only tensor rebuilders and which holds
-  plain CPU tensors ((args...), {name: tensor});
+  tensors within `limits.max_decoded_bytes`; strided layout, known dtypes and devices; no
+  tensor the graph declares (at the example's sizes) over that budget either;
+- sample inputs: a torch.save zip whose pickle (under 4 MB) names only tensor rebuilders and
+  which holds plain CPU tensors ((args...), {name: tensor}); extra files under 4 MB;
 - every JSON record (under 64 MB and 500,000 values) validated field by field against the
   schema of an ordinary export, unknown fields and kinds refused;
 - node targets: ATen/prims operators (looked up in the registry first), integer arithmetic on
@@ -37,7 +38,8 @@ recipe, before torch reads a byte):
   dtypes, layouts, devices, memory formats, their lists); strings only for the schema's
   string arguments with known values (`reduce`, `approximate`, `rounding_mode`, `padding`,
   an einsum equation, ...); `as_operator` and custom (script) objects nowhere;
-- shape expressions of sympy constructors, symbol names and arithmetic; range-constraint
+- shape expressions of sympy constructors, symbol names and arithmetic, a million characters
+  at most (sympy parses each one every time torch meets it); range-constraint
   symbols with at most 6 digits; guards that compare input sizes (`L['x'].size()[0] == 2`);
 - treespecs of builtin containers or transformers outputs with plain-JSON contexts; metadata
   as text: no carriage returns (stack traces may hold line feeds), module paths as dotted
@@ -70,7 +72,12 @@ EXPORT_RECIPE = (
     "(example_batch: a few real samples, at least 2, shaped like the model's input.)"
 )
 MAX_PROGRAM_BYTES = 64 * 2 ** 20
-"""Largest JSON record (the program, a payload config) and largest total of extra files."""
+"""Largest JSON record (the program, a payload config)."""
+MAX_EXTRA_BYTES = 4 * 2 ** 20
+"""Largest total of extra files (class names, metadata) and of the sample inputs' pickle."""
+MAX_EXPRESSION_CHARS = 1_000_000
+"""Most characters of shape expressions in a program: sympy parses each (2-6 us a character)
+every time torch meets it; an exported transformer has tens of thousands."""
 MAX_PROGRAM_VALUES = 500_000
 """Most JSON values in one record. torch turns each into a dataclass at about 80 us (a BERT
 layer is about 6,000 values), so this bounds its parsing near 40 s and json's memory."""
@@ -124,9 +131,11 @@ def check_export_archive(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[s
             raise AttributionError(over_budget("The tensors of this .pt2 take", _size(
                 tensor_bytes), _size(limits.max_decoded_bytes), "max_decoded_bytes"))
         extras = {name: size for name, size in sizes.items() if name.startswith("extra/")}
-        if sum(extras.values()) > MAX_PROGRAM_BYTES:
+        if sum(extras.values()) > MAX_EXTRA_BYTES:
             raise _refuse(f"its extra files take {_size(sum(extras.values()))}")
-        _check_program(_json_record(reader, sizes, "models/model.json"))
+        program = _json_record(reader, sizes, "models/model.json")
+        _check_program(program)
+        _check_costs(program, limits)
         return {name[len("extra/"):]: reader.get_record(name) for name in extras}
 
 
@@ -287,7 +296,7 @@ def _check_sample_inputs(data: bytes) -> int:
             or len(set(names)) != len(names) or not all(map(_SAMPLE_ENTRIES.match, names))):
         raise _refuse("its sample inputs hold entries that torch.save does not write")
     storage_bytes = sum(e.file_size for e, n in zip(entries, names) if n.startswith("data/"))
-    if sum(entry.file_size for entry in entries) - storage_bytes > MAX_PROGRAM_BYTES:
+    if sum(entry.file_size for entry in entries) - storage_bytes > MAX_EXTRA_BYTES:
         raise _refuse("its sample inputs hold an oversized pickle")
     _check_pickle_globals(archive.read(f"{root}/data.pkl"))
     try:
@@ -768,6 +777,37 @@ def _guard(text: Any) -> None:
         position = match.end()
 
 
+def _check_costs(program: dict, limits: Limits) -> None:
+    """What the (valid) program asks of sympy and of memory: its shape expressions, and its
+    largest declared tensor (at the example's sizes) against `limits.max_decoded_bytes`."""
+    objects, stack = [], [program]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            objects.append(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    characters = sum(len(item["expr_str"]) for item in objects if "expr_str" in item)
+    if characters > MAX_EXPRESSION_CHARS:
+        raise _refuse(f"its shape expressions take {characters:,} characters")
+    largest = max((_declared_bytes(meta) for item in objects if "tensor_values" in item
+                   for meta in item["tensor_values"].values()), default=0)
+    if largest > limits.max_decoded_bytes:
+        raise AttributionError(over_budget("This .pt2 computes a tensor of", _size(largest),
+                                           _size(limits.max_decoded_bytes),
+                                           "max_decoded_bytes"))
+
+
+def _declared_bytes(meta: dict) -> int:
+    """Bytes of a tensor value of the graph; symbolic sizes at their hint (the example's)."""
+    numel = 1
+    for size in meta["sizes"]:
+        (kind, value), = size.items()
+        numel *= value if kind == "as_int" else (value.get("hint") or {}).get("as_int", 1)
+    return numel * _DTYPES[meta["dtype"]].itemsize
+
+
 def _check_signature(signature: Any) -> None:
     _fields(signature, "the signature", ("input_specs", "output_specs"))
     data = _VALUE_KINDS | {"as_string"}
@@ -971,7 +1011,7 @@ def _source_function(target: str, where: str) -> None:
     found: Any = root[0]
     for name in target.split(".")[root[1]:]:
         if not (isinstance(found, types.ModuleType) and name in vars(found) and (
-                found.__name__ in ("torch", "_operator", "math")
+                found.__name__ in ("torch", "operator", "math")
                 or found.__name__.startswith("torch."))):
             raise _refuse(f"the source function {target[:60]!r} of {where} is not an "
                           "attribute of a loaded torch module")

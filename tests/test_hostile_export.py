@@ -310,6 +310,13 @@ def sample_inputs(value):
     return lambda entries: entries.update({"data/sample_inputs/model.pt": value})
 
 
+def long_expressions(count) -> dict:
+    """`count` symbolic values of 1,900 characters each, all in the shape grammar."""
+    text = "Add(" + ", ".join(f"Mul(Integer({i}), Symbol('s{i}', positive=True, integer=True))"
+                              for i in range(31)) + ")"
+    return {f"e{i}": {"as_expr": {"expr_str": text, "hint": None}} for i in range(count)}
+
+
 def deeply_nested(depth):
     """wrap_with_set_grad_enabled subgraphs nested `depth` deep."""
     def change(program):
@@ -492,6 +499,17 @@ VECTORS = {
     "record larger than declared": ("mlp", lambda m: config_edit(pad_record), "holds"),
     "sparse weight": ("mlp", lambda m: config_edit(sparse_weight), "sparse"),
     "nested subgraphs": ("nograd", lambda m: deeply_nested(40), "nested too deeply"),
+    "shape expressions for sympy to parse": ("mlp", lambda m: program_edit(
+        lambda p: graph(p)["sym_int_values"].update(long_expressions(700))),
+        "shape expressions take"),
+    "an intermediate tensor of 32 GB": ("mlp", lambda m: program_edit(
+        lambda p: graph(p)["tensor_values"]["relu"].update(
+            sizes=[{"as_int": 2 ** 20}, {"as_int": 2 ** 13}])), "computes a tensor of"),
+    "extra files of 5 MB": ("mlp", lambda m: lambda e: e.update(
+        {"extra/class_names.json": json.dumps(["x" * 10] * 400_000).encode()}),
+        "extra files take"),
+    "sample inputs: a 5 MB pickle": ("mlp", lambda m: sample_inputs(saved(
+        ((FLOATS,), {"pad": "x" * 5_000_000}))), "oversized pickle"),
     "too many values for torch to parse": ("mlp", lambda m: many_nodes(
         export_guard.MAX_PROGRAM_VALUES // 10), "values, over"),
     # unknown schema
