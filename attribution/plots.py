@@ -534,49 +534,61 @@ def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
     """The samples that drive a neuron most (top row) and least (bottom row) as images, with
     the neuron's map over each one when the layer has positions (a conv channel).
 
+    The images are tiled into one mosaic (one trace, and one for the maps): a figure of one
+    axis draws far faster than one subplot per image.
+
     Args:
         examples: rows (sample, side, activation, label, input [C, H, W], positions [h, w] or
-            None) as `attribution.neuron.NeuronView.examples`; optional label_name.
+            None) as `attribution.neuron.NeuronView.examples`.
     """
     sides = [side for side in ("most", "least") if (examples["side"] == side).any()]
-    width = int(max((examples["side"] == side).sum() for side in sides))
     ordered = [examples[examples["side"] == side] for side in sides]
-    titles = [title for part in ordered  # row by row, each padded to the row width
-              for title in [_caption(row) for _, row in part.iterrows()]
-              + [""] * (width - len(part))]
-    fig = make_subplots(rows=len(sides), cols=width, horizontal_spacing=0.01,
-                        vertical_spacing=0.12, subplot_titles=titles)
+    width = max(len(part) for part in ordered)
+    channels, height, breadth = np.asarray(examples["input"].iloc[0]).shape
+    gap, band = max(1, breadth // 8), -(-height // 2)  # between tiles; above a tile: caption
+    tile_h, tile_w = band + height, breadth + gap
+    rgb = channels >= 3
+    mosaic = np.full((len(sides) * tile_h, width * tile_w) + ((3,) if rgb else ()),
+                     255.0 if rgb else np.nan)
+    overlay = np.full((len(sides) * tile_h, width * tile_w), np.nan)
     maps = [m for m in examples["positions"] if m is not None]
     top = max((float(np.abs(m).max()) for m in maps), default=0.0) or 1.0
-    for row, part in enumerate(ordered, start=1):
-        for column, (_, example) in enumerate(part.iterrows(), start=1):
+    captions = []
+    for row, part in enumerate(ordered):
+        for column, (_, example) in enumerate(part.iterrows()):
             image = np.asarray(example["input"], dtype=np.float64)
             low, high = float(image.min()), float(image.max())
             scaled = (image - low) / (high - low) if high > low else np.zeros_like(image)
-            if scaled.shape[0] == 1:
-                fig.add_trace(go.Heatmap(z=scaled[0], colorscale="Greys", showscale=False,
-                                         hoverinfo="skip"), row=row, col=column)
+            y, x = row * tile_h + band, column * tile_w
+            if rgb:
+                mosaic[y:y + height, x:x + breadth] = scaled[:3].transpose(1, 2, 0) * 255
             else:
-                fig.add_trace(go.Image(z=(scaled[:3].transpose(1, 2, 0) * 255).astype(np.uint8),
-                                       hoverinfo="skip"), row=row, col=column)
+                mosaic[y:y + height, x:x + breadth] = scaled[0]
             if example["positions"] is not None:
-                grid = np.asarray(example["positions"], dtype=np.float64)
-                fig.add_trace(go.Heatmap(
-                    z=_upsampled(grid, scaled.shape[1:]), zmin=-top, zmax=top, opacity=0.6,
-                    colorscale=[[0, NEGATIVE_COLOUR], [0.5, "rgba(255,255,255,0)"],
-                                [1, POSITIVE_COLOUR]], showscale=False,
-                    hovertemplate="neuron output %{z:.3g}<extra></extra>"), row=row, col=column)
+                overlay[y:y + height, x:x + breadth] = _upsampled(
+                    np.asarray(example["positions"], dtype=np.float64), (height, breadth))
+            captions.append(dict(x=x + (breadth - 1) / 2, y=y - 0.5, text=_caption(example),
+                                 showarrow=False, yanchor="bottom", font=dict(size=10)))
+    if rgb:
+        fig = go.Figure(go.Image(z=mosaic.astype(np.uint8), hoverinfo="skip"))
+    else:
+        fig = go.Figure(go.Heatmap(z=mosaic, colorscale="Greys", showscale=False,
+                                   hoverinfo="skip"))
+    if maps:
+        fig.add_trace(go.Heatmap(
+            z=overlay, zmin=-top, zmax=top, opacity=0.6, showscale=False,
+            colorscale=[[0, NEGATIVE_COLOUR], [0.5, "rgba(255,255,255,0)"],
+                        [1, POSITIVE_COLOUR]],
+            hovertemplate="neuron output %{z:.3g}<extra></extra>"))
+    fig.update_layout(annotations=captions)
     fig.update_xaxes(visible=False, constrain="domain")
     fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", constrain="domain")
-    for axis in range(2, len(sides) * width + 1):
-        fig.update_yaxes(scaleanchor=f"x{axis}", row=(axis - 1) // width + 1,
-                         col=(axis - 1) % width + 1)
-    fig.update_annotations(font_size=10)
-    overlay = "; colour: the channel's output at each position (red > 0 > blue)" if maps else ""
+    overlay_words = "; colour: the channel's output at each position (red > 0 > blue)" \
+        if maps else ""
     return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most (top) "
                               f"and least (bottom)",
-                   subtitle=f"sample number · label · activation{overlay}",
-                   height=130 + 150 * len(sides), top=90)
+                   subtitle=f"sample number · label · activation{overlay_words}",
+                   height=150 + 170 * len(sides), top=90)
 
 
 def example_values(examples: pd.DataFrame, *, neuron: int,

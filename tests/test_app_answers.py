@@ -196,7 +196,8 @@ def test_a_clicked_neuron_opens_with_its_removal_distributions_and_examples():
     assert shown["Cluster accuracy without it"] == \
         f"{expected.loc[('accuracy', 'cluster'), 'removed']:.1%}"
     images = figure(app, "the samples that activate it most")
-    assert sum(t["type"] == "heatmap" for t in images["data"]) == 2 * 2 * 8  # image + map
+    assert [t["type"] for t in images["data"]] == ["heatmap", "heatmap"]  # images, maps
+    assert len(images["layout"]["annotations"]) == 2 * 8  # 8 most and 8 least, captioned
     figure(app, "each sample's score and activation")
     assert seconds < 30  # generous: AppTest on a shared machine; the browser test times it
 

@@ -212,22 +212,24 @@ def _examples(inputs: list, positions: list, sides=("most", "most", "least")) ->
                          "label": [4, None, 1], "input": inputs, "positions": positions})
 
 
-def test_example_images_draw_each_sample_with_its_channel_map_on_two_rows():
-    images = [np.full((1, 4, 4), float(i)) for i in range(3)]
+def test_example_images_tile_each_sample_with_its_channel_map_on_two_rows():
+    images = [np.full((1, 8, 8), float(i)) + np.eye(8) for i in range(3)]
     maps = [np.arange(4.0).reshape(2, 2) * (i + 1) for i in range(3)]
     fig = plots.example_images(_examples(images, maps), neuron=5)
-    heatmaps = [t for t in fig.data if t.type == "heatmap"]
-    assert len(heatmaps) == 6  # an image and a map per sample
-    overlay = np.asarray(heatmaps[1].z)
-    assert overlay.shape == (4, 4) and overlay[0, 0] == 0 and overlay[3, 3] == 3  # upsampled
-    assert heatmaps[-1].zmax == pytest.approx(9.0)  # one colour scale for every map
-    titles = [a.text for a in fig.layout.annotations]
-    assert titles == ["#0 · 4<br>3", "#1<br>2", "#2 · 1<br>0"]
-    first, _, below = fig.layout.annotations  # the least-activating sample starts row 2
-    assert below.x == pytest.approx(first.x) and below.y < first.y
+    mosaic, overlay = (np.asarray(t.z, dtype=float) for t in fig.data)
+    assert mosaic.shape == overlay.shape == (2 * 12, 2 * 9)  # rows: caption band 4 + 8
+    np.testing.assert_array_equal(mosaic[4:12, 9:17], np.eye(8))  # sample 1, scaled to 0..1
+    np.testing.assert_array_equal(overlay[16:18, 0:4], np.zeros((2, 4)))  # sample 2's map,
+    np.testing.assert_array_equal(overlay[20:24, 4:8], np.full((4, 4), 9.0))  # upsampled
+    assert np.isnan(mosaic[16:24, 9:17]).all()  # the second row has one sample
+    assert np.isnan(mosaic[12:16]).all()  # the band for the second row's captions
+    assert fig.data[1].zmax == pytest.approx(9.0)  # one colour scale for every map
+    captions = [(a.text, a.x, a.y) for a in fig.layout.annotations]
+    assert [c[0] for c in captions] == ["#0 · 4<br>3", "#1<br>2", "#2 · 1<br>0"]
+    assert captions[2][1] == captions[0][1] and captions[2][2] > captions[0][2]  # row 2
     assert "most (top)" in fig.layout.title.text
     rgb = plots.example_images(_examples([np.random.rand(3, 4, 4)] * 3, [None] * 3), neuron=1)
-    assert [t.type for t in rgb.data] == ["image"] * 3
+    assert [t.type for t in rgb.data] == ["image"]
 
 
 def test_example_values_colour_tokens_by_the_neuron_output_or_show_feature_values():

@@ -1,0 +1,139 @@
+"""The dashboard's answers (issue 12) in a real headless Chromium: the Diagnosis verdict on the
+demo's healthy view and on a cancelling mixed cluster, a remedy button moving the curve, a
+click on a bar opening the neuron with its top samples drawn as images, and a pruning curve
+that survives leaving its page. Screenshots in test-artifacts/answers-*.png; timings in the
+run's summary (cold start to the first heatmap, redraw after a sidebar change, neuron open)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import BROWSER_TIMINGS
+from tests.test_browser import (CHART_WITH_TITLE, RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401
+                                server, within_budget)
+
+pytestmark = pytest.mark.browser
+
+NEURON_OPEN_S = 1.0  # the issue's goal on an idle machine (stretched by CONTENTION)
+COLD_HEATMAP_S = 5.0
+DIAGNOSIS_CURVE = "What happens when neurons are removed"
+CURVE_Y = """(title) => { const plot = [...document.querySelectorAll('.js-plotly-plot')]
+    .find(e => ((e.layout && e.layout.title && e.layout.title.text) || '').includes(title));
+    if (!plot) return null;
+    const ranked = plot._fullData.find(t => (t.name || '').startsWith('top-k'));
+    return ranked ? Array.from(ranked.y) : null; }"""
+HEADING = """(start) => [...document.querySelectorAll('h1')].some(h => h.innerText.startsWith(start))"""
+
+
+def verdict_alert(app, headline: str):
+    """The verdict: the first alert of the page, which must start with `headline`."""
+    first = app.page.get_by_test_id("stAlertContainer").first
+    first.wait_for(timeout=120_000)
+    app.page.get_by_test_id("stAlertContainer").filter(has_text=headline).first.wait_for(
+        timeout=120_000)
+    return first.inner_text()
+
+
+def test_cold_start_to_the_first_heatmap(app, server):
+    app.open()
+    app.wait_for_chart("score per cluster")
+    BROWSER_TIMINGS["answers: cold start to the first heatmap (from `streamlit run`)"] = \
+        seconds = time.monotonic() - server.started
+    started = app.choose("Method", "gradient")
+    app.wait_for_chart("gradient score per cluster", exact=True)
+    BROWSER_TIMINGS["answers: redraw after a sidebar change (method)"] = redraw = \
+        time.monotonic() - started
+    assert within_budget(seconds, COLD_HEATMAP_S * 2)  # the 5 s goal, with a loaded 2-core box
+    assert within_budget(redraw, REDRAW_S)
+
+
+def test_the_healthy_demo_view_gets_a_usable_verdict_first(app):
+    app.open("/diagnosis")
+    text = verdict_alert(app, "These scores are usable")
+    assert "These scores are usable" in text.split("\n")[-1]
+    assert app.page.get_by_role("button", name="Use one-class clusters").count() == 0
+    app.page.get_by_text("Signs agree within the cluster").first.wait_for()
+    assert app.page.get_by_text("✓").count() == 0
+    app.wait_for_chart(DIAGNOSIS_CURVE)
+    app.screenshot("answers-1-verdict-healthy")
+
+
+def test_a_mixed_cluster_is_called_cancelling_and_a_remedy_moves_the_curve(app):
+    app.open("/diagnosis?cluster_by=correctness&method=gradient")
+    text = verdict_alert(app, "Averaging cancels")
+    assert "Averaging cancels: the ranking is mostly noise" in text.split("\n")[-1]
+    app.wait_for_chart("What cluster correct mixes")
+    app.wait_for_chart(DIAGNOSIS_CURVE)
+    before = app.page.evaluate(CURVE_Y, DIAGNOSIS_CURVE)
+    app.screenshot("answers-2-verdict-cancelling")
+    started = time.monotonic()
+    app.page.get_by_role("button", name="Use one-class clusters (by true label)").click()
+    verdict_alert(app, "These scores are usable")
+    app.page.get_by_text("Before the change").wait_for(timeout=60_000)
+    app.page.wait_for_function(f"(old) => {{ const y = ({CURVE_Y})('{DIAGNOSIS_CURVE}'); "
+                               "return y && JSON.stringify(y) !== JSON.stringify(old); }",
+                               arg=before, timeout=60_000, polling=50)
+    BROWSER_TIMINGS["answers: remedy click to the new verdict and curve"] = \
+        time.monotonic() - started
+    address = app.page.evaluate("location.href")
+    assert "cluster_by=label" in address
+    app.screenshot("answers-3-remedy-applied")
+
+
+def test_clicking_a_bar_opens_the_neuron_with_its_top_samples_as_images(app):
+    app.open("/?source=digits_cnn&layer=conv2&cluster=3")
+    app.wait_for_chart("Highest")
+    timings = []
+    for bar in (2, 5):  # the first open computes the layer's activations; the second reuses
+        if timings:
+            app.go_to("Neuron scores")
+            app.wait_for_chart("Highest")
+        chart = app.page.locator(".js-plotly-plot").filter(has_text="Highest").first
+        chart.evaluate("plot => plot.on('plotly_click', event => "  # what plotly says was hit
+                       "{ window.clickedBar = event.points[0].y; })")
+        started = time.monotonic()
+        chart.locator("g.point path").nth(bar).click(force=True)
+        neuron = app.page.wait_for_function("() => window.clickedBar", timeout=10_000,
+                                            polling=20).json_value().split()[-1]  # "neuron 7"
+        app.page.wait_for_function(HEADING, arg=f"Neuron {neuron} of conv2", timeout=60_000,
+                                   polling=20)
+        app.wait_for_chart("the samples that activate it most")
+        timings.append(time.monotonic() - started)
+    tiles, traces = app.page.evaluate("""() => { const plot = [...document.querySelectorAll(
+        '.js-plotly-plot')].find(e => e.layout.title.text.includes('activate it most'));
+        return [plot.layout.annotations.length, plot._fullData.map(t => t.type)]; }""")
+    assert tiles == 2 * 8 and traces == ["heatmap", "heatmap"]  # 16 images, their maps
+    address = app.page.evaluate("location.href")
+    for parameter in ("source=digits_cnn", "layer=conv2", "cluster=3", f"neuron={neuron}"):
+        assert parameter in address, address
+    sidebar = app.page.get_by_test_id("stSidebar")
+    assert sidebar.get_by_role("combobox", name="Layer").input_value().startswith("conv2")
+    BROWSER_TIMINGS["answers: neuron view open after a click (first, computes activations)"] = \
+        timings[0]
+    BROWSER_TIMINGS["answers: neuron view open after a click (second)"] = timings[1]
+    app.screenshot("answers-4-neuron-view")
+    assert within_budget(timings[1], NEURON_OPEN_S * 3), timings  # goal 1 s; see the summary
+
+
+def test_leaving_the_pruning_page_mid_curve_and_coming_back_resumes(app):
+    app.open("/pruning?layer=relu1&random=100")
+    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
+                               timeout=120_000)
+    app.page.wait_for_timeout(300)
+    seen = max(app.page.evaluate(RANKED_POINTS))
+    assert seen < 33, "the curve finished before leaving; nothing to resume"
+    app.go_to("Neuron scores")
+    app.wait_for_chart("score per cluster")
+    started = time.monotonic()
+    app.go_to("Pruning curves")
+    app.page.get_by_text("Resuming from the").first.wait_for(timeout=60_000)
+    first = app.page.wait_for_function(  # the first curve drawn after coming back
+        f"() => {{ const points = ({RANKED_POINTS})(); return points.length ? points : null; }}",
+        timeout=60_000, polling=20).json_value()
+    assert min(first) >= seen, (first, seen)  # the kept points at once, not from zero
+    BROWSER_TIMINGS["answers: kept points back on screen after returning"] = \
+        time.monotonic() - started
+    app.screenshot("answers-5-pruning-resumed")
+    app.wait_for_text("Verdict:", timeout_s=300)
+    assert app.page.evaluate(RANKED_POINTS) == [33, 33]
