@@ -730,3 +730,34 @@ def test_shape_guards_are_accepted_and_python_is_not():
 def test_extra_files_come_back(bases):
     crafted = rebuilt(bases["mlp"], lambda e: e.update({"extra/class_names.json": b'["a"]'}))
     assert export_guard.check_export_archive(crafted) == {"class_names.json": b'["a"]'}
+
+
+# ---------------------------------------------------------------- through the dashboard
+
+def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_path,
+                                                                    monkeypatch):
+    """The sympy payload uploaded in the app: one message, nothing runs, and a rerun does not
+    load the file again (counted: the guard in this process and the watchdog's first run)."""
+    from attribution import loading, watchdog
+    from tests.test_app import OCTET, assert_clean, demo_bytes, run_app, upload
+
+    checked = []
+    for module, name in ((watchdog, "check_first_run"), (loading, "check_export_archive")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, original=original, **kwargs: (
+            checked.append(name), original(*args, **kwargs))[1])
+    marker = tmp_path / "ran"
+    crafted = rebuilt(bases["nograd"], VECTORS["hop callable: sympy class evals a string"][1](
+        marker))
+    app = upload(run_app(), ("m.pt2", crafted, OCTET), ("d.npz", demo_bytes("digits.npz"),
+                                                        OCTET))
+    assert_clean(app)
+    assert len(app.error) == 1 and "refused" in app.error[0].value
+    calls = len(checked)
+    assert calls >= 1
+    app.run()
+    assert_clean(app)
+    assert len(checked) == calls and not marker.exists()
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    assert not marker.exists()
