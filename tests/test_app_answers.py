@@ -12,7 +12,8 @@ from attribution.neuron import neuron_view
 from attribution.verdict import CHECK_NAMES, verdict
 from pages import common
 from tests.test_app import (OCTET, _stall_after_first_points, assert_clean, figure, run_app,
-                            sidebar_widget, values)
+                            sidebar_widget, upload, values)
+from tests.zoo import token_files
 
 MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every digit at once
 
@@ -223,3 +224,19 @@ def test_small_layers_show_every_neuron_and_a_bad_neuron_in_a_link_falls_back():
     ctx = app.session_state["context"]
     top = int(np.argmax(ctx.scores(ctx.settings.method)[ctx.focus].mean(0)))
     assert [t.value for t in app.title] == [f"Neuron {top} of relu2"]
+
+
+def test_a_token_models_neuron_shows_its_samples_as_tokens_with_per_token_outputs(tmp_path):
+    _, ids, _ = token_files(tmp_path, n=60)
+    app = upload(run_app(), ("t.pt2", (tmp_path / "tokens.pt2").read_bytes(), OCTET),
+                 ("t.npz", (tmp_path / "tokens.npz").read_bytes(), OCTET))
+    sidebar_widget(app, "w_layer").set_value("embed")
+    app.switch_page("pages/scores.py").run()
+    open_neuron_by_click(app, 3)
+    assert_clean(app)
+    assert [t.value for t in app.title] == ["Neuron 3 of embed"]
+    tokens = figure(app, "token ids, coloured by the neuron's output")["data"][0]
+    shown = np.asarray(tokens["text"])
+    first = int(tokens["y"][0].split("#")[1].split()[0])  # "most · #12 · act 0.3"
+    assert shown[0].tolist() == [str(i) for i in ids[first].tolist()]
+    assert values(tokens["z"]).shape == (len(tokens["y"]), ids.shape[1])

@@ -137,3 +137,35 @@ def test_a_neuron_outside_the_layer_or_mismatched_arrays_are_user_errors():
     with pytest.raises(at.AttributionError, match="same samples"):
         neuron_view(Doubler(), "hidden", x, y, np.zeros((6, 3)), np.zeros((5, 3)),
                     np.ones(6, dtype=bool), 0)
+
+
+class TokenModel(nn.Module):
+    """ids [N, T] -> embed [N, T, 4] -> proj (Linear, 3 features per token) -> mean over T
+    -> head (2 logits). Feature j of proj at token t is the neuron's output there."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 4)
+        self.proj = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, ids):
+        return self.head(self.proj(self.embed(ids)).mean(1))
+
+
+def test_a_token_models_examples_carry_the_neurons_output_at_each_token():
+    model = TokenModel().eval()
+    ids = torch.randint(0, 10, (12, 5), generator=torch.Generator().manual_seed(1))
+    y = torch.arange(12) % 2
+    scores = at.neuron_scores(model, "proj", ids, y, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "proj", ids, y, "activation").numpy()
+    view = neuron_view(model, "proj", ids, y, scores, activations, y.numpy() == 0, 2,
+                       n_examples=3)
+    assert view.input_kind == "tokens"
+    per_token = model.proj(model.embed(ids))[..., 2].detach().numpy()  # [N, T]
+    for _, example in view.examples.iterrows():
+        assert example["input"].tolist() == ids[example["sample"]].tolist()
+        np.testing.assert_allclose(example["positions"], per_token[example["sample"]],
+                                   rtol=1e-5, atol=1e-6)
+    assert view.examples["sample"].iloc[0] == int(per_token.mean(1).argmax())
