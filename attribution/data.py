@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .errors import AttributionError
-from .guards import eval_mode
+from .guards import engine_modes, eval_mode
 from .layers import run_logits
 from .scores import model_device, neuron_scores
 from .loading import (LoadedModel, Source, _describe, _parsing, open_zip, read_source, sniff,
@@ -464,7 +464,7 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
     module = _module(model, "predicted")
     device = model_device(module)
     parts = []
-    with eval_mode(module), torch.no_grad():
+    with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
         for start in range(0, inputs.shape[0], batch_size):
             batch = inputs[start:start + batch_size].to(device)
             parts.append(run_logits(module, batch).argmax(dim=1).cpu())

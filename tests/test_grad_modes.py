@@ -236,3 +236,15 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
                 expected[method], rtol=1e-6, atol=1e-7, msg=method)
         pd.testing.assert_frame_equal(calls["pruning_curve"](), expected_entries["pruning_curve"])
         assert calls["diagnose"]() == expected_entries["diagnose"]
+
+
+def test_predicted_classes_ignore_the_callers_autocast():
+    """Was: class 0 under autocast(cpu, bfloat16) for a model whose class 1 wins by 0.1%
+    (both weights round to 1.0 in bfloat16), so 'predicted class' clusters changed."""
+    model = torch.nn.Linear(4, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0] * 4, [1.001] * 4]))
+    inputs = torch.rand(6, 4) + 0.5
+    assert predict_classes(model, inputs).tolist() == [1] * 6
+    with torch.autocast("cpu", torch.bfloat16):
+        assert predict_classes(model, inputs).tolist() == [1] * 6
