@@ -284,7 +284,7 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     n = rows.shape[0]
     labels = clusters = None
     if args.labels is not None:
-        labels = data_module._as_labels(_small_npy(args.labels, "labels"), n)
+        labels = data_module.as_labels(_small_npy(args.labels, "labels"), n)
         if int(labels.max()) >= model.n_classes:
             raise AttributionError(f"{args.labels} has labels up to {int(labels.max())}, but "
                                    f"the model's classes are 0..{model.n_classes - 1}.")

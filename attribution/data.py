@@ -65,7 +65,7 @@ class Dataset:
         inputs = _as_inputs(self.inputs)
         n = inputs.shape[0]
         _check_finite(inputs, self.feature_names)
-        labels = None if self.labels is None else _as_labels(self.labels, n)
+        labels = None if self.labels is None else as_labels(self.labels, n)
         clusters = None if self.clusters is None else _as_clusters(self.clusters, n)
         feature_names = None if self.feature_names is None else tuple(
             str(name) for name in self.feature_names)
@@ -125,7 +125,7 @@ def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) 
                            f"row {row}, {where}). Drop or impute them before loading.")
 
 
-def _as_labels(value: Any, n: int) -> torch.Tensor:
+def as_labels(value: Any, n: int) -> torch.Tensor:
     array = _numpy(value, "labels")
     if array.ndim != 1 or len(array) != n:
         raise AttributionError(f"Labels must be a 1-D array with one class id per sample ({n}); "

@@ -52,7 +52,7 @@ from .guards import engine_modes, eval_mode
 from .layers import resolve_layer, run_logits
 from .oracle import rank_correlation
 from .pruning import curve_summary, pruning_curve, spaced_ks
-from .scores import (Inputs, _as_batch_tensor, _check_method, check_reduce, cluster_codes,
+from .scores import (Inputs, as_batch_tensor, check_method, check_reduce, cluster_codes,
                      find_cluster, iter_labelled_batches, model_device, neuron_scores,
                      on_device, score_batches)
 
@@ -176,7 +176,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
         user_scores is given; only non_finite when the logits or scores are not finite.
     """
-    _check_method(method)
+    check_method(method)
     check_reduce(reduce)
     model = on_device(model, device)
     x, targets = _materialise(model, inputs, targets, batch_size)
@@ -254,7 +254,7 @@ def _materialise(model, inputs: Inputs, targets, batch_size: int):
     device = model_device(model)
     xs, ys = [], []
     for raw, labels in iter_labelled_batches(inputs, batch_size):
-        xs.append(_as_batch_tensor(raw, model, device))
+        xs.append(as_batch_tensor(raw, model, device))
         ys.append(labels)
     if not xs or sum(part.shape[0] for part in xs) == 0:
         raise AttributionError("There are no samples to diagnose (the inputs are empty).")
@@ -502,8 +502,8 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
               & (interior["ranked"] <= interior["random_hi"]))
     inside = float(within.mean()) if len(interior) else 1.0
     measured = (f"removing the top-ranked neurons beats {beaten:.0%} of {n_random} random "
-                f"orders («metric={metric}», area under the curve) and stays inside the 5-95% random "
-                f"band at {inside:.0%} of k")
+                f"orders («metric={metric}», area under the curve) and stays inside the 5-95% "
+                f"random band at {inside:.0%} of k")
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if beaten < BEATEN_WARNING:

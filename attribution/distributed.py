@@ -366,11 +366,11 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
         None if sums is None else sums.shape[1:] + (n_neurons,), group)
     if sums is None:
         sums = np.zeros((n_groups, n_orders, n_ks))
-        ks = pruning._check_ks(options["ks"], n_neurons)
+        ks = pruning.check_ks(options["ks"], n_neurons)
     sums, counts = all_reduce_sum([torch.from_numpy(sums), torch.from_numpy(counts)], group)
     orders = torch.cat([torch.zeros(2, n_neurons, dtype=torch.long),  # ranked, bottom: unused
                         pruning.random_orders(n_neurons, options["n_random"], options["seed"])])
-    return pruning._frame(  # the frame one process builds, from the pooled sums
+    return pruning.curve_frame(  # the frame one process builds, from the pooled sums
         sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
         None if in_cluster is None else _SUBSETS, orders, options["metric"],
         options["ablation"], options["n_random"], options["seed"])

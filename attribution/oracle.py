@@ -24,7 +24,7 @@ from torch import nn
 from . import model_io
 from .errors import AttributionError
 from .methods import METHODS, methods_for
-from .scores import (Inputs, _check_method, check_reduce, cluster_codes, cluster_scores,
+from .scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
                      n_samples)
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
@@ -63,7 +63,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     if not methods:
         raise AttributionError("Pass at least one method to compare with the oracle.")
     for method in methods:
-        _check_method(method)
+        check_method(method)
     check_reduce(reduce)
     if isinstance(targets, str):
         raise AttributionError("The oracle is the drop of one target logit per sample: pass a "

@@ -31,9 +31,9 @@ from .errors import AttributionError
 from .guards import engine_modes, eval_mode
 from .layers import resolve_layer
 from .model_io import NamedInputs
-from .scores import (_as_batch_tensor, _batch_labels, _check_targets,
-                     _validated, Inputs, cluster_codes, find_cluster, iter_labelled_batches, model_device,
-                     n_samples, on_device)
+from .scores import (Inputs, as_batch_tensor, batch_labels, check_targets, cluster_codes,
+                     find_cluster, iter_labelled_batches, model_device, n_samples, on_device,
+                     validated_targets)
 from .split import runner_for
 
 ABLATIONS = ("zero", "mean")
@@ -295,7 +295,7 @@ class _LayerPasses:
     def _read(self):
         start = 0
         for raw, labels in iter_labelled_batches(self.inputs, self.batch_size):
-            x = _as_batch_tensor(raw, self.model, self.device)
+            x = as_batch_tensor(raw, self.model, self.device)
             if x.shape[0] == 0:
                 continue
             if self.runner is None:
@@ -315,12 +315,13 @@ class _LayerPasses:
             if self.targets is None:
                 targets = logits.argmax(1)
             elif isinstance(self.targets, str):  # "labels"
-                targets = _validated(_batch_labels(labels, x.shape[0], self.device),
-                                     self.runner)
+                targets = validated_targets(batch_labels(labels, x.shape[0], self.device),
+                                            self.runner)
             else:
                 if stop > self.targets.shape[0]:
                     raise AttributionError("There are more samples than targets.")
-                targets = _validated(self.targets[start:stop].to(self.device), self.runner)
+                targets = validated_targets(self.targets[start:stop].to(self.device),
+                                            self.runner)
             if self.groups is None:
                 groups = torch.zeros(x.shape[0], dtype=torch.long, device=self.device)
             else:
@@ -394,7 +395,7 @@ def spaced_ks(n_neurons: int, most: int) -> list[int]:
                       .astype(int).tolist()))
 
 
-def _check_ks(ks: Optional[Sequence[int]], n_neurons: int) -> list[int]:
+def check_ks(ks: Optional[Sequence[int]], n_neurons: int) -> list[int]:
     if ks is None:
         return list(range(n_neurons + 1))
     values = np.asarray(list(ks))
@@ -417,7 +418,7 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
     name, _ = resolve_layer(model, layer)
     model = on_device(model, device)
     name, module = resolve_layer(model, name)
-    targets = _check_targets(targets, n_samples(inputs), inputs)
+    targets = check_targets(targets, n_samples(inputs), inputs)
     if isinstance(targets, str) and targets == "all":
         raise AttributionError("Pruning curves need one target per sample: pass a LongTensor "
                                "of class ids or None (the predicted class), not 'all'.")
@@ -427,7 +428,7 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
         passes.first_pass()
         n_neurons = passes.z_sum.shape[0]
         values = neuron_vector(scores, n_neurons)
-        ks = _check_ks(ks, n_neurons)
+        ks = check_ks(ks, n_neurons)
         orders = torch.cat([
             torch.as_tensor(np.argsort(-values, kind="stable"))[None],
             torch.as_tensor(np.argsort(values, kind="stable"))[None],
@@ -460,11 +461,11 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
                                                                 len(positions), n_groups)
             done.extend(positions)
             if progress is not None:
-                progress(len(done) / len(ks), _frame(sums, passes.counts, ks, sorted(done),
-                                                     subset_names, orders, metric, ablation,
-                                                     n_random, seed))
-    return _frame(sums, passes.counts, ks, list(range(len(ks))), subset_names, orders, metric,
-                  ablation, n_random, seed)
+                progress(len(done) / len(ks), curve_frame(
+                    sums, passes.counts, ks, sorted(done), subset_names, orders, metric,
+                    ablation, n_random, seed))
+    return curve_frame(sums, passes.counts, ks, list(range(len(ks))), subset_names, orders,
+                       metric, ablation, n_random, seed)
 
 
 def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: list[int],
@@ -501,9 +502,9 @@ def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: 
     return positions
 
 
-def _frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: list[int],
-           subset_names, orders: torch.Tensor, metric: str, ablation: str, n_random: int,
-           seed: int) -> pd.DataFrame:
+def curve_frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: list[int],
+                subset_names, orders: torch.Tensor, metric: str, ablation: str, n_random: int,
+                seed: int) -> pd.DataFrame:
     """The curve table for the k positions done so far (ascending k)."""
     names = subset_names or (None,)
     k_values = np.asarray(ks)[positions]

@@ -72,7 +72,7 @@ def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Mo
     return copy.deepcopy(model).to(wanted)
 
 
-def _as_batch_tensor(x, model: nn.Module, device: torch.device):
+def as_batch_tensor(x, model: nn.Module, device: torch.device):
     """One batch (tensor, array or named inputs) as tensors on `device` for `model`, detached
     and ordinary even when made under torch.inference_mode() (`guards.autograd_input`)."""
     batch = model_io.to_model(x, model, device)
@@ -124,7 +124,7 @@ def iter_batches(inputs: Inputs, batch_size: int) -> Iterator[torch.Tensor | np.
         yield x
 
 
-def _batch_labels(labels, size: int, device: torch.device) -> torch.Tensor:
+def batch_labels(labels, size: int, device: torch.device) -> torch.Tensor:
     """The y of one (x, y) batch as a LongTensor [B] (targets="labels")."""
     if labels is None:
         raise AttributionError("targets='labels' reads y from batches (x, y, ...), but these "
@@ -140,7 +140,9 @@ def _batch_labels(labels, size: int, device: torch.device) -> torch.Tensor:
     return labels.to(device=device, dtype=torch.long)
 
 
-def _check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Targets:
+def check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Targets:
+    """`targets` checked against the number of samples (LongTensor [N], None, "all" or
+    "labels"); AttributionError with what to pass otherwise."""
     if targets is None or (isinstance(targets, str) and targets == "all"):
         return targets
     if isinstance(targets, str) and targets == "labels":
@@ -163,7 +165,8 @@ def _check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Ta
     return targets.long()
 
 
-def _check_method(method: str) -> None:
+def check_method(method: str) -> None:
+    """AttributionError unless `method` is a registered scoring method."""
     if method not in REGISTRY:
         raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
 
@@ -179,21 +182,21 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
     """
-    _check_method(method)
+    check_method(method)
     if batch_size < 1 or n_steps < 1:
         raise AttributionError("batch_size and n_steps must be positive integers.")
     name, _ = resolve_layer(model, layer)
     model = on_device(model, device)
     name, module = resolve_layer(model, name)
     total = n_samples(inputs)
-    targets = _check_targets(targets, total, inputs)
+    targets = check_targets(targets, total, inputs)
     device = model_device(model)
     function = REGISTRY[method].function
     runner = None
     start = 0
     with eval_mode(model):
         for raw, labels in iter_labelled_batches(inputs, batch_size):
-            x = _as_batch_tensor(raw, model, device)
+            x = as_batch_tensor(raw, model, device)
             if model_io.n_rows(x) == 0:
                 continue
             if REGISTRY[method].scales_inputs and not model_io.is_floating(x):
@@ -211,11 +214,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                     raise AttributionError("There are more samples than targets.")
                 batch_targets = targets[start:start + rows].to(device)
             elif targets == "labels":
-                batch_targets = _batch_labels(labels, rows, device)
+                batch_targets = batch_labels(labels, rows, device)
             per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant's size
             with engine_modes():  # the caller's no_grad would zero gradients, autocast round
-                scores = function(Batch(runner, x, _validated(batch_targets, runner), n_steps,
-                                        first_index + start, seed,
+                scores = function(Batch(runner, x, validated_targets(batch_targets, runner),
+                                        n_steps, first_index + start, seed,
                                         max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
                 scores = scores.detach().to("cpu", torch.float32)
             yield start, scores
@@ -226,7 +229,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         raise AttributionError("There are no samples to score (the inputs are empty).")
 
 
-def _validated(targets: Targets, runner) -> Targets:
+def validated_targets(targets: Targets, runner) -> Targets:
     """Check class ids against the model's number of classes."""
     if not isinstance(targets, torch.Tensor):
         return targets

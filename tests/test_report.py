@@ -54,8 +54,10 @@ def test_report_shows_settings_facts_findings_and_charts(content, page):
         assert f"<th>{html.escape(label)}</th><td>{html.escape(value)}</td>" in page
     assert content.facts["accuracy on this data"].endswith("%")
     assert len(content.findings) == 7
-    for finding in content.findings:
-        assert html.escape(finding.message) in page and html.escape(finding.hint) in page
+    for finding in content.findings:  # in the dashboard's words, as the settings table
+        message, hint = finding.words(screen=True)
+        assert html.escape(message) in page and html.escape(hint) in page
+    assert "target logit, area under the curve" in page and "metric=" not in page
     # heatmap, ranked bars, method bars, rank correlation, pruning curves, histogram
     assert page.count("Plotly.newPlot") == 6
     for sentence in content.curve_sentences:
