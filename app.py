@@ -9,7 +9,8 @@ import importlib
 import plotly.graph_objects as go
 import streamlit as st
 
-st.set_page_config(page_title="Neuron importance", page_icon="🧠", layout="wide")
+st.set_page_config(page_title="Neuron importance", page_icon="🧠", layout="wide",
+                   initial_sidebar_state=380)  # px, so "branch0.linear · Linear · 4 neurons" fits
 
 PAGES = [
     st.Page("pages/scores.py", title="Neuron scores", icon=":material/grid_on:", default=True),

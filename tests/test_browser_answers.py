@@ -137,3 +137,22 @@ def test_leaving_the_pruning_page_mid_curve_and_coming_back_resumes(app):
     app.screenshot("answers-5-pruning-resumed")
     app.wait_for_text("Verdict:", timeout_s=300)
     assert app.page.evaluate(RANKED_POINTS) == [33, 33]
+
+
+TEXT_FITS = """() => [...document.querySelectorAll(
+    '[data-testid="stSidebar"] [data-testid="stSelectbox"] input')].map(input => {
+    const style = getComputedStyle(input), context = document.createElement('canvas')
+        .getContext('2d');
+    context.font = style.font;
+    return [input.value, context.measureText(input.value).width,
+            input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)];
+    })"""
+
+
+def test_layer_names_are_not_cut_off_in_the_sidebar(app):
+    app.open("/?source=sanity&layer=branch0.linear")
+    app.wait_for_chart("score per cluster")
+    shown = app.page.evaluate(TEXT_FITS)
+    assert "branch0.linear · Linear · 4 neurons" in [value for value, _, _ in shown]
+    for value, needed, room in shown:
+        assert needed <= room, (value, needed, room)  # at Streamlit's default 300 px: 197 > 190
