@@ -390,7 +390,9 @@ def _int(value: Any, where: str) -> int:
 
 
 def _number(value: Any, where: str) -> float:
-    if type(value) is float or type(value) is int and -_INT64 <= value < _INT64:
+    """A float or int; torch writes non-finite floats as these strings."""
+    if (type(value) is float or type(value) is int and -_INT64 <= value < _INT64
+            or value in ("Infinity", "-Infinity", "NaN")):
         return value
     raise _refuse(f"{where} is not a number")
 

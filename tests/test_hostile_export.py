@@ -19,6 +19,7 @@ import zipfile
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import attribution as at
@@ -134,6 +135,40 @@ class Tied(nn.Module):
 
     def forward(self, ids):
         return self.out(self.embed(ids).mean(1))
+
+
+class ManyOps(nn.Module):
+    """Ops whose arguments take other kinds: pad and upsampling modes, recurrent layers,
+    -inf fills (written as the string "-Infinity"), splits, top-k, gathers, scatter-reduce,
+    norms with a correction, dtype casts and sizes taken from the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1, padding_mode="reflect")
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear")
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.gru = nn.GRU(6, 5, batch_first=True)
+        self.fc = nn.Linear(5 + 16 + 4, 3)
+        self.register_buffer("scale", torch.tensor([1.0, 2.0, 3.0]))
+
+    def forward(self, x):
+        h = F.interpolate(self.up(F.max_pool2d(self.conv(x), 2)), size=(8, 8), mode="nearest")
+        h = F.pad(h, (1, 1, 1, 1), mode="replicate")
+        pooled = self.pool(h).flatten(1)
+        steps, _ = self.lstm(h.mean(1).reshape(h.shape[0], -1, 4)[:, :5])
+        steps, _ = self.gru(steps)
+        mask = torch.arange(steps.shape[1], device=x.device) < 3
+        last = steps.masked_fill(~mask[None, :, None], float("-inf")).amax(1)
+        parts = torch.split(pooled, 8, dim=1)
+        top = torch.topk(torch.cat([parts[1], parts[0]], 1), 4, dim=1).values
+        top = torch.gather(top, 1, torch.argsort(top, 1)) + torch.zeros(
+            x.shape[0], 1, dtype=torch.float16).float()
+        spread = F.normalize(top, dim=1) + torch.cumsum(top, 1).std(1, keepdim=True, correction=0)
+        reduced = torch.zeros(x.shape[0], 4).scatter_reduce(
+            1, torch.zeros(x.shape[0], 4, dtype=torch.long), spread, reduce="amax")
+        logits = self.fc(torch.cat([last, pooled, reduced], 1))
+        return logits * self.scale + torch.linalg.vector_norm(logits, dim=1, keepdim=True)
 
 
 def exported(model, example, strict=False, decompose=False) -> bytes:
@@ -486,6 +521,9 @@ VECTORS = {
         verifiers=["EVIL"])), "verifier"),
     # expressions
     "sym expression: eval": ("mlp", lambda m: replace_symbols(shell(m)), "shape expression"),
+    "float written as other text": ("mlp", lambda m: program_edit(
+        lambda p: graph(p)["sym_float_values"].update(f={"as_float": "1e999999"})),
+        "not a number"),
     "sym expression: attribute access": ("mlp", lambda m: replace_symbols(
         "Symbol.__subclasses__()"), "shape expression"),
     "range constraint: eval in key": ("mlp", lambda m: program_edit(lambda p: p.update(
@@ -675,6 +713,9 @@ ORDINARY = {
     "tied weights": (Tied, IDS % 6, {}),
     "strict export": (Residual, FLOATS, {"strict": True}),
     "decomposed to core ATen": (Transformerish, IDS, {"decompose": True}),
+    "many ops": (ManyOps, torch.randn(3, 1, 4, 4), {}),
+    "many ops, strict and decomposed": (ManyOps, torch.randn(3, 1, 4, 4),
+                                        {"strict": True, "decompose": True}),
 }
 
 
