@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     compute = _Parser(add_help=False)
     group = compute.add_argument_group("computation")
     group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
+    group.add_argument("--neuron-axis", type=int, default=None,
+                       help="the output dim holding the layer's neurons (batch = 0), e.g. 2 "
+                            "for a sequence [N, T, F]; default: read from the data (see "
+                            "`layers`); the same as --layer NAME:AXIS")
     group.add_argument("--reduce", choices=REDUCTIONS, default="mean",
                        help="per-cluster reduction of per-sample scores (default mean)")
     group.add_argument("--batch-size", type=_positive, default=256)
@@ -473,7 +477,9 @@ def _check_layer(problem: Problem, layer: str) -> None:
 def run_layers(args) -> int:
     model = load_model_from(args)
     rows = pd.DataFrame([{"name": info.name, "type": info.kind, "neurons": info.n_neurons,
-                          "shape": "x".join(map(str, info.shape))} for info in model.layers()])
+                          "shape": "x".join(map(str, info.shape)), "units": info.describe(),
+                          "neuron_axis": info.neuron_axis, "axis_rule": info.axis_rule}
+                         for info in model.layers()])
     if not _is_writer():
         return EXIT_OK
     if args.format == "csv":
@@ -681,6 +687,8 @@ def in_memory(problem: Problem, args) -> data_module.Dataset:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one command; returns the exit code (never raises for a user's mistake)."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "neuron_axis", None) is not None:  # one mechanism: the "name:axis" spec
+        args.layer = f"{args.layer}:{args.neuron_axis}"
     joined = False
     try:
         with warnings.catch_warnings():

@@ -132,11 +132,14 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
 
 
 def layers_frame(layers: Sequence[LayerInfo]) -> pd.DataFrame:
-    """rows (layer, type, neurons, output shape) for the architecture table."""
+    """rows (layer, type, neurons, output shape, what a neuron is, its axis and how it was
+    found) for the architecture table."""
     return pd.DataFrame({
         "layer": [info.name for info in layers], "type": [info.kind for info in layers],
         "neurons": [info.n_neurons for info in layers],
         "output shape": [" x ".join(map(str, info.shape)) for info in layers],
+        "units": [info.describe() for info in layers],
+        "neuron axis": [f"{info.neuron_axis} ({info.axis_rule})" for info in layers],
     })
 
 

@@ -466,9 +466,10 @@ def sidebar() -> Optional[Context]:
     info_of = {info.name: info for info in ws.layers}
     _prepare("w_layer", layer_names, default_layer(ws.layers))
     bar.selectbox("Layer", layer_names, key="w_layer",
-                  format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].n_neurons} "
-                                        "neurons",
-                  help="A neuron is a unit of a Linear layer or a channel of a conv layer.")
+                  format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].describe()}",
+                  help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
+                       "feature of a layer applied at every position of a sequence (found from "
+                       "the data: its positions follow the input's length).")
 
     has_labels = ws.data.labels is not None
     sources_ok = [s for s in ("label", "predicted", "correctness", "provided", "kmeans_inputs",

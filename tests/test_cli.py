@@ -80,7 +80,8 @@ def test_layers_lists_every_scorable_layer(runs, capsys):
     assert code == 0 and err == ""
     layers = json.loads(out)
     assert [row["name"] for row in layers] == ["fc1", "relu1", "fc2", "relu2", "out"]
-    assert layers[2] == {"name": "fc2", "type": "Linear", "neurons": 16, "shape": "16"}
+    assert layers[2] == {"name": "fc2", "type": "Linear", "neurons": 16, "shape": "16",
+                         "units": "16 neurons", "neuron_axis": 1, "axis_rule": "only axis"}
     code, out, _ = in_process("layers", "--model", MODEL, capsys=capsys)
     assert code == 0 and out.split()[:4] == ["name", "type", "neurons", "shape"]
 

@@ -30,9 +30,14 @@ def one_thread():
 
 
 def _forms(name, folder):
-    """(name, eager model, the same model loaded from a .pt2, inputs, targets)."""
+    """(name, eager model, the same model loaded from folder/model.pt2, inputs, targets)."""
     model, x, y = build_model(name, n=6)
     return name, model, exported(model, x, folder / "model.pt2"), x, y
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpt2")
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -41,8 +46,8 @@ def forms(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    return _forms("gpt2", tmp_path_factory.mktemp("gpt2"))
+def gpt2(gpt2_folder):
+    return _forms("gpt2", gpt2_folder)
 
 
 def _layers(model, x):
@@ -161,3 +166,29 @@ def test_an_eager_model_exported_for_one_length_is_exported_again_for_another():
     torch.testing.assert_close(at.neuron_scores(model, layer, x[:, :8], y,
                                                 "gradient_x_activation"),
                                expected, rtol=1e-3, atol=1e-5)
+
+
+def test_the_cli_shows_positions_and_features_and_takes_a_neuron_axis(gpt2, gpt2_folder,
+                                                                      capsys):
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from attribution import cli
+
+    _, model, _, x, y = gpt2
+    layer = "model.transformer.h.0.mlp.c_fc"
+    np.savez(gpt2_folder / "ids.npz", inputs=x.numpy(), labels=y.numpy())
+    model_file = gpt2_folder / "model.pt2"
+    assert cli.main(["layers", "--model", str(model_file), "--format", "json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (rows[layer]["units"], rows[layer]["neuron_axis"]) == (
+        f"{x.shape[1]} positions × 128 features", 2)
+    for axis, width in (("1", x.shape[1]), ("2", 128)):
+        out = gpt2_folder / f"scores{axis}.csv"
+        assert cli.main(["score", "--model", str(model_file), "--data",
+                         str(gpt2_folder / "ids.npz"), "--layer", layer, "--neuron-axis", axis,
+                         "--method", "gradient_x_activation", "--clusters", "label",
+                         "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+        assert pd.read_csv(out)["neuron"].nunique() == width
