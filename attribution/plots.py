@@ -627,3 +627,50 @@ def example_values(examples: pd.DataFrame, *, neuron: int,
         "feature values"
     return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most and "
                               f"least ({what})", height=max(300, 110 + 22 * len(rows)))
+
+
+# --- tables as the app and the report show them --------------------------------------------
+
+CURVE_SUMMARY_WORDS = {
+    "subset": "samples", "area_ranked": "mean over k: top-k",
+    "area_bottom": "mean over k: bottom-k", "area_random": "mean over k: random",
+    "gap_vs_random": "gap vs random (area between curves)",
+    "fraction_random_beaten": "random orders beaten"}
+ORACLE_WORDS = {
+    "method": "method", "spearman_signed": "Spearman ρ (signed)",
+    "spearman_abs": "Spearman ρ (|·|)", "kendall_signed": "Kendall τ (signed)",
+    "kendall_abs": "Kendall τ (|·|)", "top_k_overlap_signed": "top-k overlap (signed)",
+    "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k"}
+
+
+def _shown(value: float, form: str) -> str:
+    return "" if value is None or not np.isfinite(value) else form.format(value)
+
+
+def curve_summary_table(summary: pd.DataFrame, *, metric: str) -> pd.DataFrame:
+    """`attribution.curve_summary`'s table in words, rounded as read: accuracy in % (1
+    decimal; the gap in percentage points), other metrics to 3 decimals, the share of random
+    orders beaten in whole %. One row per subset, every cell a string."""
+    accuracy = metric == "accuracy"
+    area = "{:.1%}" if accuracy else "{:.3f}"
+    gap = (lambda v: f"{v * 100:+.1f} pp") if accuracy else (lambda v: f"{v:+.3f}")
+    table = pd.DataFrame({"subset": summary.index.astype(str)})
+    for column in ("area_ranked", "area_bottom", "area_random"):
+        table[column] = [_shown(v, area) for v in summary[column]]
+    table["gap_vs_random"] = ["" if not np.isfinite(v) else gap(v)
+                              for v in summary["gap_vs_random"]]
+    table["fraction_random_beaten"] = [_shown(v, "{:.0%}")
+                                       for v in summary["fraction_random_beaten"]]
+    return table.rename(columns=CURVE_SUMMARY_WORDS)
+
+
+def oracle_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`attribution.oracle_agreement`'s table in words: method labels, correlations and
+    overlaps to 2 decimals, k as an integer; columns other than `ORACLE_WORDS` dropped."""
+    shown = pd.DataFrame({"method": [method_label(m) for m in table["method"]]})
+    for column in ORACLE_WORDS:
+        if column in ("method",) or column not in table:
+            continue
+        form = "{:.0f}" if column == "top_k" else "{:.2f}"
+        shown[column] = [_shown(float(v), form) for v in table[column]]
+    return shown.rename(columns=ORACLE_WORDS)

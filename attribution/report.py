@@ -351,12 +351,13 @@ def render_report(content: ReportContent) -> str:
                                               titles=_curve_titles(focus_label)))]
         parts += [f"<p>{_e(sentence)}</p>" for sentence in content.curve_sentences]
         if content.curve_summary is not None:
-            parts.append(_frame_table(content.curve_summary))
+            parts.append(_frame_table(plots.curve_summary_table(content.curve_summary,
+                                                                metric=content.metric)))
     if content.oracle is not None and len(content.oracle):
         parts += ["<h2>Agreement with exact ablation</h2>",
                   "<p class='muted'>Rank correlation between each method's scores and the "
                   "measured effect of removing each neuron alone.</p>",
-                  _frame_table(content.oracle)]
+                  _frame_table(plots.oracle_table(content.oracle))]
     if content.histogram is not None and content.histogram_neuron is not None:
         parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
                                                   neuron=content.histogram_neuron)))

@@ -183,16 +183,7 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
 methods = at.methods_for(ctx.ws.data.inputs.dtype)
 oracle = common.guarded(lambda: ctx.oracle(methods))
 if oracle is not None:
-    shown = oracle.assign(method=oracle["method"].map(plots.method_label)).drop(columns="n")
-    number = st.column_config.NumberColumn
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
-        "spearman_signed": number("Spearman ρ (signed)", format="%.2f"),
-        "spearman_abs": number("Spearman ρ (|·|)", format="%.2f"),
-        "kendall_signed": number("Kendall τ (signed)", format="%.2f"),
-        "kendall_abs": number("Kendall τ (|·|)", format="%.2f"),
-        "top_k_overlap_signed": number("top-k overlap (signed)", format="%.2f"),
-        "top_k_overlap_abs": number("top-k overlap (|·|)", format="%.2f"),
-        "top_k": number("k", format="%d")})
+    st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")
 
 left, right = st.columns([3, 2], gap="medium")
 with left:

@@ -68,18 +68,8 @@ def summarise(curves, so_far: bool = False) -> None:
                                     cluster=focus_label, sizes=curves.attrs.get("n_samples"),
                                     n_random=s.n_random):
         st.markdown(common.escape_markdown(sentence))
-    scale, unit, gap_unit = (100.0, "%%", " pp") if s.metric == "accuracy" else (1.0, "", "")
-    table = summary.assign(**{column: summary[column] * scale for column in
-                              ("area_ranked", "area_bottom", "area_random", "gap_vs_random")},
-                           fraction_random_beaten=summary["fraction_random_beaten"] * 100)
-    number, digits = st.column_config.NumberColumn, 1 if s.metric == "accuracy" else 3
-    st.dataframe(table, width="stretch", column_config={
-        "subset": "samples",
-        "area_ranked": number("mean over k: top-k", format=f"%.{digits}f{unit}"),
-        "area_bottom": number("mean over k: bottom-k", format=f"%.{digits}f{unit}"),
-        "area_random": number("mean over k: random", format=f"%.{digits}f{unit}"),
-        "gap_vs_random": number("gap vs random", format=f"%+.{digits}f{gap_unit}"),
-        "fraction_random_beaten": number("random orders beaten", format="%.0f%%")})
+    st.dataframe(plots.curve_summary_table(summary, metric=s.metric), hide_index=True,
+                 width="stretch")
     st.caption("'Mean over k' is the area under each curve divided by the number of neurons: "
                "the metric averaged over every amount of pruning. The gap is positive when the "
                "ranking does more damage than random.")

@@ -6,16 +6,44 @@ import time
 import numpy as np
 import pytest
 
-import attribution as at
 from attribution import plots
 from attribution.neuron import neuron_view
 from attribution.verdict import CHECK_NAMES, verdict
 from pages import common
-from tests.test_app import (OCTET, _stall_after_first_points, assert_clean, figure, run_app,
-                            sidebar_widget, upload, values)
+from attribution import analysis
+from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget, upload,
+                            values)
 from tests.zoo import token_files
 
 MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every digit at once
+
+
+def _stall_after_first_points(monkeypatch) -> None:
+    """Make the Pruning page's curve stall after its first progress update, re-sending that
+    update until Streamlit stops the script: the stop lands mid-curve however fast the machine.
+    (The page computes through `analysis.AnalysisSettings.pruning_curves`.)"""
+    real = analysis.cluster_pruning_curves
+
+    def stalling(*args, progress, **kwargs):
+        def stall(fraction, partial):
+            while True:  # each update is a Streamlit call, where a requested stop is raised
+                progress(fraction, partial)
+                time.sleep(0.02)
+        return real(*args, progress=stall, **kwargs)
+
+    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
+
+
+def _record_resumes(monkeypatch) -> list:
+    """The resume= of every curve the Pruning page computes from now on."""
+    calls, real = [], analysis.cluster_pruning_curves
+
+    def recording(*args, resume=None, **kwargs):
+        calls.append(resume)
+        return real(*args, resume=resume, **kwargs)
+
+    monkeypatch.setattr(analysis, "cluster_pruning_curves", recording)
+    return calls
 
 
 def diagnosis(query: dict | None = None):
@@ -125,14 +153,7 @@ def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(mon
     kept = app.session_state["partial_curves"][key]
     assert 0 < kept["k"].nunique() < 33
 
-    calls = []
-    real = at.cluster_pruning_curves
-
-    def recording(*args, resume=None, **kwargs):
-        calls.append(resume)
-        return real(*args, resume=resume, **kwargs)
-
-    monkeypatch.setattr(at, "cluster_pruning_curves", recording)
+    calls = _record_resumes(monkeypatch)
     app.switch_page("pages/scores.py").run()  # away ...
     assert_clean(app)
     app.switch_page("pages/pruning.py").run(timeout=120)  # ... and back
@@ -159,10 +180,7 @@ def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypat
     assert [b.label for b in app.button] == ["Continue the curve"]
     assert len(ranked_curve(app)) == partial["k"].nunique() < 33
 
-    calls = []
-    real = at.cluster_pruning_curves
-    monkeypatch.setattr(at, "cluster_pruning_curves", lambda *args, resume=None, **kwargs: (
-        calls.append(resume), real(*args, resume=resume, **kwargs))[1])
+    calls = _record_resumes(monkeypatch)
     app.button[0].click().run(timeout=120)
     assert_clean(app)
     assert len(calls) == 1 and calls[0] is partial

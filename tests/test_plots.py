@@ -278,3 +278,43 @@ def test_colour_legend_says_what_the_colours_of_these_scores_mean():
     magnitudes = plots.colour_legend([0.0, 2.0], "mean_abs")
     assert "mean |·|" in magnitudes and "red" not in magnitudes and "sign is dropped" in magnitudes
     assert "red" not in plots.colour_legend([0.0, 2.0], "mean")
+
+
+def _summary_frame() -> pd.DataFrame:
+    return pd.DataFrame({"area_ranked": [0.41234, 0.8], "area_bottom": [0.95, 0.97],
+                         "area_random": [0.7, 0.9], "gap_vs_random": [0.28766, 0.1],
+                         "fraction_random_beaten": [1.0, np.nan]},
+                        index=pd.Index(["cluster", "rest"], name="subset"))
+
+
+def test_curve_summary_table_uses_the_apps_words_and_rounding():
+    table = plots.curve_summary_table(_summary_frame(), metric="accuracy")
+    assert list(table.columns) == list(plots.CURVE_SUMMARY_WORDS.values())
+    assert table.iloc[0].tolist() == ["cluster", "41.2%", "95.0%", "70.0%", "+28.8 pp", "100%"]
+    assert table.iloc[1, -1] == ""  # unknown (no random curves): blank, not "nan%"
+    logits = plots.curve_summary_table(_summary_frame(), metric="target_logit")
+    assert logits.iloc[0, 1:5].tolist() == ["0.412", "0.950", "0.700", "+0.288"]
+
+
+def test_oracle_table_uses_the_apps_words_and_rounding():
+    table = pd.DataFrame({"method": ["gradient_x_activation"], "spearman_signed": [0.98765],
+                          "spearman_abs": [0.5], "kendall_signed": [0.9], "kendall_abs": [0.4],
+                          "top_k_overlap_signed": [1.0], "top_k_overlap_abs": [0.75],
+                          "top_k": [4], "n": [16]})
+    shown = plots.oracle_table(table)
+    assert list(shown.columns) == list(plots.ORACLE_WORDS.values())  # "n" is left out
+    assert shown.iloc[0].tolist() == [plots.method_label("gradient_x_activation"), "0.99",
+                                      "0.50", "0.90", "0.40", "1.00", "0.75", "4"]
+
+
+def test_the_reports_tables_use_the_apps_words():
+    from attribution import report
+
+    loaded, dataset = at.load_demo("digits_mlp")
+    settings = report.AnalysisSettings(layer="relu2", cluster=3, n_random=5)
+    page = report.render_report(report.collect_report(loaded, dataset, settings))
+    for words in ("mean over k: top-k", "gap vs random (area between curves)",
+                  "random orders beaten", "Spearman ρ (signed)", "top-k overlap (|·|)"):
+        assert words in page, words
+    for raw in ("area_ranked", "gap_vs_random", "spearman_signed", "fraction_random_beaten"):
+        assert raw not in page.replace("curve_summary", ""), raw
