@@ -38,6 +38,7 @@ from . import distributed, plots
 from .diagnose import diagnose
 from .errors import AttributionError
 from .layers import resolve_layer
+from .limits import DEFAULT_LIMITS, MB, Limits
 from .loading import LoadedModel, load_model, sniff
 from .methods import METHODS
 from .pruning import ABLATIONS, METRICS, curve_summary
@@ -70,6 +71,27 @@ def _positive(text: str) -> int:
     return value
 
 
+_LIMIT_FLAGS = {  # Limits field -> help; each is the option --max-... (bytes in MB)
+    "max_decoded_bytes": "MB a file may unpack or decode to",
+    "max_features": "columns of a table",
+    "max_layers": "layers of an architecture description",
+    "max_parameters": "parameters of an architecture description",
+    "max_pickle_nodes": "values in a .pt of nested lists, shared references counted as reached",
+    "max_archive_entries": "entries of a zip archive",
+}
+
+
+def _flag(field: str) -> str:
+    """The option of a Limits field: max_decoded_bytes -> --max-decoded-mb."""
+    return "--" + field.replace("_bytes", "_mb").replace("_", "-")
+
+
+def limits_from(args) -> Limits:
+    """The Limits the command line asks for."""
+    return Limits(**{field: getattr(args, field.replace("_bytes", "_mb"))
+                     * (MB if field.endswith("_bytes") else 1) for field in _LIMIT_FLAGS})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its five commands."""
     parser = _Parser(prog="python -m attribution",
@@ -91,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default cpu; under torchrun a bare 'cuda' "
                             "means cuda:LOCAL_RANK)")
+
+    group = model.add_argument_group("limits", "budgets checked before a file is decoded; "
+                                               "the defaults are far above real files")
+    for field, help_text in _LIMIT_FLAGS.items():
+        default = getattr(DEFAULT_LIMITS, field)
+        group.add_argument(_flag(field), type=_positive,
+                           default=default // MB if field.endswith("_bytes") else default,
+                           help=f"{help_text} (default %(default)s)")
 
     data = _Parser(add_help=False)
     group = data.add_argument_group("data")
@@ -247,7 +277,7 @@ def load_model_from(args) -> LoadedModel:
     if architecture is not None and not architecture.is_file():
         raise AttributionError(f"No such architecture file: {architecture}.")
     loaded = load_model(args.model, architecture=architecture, trust_code=args.trust_code,
-                        max_bytes=_file_size(args.model))
+                        max_bytes=_file_size(args.model), limits=limits_from(args))
     loaded.module.to(device)
     return loaded
 
@@ -269,7 +299,7 @@ def load_problem(args) -> Problem:
         else args.features
     dataset = data_module.load_data(args.data, features=features, label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=_file_size(args.data),
-                                    max_rows=args.max_rows)
+                                    max_rows=args.max_rows, limits=limits_from(args))
     dataset = data_module.check_data(dataset, model)
     return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names)
 

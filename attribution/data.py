@@ -14,11 +14,12 @@ Accepted files (detected from content):
 """
 from __future__ import annotations
 
+import csv
 import io
 import math
 import reprlib
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, Union
+from typing import Any, BinaryIO, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -27,13 +28,16 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import engine_modes, eval_mode
+from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import run_logits
 from .scores import model_device, neuron_scores
-from .loading import (LoadedModel, Source, _describe, _parsing, open_zip, read_source, sniff,
-                      zip_kind)
+from .loading import (LoadedModel, Source, _describe, _parsing, open_zip,
+                      out_of_memory, pickled_size, read_source, sniff, zip_kind)
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
+MAX_ID_CHARACTERS = 1000
+"""Longest cluster id accepted (as text every id takes the room of the longest)."""
 CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
                    "kmeans_activations")
 
@@ -170,6 +174,12 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
                                "a cluster.")
     if array.dtype.kind == "f" and np.equal(np.round(array), array).all():
         array = array.astype(np.int64)
+    if array.dtype.kind in "OUS":  # as text, each id takes the length of the longest
+        longest = (array.dtype.itemsize // array.dtype.alignment if array.dtype.kind != "O"
+                   else max(len(str(value)) for value in array))
+        if longest > MAX_ID_CHARACTERS:
+            raise AttributionError(f"Cluster ids are names of at most {MAX_ID_CHARACTERS} "
+                                   f"characters; one has {longest}. Use short cluster names.")
     if array.dtype.kind == "O":
         array = array.astype(str)
     return array
@@ -179,7 +189,8 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
 
 def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
               label: Optional[str] = None, cluster: Optional[str] = None,
-              max_bytes: Optional[int] = None, max_rows: Optional[int] = None) -> Dataset:
+              max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
+              limits: Optional[Limits] = None) -> Dataset:
     """Load samples from a path or bytes; the format is detected from the content.
 
     Args:
@@ -193,27 +204,44 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
         max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
         max_rows: sample limit (default MAX_ROWS); larger data goes through the streaming
             path (an iterable of batches or a memory-mapped .npy passed to the scores).
+        limits: decoding budgets (default `limits.DEFAULT_LIMITS`: 2 GB decoded, 100k
+            columns), checked before memory is allocated.
     Returns:
         Dataset.
     """
     data, name = read_source(source, max_bytes=max_bytes, what="data")
     limit = MAX_ROWS if max_rows is None else max_rows
+    limits = limits or DEFAULT_LIMITS
+    try:
+        return _load_data(data, name, features, label, cluster, limit, limits)
+    except MemoryError as error:
+        raise out_of_memory(name, error) from None
+
+
+def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
+               limits: Limits) -> Dataset:
     kind = sniff(data)
     if kind == "zip":
-        archive = open_zip(data, max_bytes)
+        archive = open_zip(data, limits)
         kind = zip_kind(archive)
         if kind == "npz":
-            arrays = {entry[:-4]: _read_npy(archive.read(entry), entry, limit)
-                      for entry in archive.namelist()}
+            arrays = {}
+            for entry in archive.infolist():
+                with _parsing(f"{entry.filename} in the .npz could not be read"), \
+                        archive.open(entry) as stream:
+                    arrays[entry.filename[:-4]] = _read_npy(stream, entry.file_size,
+                                                            entry.filename, limit, limits)
             return _from_arrays(arrays, features, label, cluster)
     if kind == "npy":
-        return Dataset(inputs=_read_npy(data, name, limit))
+        return Dataset(inputs=_read_npy(io.BytesIO(data), len(data), name, limit, limits))
     if kind in ("torch.save", "pickle"):
-        return _from_torch(data, features, label, cluster, limit)
+        return _from_torch(data, features, label, cluster, limit, limits)
     if kind == "parquet":
-        return _from_frame(_read_parquet(data, limit), features, label, cluster)
+        return _from_frame(_read_parquet(data, limit, limits), features, label, cluster,
+                           limits)
     if kind == "text":
-        return _from_frame(_read_csv(data, limit), features, label, cluster)
+        return _from_frame(_read_csv(data, limit, limits), features, label, cluster,
+                           limits)
     raise AttributionError(f"{name} is {_describe(kind)}, not a data file. Upload .npz, .npy, "
                            ".pt, .csv or .parquet (see demo/README.md for the layouts).")
 
@@ -225,10 +253,16 @@ def _too_many_rows(n: int, limit: int) -> AttributionError:
         "line (a memory-mapped .npy or a DataLoader streams through the scores).")
 
 
-def _read_npy(data: bytes, name: str, limit: int) -> np.ndarray:
-    """One .npy array, its declared size checked against the bytes before anything is made."""
+_NPY_KINDS = {"c": "complex numbers", "M": "dates (datetime64)", "m": "durations (timedelta64)",
+              "V": "structured records", "O": "Python objects (dtype=object)"}
+
+
+def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
+              ) -> np.ndarray:
+    """One .npy array of `size` bytes from `stream`: its header's dtype, shape and byte count
+    checked against the limits and the size before anything is allocated; big-endian data
+    is converted to the machine's order."""
     with _parsing(f"{name} is not a valid .npy array"):
-        stream = io.BytesIO(data)
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}.get(
             np.lib.format.read_magic(stream))
@@ -236,25 +270,43 @@ def _read_npy(data: bytes, name: str, limit: int) -> np.ndarray:
             raise AttributionError(f"{name} uses an unsupported .npy format version; save it "
                                    "again with numpy.save.")
         shape, fortran, dtype = read_header(stream)
-        if dtype.hasobject:
-            raise AttributionError(f"{name} holds Python objects (dtype=object), which cannot "
-                                   "be loaded safely; save numbers, or names as "
-                                   "np.array(names, dtype=str).")
-        count = math.prod(shape)
-        body = data[stream.tell():]
-        if count * dtype.itemsize != len(body):
-            raise AttributionError(f"{name} is truncated or damaged: its header declares "
-                                   f"{list(shape)} {dtype} but the data has {len(body)} bytes.")
-        if shape and shape[0] > limit:
-            raise _too_many_rows(shape[0], limit)
-        array = np.frombuffer(body, dtype=dtype, count=count)
-        return array.reshape(shape, order="F" if fortran else "C").copy()
+        header_size = stream.tell()
+    if dtype.kind in _NPY_KINDS or dtype.hasobject:
+        raise AttributionError(f"{name} holds {_NPY_KINDS.get(dtype.kind, _NPY_KINDS['O'])}, "
+                               "which this tool does not read; save numbers (e.g. "
+                               "array.astype(np.float32)), or names as np.array(names, "
+                               "dtype=str).")
+    count = math.prod(shape)
+    if count * dtype.itemsize != size - header_size:
+        raise AttributionError(f"{name} is truncated or damaged: its header declares "
+                               f"{list(shape)} {dtype} but the data has {size - header_size} "
+                               "bytes.")
+    if count * dtype.itemsize > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(f"{name} holds", f"{count * dtype.itemsize / MB:,.0f} MB",
+                                           f"{limits.max_decoded_bytes / MB:,.0f} MB",
+                                           "max_decoded_bytes"))
+    if shape and shape[0] > limit:
+        raise _too_many_rows(shape[0], limit)
+    body = bytearray(count * dtype.itemsize)
+    with _parsing(f"{name} is truncated or damaged"):
+        filled = stream.readinto(body)
+        while filled < len(body):
+            more = stream.readinto(memoryview(body)[filled:])
+            if not more:
+                raise AttributionError(f"{name} is truncated: it ends after {filled} of "
+                                       f"{len(body)} bytes of data.")
+            filled += more
+    array = np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    if not dtype.isnative:
+        array = array.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return array
 
 
-def _from_torch(data: bytes, features, label, cluster, limit: int) -> Dataset:
+def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
     with _parsing("This .pt file could not be read as plain tensors (files with pickled "
                   "Python objects are refused; save tensors, lists or a dict of them)"):
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    pickled_size(loaded, limits)
     if isinstance(loaded, torch.Tensor):
         loaded = {"inputs": loaded}
     elif isinstance(loaded, (tuple, list)) and 1 <= len(loaded) <= 3:
@@ -313,7 +365,8 @@ def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dat
                    feature_names=names_of("feature_names"), class_names=names_of("class_names"))
 
 
-def _read_csv(data: bytes, limit: int) -> pd.DataFrame:
+def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
+    _check_table_size(_csv_columns(data, limits), min(data.count(b"\n") + 1, limit + 1), limits)
     with _parsing("The text file could not be read as a comma-separated table"):
         frame = pd.read_csv(io.BytesIO(data), nrows=limit + 1)
     if len(frame) > limit:
@@ -322,6 +375,31 @@ def _read_csv(data: bytes, limit: int) -> pd.DataFrame:
         raise AttributionError("The CSV needs a header row naming its columns (e.g. "
                                "pixel_0,...,pixel_63,label); the first row holds numbers.")
     return frame
+
+
+def _csv_columns(data: bytes, limits: Limits) -> int:
+    """Columns of a CSV's header line (read alone; quoted commas counted only when the quick
+    count is over the limit, which is when it matters)."""
+    end = data.find(b"\n")
+    header = data if end < 0 else data[:end]
+    rough = header.count(b",") + 1
+    if rough <= limits.max_features or b'"' not in header:
+        return rough
+    with _parsing("The CSV header line could not be read"):
+        return len(next(csv.reader([header.decode("utf-8", "replace")]), []))
+
+
+def _check_table_size(columns: int, rows: int, limits: Limits) -> None:
+    """Refuse a table over the column budget, or whose values would decode (as float64)
+    to more than the byte budget."""
+    if columns > limits.max_features:
+        raise AttributionError(over_budget("The table has", f"{columns:,} columns",
+                                           f"{limits.max_features:,}", "max_features"))
+    if rows * columns * 8 > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(
+            "The table decodes to", f"{rows:,} rows x {columns:,} columns = "
+            f"{rows * columns * 8 / MB:,.0f} MB", f"{limits.max_decoded_bytes / MB:,.0f} MB",
+            "max_decoded_bytes"))
 
 
 def _is_saved_index(frame: pd.DataFrame, column: str) -> bool:
@@ -339,20 +417,82 @@ def _is_number(text: Any) -> bool:
         return False
 
 
-def _read_parquet(data: bytes, limit: int) -> pd.DataFrame:
+_PARQUET_WIDTHS = {"BOOLEAN": 8, "INT32": 8, "INT64": 8, "INT96": 12, "FLOAT": 8,
+                   "DOUBLE": 8}  # bytes per value once decoded into a pandas column
+
+
+def _check_text_cells(frame: pd.DataFrame, limits: Limits) -> None:
+    """Refuse a text column whose longest cell, as long as every row (the room NumPy text
+    arrays and Arrow's row selections reserve), exceeds the decoded budget."""
+    for column in frame.columns:
+        series = frame[column]
+        if pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
+            continue
+        values = (series.cat.categories if isinstance(series.dtype, pd.CategoricalDtype)
+                  else series).astype(str)
+        longest = int(values.str.len().max()) if len(values) else 0
+        if longest * len(frame) > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                f"Column {column[:40]!r} has a cell of {longest:,} characters; at that width "
+                f"its {len(frame):,} rows take", f"{longest * len(frame) / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+
+
+def _is_text(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return any(check(arrow_type) for check in (pa.types.is_string, pa.types.is_binary,
+                                               pa.types.is_large_string,
+                                               pa.types.is_large_binary))
+
+
+def _read_parquet(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
+    """The table, its decoded size checked from the file's metadata before any column is
+    read, and text columns' decoded size computed from their dictionaries (read as pandas
+    categoricals, never decoded row by row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     with _parsing("The Parquet file is damaged or truncated"):
-        table_file = pq.ParquetFile(io.BytesIO(data))
-        if table_file.metadata.num_rows > limit:
-            raise _too_many_rows(table_file.metadata.num_rows, limit)
-        return table_file.read().to_pandas()
+        metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+        if metadata.num_rows > limit:
+            raise _too_many_rows(metadata.num_rows, limit)
+        _check_table_size(metadata.num_columns, metadata.num_rows, limits)
+        decoded = 0
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            for index in range(row_group.num_columns):
+                chunk = row_group.column(index)
+                width = _PARQUET_WIDTHS.get(chunk.physical_type, 0)
+                decoded += max(chunk.num_values * width, chunk.total_uncompressed_size)
+        if decoded > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The Parquet table decodes to", f"{decoded / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        schema = pq.ParquetFile(io.BytesIO(data)).schema_arrow
+        text = [field.name for field in schema if _is_text(
+            field.type.value_type if pa.types.is_dictionary(field.type) else field.type)]
+        table = pq.ParquetFile(io.BytesIO(data), read_dictionary=text).read()
+        for name in text:  # dictionary-encoded: a short value may stand for a long one
+            for part in table.column(name).chunks:
+                if pa.types.is_dictionary(part.type) and len(part):
+                    lengths = pc.binary_length(part.dictionary)
+                    decoded += 64 * len(part) + (pc.sum(pc.take(lengths, part.indices))
+                                                 .as_py() or 0)
+        if decoded > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The Parquet table's text decodes to", f"{decoded / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        return table.to_pandas()  # text columns stay categorical: no copy per row
 
 
-def _from_frame(frame: pd.DataFrame, features, label, cluster) -> Dataset:
+def _from_frame(frame: pd.DataFrame, features, label, cluster,
+                limits: Limits = DEFAULT_LIMITS) -> Dataset:
     if frame.empty:
         raise AttributionError("The table has no rows.")
     frame.columns = [str(c) for c in frame.columns]
+    _check_text_cells(frame, limits)
     columns = {c: c for c in frame.columns}
     lower = {c.lower(): c for c in frame.columns}
     label_column = _pick(columns, label, [lower[k] for k in _LABEL_KEYS if k in lower],

@@ -40,7 +40,7 @@ class Limits:
     max_pickle_nodes: int = 10_000_000
     max_archive_entries: int = 100_000
     first_run_seconds: float = 5.0
-    first_run_memory_bytes: int = 1024 * MB
+    first_run_memory_bytes: int = 1000 * MB
 
 
 DEFAULT_LIMITS = Limits()

@@ -27,8 +27,10 @@ import os
 import pickle
 import re
 import sys
+import struct
 import uuid
 import zipfile
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
@@ -40,13 +42,12 @@ from .architectures import Architecture, is_description, parse_architecture
 from .errors import AttributionError
 from .export_guard import EXPORT_RECIPE, check_export_archive
 from .guards import eval_mode
+from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import LayerInfo, list_layers, run_logits
 from .scores import model_device
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
 """Default size limit for a model or data file (`max_bytes=` overrides it per call)."""
-UNPACKED_RATIO = 8
-"""A zip archive may unpack to at most this many times its size limit."""
 
 Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
 
@@ -152,24 +153,74 @@ def sniff(data: bytes) -> str:
     return "binary"
 
 
-def open_zip(data: bytes, max_bytes: Optional[int] = None) -> zipfile.ZipFile:
-    """A checked zip archive: every entry's CRC verified, unpacked size within the limit."""
-    limit = (MAX_UPLOAD_BYTES if max_bytes is None else max_bytes) * UNPACKED_RATIO
+def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+    """A checked zip archive: its entry count and the unpacked sizes its directory declares
+    within `limits` (before any entry is read), then every entry inflated once, in 1 MB
+    steps, and refused as soon as it yields more than it declares, or when its size or CRC
+    differ at the end."""
+    limits = limits or DEFAULT_LIMITS
     with _parsing("The file looks like a zip archive but is damaged or truncated"):
+        end_record = zipfile._EndRecData(io.BytesIO(data))  # the directory's own entry count
+        if end_record is None:
+            raise AttributionError("The zip archive has no directory; it is truncated. "
+                                   "Upload the file again.")
+        if end_record[zipfile._ECD_ENTRIES_TOTAL] > limits.max_archive_entries:
+            raise AttributionError(over_budget(
+                "The zip archive lists", f"{end_record[zipfile._ECD_ENTRIES_TOTAL]:,} entries",
+                f"{limits.max_archive_entries:,}", "max_archive_entries"))
         archive = zipfile.ZipFile(io.BytesIO(data))
         entries = archive.infolist()
         names = [entry.filename for entry in entries]
         if len(set(names)) != len(names):
             raise AttributionError("The zip archive lists an entry twice; it is damaged or "
                                    "crafted. Save the file again.")
-        if sum(entry.file_size for entry in entries) > limit:
-            raise AttributionError(f"The zip archive unpacks to more than {limit / 2**20:.0f} "
-                                   "MiB; it is too large to load here.")
-        damaged = archive.testzip()
-        if damaged is not None:
-            raise AttributionError(f"The zip archive is damaged (entry {damaged!r} fails its "
-                                   "checksum); upload the file again.")
+        unpacked = sum(entry.file_size for entry in entries)
+        if unpacked > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The zip archive unpacks to", f"{unpacked / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        for entry in entries:
+            _verify_entry(data, entry)
     return archive
+
+
+_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... name length, extra length
+
+
+def _verify_entry(data: bytes, entry: zipfile.ZipInfo) -> None:
+    """Inflate one entry from the archive's bytes, stopping as soon as it exceeds the size
+    it declares; its size and CRC must then match the directory."""
+    if entry.flag_bits & 0x1 or entry.compress_type not in (zipfile.ZIP_STORED,
+                                                            zipfile.ZIP_DEFLATED):
+        raise AttributionError(f"The zip entry {entry.filename[:80]!r} is encrypted or uses "
+                               "a compression other than deflate; save the file again with "
+                               "numpy or torch.")
+    fields = _LOCAL_HEADER.unpack_from(data, entry.header_offset)
+    if fields[0] != b"PK\x03\x04":
+        raise AttributionError(f"The zip entry {entry.filename[:80]!r} has no local header; "
+                               "the archive is damaged. Upload the file again.")
+    start = entry.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+    packed = memoryview(data)[start:start + entry.compress_size]
+    produced, crc, finished = len(packed), zlib.crc32(packed), len(packed) == entry.file_size
+    if entry.compress_type == zipfile.ZIP_DEFLATED:
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        produced, crc, pending = 0, 0, packed
+        while True:
+            chunk = inflater.decompress(pending, 1 << 20)
+            produced, crc = produced + len(chunk), zlib.crc32(chunk, crc)
+            if produced > entry.file_size:
+                raise AttributionError(
+                    f"The zip entry {entry.filename[:80]!r} unpacks to more than the "
+                    f"{entry.file_size:,} bytes its header declares; the archive is damaged "
+                    "or crafted, and was not unpacked further.")
+            pending = inflater.unconsumed_tail
+            if inflater.eof or not (pending or chunk):
+                break
+        finished = inflater.eof
+    if len(packed) != entry.compress_size or not finished or produced != entry.file_size \
+            or crc != entry.CRC:
+        raise AttributionError(f"The zip archive is damaged (entry {entry.filename[:80]!r} is "
+                               "truncated or fails its checksum); upload the file again.")
 
 
 def zip_kind(archive: zipfile.ZipFile) -> str:
@@ -195,17 +246,121 @@ def _parsing(problem: str) -> Iterator[None]:
         yield
     except AttributionError:
         raise
+    except MemoryError as error:
+        raise out_of_memory("the file", error) from None
     except Exception as error:
+        if "can't allocate memory" in str(error):  # torch's allocator (a RuntimeError)
+            raise out_of_memory("the file", error) from None
         detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         raise AttributionError(f"{problem}" + (f" ({type(error).__name__}: {detail})."
                                                if detail else ".")) from error
 
 
+def out_of_memory(name: str, error: BaseException) -> AttributionError:
+    """A MemoryError while reading `name`, as a message with the size that was attempted."""
+    attempted = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return AttributionError(
+        f"Reading {name} ran out of memory" + (f" ({attempted})" if attempted else "")
+        + ". The file asks for more memory than this machine has; use a smaller file, or "
+        "on your own machine the command line with a memory-mapped .npy.")
+
+
+_TENSOR_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                            torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                            torch.bool})
+
+
+def check_tensor(tensor: torch.Tensor, what: str) -> None:
+    """Refuse, by name, tensors that are not dense CPU numbers (sparse, quantized, meta,
+    nested; complex or exotic dtypes)."""
+    if tensor.is_quantized:
+        kind = f"quantized ({tensor.dtype})"
+    elif tensor.layout != torch.strided:
+        kind = f"sparse ({tensor.layout})"
+    elif getattr(tensor, "is_nested", False):
+        kind = "nested"
+    elif tensor.is_meta or tensor.device.type != "cpu":
+        kind = f"a {tensor.device.type} tensor without data" if tensor.is_meta \
+            else f"on {tensor.device.type}"
+    elif tensor.dtype not in _TENSOR_DTYPES:
+        kind = f"of dtype {tensor.dtype}"
+    else:
+        return
+    raise AttributionError(
+        f"{what} is {kind}; only dense CPU tensors of real numbers are read. Save a plain "
+        "tensor instead, e.g. tensor.to_dense() / tensor.dequantize() / tensor.float().")
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def pickled_size(value: Any, limits: Limits, what: str = "This .pt file") -> tuple[int, int]:
+    """(values, decoded bytes) of an unpickled value, within `limits`.
+
+    A shared reference counts as often as it is reached (as `np.asarray` would copy it),
+    with each container's cost computed once, so the walk is linear in the pickle's size.
+    Tensors are checked with `check_tensor` and count numel x itemsize bytes.
+    """
+    costs: dict[int, tuple[int, int]] = {}  # id of a container -> (values, bytes)
+    open_ids: set[int] = set()
+
+    def children_of(item: Any) -> Optional[list]:
+        if isinstance(item, dict):
+            return [*item.keys(), *item.values()]
+        return list(item) if isinstance(item, _CONTAINERS) else None
+
+    def leaf_cost(item: Any) -> tuple[int, int]:
+        if isinstance(item, torch.Tensor):
+            check_tensor(item, f"A tensor in {what[0].lower() + what[1:]}")
+            return 1, item.numel() * item.element_size()
+        return 1, 4 * len(item) if isinstance(item, (str, bytes)) else 8
+
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, children_done = stack.pop()
+        key = id(item)
+        children = children_of(item)
+        if children is None:
+            costs[key] = leaf_cost(item)  # only the root can be a leaf here
+        elif children_done:
+            open_ids.discard(key)
+            values, size = 1, 0
+            for child in children:
+                child_values, child_size = (costs[id(child)] if isinstance(child, _CONTAINERS)
+                                            else leaf_cost(child))
+                values, size = values + child_values, size + child_size
+            costs[key] = values, size
+            if values > limits.max_pickle_nodes:
+                raise AttributionError(over_budget(
+                    f"{what} expands (counting shared references) to", f"{values:,} values",
+                    f"{limits.max_pickle_nodes:,}", "max_pickle_nodes")
+                    + " Save the data as tensors rather than nested lists.")
+            if size > limits.max_decoded_bytes:
+                raise AttributionError(over_budget(
+                    f"{what} decodes to", f"{size / MB:,.0f} MB",
+                    f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        elif key in open_ids:
+            raise AttributionError(f"{what} holds a list or dict that contains itself; save "
+                                   "plain tensors, lists or dicts.")
+        elif key not in costs:
+            open_ids.add(key)
+            stack.append((item, True))
+            pending = {id(child): child for child in children
+                       if isinstance(child, _CONTAINERS) and id(child) not in costs}
+            for child in pending.values():
+                if id(child) in open_ids:
+                    raise AttributionError(f"{what} holds a list or dict that contains "
+                                           "itself; save plain tensors, lists or dicts.")
+                stack.append((child, False))
+    return costs[id(value)]
+
+
 # ---------------------------------------------------------------- torch.export archives
 
-def _load_export(data: bytes) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes]]:
+def _load_export(data: bytes, limits: Limits
+                 ) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes]]:
     """(unflattened module, example input or None, extra files) of a .pt2."""
-    extra_files = check_export_archive(data)
+    extra_files = check_export_archive(data, limits)
     with _parsing("torch.export could not load this .pt2 archive"):
         program = torch.export.load(io.BytesIO(data))
         module = torch.export.unflatten(program)
@@ -250,7 +405,7 @@ def _torch_load(data: bytes, trust_code: bool) -> Any:
         return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
-def _state_dict_of(obj: Any) -> dict[str, torch.Tensor]:
+def _state_dict_of(obj: Any, limits: Limits) -> dict[str, torch.Tensor]:
     """The state dict in a checkpoint: the object itself, or its one dict of tensors."""
     def is_state(value: Any) -> bool:
         return (isinstance(value, dict) and bool(value)
@@ -276,18 +431,25 @@ def _state_dict_of(obj: Any) -> dict[str, torch.Tensor]:
     for prefix in ("module.", "_orig_mod."):  # DataParallel / torch.compile wrappers
         if all(key.startswith(prefix) for key in state):
             state = {key[len(prefix):]: value for key, value in state.items()}
+    for key, value in state.items():
+        check_tensor(value, f"Tensor {key[:80]!r} of the state dict")
+    as_float = sum(value.numel() * 4 for value in state.values())
+    if as_float > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(
+            "The state dict's weights take", f"{as_float / MB:,.0f} MB as float32",
+            f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
     return {key: value.float() if value.is_floating_point() else value
             for key, value in state.items()}
 
 
-def _load_safetensors(data: bytes) -> dict[str, torch.Tensor]:
+def _load_safetensors(data: bytes, limits: Limits) -> dict[str, torch.Tensor]:
     from safetensors.torch import load as load_safetensors
 
     with _parsing("The .safetensors file is damaged or truncated"):
         state = load_safetensors(data)
     if not state:
         raise AttributionError("The .safetensors file holds no tensors.")
-    return _state_dict_of(state)
+    return _state_dict_of(state, limits)
 
 
 def _shape_text(tensor: torch.Tensor) -> str:
@@ -340,8 +502,8 @@ def _names_hint(architecture: Architecture, state: dict[str, torch.Tensor]) -> s
     return f' If only the names differ, add "names": {json.dumps(names)} to the description.'
 
 
-def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_code: bool
-                      ) -> tuple[nn.Module, Optional[Architecture]]:
+def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_code: bool,
+                      limits: Limits) -> tuple[nn.Module, Optional[Architecture]]:
     """Build the architecture and load the state dict into it."""
     if architecture is None:
         listing = ", ".join(f"{k} {_shape_text(v)}" for k, v in list(state.items())[:4])
@@ -358,8 +520,16 @@ def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_c
         module = _module_from_python(architecture, trust_code)
         _fill(module, state)
         return module, None
+    description = _description(architecture, trust_code, limits)
+    module = description.build(device="meta")
+    _fill(module, state, _names_hint(description, state))
+    return module, description
+
+
+def _description(architecture: Any, trust_code: bool, limits: Limits) -> Architecture:
+    """The architecture description, parsed and within `limits`."""
     try:
-        description = parse_architecture(architecture)
+        return parse_architecture(architecture, limits)
     except AttributionError as error:
         if isinstance(architecture, (bytes, bytearray)) and not trust_code:
             raise AttributionError(
@@ -367,9 +537,6 @@ def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_c
                 "trust_code=True (a start-up setting for your own files on your own "
                 "machine).") from None
         raise
-    module = description.build(device="meta")
-    _fill(module, state, _names_hint(description, state))
-    return module, description
 
 
 def _is_python_file(architecture: Any, trust_code: bool) -> bool:
@@ -423,7 +590,8 @@ def _module_from_python(source: Any, trust_code: bool) -> nn.Module:
 def load_model(source: Source, *, architecture: Any = None,
                example_input: Union[torch.Tensor, Sequence[int], None] = None,
                class_names: Optional[Sequence[str]] = None, trust_code: bool = False,
-               max_bytes: Optional[int] = None) -> LoadedModel:
+               max_bytes: Optional[int] = None, limits: Optional[Limits] = None,
+               sandbox: Optional[bool] = None) -> LoadedModel:
     """Load a classifier from a path or bytes; the format is detected from the content.
 
     Args:
@@ -438,41 +606,76 @@ def load_model(source: Source, *, architecture: Any = None,
         trust_code: allow unpickling Python objects and running Python files. Only for your
             own files on your own machine; never for uploads from others.
         max_bytes: size limit (default MAX_UPLOAD_BYTES).
+        limits: decoding budgets and the first run's time and memory (default
+            `limits.DEFAULT_LIMITS`).
+        sandbox: load and run the model first in a child process with the first-run budget
+            (`attribution.watchdog`; about 0.1-0.5 s once its server runs, a few seconds to
+            start it). Default: on for bytes and file objects (uploads), off for paths (your
+            own files). Never used with trust_code or an nn.Module architecture, whose code
+            is trusted anyway.
     Returns:
         LoadedModel with the module in eval mode.
     """
     data, name = read_source(source, max_bytes=max_bytes, what="model")
+    limits = limits or DEFAULT_LIMITS
+    if sandbox is None:
+        sandbox = not isinstance(source, (str, os.PathLike))
+    try:
+        kind = _model_kind(data, name, architecture, limits)
+        if sandbox and not trust_code and not isinstance(architecture, nn.Module):
+            from .watchdog import check_first_run
+
+            if architecture is not None and not _is_python_file(architecture, trust_code):
+                architecture = _description(architecture, trust_code, limits)
+            check_first_run(data, architecture=architecture, example_input=example_input,
+                            class_names=class_names, limits=limits)
+        return _load(data, kind, architecture, example_input, class_names, trust_code,
+                     limits)
+    except MemoryError as error:
+        raise out_of_memory(name, error) from None
+
+
+def _model_kind(data: bytes, name: str, architecture: Any, limits: Limits) -> str:
+    """The model format of `data` ("torch.export", "torch.save", "pickle" or "safetensors"),
+    from checks that read headers and directories only; refuses every other format."""
     kind = sniff(data)
     if kind == "zip":
-        kind = zip_kind(open_zip(data, max_bytes))
+        kind = zip_kind(open_zip(data, limits))
+    if kind == "torchscript":
+        raise _torchscript_error()
+    if kind not in ("torch.export", "torch.save", "pickle", "safetensors"):
+        raise AttributionError(f"{name} is {_describe(kind)}, not a model file. Upload a "
+                               ".pt2 from torch.export (recommended), or a state dict with its "
+                               f"architecture. To export:\n{EXPORT_RECIPE}")
+    if architecture is not None and kind == "torch.export":
+        raise AttributionError("architecture= is only used with state dicts; this file is "
+                               f"{_describe(kind)}.")
+    return kind
+
+
+def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
+          class_names: Optional[Sequence[str]], trust_code: bool, limits: Limits
+          ) -> LoadedModel:
+    """The model in `data` (of format `kind`), run on batches of 1 and 3 samples."""
     stored_names = None
     example = None
     state = None  # a state dict, for the architecture to take
-    if architecture is not None and kind not in ("torch.save", "pickle", "safetensors"):
-        raise AttributionError("architecture= is only used with state dicts; this file is "
-                               f"{_describe(kind)}.")
     if kind == "torch.export":
-        module, example, extra_files = _load_export(data)
+        module, example, extra_files = _load_export(data, limits)
         if "class_names.json" in extra_files:
             with _parsing("extra/class_names.json in the .pt2 is not a JSON list of names"):
                 stored_names = [str(n) for n in json.loads(extra_files["class_names.json"])]
         source_format = "torch.export"
-    elif kind in ("torch.save", "pickle"):
+    elif kind == "safetensors":
+        state, source_format = _load_safetensors(data, limits), "safetensors"
+    else:
         loaded = _torch_load(data, trust_code)
         if isinstance(loaded, nn.Module):
             module, source_format = loaded, "pickled module"
         else:
-            state, source_format = _state_dict_of(loaded), "state dict"
-    elif kind == "safetensors":
-        state, source_format = _load_safetensors(data), "safetensors"
-    elif kind == "torchscript":
-        raise _torchscript_error()
-    else:
-        raise AttributionError(f"{name} is {_describe(kind)}, not a model file. Upload a "
-                               ".pt2 from torch.export (recommended), or a state dict with its "
-                               f"architecture. To export:\n{EXPORT_RECIPE}")
+            state, source_format = _state_dict_of(loaded, limits), "state dict"
     if state is not None:
-        module, description = _module_for_state(state, architecture, trust_code)
+        module, description = _module_for_state(state, architecture, trust_code, limits)
         if description is not None:
             example = torch.zeros((2,) + description.input_shape)
             stored_names = description.class_names

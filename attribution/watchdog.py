@@ -59,19 +59,24 @@ class Verdict:
     peak_bytes: int
 
 
-def check_first_run(model: bytes, *, architecture: Any = None, example_input: Any = None,
-                    class_names: Any = None, limits: Limits) -> Verdict:
+def first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
     """Load `model` and run batches of 1 and 3 samples in a child within `limits`.
 
-    Args are those of `load_model` (architecture: a description, not Python code).
+    Args:
+        model: the model file's bytes.
+        limits: the budgets (`first_run_seconds`, `first_run_memory_bytes`, and the decoding
+            budgets the child's `load_model` applies).
+        options: further `load_model` arguments (architecture: a description, not code;
+            example_input, class_names, ...), picklable.
     Returns:
-        the child's Verdict when the model loaded and ran.
-    Raises:
-        AttributionError with the child's message, or the budget that was exceeded.
+        the child's Verdict: its message says why the model was refused, or is None.
     """
-    request = {"model": model, "architecture": architecture, "example_input": example_input,
-               "class_names": class_names, "limits": limits}
-    verdict = _SERVER.check(request, limits)
+    return _SERVER.check({"model": model, "limits": limits, "options": options}, limits)
+
+
+def check_first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+    """`first_run`, raising AttributionError with the child's message on refusal."""
+    verdict = first_run(model, limits=limits, **options)
     if verdict.message is not None:
         raise AttributionError(verdict.message)
     return verdict
@@ -245,9 +250,7 @@ def _child(request: dict) -> dict:
     from .loading import load_model
 
     torch.set_num_threads(1)
-    loaded = load_model(request["model"], architecture=request["architecture"],
-                        example_input=request["example_input"],
-                        class_names=request["class_names"], limits=limits, sandbox=False)
+    loaded = load_model(request["model"], limits=limits, sandbox=False, **request["options"])
     return {"n_classes": loaded.n_classes}
 
 

@@ -143,8 +143,19 @@ def _layers(key: str, _loaded: LoadedModel) -> tuple:
 
 
 def validate_upload(upload: Upload) -> Workspace:
-    """Load the uploaded files as the app will; raises AttributionError for a bad file."""
-    return _workspace_of(UPLOAD, upload)
+    """Load the uploaded files as the app will; raises AttributionError for a bad file, also
+    for a failure no check anticipated, so the page records it and does not retry it on every
+    rerun."""
+    try:
+        return _workspace_of(UPLOAD, upload)
+    except at.AttributionError:
+        raise
+    except Exception as error:  # noqa: BLE001 (an upload is refused, never a crash)
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        raise at.AttributionError(
+            f"These files could not be read ({type(error).__name__}"
+            + (f": {detail}" if detail else "") + "). Check that they are a model and data "
+            "this app accepts (see the sample files below).") from error
 
 
 def _workspace_of(source: str, upload: Optional[Upload]) -> Workspace:

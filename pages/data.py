@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
+from attribution import watchdog
 from attribution.demo import demo_files
 from attribution.report import layers_frame, model_facts
 from pages import common
@@ -16,6 +17,7 @@ ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else
 DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
 
 st.title("Model & data")
+watchdog.warm_up()  # the checker of uploaded models starts while files are chosen
 
 st.subheader("Upload your own")
 st.markdown(

@@ -134,7 +134,7 @@ def test_columns_and_keys_can_be_chosen():
     (npz_bytes(inputs=INPUTS, clusters=np.array([0, 5, 0, 1]), cluster_names=np.array(["p", "q"])),
      "integer ids 0..1"),
     (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.complex64)}),
-     "integer class ids"),
+     "of dtype torch.complex64"),
     (pt_bytes({"inputs": [[1.0, 2.0], [3.0]]}), "rectangular"),
     (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.bfloat16)}),
      None),

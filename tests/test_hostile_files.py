@@ -1,0 +1,556 @@
+"""A hostile corpus, built here by scripts: every file must be refused with AttributionError in
+under 10 s and under 1 GiB of extra memory (also in the watchdog's child), leaving no files.
+
+The corpus is loaded in one fresh Python process (`RUNNER`), which resets its peak RSS
+(/proc/self/clear_refs) before each file, so each file's time and extra memory are its own;
+models go through `load_model(bytes)`, i.e. through the watchdog, whose server is started
+by a legitimate upload first, as the app starts it when the upload page opens.
+"""
+import io
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution import watchdog
+from attribution.demo import DEMO_DIR
+from attribution.limits import DEFAULT_LIMITS, Limits
+from tests.conftest import ROOT
+
+GiB = 2 ** 30
+SECONDS = 10.0
+
+
+# ------------------------------------------------------------------ building blocks
+
+def raw_zip(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
+    """A zip of (name, method, packed bytes, crc, declared size) entries, written by hand so
+    that a header may lie."""
+    out, central = io.BytesIO(), []
+    for name, method, packed, crc, size in entries:
+        offset, encoded = out.tell(), name.encode()
+        out.write(struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc,
+                              len(packed), size, len(encoded), 0) + encoded + packed)
+        central.append(struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, method, 0, 0x21,
+                                   crc, len(packed), size, len(encoded), 0, 0, 0, 0, 0, offset)
+                       + encoded)
+    start, directory = out.tell(), b"".join(central)
+    out.write(directory)
+    count = len(entries)
+    if count > 0xFFFF:  # the zip64 end records carry the count
+        end64 = out.tell()
+        out.write(struct.pack("<4sQ2H2I4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
+                              len(directory), start))
+        out.write(struct.pack("<4sIQI", b"PK\x06\x07", 0, end64, 1))
+        count = 0xFFFF
+    out.write(struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, count, count, len(directory),
+                          start, 0))
+    return out.getvalue()
+
+
+def deflated_zeros(prefix: bytes, zeros: int) -> tuple[bytes, int]:
+    """(deflate stream, crc) of `prefix` + `zeros` zero bytes, made in well under a second:
+    after a full flush the compressor restarts, so every 16 MiB block compresses alike."""
+    block = 1 << 24
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = compressor.compress(prefix) + compressor.flush(zlib.Z_FULL_FLUSH)
+    segment = compressor.compress(bytes(block)) + compressor.flush(zlib.Z_FULL_FLUSH)
+    tail = compressor.compress(bytes(zeros % block)) + compressor.flush()
+    crc, zero_block = zlib.crc32(prefix), bytes(block)
+    for _ in range(zeros // block):
+        crc = zlib.crc32(zero_block, crc)
+    crc = zlib.crc32(bytes(zeros % block), crc)
+    return head + segment * (zeros // block - 1) + segment + tail, crc
+
+
+def npy_header(dtype: str, shape: tuple) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": dtype, "fortran_order": False,
+                                                  "shape": shape})
+    return buffer.getvalue()
+
+
+def npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def saved(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def parquet(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+TINY = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+TINY_ARCHITECTURE = {"kind": "mlp", "input_shape": [4], "hidden": [3], "n_classes": 2}
+
+
+# ------------------------------------------------------------------ the corpus
+
+def npz_bomb() -> bytes:
+    """2.4 GB of float64 zeros in a 2.4 MB .npz (an honest header: the sizes are true)."""
+    count = 300_000_000
+    header = npy_header("<f8", (count,))
+    packed, crc = deflated_zeros(header, count * 8)
+    return raw_zip([("inputs.npy", 8, packed, crc, len(header) + count * 8)])
+
+
+def npz_bomb_in_parts() -> bytes:
+    """Three entries of 0.8 GB, each under the budget, 2.4 GB together."""
+    count = 100_000_000
+    header = npy_header("<f8", (count,))
+    packed, crc = deflated_zeros(header, count * 8)
+    return raw_zip([(f"{name}.npy", 8, packed, crc, len(header) + count * 8)
+                    for name in ("inputs", "labels", "clusters")])
+
+
+def lying_zip_header() -> bytes:
+    """An entry declaring 2 x 2 float64 values whose stream inflates to 1 GB."""
+    header = npy_header("<f8", (2, 2))
+    packed, _ = deflated_zeros(header, 10 ** 9)
+    declared = header + bytes(32)
+    return raw_zip([("inputs.npy", 8, packed, zlib.crc32(declared), len(declared))])
+
+
+def many_zip_entries() -> bytes:
+    """150,000 empty entries: a directory that would take ~100 MB of Python objects."""
+    return raw_zip([(f"{index}.npy", 0, b"", 0, 0) for index in range(150_000)])
+
+
+def parquet_number_bomb() -> bytes:
+    """200,000 rows x 1,300 columns of zeros: 2.1 GB decoded from a few MB (one shared
+    buffer, written with dictionary and run-length encoding)."""
+    zeros = pa.array(np.zeros(200_000))
+    return parquet(pa.table({f"f{index}": zeros for index in range(1_300)}))
+
+
+def parquet_text_bomb() -> bytes:
+    """200,000 rows of one 20 kB string: 4 GB of text behind a one-entry dictionary."""
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(200_000, np.int32)),
+                                            pa.array(["x" * 20_000]))
+    return parquet(pa.table({"f0": pa.array(np.zeros(200_000)), "cluster": column}))
+
+
+def long_cluster_ids() -> bytes:
+    """200,000 rows of 100 short cluster ids and one of 100 kB: 80 GB as a text array."""
+    clusters = np.array(["a"] * 199_999 + ["x" * 100_000], dtype=object)
+    return parquet(pa.table({"f0": pa.array(np.zeros(200_000)), "cluster": clusters}))
+
+
+def pickle_laughs() -> bytes:
+    """10 shared references per level, 9 levels: 1e9 values behind a 1.5 kB .pt."""
+    value = [0.0] * 10
+    for _ in range(8):
+        value = [value] * 10
+    return saved({"inputs": value})
+
+
+def pickle_cycle() -> bytes:
+    value: list = [[0.0, 1.0]]
+    value.append(value)
+    return saved({"inputs": value})
+
+
+def stride_zero_tensor() -> bytes:
+    """One float stored, viewed as 1e6 x 1e6 (stride 0): 4 TB once converted."""
+    return saved({"inputs": torch.zeros(1).expand(10 ** 6, 10 ** 6)})
+
+
+def wide_csv() -> bytes:
+    """1e6 columns (14 MB): parsing it took 145 s and ended in MemoryError."""
+    names = ",".join(f"c{index}" for index in range(1_000_000))
+    return (names + "\n" + ",".join(["0"] * 1_000_000) + "\n").encode()
+
+
+def deep_architecture(form: str) -> bytes:
+    """21,000 layers in a 63 kB description."""
+    if form == "json":
+        return json.dumps(dict(TINY_ARCHITECTURE, hidden=[3] * 21_000)).encode()
+    return ("kind: mlp\ninput_shape: [4]\nn_classes: 2\nhidden: [" + "3," * 20_999
+            + "3]\n").encode()
+
+
+def yaml_laughs() -> bytes:
+    lines = ["kind: mlp", "input_shape: [4]", "n_classes: 2", "a0: &a0 [3, 3, 3, 3, 3, 3, 3, 3]"]
+    lines += [f"a{index}: &a{index} [" + ", ".join([f"*a{index - 1}"] * 8) + "]"
+              for index in range(1, 10)]
+    return ("\n".join(lines) + "\nhidden: *a9\n").encode()
+
+
+def huge_parameter_count() -> bytes:
+    return json.dumps(dict(TINY_ARCHITECTURE, input_shape=[65536],
+                           hidden=[65536] * 300)).encode()
+
+
+def exotic_tensor(kind: str) -> torch.Tensor:
+    values = torch.ones(4, 4)
+    if kind == "sparse":
+        return values.to_sparse()
+    if kind == "quantized":
+        return torch.quantize_per_tensor(values, 0.1, 0, torch.quint8)
+    if kind == "meta":
+        return torch.ones(4, 4, device="meta")
+    return values.to(torch.complex64)
+
+
+def state_dict_with(kind: str) -> bytes:
+    state = dict(TINY.state_dict())
+    state["0.weight"] = exotic_tensor(kind)[:3, :4] if kind != "sparse" else \
+        torch.ones(3, 4).to_sparse()
+    return saved(state)
+
+
+def expanded_state_dict() -> bytes:
+    state = dict(TINY.state_dict())
+    state["0.weight"] = torch.zeros(1).expand(100_000, 100_000)
+    return saved(state)
+
+
+def conv_bomb() -> tuple[bytes, bytes]:
+    """A 3 MB state dict whose architecture convolves a 1024 x 1024 image with 31 x 31
+    kernels: ~800 GFLOP for the probe batches of 1 and 3 samples."""
+    description = {"kind": "cnn", "input_shape": [1, 1024, 1024], "channels": [16] * 4,
+                   "kernel_size": 31, "pool": 2, "hidden": [], "n_classes": 2}
+    module = at.parse_architecture(description).build(device="meta")
+    state = {key: torch.zeros(value.shape) for key, value in module.state_dict().items()}
+    return saved(state), json.dumps(description).encode()
+
+
+def conv_memory_bomb() -> tuple[bytes, bytes]:
+    """A 20 kB state dict whose first convolution outputs 64 maps of 2048 x 2048: 1 GB per
+    sample."""
+    description = {"kind": "cnn", "input_shape": [1, 2048, 2048], "channels": [64, 1, 1, 1, 1],
+                   "kernel_size": 3, "pool": 2, "hidden": [], "n_classes": 2}
+    module = at.parse_architecture(description).build(device="meta")
+    state = {key: torch.zeros(value.shape) for key, value in module.state_dict().items()}
+    return saved(state), json.dumps(description).encode()
+
+
+class MatmulBomb(nn.Module):
+    """A legal aten graph: 20 products of 6000 x 6000 matrices made inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        big = torch.ones(6000, 6000)
+        for _ in range(20):
+            big = big @ big * 0.0
+        return self.fc(x) + big[:1, :2].sum()
+
+
+class MemoryBomb(nn.Module):
+    """Asks for 40 GB inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x) + torch.ones(100_000, 100_000)[:1, :2].sum()
+
+
+def exported(module: nn.Module) -> bytes:
+    program = torch.export.export(module.eval(), (torch.zeros(2, 4),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+DATA_CASES = {  # name: (builder, regex of the message)
+    "npz bomb (2.4 GB in 2.4 MB)": (npz_bomb, "unpacks to"),
+    "npz bomb in three 0.8 GB entries": (npz_bomb_in_parts, "unpacks to"),
+    "zip entry lying about its size": (lying_zip_header, "more than the"),
+    "zip of 150,000 entries": (many_zip_entries, "entries"),
+    "parquet of 2.1 GB of numbers": (parquet_number_bomb, "decodes to"),
+    "parquet of 4 GB of text": (parquet_text_bomb, "text decodes to"),
+    "one 100 kB cluster id among 200,000": (long_cluster_ids, "cell of 100,000 characters"),
+    "pickle laughs (1e9 shared values)": (pickle_laughs, "expands"),
+    "pickled list containing itself": (pickle_cycle, "contains itself"),
+    "stride-0 tensor of 1e12 values": (stride_zero_tensor, "decodes to"),
+    "CSV of 1e6 columns": (wide_csv, "1,000,000 columns"),
+    **{f"{kind} tensor in a .pt": ((lambda kind=kind: saved({"inputs": exotic_tensor(kind)})),
+                                   "sparse" if kind == "sparse" else kind)
+       for kind in ("sparse", "quantized", "meta", "complex")},
+    **{f"{dtype} array in a .npz": ((lambda dtype=dtype: npz(inputs=np.zeros((2, 2), dtype))),
+                                    words)
+       for dtype, words in (("complex64", "complex"), ("datetime64[s]", "dates"),
+                            ("timedelta64[s]", "durations"), ("V8", "structured"))},
+    "object array in a .npz": (lambda: npz(inputs=np.array([[{}], [None]], dtype=object)),
+                               "Python objects"),
+}
+MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message)
+    "architecture JSON of 21,000 layers": (lambda: (saved(TINY.state_dict()),
+                                                     deep_architecture("json")), "layers"),
+    "architecture YAML of 21,000 layers": (lambda: (saved(TINY.state_dict()),
+                                                     deep_architecture("yaml")), "layers"),
+    "YAML billion laughs": (lambda: (saved(TINY.state_dict()), yaml_laughs()), "aliases"),
+    "architecture of 1.3e12 parameters": (lambda: (saved(TINY.state_dict()),
+                                                    huge_parameter_count()), "parameters"),
+    **{f"{kind} tensor in a state dict": ((lambda kind=kind: (state_dict_with(kind),
+                                                              json.dumps(TINY_ARCHITECTURE)
+                                                              .encode())),
+                                          "sparse" if kind == "sparse" else kind)
+       for kind in ("sparse", "quantized", "meta", "complex")},
+    "stride-0 weight of 1e10 values": (lambda: (expanded_state_dict(),
+                                                json.dumps(TINY_ARCHITECTURE).encode()),
+                                       "weights take"),
+    "conv-net compute bomb (state dict + architecture)": (conv_bomb, "budget of a first run"),
+    "conv-net memory bomb (1 GB activations per sample)": (conv_memory_bomb,
+                                                           "memory budget of a first run"),
+    ".pt2 compute bomb (20 matmuls of 6000 x 6000)": (lambda: (exported(MatmulBomb()), None),
+                                                      "budget of a first run"),
+    ".pt2 memory bomb (40 GB inside forward)": (lambda: (exported(MemoryBomb()), None),
+                                                "memory budget of a first run|"
+                                                "computes a tensor of 40.00 GB"),
+}
+
+RUNNER = r"""
+import json, sys, time
+import attribution as at
+from attribution import watchdog
+from attribution.demo import DEMO_DIR
+
+def rss(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
+
+verdicts = []
+check = watchdog._SERVER.check
+watchdog._SERVER.check = lambda *args: verdicts.append(check(*args)) or verdicts[-1]
+at.load_model((DEMO_DIR / "digits_mlp.pt2").read_bytes())  # starts the checking server
+server = watchdog._SERVER.process.pid
+with open(f"/proc/{server}/status") as status:
+    server_rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+results = {}
+for case in json.load(sys.stdin):
+    data = open(case["file"], "rb").read()
+    architecture = open(case["architecture"], "rb").read() if case["architecture"] else None
+    verdicts.clear()
+    open("/proc/self/clear_refs", "w").write("5")
+    before, start = rss("VmRSS"), time.perf_counter()
+    try:
+        if case["call"] == "data":
+            at.load_data(data)
+        else:
+            at.load_model(data, architecture=architecture)
+        outcome = {"error": None, "message": ""}
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    outcome.update(seconds=time.perf_counter() - start, extra_bytes=rss("VmHWM") - before,
+                   child_extra_bytes=max([v.peak_bytes - server_rss for v in verdicts],
+                                         default=0),
+                   child_seconds=max([v.seconds for v in verdicts], default=0.0))
+    results[case["name"]] = outcome
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, dict]:
+    """Each case's outcome, time and extra memory, from one fresh process."""
+    folder = tmp_path_factory.mktemp("hostile")
+    manifest = []
+    for index, (name, (build, _)) in enumerate(DATA_CASES.items()):
+        path = folder / f"data_{index}"
+        path.write_bytes(build())
+        manifest.append({"name": name, "call": "data", "file": str(path), "architecture": None})
+    for index, (name, (build, _)) in enumerate(MODEL_CASES.items()):
+        model, architecture = build()
+        path = folder / f"model_{index}"
+        path.write_bytes(model)
+        architecture_path = None
+        if architecture is not None:
+            architecture_path = folder / f"architecture_{index}"
+            architecture_path.write_bytes(architecture)
+        manifest.append({"name": name, "call": "model", "file": str(path),
+                         "architecture": architecture_path and str(architecture_path)})
+    files = set(folder.iterdir())
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(manifest), env=env,
+                          capture_output=True, text=True, timeout=900, cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(folder.iterdir()) == files  # nothing was written (no marker, no spill)
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, outcome in results.items():  # the evidence, shown with pytest -s
+        print(f"{name}: {outcome['seconds']:.2f} s, +{outcome['extra_bytes'] / 2**20:.0f} MiB"
+              f" (child +{outcome['child_extra_bytes'] / 2**20:.0f} MiB,"
+              f" {outcome['child_seconds']:.2f} s): {outcome['message'][:100]}")
+    return results
+
+
+@pytest.mark.parametrize("name", list(DATA_CASES) + list(MODEL_CASES))
+def test_each_hostile_file_is_refused_quickly_within_memory(refusals, name):
+    words = {**DATA_CASES, **MODEL_CASES}[name][1]
+    outcome = refusals[name]
+    assert outcome["error"] == "AttributionError", outcome
+    assert re.search(words, outcome["message"]), outcome["message"]
+    assert outcome["seconds"] < SECONDS
+    assert outcome["extra_bytes"] < GiB
+    assert outcome["child_extra_bytes"] < GiB
+
+
+# ------------------------------------------------------------------ in-process checks
+
+def test_budget_messages_say_the_limit_and_how_to_raise_it():
+    with pytest.raises(at.AttributionError) as error:
+        at.load_data(wide_csv())
+    assert "100,000" in str(error.value) and "Limits(max_features=...)" in str(error.value)
+    assert "--max-features" in str(error.value)
+
+
+def test_limits_are_configurable_per_call():
+    data = npz(inputs=np.zeros((100, 64), np.float32))
+    with pytest.raises(at.AttributionError, match="unpacks to"):
+        at.load_data(data, limits=Limits(max_decoded_bytes=10_000))
+    assert len(at.load_data(data, limits=Limits(max_decoded_bytes=100_000))) == 100
+    table = pd.DataFrame(np.zeros((3, 5)), columns=list("abcde")).to_csv(index=False).encode()
+    with pytest.raises(at.AttributionError, match="5 columns"):
+        at.load_data(table, limits=Limits(max_features=4))
+    description = dict(TINY_ARCHITECTURE, hidden=[3] * 5)
+    with pytest.raises(at.AttributionError, match="6 layers"):
+        at.parse_architecture(dict(description, hidden=[3] * 6), Limits(max_layers=5))
+    assert at.parse_architecture(description, Limits(max_layers=5)).hidden == (3,) * 5
+
+
+def test_a_lying_entry_is_stopped_after_its_declared_size(monkeypatch):
+    """The zip check inflates in 1 MB steps and stops at the first step past the declared
+    size: the 1 GB stream costs a few MB of output, not 1 GB."""
+    produced = []
+    real = zlib.decompressobj
+
+    class Counting:
+        def __init__(self, *args):
+            self.inner = real(*args)
+
+        def decompress(self, data, limit):
+            out = self.inner.decompress(data, limit)
+            produced.append(len(out))
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(at.loading.zlib, "decompressobj", Counting)
+    with pytest.raises(at.AttributionError, match="more than the"):
+        at.load_data(lying_zip_header())
+    assert sum(produced) <= 2 * 2 ** 20
+
+
+def test_big_endian_arrays_are_converted():
+    inputs = np.arange(12, dtype=">f4").reshape(3, 4)
+    labels = np.array([0, 1, 0], dtype=">i8")
+    dataset = at.load_data(npz(inputs=inputs, labels=labels))
+    assert dataset.inputs.tolist() == inputs.astype("<f4").tolist()
+    assert dataset.labels.tolist() == [0, 1, 0]
+    buffer = io.BytesIO()
+    np.save(buffer, inputs)
+    assert at.load_data(buffer.getvalue()).inputs.tolist() == inputs.tolist()
+
+
+def test_memory_exhaustion_becomes_a_message_with_the_size(monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000,)")
+
+    monkeypatch.setattr(at.data.np, "frombuffer", exhausted)
+    with pytest.raises(at.AttributionError, match="ran out of memory.*7.45 GiB"):
+        at.load_data(npz(inputs=np.zeros((3, 4), np.float32)))
+
+
+def test_shared_references_are_counted_as_reached_but_walked_once():
+    shared = [1.0] * 1000
+    nodes, size = at.loading.pickled_size([shared] * 1000, DEFAULT_LIMITS)
+    assert nodes == 1 + 1000 * 1001 and size == 1000 * 1000 * 8
+    data = saved({"inputs": [[float(i)] * 3 for i in range(4)], "labels": [0, 1, 0, 1]})
+    assert at.load_data(data).inputs.shape == (4, 3)
+
+
+def test_legitimate_files_near_real_sizes_still_load():
+    """The demo files and a 100 MB .npz load with the default budgets."""
+    assert len(at.load_data(npz(inputs=np.zeros((200_000, 125), np.float32)))) == 200_000
+    for name in ("digits.npz", "digits_sample.csv"):
+        assert len(at.load_data(DEMO_DIR / name)) > 0
+
+
+# ------------------------------------------------------------------ the watchdog
+
+def test_the_watchdog_stops_a_slow_model_at_its_time_budget():
+    model, architecture = conv_bomb()
+    limits = Limits(first_run_seconds=1.0)
+    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
+                                 limits=limits)
+    assert "within 1 s" in verdict.message
+    assert 1.0 <= verdict.seconds < 3.0
+
+
+def test_the_watchdog_stops_a_model_at_its_memory_budget():
+    model, architecture = conv_memory_bomb()
+    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
+                                 limits=DEFAULT_LIMITS)
+    assert verdict.message is not None and "memory budget" in verdict.message, verdict
+
+
+def test_the_watchdog_passes_a_good_model_and_reports_its_classes():
+    verdict = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(),
+                                 limits=DEFAULT_LIMITS)
+    assert verdict.message is None and verdict.n_classes == 10
+
+
+def test_sandbox_is_on_for_bytes_and_off_for_paths(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(watchdog, "check_first_run", lambda *a, **k: calls.append(k))
+    path = DEMO_DIR / "digits_mlp.pt2"
+    at.load_model(path)
+    assert calls == []
+    at.load_model(path.read_bytes())
+    assert len(calls) == 1
+    at.load_model(path.read_bytes(), sandbox=False)
+    at.load_model(path, sandbox=True)
+    assert len(calls) == 2
+
+
+def test_the_command_line_raises_a_limit(tmp_path, capsys):
+    from attribution import cli
+
+    columns = 70
+    table = pd.DataFrame(np.zeros((20, columns - 1)), columns=[f"p{i}" for i in range(64)]
+                         + [f"extra{i}" for i in range(columns - 65)])
+    data = tmp_path / "d.csv"
+    table.assign(label=1).iloc[:, list(range(64)) + [columns - 1]].to_csv(data, index=False)
+    command = ["layers", "--model", str(DEMO_DIR / "digits_mlp.pt2")]
+    assert cli.main(command + ["--max-layers", "5"]) == 0
+    score = ["score", "--model", str(DEMO_DIR / "digits_mlp.pt2"), "--data", str(data),
+             "--layer", "fc1", "--out", str(tmp_path / "s.csv"), "--quiet"]
+    assert cli.main(score + ["--max-features", "10"]) != 0
+    assert "--max-features" in capsys.readouterr().err
+    assert cli.main(score + ["--max-features", "100"]) == 0
+    assert cli.limits_from(cli.build_parser().parse_args(command + ["--max-decoded-mb", "3"])) \
+        == Limits(max_decoded_bytes=3_000_000)
+
+
+def test_long_cluster_ids_are_refused_before_they_become_a_text_array():
+    clusters = np.array(["a", "b", "x" * 5000], dtype=object).astype(str)  # '<U5000'
+    with pytest.raises(at.AttributionError, match="at most 1000 characters; one has 5000"):
+        at.load_data(npz(inputs=np.zeros((3, 2), np.float32), clusters=clusters))
