@@ -973,7 +973,7 @@ def _resolve(namespace: str, name: str, overload: str) -> torch._ops.OpOverload:
 
 
 def _metadata(metadata: Any, where: str, keys: frozenset[str]) -> None:
-    """Node metadata is text torch parses (module stacks) or keeps; nothing is resolved unsafely."""
+    """Node metadata: text torch parses (module stacks) or keeps; nothing resolved unsafely."""
     for key, value in _mapping(metadata, where).items():
         if key not in keys:
             raise _refuse(f"{where} carries the unknown metadata {str(key)[:40]!r}")

@@ -19,6 +19,8 @@ import zipfile
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch.nn.functional as F
 from torch import nn
 
@@ -802,3 +804,54 @@ def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_p
     app.switch_page("pages/scores.py").run()
     assert_clean(app)
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- structured fuzzing
+
+KINDS = ["as_none", "as_tensor", "as_tensors", "as_int", "as_ints", "as_float", "as_string",
+         "as_strings", "as_sym_int", "as_graph", "as_operator", "as_custom_obj", "as_expr",
+         "as_name", "as_optional_tensors", "as_string_to_argument", "as_scalar_type"]
+WORDS = ["torch.os.system", "__import__('os')", "torch.ops.aten.relu.default", "s77", "u9",
+         "Symbol('s1')", "L['x'].size()[0]", "-Infinity", "linear", "__class__", "0.weight",
+         "torch.ops.higher_order.while_loop", "builtins.tuple", "[\"a\"]", "null", ""]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats()
+    | st.sampled_from(WORDS) | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(KINDS + WORDS), children, max_size=2), max_leaves=6)
+
+
+def paths_of(value, path=()):
+    """Every (path to a value) in a JSON tree."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+        value, list) else ()
+    for key, child in items:
+        yield from paths_of(child, path + (key,))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_fuzz_program_edits_give_only_attribution_errors(bases, data):
+    """A random value at a random place of a real program, or a union renamed to another kind:
+    the load succeeds or says what is wrong, never another exception, never a hang."""
+    base = data.draw(st.sampled_from(["mlp", "nograd", "cond"]))
+    program = json.loads(zipfile.ZipFile(io.BytesIO(bases[base])).read(
+        "archive/models/model.json"))
+    path = data.draw(st.sampled_from(sorted((p for p in paths_of(program) if p), key=str)))
+    parent = program
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent[path[-1]], dict) and len(parent[path[-1]]) == 1 and data.draw(
+            st.booleans()):
+        (_, inner), = parent[path[-1]].items()
+        parent[path[-1]] = {data.draw(st.sampled_from(KINDS)): inner}
+    else:
+        parent[path[-1]] = data.draw(json_values)
+    crafted = rebuilt(bases[base], lambda entries: entries.update(
+        {"models/model.json": json.dumps(program).encode()}))
+    start = time.perf_counter()
+    with contextlib.suppress(at.AttributionError):
+        at.load_model(crafted, sandbox=False)
+    assert time.perf_counter() - start < 20
