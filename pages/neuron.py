@@ -64,23 +64,23 @@ if view is None:
 
 removal = view.removal.set_index(["metric", "subset"])
 metrics = st.columns(4)
-metrics[0].metric(f"Cluster score ({plots.REDUCTION_LABELS[s.reduce]})",
+metrics[0].metric("Score in the cluster",
                   f"{summary['score'][neuron]:.3g}",
-                  help=f"Rank {ranks[neuron]} of {len(neurons)} in cluster "
-                       f"{plots.plain(focus_label)}; ± {summary['spread'][neuron]:.3g} across "
-                       "its samples.", border=True)
+                  help=f"{plots.REDUCTION_LABELS[s.reduce].capitalize()} over cluster "
+                       f"{common.escape_markdown(focus_label)}: rank {ranks[neuron]} of {len(neurons)}; "
+                       f"± {summary['spread'][neuron]:.3g} across its samples.", border=True)
 for column, (metric, subset, words) in zip(metrics[1:], (
         ("accuracy", "cluster", "Cluster accuracy"),
         ("accuracy", "rest", "Rest accuracy"),
-        ("target_logit", "cluster", "Cluster target logit"))):
+        ("target_logit", "cluster", "Cluster logit"))):
     if (metric, subset) not in removal.index:
         continue
     row = removal.loc[(metric, subset)]
     shown = (f"{row['removed']:.1%}", f"{row['change'] * 100:+.1f} pp") \
         if metric == "accuracy" else (f"{row['removed']:.3g}", f"{row['change']:+.3g}")
     column.metric(f"{words} without it", shown[0], shown[1], border=True,
-                  help="Its output set to 0 alone (zero ablation); the change is against the "
-                       "intact model.")
+                  help="Its output set to 0 alone (zero ablation). The logit is the scored "
+                       "class's; the change is against the intact model.")
 
 common.chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
                                         cluster=focus_label), key="neuron_distributions")

@@ -156,3 +156,19 @@ def test_layer_names_are_not_cut_off_in_the_sidebar(app):
     assert "branch0.linear · Linear · 4 neurons" in [value for value, _, _ in shown]
     for value, needed, room in shown:
         assert needed <= room, (value, needed, room)  # at Streamlit's default 300 px: 197 > 190
+
+
+def test_the_toolbar_stop_leaves_a_working_stop_button_that_summarises_the_points(app):
+    app.open("/pruning?layer=relu1&random=100")
+    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
+                               timeout=120_000)
+    app.page.get_by_role("button", name="Stop", exact=True).click()  # Streamlit's toolbar
+    app.page.wait_for_timeout(500)
+    seen = max(app.page.evaluate(RANKED_POINTS))
+    app.screenshot("answers-6-toolbar-stop")
+    app.page.get_by_role("button", name="Stop the curve").click()  # not a dead button
+    app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
+    app.page.get_by_text("In words, from the points computed so far").wait_for()
+    assert app.page.get_by_test_id("stProgress").count() == 0  # no frozen progress bar
+    assert max(app.page.evaluate(RANKED_POINTS)) >= seen  # the points computed, kept
+    app.screenshot("answers-7-stopped-summary")
