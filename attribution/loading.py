@@ -162,8 +162,8 @@ def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
     with _parsing("The file looks like a zip archive but is damaged or truncated"):
         end_record = zipfile._EndRecData(io.BytesIO(data))  # the directory's own entry count
         if end_record is None:
-            raise AttributionError("The zip archive has no directory; it is truncated. "
-                                   "Upload the file again.")
+            raise AttributionError("The zip archive is damaged or truncated (it has no "
+                                   "directory); upload the file again.")
         if end_record[zipfile._ECD_ENTRIES_TOTAL] > limits.max_archive_entries:
             raise AttributionError(over_budget(
                 "The zip archive lists", f"{end_record[zipfile._ECD_ENTRIES_TOTAL]:,} entries",
