@@ -13,6 +13,7 @@ import re
 import struct
 import subprocess
 import sys
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -176,6 +177,19 @@ def stride_zero_tensor() -> bytes:
     return saved({"inputs": torch.zeros(1).expand(10 ** 6, 10 ** 6)})
 
 
+def storage_declared_larger() -> bytes:
+    """A torch.save zip whose pickle declares a 2**31-element storage over a 49 kB record."""
+    source = zipfile.ZipFile(io.BytesIO(saved({"inputs": torch.zeros(12345, 1)})))
+    small, large = b"M" + (12345).to_bytes(2, "little"), b"J" + (2 ** 31 - 1).to_bytes(4, "little")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name in source.namelist():
+            content = source.read(name)
+            archive.writestr(name, content.replace(small, large) if name.endswith("data.pkl")
+                             else content)
+    return out.getvalue()
+
+
 def wide_csv() -> bytes:
     """1e6 columns (14 MB): parsing it took 145 s and ended in MemoryError."""
     names = ",".join(f"c{index}" for index in range(1_000_000))
@@ -291,6 +305,7 @@ DATA_CASES = {  # name: (builder, regex of the message)
     "pickled list containing itself": (pickle_cycle, "contains itself"),
     "stride-0 tensor of 1e12 values": (stride_zero_tensor, "decodes to"),
     "CSV of 1e6 columns": (wide_csv, "1,000,000 columns"),
+    ".pt declaring an 8 GB storage over 49 kB": (storage_declared_larger, "record size"),
     **{f"{kind} tensor in a .pt": ((lambda kind=kind: saved({"inputs": exotic_tensor(kind)})),
                                    "sparse" if kind == "sparse" else kind)
        for kind in ("sparse", "quantized", "meta", "complex")},
