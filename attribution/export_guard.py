@@ -115,21 +115,14 @@ def check_export_archive(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[s
         records = list(reader.get_all_records())
         _check_layout(data, records)
         sizes = {name: reader.get_record_size(name) for name in records}
-        unpacked = sum(sizes.values())
-        if unpacked > limits.max_decoded_bytes:
-            raise AttributionError(over_budget("This .pt2 unpacks to", _size(unpacked),
-                                               _size(limits.max_decoded_bytes),
-                                               "max_decoded_bytes"))
+        _within_budget("This .pt2 unpacks to", sum(sizes.values()), limits)
         for name in _SMALL_ENTRIES:
             if sizes.get(name, 0) > 64:
                 raise _refuse(f"its entry {name} is {sizes[name]} bytes long")
         _check_versions(reader, records)
-        tensor_bytes = sum(_check_payloads(reader, sizes, *payload) for payload in _PAYLOADS)
+        weight_bytes = sum(_check_payloads(reader, sizes, *payload) for payload in _PAYLOADS)
         if sizes.get(_SAMPLE_INPUTS):
-            tensor_bytes += _check_sample_inputs(reader.get_record(_SAMPLE_INPUTS))
-        if tensor_bytes > limits.max_decoded_bytes:
-            raise AttributionError(over_budget("The tensors of this .pt2 take", _size(
-                tensor_bytes), _size(limits.max_decoded_bytes), "max_decoded_bytes"))
+            _check_sample_inputs(reader.get_record(_SAMPLE_INPUTS), weight_bytes, limits)
         extras = {name: size for name, size in sizes.items() if name.startswith("extra/")}
         if sum(extras.values()) > MAX_EXTRA_BYTES:
             raise _refuse(f"its extra files take {_size(sum(extras.values()))}")
@@ -137,6 +130,12 @@ def check_export_archive(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[s
         _check_program(program)
         _check_costs(program, limits)
         return {name[len("extra/"):]: reader.get_record(name) for name in extras}
+
+
+def _within_budget(what: str, n_bytes: int, limits: Limits) -> None:
+    if n_bytes > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(what, _size(n_bytes), _size(
+            limits.max_decoded_bytes), "max_decoded_bytes"))
 
 
 def _refuse(reason: str) -> AttributionError:
@@ -282,12 +281,9 @@ def _concrete(value: Any, where: str) -> int:
     return number
 
 
-def _check_sample_inputs(data: bytes) -> int:
-    """Sample inputs are a torch.save zip of plain tensors: ((tensors...), {name: tensor}).
-
-    Returns:
-        the bytes their storages take.
-    """
+def _check_sample_inputs(data: bytes, weight_bytes: int, limits: Limits) -> None:
+    """Sample inputs are a torch.save zip of plain tensors: ((tensors...), {name: tensor});
+    their storages and the `weight_bytes` of the weights within `limits` before reading."""
     archive = zipfile.ZipFile(io.BytesIO(data))
     entries = archive.infolist()
     root = entries[0].filename.split("/", 1)[0] if entries else ""
@@ -298,6 +294,7 @@ def _check_sample_inputs(data: bytes) -> int:
     storage_bytes = sum(e.file_size for e, n in zip(entries, names) if n.startswith("data/"))
     if sum(entry.file_size for entry in entries) - storage_bytes > MAX_EXTRA_BYTES:
         raise _refuse("its sample inputs hold an oversized pickle")
+    _within_budget("The tensors of this .pt2 take", weight_bytes + storage_bytes, limits)
     _check_pickle_globals(archive.read(f"{root}/data.pkl"))
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True)
@@ -307,11 +304,9 @@ def _check_sample_inputs(data: bytes) -> int:
             and isinstance(loaded[1], dict)):
         raise _refuse("its sample inputs are not (args, kwargs)")
     for value in (*loaded[0], *loaded[1].values()):
-        if not isinstance(value, torch.Tensor) or type(value) is not torch.Tensor or (
-                value.layout != torch.strided or value.is_quantized or value.device.type
-                != "cpu"):
+        if type(value) is not torch.Tensor or value.layout != torch.strided or (
+                value.is_quantized or value.device.type != "cpu"):
             raise _refuse("its sample inputs are not plain CPU tensors")
-    return storage_bytes
 
 
 def _check_pickle_globals(pickled: bytes) -> None:
@@ -795,10 +790,7 @@ def _check_costs(program: dict, limits: Limits) -> None:
         raise _refuse(f"its shape expressions take {characters:,} characters")
     largest = max((_declared_bytes(meta) for item in objects if "tensor_values" in item
                    for meta in item["tensor_values"].values()), default=0)
-    if largest > limits.max_decoded_bytes:
-        raise AttributionError(over_budget("This .pt2 computes a tensor of", _size(largest),
-                                           _size(limits.max_decoded_bytes),
-                                           "max_decoded_bytes"))
+    _within_budget("This .pt2 computes a tensor of", largest, limits)
 
 
 def _declared_bytes(meta: dict) -> int:

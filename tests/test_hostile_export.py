@@ -855,3 +855,12 @@ def test_fuzz_program_edits_give_only_attribution_errors(bases, data):
     with contextlib.suppress(at.AttributionError):
         at.load_model(crafted, sandbox=False)
     assert time.perf_counter() - start < 20
+
+
+def test_sample_inputs_are_budgeted_before_they_are_read(bases, monkeypatch):
+    """A deflated sample input is refused from its zip directory; torch.load never runs."""
+    crafted = rebuilt(bases["mlp"], sample_inputs(deflated(saved(((torch.zeros(4096, 4096),),
+                                                                 {})))))
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("read first"))
+    with pytest.raises(at.AttributionError, match="over the limit of 32.0 MB"):
+        export_guard.check_export_archive(crafted, Limits(max_decoded_bytes=32_000_000))
