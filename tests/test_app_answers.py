@@ -258,3 +258,16 @@ def test_a_token_models_neuron_shows_its_samples_as_tokens_with_per_token_output
     first = int(tokens["y"][0].split("#")[1].split()[0])  # "most · #12 · act 0.3"
     assert shown[0].tolist() == [str(i) for i in ids[first].tolist()]
     assert values(tokens["z"]).shape == (len(tokens["y"]), ids.shape[1])
+
+
+def test_scores_from_a_loop_that_feeds_the_whole_batch_decide_the_verdict():
+    app = diagnosis()
+    ctx = app.session_state["context"]
+    engine = ctx.scores(ctx.settings.method)[ctx.focus]
+    buffer = io.BytesIO()
+    np.save(buffer, engine / len(engine))  # seed 002's loop: every row averaged over [1, B, n]
+    app.file_uploader(key="user_scores").set_value(("mine.npy", buffer.getvalue(), OCTET)).run()
+    assert_clean(app)
+    kind, text = verdict_text(app)
+    assert kind == "error" and text.startswith("**Your hook code feeds the whole batch.**")
+    assert f"divided by {len(engine)}" in text
