@@ -305,10 +305,7 @@ def ablation(batch: Batch) -> torch.Tensor:
     with torch.no_grad():
         for chunk in _step_chunks(n_neurons, n_rows, batch.max_rows):
             neurons = torch.arange(chunk.start, chunk.stop, device=z.device)
-            variants = z.unsqueeze(0).repeat(len(neurons), *([1] * z.dim()))  # [K, B, n, ...]
-            variants[torch.arange(len(neurons)), :, neurons] = 0
-            ablated = _selected(runner.tail(variants.flatten(0, 1), state, len(neurons)),
-                                targets, len(neurons))
+            ablated = _selected(runner.ablate(z, state, neurons), targets, len(neurons))
             effects.append(base.unsqueeze(0) - ablated.unflatten(0, (len(neurons), n_rows)))
     effect = torch.cat(effects)  # [n, B] or [n, B, C]
     return effect.movedim(0, -1)  # [B, n] or [B, C, n]

@@ -141,6 +141,22 @@ class LayerRunner(ABC):
     def forward_with_leaf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass with z an autograd leaf. Returns (z leaf [B, n, ...], logits [B, C])."""
 
+    def ablate(self, z: torch.Tensor, state: Any, neurons: torch.Tensor) -> torch.Tensor:
+        """Logits [K*B, C] with neuron `neurons[k]` of z [B, n, ...] zeroed in variant k
+        (variant-major, as `tail`); no grad."""
+        return self.tail(_zeroed_variants(z, neurons, torch.zeros((), dtype=z.dtype)),
+                         state, len(neurons))
+
+
+def _zeroed_variants(z: torch.Tensor, neurons: torch.Tensor, zero: torch.Tensor
+                     ) -> torch.Tensor:
+    """[K*B, n, ...]: z [B, n, ...] with neuron neurons[k] set to `zero` (a scalar, or the
+    [1, n, ...] values of every neuron) in copy k."""
+    variants = z.unsqueeze(0).expand(len(neurons), *z.shape).clone()  # a plain copy: fastest
+    value = zero.to(z.device) if zero.dim() == 0 else zero[0, neurons].unsqueeze(1)
+    variants[torch.arange(len(neurons), device=z.device), :, neurons] = value
+    return variants.flatten(0, 1)
+
 
 class HookRunner(LayerRunner):
     """Works on any model: replaces the layer's output inside a full forward pass."""
@@ -425,6 +441,9 @@ class FxRunner(LayerRunner):
                 env[node] = tail_graph.node_copy(node, lambda arg: env[arg])
         self.front = fx.GraphModule(owner, front_graph)
         self.back = fx.GraphModule(owner, tail_graph)
+        # the owner of the graphs' targets: held weakly when it is the model itself
+        self._export = owner if owner is not model else None
+        self._tail_graph, self._prefix = tail_graph, None
         calls = getattr(owner, "module_call_graph", None)  # torch.export: flat outputs
         self._out_spec = calls[0].signature.out_spec if calls else None
         self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
@@ -468,7 +487,28 @@ class FxRunner(LayerRunner):
             if z.is_leaf:
                 z = z.clone()  # in-place ops after the layer must not touch the leaf
         z = self._from_neurons(z)  # exported graphs view it: keep the model's own layout
-        output = self.back.forward(z if z.is_contiguous() else z.contiguous(), *saved)
+        return self._logits(self.back.forward(z if z.is_contiguous() else z.contiguous(),
+                                              *saved))
+
+    def ablate(self, z, state, neurons):
+        """As `LayerRunner.ablate`; where the tail starts with ops that act on each neuron
+        alone (BatchNorm, activations), they run once on z and once on a zeroed z, and only
+        the rest of the tail runs on the K variants."""
+        if self._prefix is None:
+            self._prefix = _per_neuron_prefix(self, z[:2])
+        if not self._prefix:
+            return super().ablate(z, state, neurons)
+        prefix, rest = self._prefix
+        moved = self._from_neurons(z).clone()  # an in-place op in the prefix must keep z
+        after = self._to_neurons(prefix(moved))
+        zeroed = self._to_neurons(prefix(torch.zeros_like(moved[:1])))
+        variants = self._from_neurons(_zeroed_variants(after, neurons, zeroed))
+        saved, batch = state
+        saved = [_repeat_batch(value, batch, len(neurons)) if per_sample else value
+                 for value, per_sample in zip(saved, self._per_sample)]
+        return self._logits(rest.forward(variants.contiguous(), *saved))
+
+    def _logits(self, output):
         if self._out_spec is not None:  # the model's own structure (a ModelOutput, a dict)
             output = pytree.tree_unflatten(
                 list(output) if isinstance(output, (tuple, list)) else [output], self._out_spec)
@@ -481,6 +521,95 @@ class FxRunner(LayerRunner):
             leaf = leaf_like(self._to_neurons(output))
             logits = self.tail(leaf, (saved, x.shape[0]), 1)
         return leaf, logits
+
+
+def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
+    """(prefix, rest) GraphModules splitting the runner's tail after its longest chain of
+    ops from z that act on each neuron alone; () when there is none. The chain is read
+    from the graph (one op after another on z, reading only parameters), and each op is
+    checked on `z` [<=2, n, ...]: zeroing any neuron before the chain must equal replacing
+    that neuron after it by the chain's value at zero."""
+    graph = runner._tail_graph
+    owner = runner._export if runner._export is not None else runner.model
+    current = next(n for n in graph.nodes if n.op == "placeholder")
+    neurons = torch.arange(z.shape[1], device=z.device)
+    with torch.no_grad():
+        after = runner._from_neurons(z).contiguous()  # the chain's values so far, three ways
+        zeroed = torch.zeros_like(after[:1])
+        direct = runner._from_neurons(
+            _zeroed_variants(z, neurons, torch.zeros((), dtype=z.dtype))).contiguous()
+        last, params = None, {}
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                params[node] = _attribute(owner, node.target)
+                continue
+            if node.op == "placeholder":
+                continue
+            if (node.op == "output" or len(current.users) != 1 or node not in current.users
+                    or not node.args or node.args[0] is not current
+                    or any(n is not current and n not in params for n in node.all_input_nodes)):
+                break
+            try:
+                values = [_run_node(owner, node, {**params, current: value.clone()})
+                          for value in (after, zeroed, direct)]
+            except Exception:  # noqa: BLE001 - an op that cannot run alone ends the chain
+                break
+            if any(not isinstance(new, torch.Tensor) or new.shape != old.shape
+                   for new, old in zip(values, (after, zeroed, direct))):
+                break
+            expected = _zeroed_variants(runner._to_neurons(values[0]), neurons,
+                                        runner._to_neurons(values[1]))
+            if not torch.allclose(runner._to_neurons(values[2]), expected, rtol=1e-5,
+                                  atol=1e-6, equal_nan=True):
+                break
+            after, zeroed, direct = values
+            current = last = node
+    return () if last is None else _split_after(runner, last)
+
+
+def _attribute(owner: nn.Module, target: str) -> Any:
+    value: Any = owner
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _run_node(owner: nn.Module, node: fx.Node, env: dict) -> Any:
+    """The value of one call node of a graph of `owner`, its inputs taken from `env`."""
+    args = fx.map_arg(node.args, env.__getitem__)
+    kwargs = fx.map_arg(node.kwargs, env.__getitem__)
+    if node.op == "call_module":
+        return owner.get_submodule(node.target)(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def _split_after(runner: FxRunner, last: fx.Node) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """(z -> value of `last`, (that value, live state...) -> output) from the tail graph."""
+    graph = runner._tail_graph
+    nodes = list(graph.nodes)
+    cut = nodes.index(last) + 1
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    front, env = fx.Graph(), {}
+    for node in nodes[:cut]:
+        if node.op != "placeholder" or node is placeholders[0]:  # z, then the chain
+            env[node] = front.node_copy(node, lambda arg: env[arg])
+    front.output(env[last])
+    back = fx.Graph()
+    env = {last: back.placeholder("after")}
+    env.update({node: back.placeholder(f"live_{i}") for i, node in enumerate(placeholders)
+                if i > 0})
+    for node in nodes[cut:]:
+        if node.op == "output":
+            back.output(fx.map_arg(node.args[0], lambda arg: env[arg]))
+        elif node not in env:
+            env[node] = back.node_copy(node, lambda arg: env[arg])
+    needed = {n for node in nodes[cut:] for n in node.all_input_nodes}
+    if any(node in needed for node in nodes[:cut - 1] if node.op != "placeholder"):
+        raise ValueError("the rest of the tail reads the prefix's inner values")
+    owner = runner._export if runner._export is not None else runner.model
+    return fx.GraphModule(owner, front), fx.GraphModule(owner, back)
 
 
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:

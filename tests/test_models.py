@@ -3,6 +3,7 @@ layer on the fast split, the same layers and neuron axes in both forms, scores a
 import pytest
 import torch
 from captum.attr import LayerGradientXActivation
+from torch import nn
 
 import attribution as at
 from attribution.errors import AttributionError
@@ -192,3 +193,36 @@ def test_the_cli_shows_positions_and_features_and_takes_a_neuron_axis(gpt2, gpt2
                          "--method", "gradient_x_activation", "--clusters", "label",
                          "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
         assert pd.read_csv(out)["neuron"].nunique() == width
+
+
+class SoftmaxAfter(nn.Module):
+    """The op after the layer looks elementwise in the graph but mixes the neurons."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.softmax(torch.relu(self.bn(self.fc1(x))), dim=1))
+
+
+@pytest.mark.parametrize("late_mixing", [False, True])
+def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
+    """BatchNorm and ReLU after the layer run once on z and once on zeros, not on every
+    ablated copy; an op that mixes neurons (softmax) ends that chain, checked on data."""
+    from .zoo import randomize_batchnorm
+
+    torch.manual_seed(0)
+    model = SoftmaxAfter() if late_mixing else nn.Sequential(
+        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    model = randomize_batchnorm(model).eval()
+    layer = "fc1" if late_mixing else "0"
+    x, y = torch.randn(20, 6), torch.randint(0, 3, (20,))
+    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, "ablation"),
+                               references.ablation(model, model.get_submodule(layer), x, y),
+                               rtol=1e-4, atol=1e-6)
+    with eval_mode(model):
+        runner = runner_for(model, layer, model.get_submodule(layer), x)
+    prefix, _ = runner._prefix
+    ops = [node.target for node in prefix.graph.nodes if node.op not in ("placeholder", "output")]
+    assert len(ops) == 2  # BatchNorm, ReLU; never the softmax or the Linear

@@ -1,0 +1,189 @@
+"""Speed on the models people study, side by side in one run (medians of interleaved repeats).
+
+Issue 11: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
+net gradient x activation and conductance at parity with Captum (both at the forward+backward
+floor); a GPT-2-small-sized MLP layer (3072 features, 128 tokens): gradient, gradient x
+activation and a 20-order pruning curve beside one plain forward+backward; exact ablation of
+the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
+neuron, first call included. One CPU thread (the machine is shared; two threads ran small
+convolutions ~80x slower under load). Run: .venv/bin/python benchmarks/bench_models.py [part]
+"""
+import copy
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from torch import nn  # noqa: E402
+
+import attribution as at  # noqa: E402
+from benchmarks.common import interleaved_medians, report, zeroed  # noqa: E402
+from tests.models_zoo import ResNet, exported  # noqa: E402
+
+
+def digits_bn_mlp(seed: int = 0):
+    """(model, inputs [1797, 64], labels): 64-96-48-10 with BatchNorm, trained briefly."""
+    torch.manual_seed(seed)
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target, dtype=torch.long)
+    model = nn.Sequential(nn.Linear(64, 96), nn.BatchNorm1d(96), nn.ReLU(), nn.Linear(96, 48),
+                          nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(5):
+        for batch in torch.randperm(len(x)).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    return model.eval(), x, y
+
+
+def hooked_forward_per_neuron(model, layer, x, y, n_neurons):
+    """Exact ablation the obvious way: one hooked forward of every sample per neuron."""
+    with torch.no_grad():
+        base = model(x).gather(1, y[:, None])[:, 0]
+        return torch.stack([base - _zeroed_logit(model, layer, x, y, j)
+                            for j in range(n_neurons)], 1)
+
+
+def _zeroed_logit(model, layer, x, y, neuron):
+    with zeroed(layer, [neuron]):
+        return model(x).gather(1, y[:, None])[:, 0]
+
+
+def ablation_of_the_last_hidden_layer():
+    model, x, y = digits_bn_mlp()
+    for name in ("3", "5"):  # the 48-unit Linear, and the ReLU after its BatchNorm
+        layer = model.get_submodule(name)
+        torch.testing.assert_close(at.neuron_scores(model, name, x, y, "ablation"),
+                                   hooked_forward_per_neuron(model, layer, x, y, 48),
+                                   rtol=1e-4, atol=1e-5)
+        report(f"ablation of the 48 units of layer '{name}' (64-96-48-10 MLP with BatchNorm), "
+               f"{len(x)} digits, first call included (a fresh copy of the model each time)",
+               interleaved_medians({
+                   "at.neuron_scores ablation": lambda: at.neuron_scores(
+                       copy.deepcopy(model), name, x, y, "ablation"),
+                   "one hooked forward per neuron": lambda: hooked_forward_per_neuron(
+                       model, layer, x, y, 48),
+               }, repeats=5), "at.neuron_scores ablation")
+
+
+def resnet18(n_classes: int = 10) -> nn.Module:
+    """torchvision's resnet18 layout by hand: 11.2M parameters."""
+    torch.manual_seed(0)
+    return ResNet((64, 128, 256, 512), (2, 2, 2, 2), n_classes).eval()
+
+
+def pt2_against_eager():
+    """Nested layers of a resnet18 and a GPT-2-style model: the .pt2 (torch.export,
+    unflattened) against the eager model, both on the fast split."""
+    model, x = resnet18(), torch.randn(8, 3, 64, 64)
+    y = torch.randint(0, 10, (8,))
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = exported(model, x, Path(folder) / "resnet18.pt2")
+    for layer, method in (("layer4.0.bn2", "ablation"), ("layer2.0.bn2", "gradient_x_activation"),
+                          ("layer3.1", "gradient_x_activation")):
+        report(f"resnet18 {method} of {layer}, {len(x)} images 64x64",
+               interleaved_medians({
+                   "eager": lambda: at.neuron_scores(model, layer, x, y, method),
+                   ".pt2": lambda: at.neuron_scores(loaded, layer, x, y, method),
+               }, repeats=3), "eager")
+    from tests.models_zoo import gpt2
+    torch.manual_seed(0)
+    model, ids = gpt2(width=64).eval(), torch.randint(1, 50, (32, 16))
+    y = torch.randint(0, 3, (32,))
+    with tempfile.TemporaryDirectory() as folder:
+        loaded = exported(model, ids, Path(folder) / "gpt2.pt2")
+    layer = "model.transformer.h.0.mlp.c_fc"
+    for method in ("ablation", "gradient_x_activation", "ablation"):
+        report(f"GPT-2-style (2 blocks, d=64) {method} of {layer}, 32 sequences of 16 tokens",
+               interleaved_medians({
+                   "eager (exported once, cached)": lambda: at.neuron_scores(
+                       model, layer, ids, y, method),
+                   ".pt2": lambda: at.neuron_scores(loaded, layer, ids, y, method),
+               }, repeats=3), "eager (exported once, cached)")
+
+
+def forward_backward(model, x, y):
+    x = x.clone().requires_grad_(True)
+    torch.autograd.grad(model(x).gather(1, y[:, None]).sum(), x)
+
+
+def resnet18_against_captum(n_steps: int = 8):
+    model, x = resnet18(), torch.randn(8, 3, 64, 64)
+    y = torch.randint(0, 10, (8,))
+    layer = "layer3.0.bn2"
+    module = model.get_submodule(layer)
+    report(f"resnet18 {layer}, {len(x)} images 64x64: gradient x activation",
+           interleaved_medians({
+               "at.neuron_scores": lambda: at.neuron_scores(model, layer, x, y,
+                                                            "gradient_x_activation"),
+               "Captum LayerGradientXActivation": lambda: LayerGradientXActivation(
+                   model, module).attribute(x, target=y),
+               "one plain forward+backward": lambda: forward_backward(model, x, y),
+           }, repeats=3), "at.neuron_scores")
+    report(f"resnet18 {layer}, {len(x)} images 64x64: conductance, {n_steps} steps",
+           interleaved_medians({
+               "at.neuron_scores": lambda: at.neuron_scores(model, layer, x, y, "conductance",
+                                                            n_steps=n_steps),
+               "Captum LayerConductance": lambda: LayerConductance(model, module).attribute(
+                   x, target=y, n_steps=n_steps),
+               f"{n_steps + 1} plain forward+backward": lambda: [
+                   forward_backward(model, x, y) for _ in range(n_steps + 1)],
+           }, repeats=2), "at.neuron_scores")
+
+
+def gpt2_small_mlp(n_samples: int = 4, n_layer: int = 2):
+    """GPT-2 small's widths (d=768, MLP 3072, 12 heads) at 128 tokens; `n_layer` blocks and
+    `n_samples` sequences to fit in the time (issue: 12 blocks, 256 samples)."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+    from tests.models_zoo import Logits
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, vocab_size=1000,
+                        n_positions=128, pad_token_id=0, num_labels=2)
+    model = Logits(GPT2ForSequenceClassification(config)).eval()
+    ids, y = torch.randint(1, 1000, (n_samples, 128)), torch.randint(0, 2, (n_samples,))
+    layer = "model.transformer.h.0.mlp.act"
+    scores = at.neuron_scores(model, layer, ids, y, "gradient_x_activation")
+    assert scores.shape == (n_samples, 3072)
+    ks = np.linspace(0, 3072, 17).round().astype(int)
+    report(f"GPT-2-small-sized MLP layer {layer} (3072 features x 128 tokens), {n_samples} "
+           f"sequences, {n_layer} blocks",
+           interleaved_medians({
+               "gradient": lambda: at.neuron_scores(model, layer, ids, y, "gradient"),
+               "gradient_x_activation": lambda: at.neuron_scores(model, layer, ids, y,
+                                                                 "gradient_x_activation"),
+               "pruning curve, 20 random orders, 17 k": lambda: at.pruning_curve(
+                   model, layer, ids, y, scores.mean(0), ks=ks, n_random=20),
+               "one plain forward+backward": lambda: _embedding_backward(model, ids, y),
+           }, repeats=2), "one plain forward+backward")
+
+
+def _embedding_backward(model, ids, y):
+    """One forward and backward of the whole model (to the token embeddings)."""
+    embeddings = model.model.transformer.wte
+    store = {}
+
+    def keep(module, args, output):
+        store["e"] = output
+    handle = embeddings.register_forward_hook(keep)
+    try:
+        logits = model(ids)
+        torch.autograd.grad(logits.gather(1, y[:, None]).sum(), store["e"])
+    finally:
+        handle.remove()
+
+
+PARTS = {"ablation": ablation_of_the_last_hidden_layer, "pt2": pt2_against_eager,
+         "captum": resnet18_against_captum, "gpt2": gpt2_small_mlp}
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for part in sys.argv[1:] or PARTS:
+        PARTS[part]()
