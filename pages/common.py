@@ -418,7 +418,7 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
     layer = state["w_layer"] if source == "kmeans_activations" else ""
     class_valued = "classes" if source in ("label", "predicted") else source
     partition = (source, state["w_k"], layer, ws.key) if kmeans else (class_valued,)
-    labels_key = (ws.key,) + partition
+    labels_key = (ws.key, source, state["w_k"], layer)  # what the option labels follow
     last = state.get(CLUSTER_SHOWN)
     # a run stopped before the sidebar was drawn makes Streamlit forget the widget's value
     chosen = state.get("w_cluster", None if last is None else last.cluster)

@@ -605,6 +605,8 @@ def test_a_cluster_kept_when_it_exists_and_replaced_visibly_after_new_data():
     assert_clean(app)
     assert not app.toast and sidebar_widget(app, "w_cluster").value == 3
     assert_cluster_options_of(app, app.session_state["context"].clusters)
+    app.switch_page("pages/pruning.py").run()  # the new labels are the widget's value now
+    assert sidebar_widget(app, "w_cluster").value == 3 and app.query_params["cluster"] == "3"
     sidebar_widget(app, "w_cluster_by").set_value("label").run()
     inputs, labels = _digits()
     without_three = labels != 3

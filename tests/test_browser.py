@@ -422,3 +422,37 @@ def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
             for tab, context in tabs:
                 tab.page.wait_for_function(STARTED, timeout=120_000, polling=50)
                 _check_and_close(tab, context)
+
+
+def test_the_cluster_box_shows_the_current_partition_and_keeps_it_across_pages(app):
+    """Issue 10.3 in the browser, where Streamlit's selectbox keeps the option's label as its
+    value: after the clusters change, the box must show a cluster of the new partition with
+    its own size, say so when the old one is gone, and keep it on the next page."""
+    loaded, data = load_demo("digits_mlp")
+    predicted = int((at.predict_classes(loaded, data.inputs) == 3).sum())
+    labelled = int((data.labels == 3).sum())
+    assert predicted != labelled  # else this test could not tell the two partitions apart
+    app.open()
+    app.wait_for_chart("score per cluster")
+
+    def box_shows(start: str) -> None:
+        app.page.wait_for_function(
+            """start => [...document.querySelectorAll('[data-testid="stSidebar"] input')]
+                .some(e => e.getAttribute('aria-label') === 'Cluster'
+                           && e.value.startsWith(start))""", arg=start, polling=50,
+            timeout=30_000)
+
+    app.choose("Cluster", "3 (three)")
+    box_shows(f"3 (three) · {labelled} samples")
+    app.choose("Clusters from", "predicted label")  # class 3 exists there: kept, new size
+    box_shows(f"3 (three) · {predicted} samples")
+    app.choose("Clusters from", "k-means on the inputs")  # cluster 3 of labels is gone
+    app.page.get_by_test_id("stSidebar").get_by_text(
+        "does not exist in k-means on the inputs").first.wait_for(timeout=60_000)
+    box_shows("0 · ")
+    app.page.wait_for_function("() => location.href.includes('cluster=0')", polling=20,
+                               timeout=60_000)
+    app.go_to("Pruning curves")
+    app.wait_for_text("Verdict:", timeout_s=120)
+    box_shows("0 · ")
+    assert "cluster=0" in app.page.evaluate("location.href")
