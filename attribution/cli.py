@@ -78,6 +78,7 @@ _LIMIT_FLAGS = {  # Limits field -> help; each is the option --max-... (bytes in
     "max_parameters": "parameters of an architecture description",
     "max_pickle_nodes": "values in a .pt of nested lists, shared references counted as reached",
     "max_archive_entries": "entries of a zip archive",
+    "max_row_groups": "row groups of a Parquet file",
 }
 
 

@@ -417,10 +417,6 @@ def _is_number(text: Any) -> bool:
         return False
 
 
-_PARQUET_WIDTHS = {"BOOLEAN": 8, "INT32": 8, "INT64": 8, "INT96": 12, "FLOAT": 8,
-                   "DOUBLE": 8}  # bytes per value once decoded into a pandas column
-
-
 def _check_text_cells(frame: pd.DataFrame, limits: Limits) -> None:
     """Refuse a text column whose longest cell, as long as every row (the room NumPy text
     arrays and Arrow's row selections reserve), exceeds the decoded budget."""
@@ -459,18 +455,22 @@ def _read_parquet(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
         if metadata.num_rows > limit:
             raise _too_many_rows(metadata.num_rows, limit)
         _check_table_size(metadata.num_columns, metadata.num_rows, limits)
-        decoded = 0
-        for group in range(metadata.num_row_groups):
-            row_group = metadata.row_group(group)
-            for index in range(row_group.num_columns):
-                chunk = row_group.column(index)
-                width = _PARQUET_WIDTHS.get(chunk.physical_type, 0)
-                decoded += max(chunk.num_values * width, chunk.total_uncompressed_size)
+        if metadata.num_row_groups > limits.max_row_groups:
+            raise AttributionError(over_budget(
+                "The Parquet file is written in", f"{metadata.num_row_groups:,} row groups",
+                f"{limits.max_row_groups:,}", "max_row_groups")
+                + " Or write it again with pandas' to_parquet, which writes one.")
+        schema = pq.ParquetFile(io.BytesIO(data)).schema_arrow
+        nested = [field for field in schema if pa.types.is_nested(field.type)]
+        if nested:  # one value per cell, so the row count bounds every column
+            raise AttributionError(f"Column {nested[0].name[:40]!r} holds {nested[0].type}; a "
+                                   "table holds one number or name per cell.")
+        decoded = sum(metadata.row_group(group).total_byte_size
+                      for group in range(metadata.num_row_groups))
         if decoded > limits.max_decoded_bytes:
             raise AttributionError(over_budget(
                 "The Parquet table decodes to", f"{decoded / MB:,.0f} MB",
                 f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
-        schema = pq.ParquetFile(io.BytesIO(data)).schema_arrow
         text = [field.name for field in schema if _is_text(
             field.type.value_type if pa.types.is_dictionary(field.type) else field.type)]
         table = pq.ParquetFile(io.BytesIO(data), read_dictionary=text).read()

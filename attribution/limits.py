@@ -27,6 +27,7 @@ class Limits:
         max_pickle_nodes: containers and values in a .pt of nested lists/dicts, counting a
             shared reference as often as it is reached.
         max_archive_entries: entries of a zip archive.
+        max_row_groups: row groups of a Parquet file (pandas writes one).
         first_run_seconds: wall-clock time an untrusted model may take to load and run its
             first batches (in a child process, `attribution.watchdog`), after the child's
             own start-up.
@@ -39,6 +40,7 @@ class Limits:
     max_parameters: int = 500_000_000
     max_pickle_nodes: int = 10_000_000
     max_archive_entries: int = 100_000
+    max_row_groups: int = 10_000
     first_run_seconds: float = 5.0
     first_run_memory_bytes: int = 1000 * MB
 

@@ -152,6 +152,20 @@ def parquet_text_bomb() -> bytes:
     return parquet(pa.table({"f0": pa.array(np.zeros(200_000)), "cluster": column}))
 
 
+def parquet_row_groups() -> bytes:
+    """12,000 one-row row groups: a footer whose parsing grows with the file."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"f0": np.zeros(12_000), "label": np.zeros(12_000, np.int64)}),
+                   buffer, row_group_size=1)
+    return buffer.getvalue()
+
+
+def parquet_nested() -> bytes:
+    """A list column: one row may hold any number of values."""
+    values = pa.array([np.zeros(1000)] * 10, type=pa.list_(pa.float64()))
+    return parquet(pa.table({"f0": values, "label": np.zeros(10, np.int64)}))
+
+
 def long_cluster_ids() -> bytes:
     """200,000 rows of 100 short cluster ids and one of 100 kB: 80 GB as a text array."""
     clusters = np.array(["a"] * 199_999 + ["x" * 100_000], dtype=object)
@@ -300,6 +314,8 @@ DATA_CASES = {  # name: (builder, regex of the message)
     "zip of 150,000 entries": (many_zip_entries, "entries"),
     "parquet of 2.1 GB of numbers": (parquet_number_bomb, "decodes to"),
     "parquet of 4 GB of text": (parquet_text_bomb, "text decodes to"),
+    "parquet of 12,000 row groups": (parquet_row_groups, "12,000 row groups"),
+    "parquet with a list column": (parquet_nested, "holds list"),
     "one 100 kB cluster id among 200,000": (long_cluster_ids, "cell of 100,000 characters"),
     "pickle laughs (1e9 shared values)": (pickle_laughs, "expands"),
     "pickled list containing itself": (pickle_cycle, "contains itself"),
