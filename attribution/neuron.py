@@ -9,7 +9,8 @@ The samples that "drive" a neuron are those with its highest and lowest activati
 output, averaged over positions for conv channels and sequences), over all samples. For a
 layer with positions (a conv channel [H', W'], a sequence [T]) each example also carries the
 neuron's output at every position: the map drawn over an image, the per-token values of a
-token sequence.
+token sequence; for token ids and a method with a value per token (`TOKEN_METHODS`), each
+example carries its tokens and their scores (`attribution.tokens.token_scores`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from .guards import eval_mode
 from .layers import resolve_layer
 from .scores import model_device
 from .split import runner_for
+from .tokens import TOKEN_METHODS, token_scores
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
 _POINT_NEURON = re.compile(r"^neuron (\d+)$")
@@ -43,9 +45,11 @@ class NeuronView:
         removal: rows (subset, metric, intact, removed, change): "accuracy" and
             "target_logit" of the cluster (and the rest) with the neuron removed alone.
         examples: rows (sample, rank, side, activation, score, in_cluster, label,
-            input, positions): side "most" or "least"; `input` the sample's input array
-            (image [C, H, W], token ids [T], features [F]); `positions` the neuron's output at
-            each position ([H', W'] or [T]) or None for a layer without positions.
+            input, positions, tokens, token_scores): side "most" or "least"; `input` the
+            sample's input array (image [C, H, W], token ids [T], features [F]); `positions`
+            the neuron's output at each position ([H', W'] or [T]) or None for a layer
+            without positions; `tokens` (str [T']) and `token_scores` [T'] the sample's real
+            tokens and the method's score at each, or None.
     """
 
     layer: str
@@ -85,6 +89,7 @@ def neuron_from_point(point: dict) -> Optional[int]:
 def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional[torch.Tensor],
                 scores: np.ndarray, activations: np.ndarray, in_cluster: np.ndarray,
                 neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
+                method: Optional[str] = None, tokens: Optional[np.ndarray] = None,
                 batch_size: int = 256) -> NeuronView:
     """Everything the neuron view draws for `neuron` of `layer`.
 
@@ -99,6 +104,8 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
         neuron: index in 0..n_neurons-1.
         labels: true class per sample [N] for the examples' captions, or None.
         n_examples: samples shown on each side (most, least).
+        method: the method of `scores`, for per-token scores of token ids (None: none).
+        tokens: str [N, T], the token text at each position, or None (ids are shown).
     Returns:
         A `NeuronView`.
     """
@@ -120,7 +127,27 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
                             "activation": activations[:, neuron], "in_cluster": in_cluster})
     removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size)
     examples = _examples(model, name, inputs, samples, labels, neuron, n_examples)
+    examples["tokens"], examples["token_scores"] = None, None
+    if input_kind(inputs) == "tokens" and method in TOKEN_METHODS \
+            and examples["positions"].notna().all():
+        _add_token_scores(examples, model, name, inputs, targets, neuron, method, tokens)
     return NeuronView(name, neuron, input_kind(inputs), samples, removal, examples)
+
+
+def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Tensor,
+                      targets: Optional[torch.Tensor], neuron: int, method: str,
+                      tokens: Optional[np.ndarray]) -> None:
+    """Fill the examples' tokens and token_scores columns (in place)."""
+    chosen = examples["sample"].to_numpy()
+    index = torch.from_numpy(chosen)
+    table = token_scores(model, name, inputs[index], neuron,
+                         None if targets is None else targets[index], method=method,
+                         tokens=None if tokens is None else np.asarray(tokens)[chosen])
+    parts = dict(tuple(table.groupby("sample")))
+    examples["tokens"] = [parts[i]["token"].tolist() if i in parts else [] for i in
+                          range(len(chosen))]
+    examples["token_scores"] = [parts[i]["score"].to_numpy() if i in parts else np.zeros(0)
+                                for i in range(len(chosen))]
 
 
 def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Tensor],

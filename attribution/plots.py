@@ -592,39 +592,53 @@ def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
 
 
 def example_values(examples: pd.DataFrame, *, neuron: int,
-                   feature_names: Optional[Sequence[str]] = None) -> go.Figure:
+                   feature_names: Optional[Sequence[str]] = None,
+                   method: Optional[str] = None) -> go.Figure:
     """The samples that drive a neuron most and least, as their values: feature values of a
-    table [F] (colour: the value), or token ids of a sequence [T] (colour: the neuron's
-    output at each token, when the layer has positions).
+    table [F] (colour: the value), or the tokens of a sequence (colour: the method's score at
+    each token when the examples carry `token_scores`, else the neuron's output there).
 
     Args:
-        examples: rows (sample, side, activation, input, positions) as
-            `attribution.neuron.NeuronView.examples`.
+        examples: rows (sample, side, activation, input, positions[, tokens, token_scores])
+            as `attribution.neuron.NeuronView.examples`.
         feature_names: one name per feature, or None.
+        method: the method of the token scores, for the colour bar.
     """
-    inputs = np.stack([np.asarray(value).reshape(-1) for value in examples["input"]])
-    per_token = all(m is not None and np.size(m) == inputs.shape[1]
-                    for m in examples["positions"])
-    colour = np.stack([np.asarray(m, dtype=np.float64).reshape(-1)
-                       for m in examples["positions"]]) if per_token else inputs
-    rows = [f"{'most' if side == 'most' else 'least'} · #{int(sample)} · act {act:.3g}"
-            for side, sample, act in zip(examples["side"], examples["sample"],
-                                         examples["activation"])]
+    rows = [f"{side} · #{int(sample)} · act {act:.3g}" for side, sample, act in
+            zip(examples["side"], examples["sample"], examples["activation"])]
+    scored = "token_scores" in examples and examples["token_scores"].notna().all()
+    inputs = [np.asarray(value).reshape(-1) for value in examples["input"]]
+    per_token = scored or all(m is not None and np.size(m) == np.size(x)
+                              for m, x in zip(examples["positions"], inputs))
+    if scored:  # ragged: each sample's real tokens, padded with blanks
+        width = max(len(t) for t in examples["tokens"])
+        colour = np.full((len(rows), width), np.nan)
+        text = np.full((len(rows), width), "", dtype=object)
+        for row, (tokens, values) in enumerate(zip(examples["tokens"],
+                                                   examples["token_scores"])):
+            colour[row, :len(values)] = values
+            text[row, :len(tokens)] = [plain(token) for token in tokens]
+        bar = METHOD_UNITS.get(method, "score") if method else "score"
+        what = f"tokens, coloured by their {method_label(method or 'score')} score"
+    elif per_token:
+        colour = np.stack([np.asarray(m, dtype=np.float64).reshape(-1)
+                           for m in examples["positions"]])
+        text = np.stack(inputs).astype(np.int64).astype(str)
+        bar, what = "neuron output", "token ids, coloured by the neuron's output at each"
+    else:
+        colour, text = np.stack(inputs).astype(np.float64), None
+        bar, what = "value", "feature values"
     columns = list(feature_names) if feature_names is not None and not per_token \
-        else [str(i) for i in range(inputs.shape[1])]
-    text = inputs.astype(np.int64).astype(str) if per_token else None
+        else [str(i) for i in range(colour.shape[1])]
     fig = go.Figure(go.Heatmap(
         z=colour, x=[plain(c) for c in columns], y=rows, text=text,
         texttemplate="%{text}" if per_token else None,
-        colorbar=dict(title=dict(text="neuron output" if per_token else "value",
-                                 side="right")),
-        hovertemplate=("token %{text} at %{x}<br>neuron output %{z:.3g}" if per_token else
+        colorbar=dict(title=dict(text=bar, side="right")),
+        hovertemplate=("%{text} at position %{x}<br>" + bar + " %{z:.3g}" if per_token else
                        "%{x} = %{z:.4g}") + "<br>%{y}<extra></extra>",
-        **_colour_range(colour, _is_signed(colour.ravel()))))
+        **_colour_range(colour, _is_signed(colour[np.isfinite(colour)].ravel()))))
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(type="category", title="position (token)" if per_token else "feature")
-    what = "token ids, coloured by the neuron's output at each" if per_token else \
-        "feature values"
     return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most and "
                               f"least ({what})", height=max(300, 110 + 22 * len(rows)))
 

@@ -19,9 +19,10 @@ focus_label = ctx.cluster_label(s.cluster)
 
 @st.cache_data(max_entries=32, show_spinner="Opening the neuron…")
 def view_of(key: tuple, neuron: int, _model, layer: str, _inputs, _targets, _scores,
-            _activations, _focus, _labels, batch_size: int):
+            _activations, _focus, _labels, method: str, batch_size: int):
     return neuron_view(_model, layer, _inputs, _targets, _scores, _activations, _focus, neuron,
-                       labels=_labels, n_examples=EXAMPLES, batch_size=batch_size)
+                       labels=_labels, n_examples=EXAMPLES, method=method,
+                       batch_size=batch_size)
 
 
 def keep_choice() -> None:
@@ -58,7 +59,7 @@ labels = ctx.ws.data.labels
 view = common.guarded(lambda: view_of(
     (ctx.ws.key, s.layer, s.method, ctx.target_key, ctx.cluster_key), neuron, ctx.ws.model,
     s.layer, ctx.ws.data.inputs, ctx.targets, scores, activations, ctx.focus, labels,
-    s.batch_size))
+    s.method, s.batch_size))
 if view is None:
     st.stop()
 
@@ -100,11 +101,13 @@ if view.input_kind == "image":
                                  "position: where in the image it responds." if
                                  examples["positions"].iloc[0] is not None else ""))
 elif view.input_kind in ("table", "tokens"):
-    common.chart(plots.example_values(examples, neuron=neuron,
+    common.chart(plots.example_values(examples, neuron=neuron, method=s.method,
                                       feature_names=ctx.ws.data.feature_names),
                  key="neuron_examples")
-    st.caption("Token sequences show each token id coloured by the neuron's output at that "
-               "position; tables show the samples' feature values." if
+    st.caption(("Each sample's tokens, coloured by the neuron's "
+                + (f"{plots.method_label(s.method)} score at each token (they add up to the "
+                   "sample's score)" if examples["token_scores"].notna().all() else
+                   "output at each position") + ".") if
                view.input_kind == "tokens" else
                "Each row is a sample (most-activating first), each column an input feature.")
 else:

@@ -10,6 +10,7 @@ from attribution import plots
 from attribution.neuron import neuron_view
 from attribution.verdict import CHECK_NAMES, verdict
 from pages import common
+import attribution as at
 from attribution import analysis
 from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget, upload,
                             values)
@@ -253,11 +254,16 @@ def test_a_token_models_neuron_shows_its_samples_as_tokens_with_per_token_output
     open_neuron_by_click(app, 3)
     assert_clean(app)
     assert [t.value for t in app.title] == ["Neuron 3 of embed"]
-    tokens = figure(app, "token ids, coloured by the neuron's output")["data"][0]
+    tokens = figure(app, "tokens, coloured by their gradient × activation score")["data"][0]
     shown = np.asarray(tokens["text"])
     first = int(tokens["y"][0].split("#")[1].split()[0])  # "most · #12 · act 0.3"
     assert shown[0].tolist() == [str(i) for i in ids[first].tolist()]
-    assert values(tokens["z"]).shape == (len(tokens["y"]), ids.shape[1])
+    ctx = app.session_state["context"]
+    per_token = at.token_scores(ctx.ws.model, "embed", ids[first:first + 1], 3,
+                                ctx.targets[first:first + 1])
+    np.testing.assert_allclose(values(tokens["z"])[0], per_token["score"], rtol=1e-5)
+    np.testing.assert_allclose(per_token["score"].sum(), ctx.scores(ctx.settings.method)[first, 3],
+                               rtol=1e-4)  # the token scores add up to the sample's score
 
 
 def test_scores_from_a_loop_that_feeds_the_whole_batch_decide_the_verdict():

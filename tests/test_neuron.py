@@ -161,8 +161,14 @@ def test_a_token_models_examples_carry_the_neurons_output_at_each_token():
     scores = at.neuron_scores(model, "proj", ids, y, "gradient_x_activation").numpy()
     activations = at.neuron_scores(model, "proj", ids, y, "activation").numpy()
     view = neuron_view(model, "proj", ids, y, scores, activations, y.numpy() == 0, 2,
-                       n_examples=3)
+                       n_examples=3, method="gradient_x_activation")
     assert view.input_kind == "tokens"
+    for _, example in view.examples.iterrows():  # per-token scores that add up to the score
+        sample = example["sample"]
+        assert example["tokens"] == [str(i) for i in ids[sample].tolist()]
+        assert example["token_scores"].sum() == pytest.approx(scores[sample, 2], rel=1e-4)
+    assert neuron_view(model, "proj", ids, y, scores, activations, y.numpy() == 0, 2,
+                       method="ablation").examples["token_scores"].isna().all()  # none per token
     per_token = model.proj(model.embed(ids))[..., 2].detach().numpy()  # [N, T]
     for _, example in view.examples.iterrows():
         assert example["input"].tolist() == ids[example["sample"]].tolist()
