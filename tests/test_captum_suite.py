@@ -94,6 +94,12 @@ test_internal_influence.py (13 cases)              N: InternalInfluence integrat
                                                     of our methods is that quantity
 test_grad_cam.py, test_layer_deeplift*.py, test_layer_gradient_shap.py, test_layer_lrp.py,
 test_layer_feature_permutation.py                  N: methods we do not have
+
+Of the 72 cases in the five files we share a quantity with and test_internal_influence.py:
+16 ported, 38 mapped, 18 not applicable. Added beside them: a layer with a tuple output is
+refused for every method; gradient x activation before an in-place ReLU; integrated
+gradients through a softmax (Captum's LIG cases all have linear tails, where it equals
+gradient x activation, so they alone could not tell the two apart).
 """
 import pytest
 import torch
@@ -196,7 +202,21 @@ GRADIENT_X_ACTIVATION = [
      [[392.0, 0.0]]),
     ("multi_input_relu", lambda: multi_input(5), "model.model.relu", RELU_INPUTS,
      [[90.0, 101.0, 101.0, 101.0]]),
+    # not a Captum GxA case: the in-place model and input of test_simple_linear_activation_
+    # inplace; linear1 = [-9, 2, 2, 2] before ReLU(inplace=True), whose mask is [0, 1, 1, 1]
+    ("linear_inplace_relu", lambda: multi_layer(inplace=True), "linear1",
+     torch.tensor([[2.0, -5.0, 4.0]]), [[0.0, 2.0, 2.0, 2.0]]),
 ]
+
+
+@pytest.mark.parametrize("method", ["gradient", "gradient_x_activation", "activation",
+                                    "integrated_gradients", "conductance", "ablation"])
+def test_a_layer_with_several_outputs_is_refused(method):
+    """multi_relu returns a tuple (Captum attributes each element); a neuron needs one
+    tensor, so we refuse and the tests above score multi_relu.relu1 / .relu2 instead."""
+    model = BasicModel_MultiLayer(multi_input_module=True)
+    with pytest.raises(AttributionError, match="'multi_relu' has no neuron axis"):
+        ours(model, "multi_relu", RELU_INPUT, method)
 
 
 @pytest.mark.parametrize("case", GRADIENT_X_ACTIVATION, ids=[c[0] for c in GRADIENT_X_ACTIVATION])
@@ -521,6 +541,23 @@ def test_integrated_gradients_where_captum_compares_with_conductance(layer):
     # linear1 = [140, 151, 151, 151] (relu keeps it), linear2 = [592, 594]; the tail is linear
     by_hand = {"linear2": [[592.0, 0.0]], "relu": [[140.0, 151.0, 151.0, 151.0]]}[layer]
     torch.testing.assert_close(scores, literal(by_hand), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("layer", ["conv1", "conv2", "fc1"])
+def test_integrated_gradients_match_captum_through_a_softmax(layer):
+    """Not a Captum LIG case (its cases have linear tails, where IG from 0 equals gradient x
+    activation): the conductance tests' ConvNet with fc2 = 0.01 * randn, a nonlinear tail."""
+    torch.manual_seed(7)
+    model = BasicModel_ConvNet()
+    model.fc2.weight = nn.Parameter(0.01 * torch.randn(10, 8))
+    x = 100 * torch.randn(3, 1, 10, 10)
+    scores = ours(model, layer, x, "integrated_gradients", target=2, n_steps=64)
+    expected = captum_ig_from_zero(model, model.get_submodule(layer), x, 2, 64)
+    assert float(expected.abs().max()) > 1e-2
+    torch.testing.assert_close(scores, expected, atol=1e-4 * float(expected.abs().max()),
+                               rtol=1e-3)
+    assert not torch.allclose(scores, ours(model, layer, x, "gradient_x_activation", target=2),
+                              atol=1e-3, rtol=1e-2)
 
 
 EMBEDDING_CASES = {
