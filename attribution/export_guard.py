@@ -335,7 +335,11 @@ def _check_pickle_globals(pickled: bytes) -> None:
 # ---------------------------------------------------------------- JSON schema helpers
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DOTTED = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*\Z")  # nn.Sequential: "0.1"
+_SEGMENT = r"""[^."'\\,;\x00-\x1f\x7f\x85\u2028\u2029]+"""
+_DOTTED = re.compile(_SEGMENT + r"(\." + _SEGMENT + r")*\Z")
+"""Module paths: "0.1", ModuleDict keys such as "conv 1"; fx writes a name that is not an
+identifier into generated source as getattr(module, "name"), so no quotes or backslashes."""
+_MODULE_ATTRIBUTES = frozenset(dir(torch.nn.Module)) | {"training"}
 _RESERVED = frozenset({"torch", "self", "fx_pytree", "pytree", "math", "operator", "builtins"})
 _INT64 = 2 ** 63
 
@@ -407,8 +411,15 @@ def _name(value: Any, where: str) -> str:
 
 
 def _dotted(value: Any, where: str, empty: bool = False) -> str:
+    """A module path or parameter name. Unflattening calls or reads what a path names, so no
+    part may name something every module has (`forward`, `__class__`, `apply`, ...): no
+    module can own a child or parameter of such a name."""
     if not isinstance(value, str) or not (_DOTTED.match(value) or empty and value == ""):
         raise _refuse(f"the module path {str(value)[:40]!r} in {where} is not a dotted name")
+    taken = next((part for part in value.split(".") if part in _MODULE_ATTRIBUTES), None)
+    if taken is not None:
+        raise _refuse(f"the module path {value[:40]!r} in {where} names {taken!r}, which "
+                      "every module has")
     return value
 
 

@@ -173,6 +173,17 @@ class ManyOps(nn.Module):
         return logits * self.scale + torch.linalg.vector_norm(logits, dim=1, keepdim=True)
 
 
+class Keyed(nn.Module):
+    """Submodules named "conv-1" and "head 2": fx writes them as getattr(module, "name")."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleDict({"conv-1": nn.Linear(4, 4), "head 2": nn.Linear(4, 3)})
+
+    def forward(self, x):
+        return self.blocks["head 2"](torch.relu(self.blocks["conv-1"](x)))
+
+
 def exported(model, example, strict=False, decompose=False) -> bytes:
     torch.manual_seed(0)
     program = torch.export.export(model.eval(), (example,), dynamic_shapes=({0: B},),
@@ -571,7 +582,13 @@ VECTORS = {
     "stack trace: carriage return": ("mlp", lambda m: metadata(
         "relu.default", stack_trace='File "a", line 1, in f\r' + shell(m)), "line breaks"),
     "module path: not dotted": ("mlp", lambda m: metadata(
-        "relu.default", nn_module_stack="k,x[0].__class__,torch.nn.ReLU"), "dotted name"),
+        "relu.default", nn_module_stack="k,a\")(print(1))or(\"b,torch.nn.ReLU"), "dotted name"),
+    "module path: a method every module has": ("mlp", lambda m: metadata(
+        "relu.default", nn_module_stack="k,forward.__globals__,torch.nn.ReLU"),
+        "every module has"),
+    "parameter name: a module attribute": ("mlp", lambda m: program_edit(
+        lambda p: p["graph_module"]["signature"]["input_specs"][0]["parameter"].update(
+            parameter_name="0.__class__")), "every module has"),
     "AOTInductor library": ("mlp", lambda m: lambda e: e.update(
         {"data/aotinductor/model/model.so": b"\x7fELF"}), "does not write"),
     "big-endian tensors": ("mlp", lambda m: lambda e: e.update(byteorder=b"big"),
@@ -713,6 +730,7 @@ ORDINARY = {
     "top-level nn.Sequential": (lambda: nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6),
                                                       nn.ReLU(), nn.Linear(6, 3)), FLOATS, {}),
     "tied weights": (Tied, IDS % 6, {}),
+    "ModuleDict keys that are not identifiers": (Keyed, FLOATS, {}),
     "strict export": (Residual, FLOATS, {"strict": True}),
     "decomposed to core ATen": (Transformerish, IDS, {"decompose": True}),
     "many ops": (ManyOps, torch.randn(3, 1, 4, 4), {}),
