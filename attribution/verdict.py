@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import model_io
 from .diagnose import SEVERITIES, Finding
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
@@ -120,9 +121,11 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
     notes = tuple(f"{check_name(f)}: {f.words(screen=True)[0]}" for f in flagged
                   if f not in blocking)
     if not blocking:
-        passed = [code for code in CAUSES if code in by_code]
+        passed = [code for code in CAUSES if code in by_code and by_code[code].severity == "ok"]
+        counted = f"All {len(passed)}" if len(passed) == len(by_code) else \
+            f"{len(passed)} of {len(by_code)}"
         return Verdict("ok", "These scores are usable",
-                       f"All {len(passed)} checks passed: "
+                       f"{counted} checks passed: "
                        + "; ".join(check_name(by_code[code]).lower() for code in passed) + ".",
                        "", (), "", notes)
     worst = max(blocking, key=lambda f: _RANK[f.severity]).severity
@@ -250,7 +253,10 @@ def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.nd
     Returns:
         .npz bytes with arrays inputs, targets, sample_ids (and labels).
     """
-    arrays = {"inputs": inputs.detach().cpu().numpy(),
+    named = model_io.named(inputs)
+    arrays = {**({name: value.detach().cpu().numpy() for name, value in named.items()}
+                 if isinstance(named, model_io.NamedInputs)  # named inputs under their names
+                 else {"inputs": inputs.detach().cpu().numpy()}),
               "targets": targets.detach().cpu().numpy().astype(np.int64),
               "sample_ids": np.asarray(sample_ids, dtype=np.int64)}
     if labels is not None:

@@ -35,7 +35,8 @@ TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST
 """Start-up setting (`streamlit run app.py -- --trust-code`): lets uploads run code. Only for
 one's own files on one's own machine; never a widget."""
 DEMO_TITLES = {"digits_mlp": "Demo: digits MLP", "digits_cnn": "Demo: digits CNN",
-               "sanity": "Demo: three-branch sanity model"}
+               "sanity": "Demo: three-branch sanity model",
+               "text": "Demo: BERT on generated reviews"}
 FAST_DEMOS = {  # demo -> (state dict, architecture, data) in demo/, equal to load_demo's
     "digits_mlp": ("digits_mlp_state_dict.pt", "digits_mlp_architecture.json", "digits.npz"),
     "digits_cnn": ("digits_cnn_state_dict.safetensors", "digits_cnn_architecture.yaml",
@@ -134,7 +135,7 @@ def _uploaded_model(model_key: str, trust_code: bool, _model: bytes,
 
 @st.cache_data(max_entries=4, show_spinner="Reading the data…")
 def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel) -> Dataset:
-    return check_data(load_data(_data), _loaded)
+    return check_data(load_data(_data, tokenizer=_loaded.tokenizer), _loaded)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

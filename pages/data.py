@@ -12,7 +12,7 @@ from pages import common
 
 common.require_entrypoint()
 
-MODEL_TYPES = ["pt2", "pt", "pth", "safetensors"]
+MODEL_TYPES = ["pt2", "pt", "pth", "safetensors", "zip"]
 ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else [])
 DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
 
@@ -23,8 +23,12 @@ st.subheader("Upload your own")
 st.markdown(
     "**Model:** a `torch.export` program (`.pt2`, recommended: no code needed), or a state "
     "dict (`.pt`, `.pth`, `.safetensors`) together with an architecture description "
-    "(`.json`/`.yaml`, see the samples below). **Data:** `.npz`, `.npy`, `.pt`, `.csv` or "
-    "`.parquet` with inputs, labels and optionally a cluster column.")
+    "(`.json`/`.yaml`, see the samples below), or a Hugging Face `save_pretrained` folder as a "
+    "`.zip` (`config.json` + `model.safetensors`; transformers' own classifier classes, no "
+    "code from the folder). **Data:** `.npz`, `.npy`, `.pt`, `.csv` or `.parquet` with "
+    "inputs, labels and optionally a cluster column; for a folder with a `tokenizer.json`, "
+    "a table's text column is tokenized, and a `.npz` may hold `input_ids` and "
+    "`attention_mask`.")
 if common.TRUST_CODE:
     st.warning("Started with --trust-code: pickled models and Python architecture files run "
                "code. Only upload your own files.", icon=":material/gpp_maybe:")
@@ -89,7 +93,7 @@ st.subheader("Sample files")
 st.caption("Templates of every accepted layout; the demo itself is built from them.")
 for index, demo_file in enumerate(demo_files()):
     row = st.columns([2, 5])
-    row[0].download_button(demo_file.name, demo_file.path.read_bytes(),
-                           file_name=demo_file.name, key=f"sample_{index}",
+    row[0].download_button(demo_file.download_name, demo_file.content(),
+                           file_name=demo_file.download_name, key=f"sample_{index}",
                            icon=":material/download:", on_click="ignore")
     row[1].caption(common.escape_markdown(demo_file.description))
