@@ -6,9 +6,14 @@
 - "sanity": three features, one `Linear(1, w) -> ReLU` branch each, concatenated into a linear
   head; the label is the sign of feature 1, so branch 1 (neurons w..2w-1 of layer "concat")
   is the right answer for any importance score.
+- "text": a two-layer BERT (transformers' BertForSequenceClassification, a save_pretrained
+  folder with its tokenizer) reading generated reviews of a small vocabulary; a review is
+  positive when its sentiment words sum to > 0, "not" flipping the word after it.
 """
 from __future__ import annotations
 
+import io
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +104,39 @@ class SanityModel(nn.Module):
         return self.head(joined)
 
 
+TEXT_CLASSES = ("negative", "positive")
+TEXT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]")
+TEXT_POSITIVE = ("good", "great", "fun", "love", "brilliant")
+TEXT_NEGATIVE = ("bad", "dull", "awful", "hate", "boring")
+TEXT_FILLER = ("the", "movie", "plot", "was", "and", "film", "acting", "story", "it", "really")
+TEXT_VOCABULARY = TEXT_SPECIAL + TEXT_POSITIVE + TEXT_NEGATIVE + ("not",) + TEXT_FILLER
+
+
+def text_data(n: int, seed: int, words: tuple[int, int] = (3, 10)
+              ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(n reviews of 3..10 words, labels [n] (1 = positive), clusters [n]: "negated" when a
+    "not" flips a sentiment word, else "plain"). A review's score is the sum of +1 per
+    positive and -1 per negative word, a word after "not" counting with the opposite sign;
+    reviews scoring 0 are drawn again."""
+    rng = np.random.default_rng(seed)
+    polarity = {**{w: 1 for w in TEXT_POSITIVE}, **{w: -1 for w in TEXT_NEGATIVE}}
+    texts, labels, clusters = [], [], []
+    while len(texts) < n:
+        length = int(rng.integers(words[0], words[1] + 1))
+        kinds = rng.choice(3, size=length, p=[0.35, 0.15, 0.5])  # sentiment, not, filler
+        review = [str(rng.choice(TEXT_POSITIVE + TEXT_NEGATIVE)) if kind == 0 else "not"
+                  if kind == 1 else str(rng.choice(TEXT_FILLER)) for kind in kinds]
+        signs = [-1 if i > 0 and review[i - 1] == "not" else 1 for i in range(length)]
+        score = sum(sign * polarity.get(word, 0) for word, sign in zip(review, signs))
+        if score == 0:
+            continue
+        texts.append(" ".join(review))
+        labels.append(int(score > 0))
+        clusters.append("negated" if any(sign < 0 and word in polarity
+                                         for word, sign in zip(review, signs)) else "plain")
+    return texts, np.asarray(labels, dtype=np.int64), np.asarray(clusters)
+
+
 def sanity_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs [n, 3] standard normal, labels [n] = 1 where feature 1 > 0 else 0)."""
     inputs = np.random.default_rng(seed).standard_normal((n, 3)).astype(np.float32)
@@ -117,6 +155,25 @@ class DemoFile:
     def path(self) -> Path:
         return DEMO_DIR / self.name
 
+    @property
+    def download_name(self) -> str:
+        return self.name + ".zip" if self.path.is_dir() else self.name
+
+    def content(self) -> bytes:
+        """The file's bytes; a folder's files as a zip (what an upload of it takes)."""
+        if not self.path.is_dir():
+            return self.path.read_bytes()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(self.path.iterdir()):
+                archive.writestr(zipfile.ZipInfo(f"{self.name}/{path.name}"), path.read_bytes())
+        return buffer.getvalue()
+
+    def size(self) -> int:
+        """Bytes on disk (a folder's files together)."""
+        paths = sorted(self.path.iterdir()) if self.path.is_dir() else [self.path]
+        return sum(path.stat().st_size for path in paths)
+
 
 DEMO_FILES = (
     DemoFile("digits_mlp.pt2", "torch.export program of the digits MLP (fc1 32, fc2 16 "
@@ -131,6 +188,12 @@ DEMO_FILES = (
              "(neurons 4-7 of layer \"concat\") decides the label", "sanity"),
     DemoFile("sanity.npz", "synthetic data for it: inputs [N, 3] standard normal, labels = "
              "(x1 > 0), feature_names, class_names", "sanity"),
+    DemoFile("text_classifier", "Hugging Face save_pretrained folder (config.json, "
+             "model.safetensors, tokenizer.json) of a two-layer BERT for generated reviews; "
+             "loaded with transformers' own class, no code from the folder", "text"),
+    DemoFile("text.npz", "held-out reviews: input_ids and attention_mask [N, T] (padded on "
+             "the right), labels, tokens [N, T], clusters (\"negated\"/\"plain\"), "
+             "class_names", "text"),
     DemoFile("digits_mlp_state_dict.pt", "sample state dict (torch.save(model.state_dict())) "
              "of the digits MLP; load it with digits_mlp_architecture.json"),
     DemoFile("digits_mlp_architecture.json", "sample architecture description (JSON) matching "
@@ -142,7 +205,7 @@ DEMO_FILES = (
     DemoFile("digits_sample.csv", "sample table: columns pixel_0..pixel_63, label, cluster; "
              "200 held-out rows; works with any digits model"),
 )
-DEMOS = ("digits_mlp", "digits_cnn", "sanity")
+DEMOS = ("digits_mlp", "digits_cnn", "sanity", "text")
 
 
 def demo_files() -> list[DemoFile]:
@@ -155,7 +218,7 @@ def load_demo(name: str = "digits_mlp") -> tuple[LoadedModel, Dataset]:
     if name not in DEMOS:
         raise AttributionError(f"Unknown demo {name!r}; choose one of {', '.join(DEMOS)}.")
     model_file, data_file = (f for f in DEMO_FILES if f.demo == name)
-    if not model_file.path.is_file():
+    if not model_file.path.exists():
         raise AttributionError(f"The demo file {model_file.path} is missing; run "
                                "`python scripts/make_demo.py` to recreate the demo folder.")
     model = load_model(model_file.path)

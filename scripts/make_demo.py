@@ -23,9 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attribution import huggingface  # noqa: E402
 from attribution.architectures import parse_architecture  # noqa: E402
 from attribution.demo import (DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES,  # noqa: E402
-                              SANITY_FEATURES, DigitsCNN, DigitsMLP, SanityModel, sanity_data)
+                              SANITY_FEATURES, TEXT_CLASSES, TEXT_VOCABULARY, DigitsCNN,
+                              DigitsMLP, SanityModel, sanity_data, text_data)
 
 SEED = 0
 MLP_ARCHITECTURE = {"kind": "mlp", "input_shape": [64], "hidden": [32, 16], "n_classes": 10,
@@ -81,7 +83,9 @@ def write_readme(out: Path, accuracies: dict[str, float]) -> None:
         "|---|---|---|",
     ]
     for demo_file in DEMO_FILES:
-        size = (out / demo_file.name).stat().st_size
+        path = out / demo_file.name
+        size = sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() \
+            else path.stat().st_size
         lines.append(f"| `{demo_file.name}` | {size / 1024:.1f} KiB | {demo_file.description} |")
     lines += [
         "",
@@ -174,8 +178,56 @@ def main(out: Path) -> dict[str, float]:
     np.savez_compressed(out / "sanity.npz", inputs=sanity_test_x, labels=sanity_test_y,
                         feature_names=list(SANITY_FEATURES), class_names=list(SANITY_CLASSES))
 
+    accuracies["text"] = text_demo(out)
     write_readme(out, accuracies)
     return accuracies
+
+
+def text_demo(out: Path) -> float:
+    """Train the text demo's BERT and write its folder and data; its held-out accuracy."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification
+
+    vocabulary = {word: index for index, word in enumerate(TEXT_VOCABULARY)}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", vocabulary["[CLS]"])])
+    encoder = huggingface.TextEncoder(tokenizer, pad_id=vocabulary["[PAD]"], max_length=16)
+    train_texts, train_y, _ = text_data(3000, seed=SEED)
+    test_texts, test_y, test_clusters = text_data(600, seed=SEED + 1)
+    train_x, _ = encoder.encode(train_texts)
+    test_x, test_tokens = encoder.encode(test_texts)
+    config = BertConfig(vocab_size=len(vocabulary), hidden_size=24, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=48, max_position_embeddings=16,
+                        type_vocab_size=1, num_labels=2, pad_token_id=vocabulary["[PAD]"],
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        id2label=dict(enumerate(TEXT_CLASSES)),
+                        label2id={name: i for i, name in enumerate(TEXT_CLASSES)})
+    torch.manual_seed(SEED)
+    model = BertForSequenceClassification(config)
+    generator = torch.Generator().manual_seed(SEED)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(12):
+        order = torch.randperm(len(train_texts), generator=generator)
+        for start in range(0, len(order), 64):
+            index = order[start:start + 64]
+            optimizer.zero_grad()
+            logits = model(**dict(train_x[index].items())).logits
+            nn.functional.cross_entropy(logits, torch.from_numpy(train_y)[index]).backward()
+            optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        predicted = model(**dict(test_x.items())).logits.argmax(1).numpy()
+    folder = out / "text_classifier"
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / huggingface.TOKENIZER))
+    np.savez_compressed(out / "text.npz", input_ids=test_x["input_ids"].numpy(),
+                        attention_mask=test_x["attention_mask"].numpy(), labels=test_y,
+                        tokens=test_tokens, clusters=test_clusters,
+                        class_names=list(TEXT_CLASSES))
+    return float((predicted == test_y).mean())
 
 
 if __name__ == "__main__":

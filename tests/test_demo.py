@@ -20,12 +20,14 @@ import attribution as at
 from attribution.demo import DEMO_DIR, DEMO_FILES, DigitsMLP
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCURACY_FLOOR = {"digits_mlp": 0.93, "digits_cnn": 0.93, "sanity": 0.97}
+ACCURACY_FLOOR = {"digits_mlp": 0.93, "digits_cnn": 0.93, "sanity": 0.97, "text": 0.9}
+EXPORTED = [demo for demo in at.DEMOS if any(f.demo == demo and f.name.endswith(".pt2")
+                                             for f in DEMO_FILES)]
 
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, bytes]:
-    return {demo_file.name: demo_file.path.read_bytes() for demo_file in DEMO_FILES}
+    return {demo_file.name: demo_file.content() for demo_file in DEMO_FILES}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def test_demo_files_are_small_listed_and_documented():
     listed = {demo_file.name for demo_file in at.demo_files()}
     on_disk = {path.name for path in DEMO_DIR.iterdir()} - {"README.md"}
     assert listed == on_disk
-    assert sum((DEMO_DIR / name).stat().st_size for name in on_disk) < 400_000
+    assert sum(demo_file.size() for demo_file in at.demo_files()) < 400_000
     readme = (DEMO_DIR / "README.md").read_text()
     assert all(f"`{name}`" in readme for name in listed)
     assert "torch.export.export" in readme and "dynamic_shapes" in readme
@@ -50,8 +52,11 @@ def test_each_demo_loads_and_is_accurate_on_held_out_data(name):
     model, dataset = at.load_demo(name)
     accuracy = float((at.predict_classes(model, dataset.inputs) == dataset.labels).float().mean())
     assert accuracy >= ACCURACY_FLOOR[name]
-    assert model.source_format == "torch.export" and len(model.class_names) == model.n_classes
-    assert tuple(dataset.inputs.shape[1:]) == model.input_shape
+    model_file = next(f for f in DEMO_FILES if f.demo == name)
+    assert model.source_format == ("torch.export" if model_file.name.endswith(".pt2")
+                                   else "Hugging Face")
+    assert len(model.class_names) == model.n_classes
+    assert tuple(dataset.inputs.shape[1:]) == model.input_shape or model.input_names
 
 
 def test_digits_mlp_layers_and_scores(mlp):
@@ -128,7 +133,7 @@ def test_make_demo_reproduces_the_shipped_files(tmp_path):
     for name in ("digits_sample.csv", "digits_mlp_architecture.json",
                  "digits_cnn_architecture.yaml"):
         assert (tmp_path / name).read_text() == (DEMO_DIR / name).read_text()
-    for demo in at.DEMOS:  # the graphs and metadata, whichever folder they were built in
+    for demo in EXPORTED:  # the graphs and metadata, whichever folder they were built in
         fresh, shipped = zipfile.ZipFile(tmp_path / f"{demo}.pt2"), zipfile.ZipFile(
             DEMO_DIR / f"{demo}.pt2")
         assert fresh.namelist() == shipped.namelist()
@@ -149,10 +154,21 @@ def test_make_demo_reproduces_the_shipped_files(tmp_path):
         accuracy_gap = ((fresh == data.labels).float().mean()
                         - (shipped == data.labels).float().mean()).abs()
         assert accuracy_gap <= 0.01, model_file
+    for name in ("config.json", "tokenizer.json"):  # the text demo's folder
+        assert (tmp_path / "text_classifier" / name).read_bytes() == \
+            (DEMO_DIR / "text_classifier" / name).read_bytes(), name
+    fresh, shipped = np.load(tmp_path / "text.npz"), np.load(DEMO_DIR / "text.npz")
+    assert fresh.files == shipped.files
+    for key in fresh.files:
+        np.testing.assert_array_equal(fresh[key], shipped[key])
+    data = at.load_data(DEMO_DIR / "text.npz")
+    fresh, shipped = (at.predict_classes(at.load_model(folder / "text_classifier"), data.inputs)
+                      for folder in (tmp_path, DEMO_DIR))
+    assert (fresh == shipped).float().mean() >= 0.99
 
 
 def test_shipped_programs_carry_no_paths_of_the_machine_that_built_them():
-    for demo in at.DEMOS:
+    for demo in EXPORTED:
         with zipfile.ZipFile(DEMO_DIR / f"{demo}.pt2") as archive:
             graph = archive.read(f"{demo}/models/model.json").decode()
         assert "stack_trace" not in graph and "site-packages" not in graph

@@ -1,0 +1,549 @@
+"""Transformers as users have them: BERT and GPT-2 classifiers built from small configs (no
+downloads), named inputs with padding, outputs of every kind, save_pretrained folders (and
+hostile ones), tokenized text, and the command line on all of it."""
+import collections
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution import cli, distributed, huggingface
+from attribution.data import check_data, load_data
+from attribution.methods import gauss_legendre
+from attribution.model_io import NamedInputs, logits_of, select_output
+
+from .references import replaced_output
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 40
+PAD = 0
+N_STEPS = 8
+METHODS_FOR_IDS = at.methods_for(torch.int64)
+# (model kind, a position-wise MLP layer, a layer after the position mixing)
+LAYERS = {"bert": ("bert.encoder.layer.0.intermediate.dense", "bert.pooler.dense"),
+          "gpt2": ("transformer.h.0.mlp.c_fc", "transformer.ln_f")}
+
+
+def build(kind: str, seed: int = 0) -> nn.Module:
+    """A small BERT or GPT-2 sequence classifier (3 classes), weights large enough that
+    scores are far from zero."""
+    torch.manual_seed(seed)
+    if kind == "bert":
+        config = transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=24, max_position_embeddings=32, num_labels=3,
+            pad_token_id=PAD, initializer_range=0.3)
+        return transformers.BertForSequenceClassification(config).eval()
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2,
+                                     n_positions=32, num_labels=3, pad_token_id=PAD,
+                                     bos_token_id=1, eos_token_id=1, initializer_range=0.3)
+    return transformers.GPT2ForSequenceClassification(config).eval()
+
+
+def padded_batch(n: int = 6, length: int = 7, seed: int = 1) -> dict:
+    """input_ids and attention_mask [n, length]: real tokens first, then padding (right)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (n, length), generator=generator)
+    lengths = torch.randint(2, length + 1, (n,), generator=generator)
+    lengths[0] = length  # one full row
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    return {"input_ids": ids * mask + PAD * (1 - mask), "attention_mask": mask}
+
+
+def pad_to(batch: dict, length: int) -> dict:
+    extra = length - batch["input_ids"].shape[1]
+    return {name: torch.cat([value, torch.full((value.shape[0], extra), PAD if name ==
+                                               "input_ids" else 0, dtype=value.dtype)], 1)
+            for name, value in batch.items()}
+
+
+@pytest.fixture(scope="module", params=["bert", "gpt2"])
+def case(request):
+    model = build(request.param)
+    batch = padded_batch(n=4)
+    with torch.no_grad():
+        targets = model(**batch).logits.argmax(1)
+    return request.param, model, batch, targets
+
+
+# ------------------------------------------------------------------ slow references
+
+def _one_sample(batch: dict, i: int) -> dict:
+    """Sample i alone, cut to its real tokens: no padding at all."""
+    length = int(batch["attention_mask"][i].sum())
+    return {name: value[i:i + 1, :length] for name, value in batch.items()}
+
+
+def _layer_out(model, module, sample):
+    store = {}
+
+    def keep(out):
+        store["z"] = out.clone()  # returning None leaves the output as it is
+
+    with torch.no_grad(), replaced_output(module, keep):
+        model(**sample)
+    return store["z"]  # [1, T, F]
+
+
+def slow_scores(model, layer: str, batch: dict, targets, method: str) -> torch.Tensor:
+    """Per sample without padding, one neuron at a time: [N, F] with the sequence's
+    positions summed (mean for activation)."""
+    module = dict(model.named_modules())[layer]
+    rows = []
+    for i in range(batch["input_ids"].shape[0]):
+        sample, target = _one_sample(batch, i), int(targets[i])
+        z = _layer_out(model, module, sample)
+        positions = z.dim() == 3  # [1, T, F], or [1, F] after the positions are mixed
+        if method == "activation":
+            rows.append(z[0].mean(0) if positions else z[0])
+        elif method == "ablation":
+            with torch.no_grad():
+                base = model(**sample).logits[0, target]
+                effects = []
+                for j in range(z.shape[-1]):
+                    def zeroed(out, j=j):
+                        out = out.clone()
+                        out[..., j] = 0
+                        return out
+                    with replaced_output(module, zeroed):
+                        effects.append(base - model(**sample).logits[0, target])
+            rows.append(torch.stack(effects))
+        else:
+            steps = [(1.0, 1.0)] if method != "integrated_gradients" else \
+                list(zip(*gauss_legendre(N_STEPS)))
+            total = torch.zeros_like(z)
+            for weight, alpha in steps:
+                leaf = (alpha * z).requires_grad_(True)
+                with replaced_output(module, lambda out: leaf * 1):
+                    logit = model(**sample).logits[0, target]
+                (grad,) = torch.autograd.grad(logit, leaf)
+                total += weight * grad
+            value = total if method == "gradient" else total * z
+            rows.append(value[0].sum(0) if positions else value[0])
+    return torch.stack(rows)
+
+
+# ------------------------------------------------------------------ outputs
+
+def test_every_kind_of_output_gives_its_logits():
+    logits = torch.randn(4, 3)
+    hidden = torch.randn(4, 5, 2)
+    pair = collections.namedtuple("Pair", "hidden logits")(hidden, logits)
+    model_output = transformers.modeling_outputs.SequenceClassifierOutput(logits=logits)
+    for output in (logits, (logits,), {"logits": logits, "hidden": hidden}, pair,
+                   model_output, (hidden, logits), {"features": hidden, "scores": logits}):
+        assert logits_of(output) is logits
+    assert logits_of((logits, torch.randn(4, 7)), 1).shape == (4, 7)
+    assert logits_of({"a": torch.randn(4, 2), "b": logits}, "b") is logits
+    assert logits_of(pair, "logits") is logits and logits_of(model_output, 0) is logits
+    for output, key, words in (({"a": hidden, "b": hidden}, None, "holds no logits"),
+                               ({"a": hidden}, None, "returned [4, 5, 2]"),
+                               ((logits,), "logits", "no entry 'logits'"),
+                               ({"a": logits}, 5, "no entry 5"),
+                               (logits, "logits", "no entry"),
+                               ({"a": logits, "h": hidden}, "h", "[4, 5, 2]")):
+        with pytest.raises(at.AttributionError, match=words.replace("[", r"\[")):
+            logits_of(output, key)
+
+
+class TwoHeads(nn.Module):
+    """Returns (auxiliary logits, the logits that matter) as a dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(5, 8)
+        self.aux, self.main = nn.Linear(8, 2), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return {"aux": self.aux(h), "main": self.main(h)}
+
+
+def test_select_output_chooses_the_logits_for_every_function():
+    torch.manual_seed(0)
+    model, x = TwoHeads().eval(), torch.randn(10, 5)
+    first = at.neuron_scores(model, "body", x, method="ablation")  # default: the first [N, C]
+    select_output(model, "main")
+    try:
+        chosen = at.neuron_scores(model, "body", x, method="ablation")
+        with torch.no_grad():
+            targets = model(x)["main"].argmax(1)
+            expected = []
+            for j in range(8):
+                def zeroed(out, j=j):
+                    out = out.clone()
+                    out[:, j] = 0
+                    return out
+                with replaced_output(model.body, zeroed):
+                    ablated = model(x)["main"].gather(1, targets[:, None])[:, 0]
+                expected.append(model(x)["main"].gather(1, targets[:, None])[:, 0] - ablated)
+        torch.testing.assert_close(chosen, torch.stack(expected, 1))
+        assert not torch.allclose(first, chosen)
+        curve = at.pruning_curve(model, "body", x, None, chosen.abs().mean(0), n_random=2)
+        assert curve["ranked"].iloc[0] == 1.0  # accuracy against the "main" head's own answers
+    finally:
+        select_output(model, None)
+
+
+# ------------------------------------------------------------------ scores against references
+
+@pytest.mark.parametrize("method", ["gradient", "activation", "gradient_x_activation",
+                                    "integrated_gradients", "ablation"])
+def test_scores_of_padded_batches_match_per_sample_loops_without_padding(case, method):
+    kind, model, batch, targets = case
+    for layer in LAYERS[kind]:
+        scores = at.neuron_scores(model, layer, batch, targets, method=method, batch_size=4,
+                                  n_steps=N_STEPS)
+        reference = slow_scores(model, layer, batch, targets, method)
+        torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-5)
+        assert scores.abs().max() > 1e-3
+
+
+def test_gradient_x_activation_matches_captum(case):
+    from captum.attr import LayerGradientXActivation
+
+    kind, model, batch, targets = case
+    layer = LAYERS[kind][0]
+
+    def forward(input_ids, attention_mask):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    captum = LayerGradientXActivation(forward, dict(model.named_modules())[layer]).attribute(
+        batch["input_ids"], additional_forward_args=(batch["attention_mask"],),
+        target=targets)  # [N, T, F]; padding gets no gradient in a model that masks it
+    real = batch["attention_mask"][:, :, None].to(captum.dtype)
+    torch.testing.assert_close(
+        at.neuron_scores(model, layer, batch, targets, "gradient_x_activation"),
+        (captum * real).sum(1), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close((captum * (1 - real)).abs().sum(), torch.tensor(0.0))
+
+
+def test_gpt2_mlp_neurons_are_features_not_positions():
+    model = build("gpt2")
+    batch = padded_batch(length=9)
+    info = {layer.name: layer for layer in at.list_layers(model, batch)}
+    c_fc = info["transformer.h.0.mlp.c_fc"]
+    assert c_fc.n_neurons == model.config.n_inner or c_fc.n_neurons == 4 * model.config.n_embd
+    assert at.neuron_scores(model, c_fc.name, batch).shape == (6, c_fc.n_neurons)
+
+
+@pytest.mark.parametrize("method", METHODS_FOR_IDS)
+def test_padding_a_batch_to_a_longer_length_changes_no_score(case, method):
+    kind, model, batch, targets = case
+    longer = pad_to(batch, batch["input_ids"].shape[1] + 5)
+    for layer in LAYERS[kind]:
+        short = at.neuron_scores(model, layer, batch, targets, method=method, n_steps=8)
+        long = at.neuron_scores(model, layer, longer, targets, method=method, n_steps=8)
+        torch.testing.assert_close(long, short, rtol=1e-4, atol=1e-6)
+
+
+def test_padding_changes_no_cluster_table_and_no_curve(case):
+    kind, model, batch, targets = case
+    layer = LAYERS[kind][0]
+    longer = pad_to(batch, batch["input_ids"].shape[1] + 3)
+    clusters = np.array(["a", "b"] * 2)
+    for inputs in (batch, longer):
+        table = at.cluster_scores(model, layer, inputs, targets, clusters, "gradient")
+        if inputs is batch:
+            first = table
+    pd.testing.assert_frame_equal(table, first, rtol=1e-4, atol=1e-6)
+    ranking = first.drop(columns="n").abs().mean().to_numpy()
+    curves = [at.pruning_curve(model, layer, inputs, targets, ranking, n_random=3,
+                               metric="target_logit", ks=[0, 3, 8])
+              for inputs in (batch, longer)]
+    pd.testing.assert_frame_equal(curves[1], curves[0], rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        unpruned = model(**batch).logits.gather(1, targets[:, None]).mean()
+    assert curves[0]["ranked"].iloc[0] == pytest.approx(float(unpruned), rel=1e-5)
+
+
+def test_named_inputs_stream_shard_and_diagnose(case):
+    kind, model, batch, targets = case
+    layer = LAYERS[kind][0]
+    whole = at.neuron_scores(model, layer, batch, targets, "gradient")
+    loader = [dict(input_ids=batch["input_ids"][i:i + 3],
+                   attention_mask=batch["attention_mask"][i:i + 3], labels=targets[i:i + 3])
+              for i in range(0, 4, 3)]  # batches of 3 and 1
+    torch.testing.assert_close(at.neuron_scores(model, layer, loader, "labels", "gradient"),
+                               whole)
+    pieces = [list(distributed.shards(batch, rank, 2)) for rank in range(2)]
+    assert [piece[0].size for piece in pieces] == [2, 2]
+    sharded = torch.cat([at.neuron_scores(model, layer, piece[0].inputs,
+                                          targets[piece[0].rows()], "gradient")
+                         for piece in pieces])
+    torch.testing.assert_close(sharded, whole)
+    findings = at.diagnose(model, layer, batch, targets, n_random=3)
+    assert {finding.code for finding in findings} >= {"non_finite", "not_better_than_random"}
+    assert "conductance" not in at.oracle_agreement(model, layer, batch, targets,
+                                                   top_k=3)["method"].tolist()
+
+
+# ------------------------------------------------------------------ files
+
+def test_npz_of_named_inputs_and_an_explicit_list(tmp_path):
+    model = build("bert")
+    batch = padded_batch()
+    arrays = {name: value.numpy() for name, value in batch.items()}
+    tokens = np.where(batch["attention_mask"].numpy() == 1, "w", "")
+    np.savez(tmp_path / "auto.npz", **arrays, labels=np.arange(6) % 3, tokens=tokens)
+    np.savez(tmp_path / "chosen.npz", ids=arrays["input_ids"], mask=arrays["attention_mask"],
+             labels=np.arange(6) % 3)
+    dataset = load_data(tmp_path / "auto.npz")
+    assert isinstance(dataset.inputs, NamedInputs) and dataset.tokens.shape == (6, 7)
+    assert list(dataset.inputs.keys()) == ["input_ids", "attention_mask"]
+    chosen = load_data(tmp_path / "chosen.npz", features=["ids", "mask"])
+    assert list(chosen.inputs.keys()) == ["ids", "mask"]
+    folder = tmp_path / "bert"
+    model.save_pretrained(folder)
+    loaded = at.load_model(folder)
+    checked = check_data(dataset, loaded)
+    torch.testing.assert_close(at.neuron_scores(loaded.module, "bert.pooler.dense",
+                                                checked.inputs, checked.labels),
+                               at.neuron_scores(model, "bert.pooler.dense", batch,
+                                                torch.arange(6) % 3))
+    with pytest.raises(at.AttributionError, match="takes the inputs input_ids"):
+        check_data(chosen, loaded)
+
+
+def test_a_pt2_of_two_named_inputs_loads_and_scores(tmp_path):
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.hidden, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, 6), \
+                nn.Linear(6, 3)
+
+        def forward(self, input_ids, attention_mask):
+            h = torch.relu(self.hidden(self.embed(input_ids)))
+            weights = attention_mask[..., None].to(h.dtype)
+            return {"logits": self.out((h * weights).sum(1) / weights.sum(1))}
+
+    torch.manual_seed(0)
+    model, batch = Pooled().eval(), padded_batch()
+    batch_dim = torch.export.Dim("batch")
+    for name, program in (
+            ("positional", torch.export.export(model, (batch["input_ids"],
+                                                       batch["attention_mask"]),
+                                               dynamic_shapes=({0: batch_dim}, {0: batch_dim}))),
+            ("keywords", torch.export.export(model, (), dict(batch), dynamic_shapes={
+                "input_ids": {0: batch_dim}, "attention_mask": {0: batch_dim}}))):
+        torch.export.save(program, tmp_path / f"{name}.pt2")
+        loaded = at.load_model(tmp_path / f"{name}.pt2")
+        assert loaded.input_names == ("input_ids", "attention_mask")
+        for method in ("gradient", "ablation"):
+            torch.testing.assert_close(
+                at.neuron_scores(loaded.module, "hidden", batch, method=method),
+                at.neuron_scores(model, "hidden", batch, method=method), rtol=1e-5, atol=1e-6)
+
+
+def _folder_files(model: nn.Module, tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_a_save_pretrained_folder_round_trips_as_a_path_files_and_a_zip(kind, tmp_path):
+    model = build(kind)
+    folder = _folder_files(model, tmp_path, kind)
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as writer:
+        for name, data in files.items():
+            writer.writestr(f"{kind}/{name}", data)
+    batch = padded_batch()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    for source in (folder, files, archive.getvalue()):
+        loaded = (at.load_model(source) if not isinstance(source, dict)
+                  else huggingface.load_folder(source))
+        assert loaded.source_format == "Hugging Face" and loaded.n_classes == 3
+        assert loaded.input_names[:2] == ("input_ids", "attention_mask")
+        with torch.no_grad():
+            torch.testing.assert_close(loaded.module(**batch).logits, expected)
+        layers = {layer.name: layer for layer in loaded.layers()}
+        assert layers[LAYERS[kind][0]].shape[0] == huggingface.EXAMPLE_LENGTH
+
+
+def _hostile(tmp_path: Path, name: str, edit=None, weights: str = "model.safetensors") -> Path:
+    folder = _folder_files(build("bert"), tmp_path, name)
+    config = json.loads((folder / "config.json").read_text())
+    if edit is not None:
+        edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    if weights != "model.safetensors":
+        torch.save(build("bert").state_dict(), folder / weights)
+        (folder / "model.safetensors").unlink()
+    return folder
+
+
+@pytest.mark.parametrize("name, edit, weights, words", [
+    ("auto_map", lambda c: c.update(auto_map={"AutoModelForSequenceClassification":
+                                              "modeling_evil.Evil"}),
+     "model.safetensors", "auto_map"),
+    ("unknown_type", lambda c: c.update(model_type="evilnet"), "model.safetensors",
+     "model_type 'evilnet'"),
+    ("other_class", lambda c: c.update(architectures=["BertForMaskedLM"]),
+     "model.safetensors", "BertForSequenceClassification"),
+    ("pickle_weights", None, "pytorch_model.bin", "pickled"),
+    ("huge_vocab", lambda c: c.update(vocab_size=10 ** 9), "model.safetensors",
+     "vocab_size"),
+    ("huge_model", lambda c: c.update(hidden_size=8192, intermediate_size=65536,
+                                      num_attention_heads=8, num_hidden_layers=200),
+     "model.safetensors", "max_parameters"),
+    ("quantized", lambda c: c.update(quantization_config={"quant_method": "bitsandbytes"}),
+     "model.safetensors", "quantization_config"),
+])
+def test_hostile_folders_are_refused(tmp_path, name, edit, weights, words):
+    folder = _hostile(tmp_path, name, edit, weights)
+    with pytest.raises(at.AttributionError, match=words):
+        at.load_model(folder)
+
+
+def _word_tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {word: index for index, word in enumerate(["[PAD]", "[UNK]", *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+def test_a_text_column_is_tokenized_with_the_folders_tokenizer(tmp_path):
+    model = build("bert")
+    folder = _folder_files(model, tmp_path, "bert")
+    _word_tokenizer([f"w{i}" for i in range(VOCAB - 2)]).save(str(folder / "tokenizer.json"))
+    loaded = at.load_model(folder)
+    table = pd.DataFrame({"text": ["w1 w2 w3", "w5 nope", "w7 w8 w9 w10 w11"],
+                          "label": [0, 1, 2]})
+    table.to_csv(tmp_path / "texts.csv", index=False)
+    dataset = check_data(load_data(tmp_path / "texts.csv", tokenizer=loaded.tokenizer), loaded)
+    assert dataset.tokens.tolist()[1] == ["w5", "[UNK]", "", "", ""]
+    assert dataset.inputs["attention_mask"].sum(1).tolist() == [3, 2, 5]
+    assert dataset.inputs["input_ids"][0, :3].tolist() == [3, 4, 5]  # w1 is id 3
+    scores = at.neuron_scores(loaded.module, LAYERS["bert"][0], dataset.inputs,
+                              dataset.labels)
+    direct = at.neuron_scores(model, LAYERS["bert"][0], {
+        "input_ids": torch.tensor([[3, 4, 5]]), "attention_mask": torch.ones(1, 3).long()},
+        torch.tensor([0]))
+    torch.testing.assert_close(scores[:1], direct, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ command line
+
+def test_the_command_line_on_a_folder_and_named_inputs(tmp_path, capsys):
+    model = build("gpt2")
+    folder = _folder_files(model, tmp_path, "gpt2")
+    batch, labels = padded_batch(n=8), np.arange(8) % 3
+    arrays = {name: value.numpy() for name, value in batch.items()}
+    np.savez(tmp_path / "named.npz", **arrays, labels=labels)
+    np.savez(tmp_path / "renamed.npz", ids=arrays["input_ids"], mask=arrays["attention_mask"],
+             labels=labels)
+    np.savez(tmp_path / "with_x.npz", x=np.zeros((8, 3), np.float32), labels=labels, **arrays)
+    layer = LAYERS["gpt2"][0]
+    common = ["--model", folder, "--data", tmp_path / "named.npz", "--layer", layer]
+    score = subprocess.run(  # one real process: the whole path, as a user runs it
+        [sys.executable, "-m", "attribution", "score", *map(str, common), "--method",
+         "gradient", "ablation", "--out", str(tmp_path / "scores.csv"), "--per-sample",
+         str(tmp_path / "s.npy"), "--output", "logits"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert score.returncode == 0, score.stderr
+    targets = torch.as_tensor(labels)
+    for method in ("gradient", "ablation"):
+        np.testing.assert_allclose(np.load(tmp_path / f"s.{method}.npy"), at.neuron_scores(
+            model, layer, batch, targets, method).numpy(), rtol=1e-4, atol=1e-6)
+
+    def run(*args):
+        code = cli.main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, out, err = run("layers", "--model", folder, "--format", "json")
+    assert code == 0, err
+    listed = {row["name"]: row for row in json.loads(out)}
+    assert listed[layer]["neurons"] == 4 * model.config.n_embd
+    code, _, err = run("curve", *common, "--n-random", "3", "--ks", "0,8,32",
+                       "--out", tmp_path / "curve.csv")
+    assert code == 0, err
+    assert len(pd.read_csv(tmp_path / "curve.csv")) == 3
+    code, _, err = run("diagnose", *common, "--n-random", "3", "--out",
+                       tmp_path / "findings.json")
+    assert code in (0, 1), err  # 1: a finding says problem
+    assert json.loads((tmp_path / "findings.json").read_text())
+    code, _, err = run("score", "--model", folder, "--data", tmp_path / "with_x.npz", "--layer",
+                       layer, "--input-names", "input_ids,attention_mask", "--method",
+                       "gradient", "--out", tmp_path / "chosen.csv", "--per-sample",
+                       tmp_path / "c.npy")
+    assert code == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"),
+                               np.load(tmp_path / "s.gradient.npy"), rtol=1e-6)
+    code, _, err = run("score", "--model", folder, "--data", tmp_path / "renamed.npz",
+                       "--layer", layer, "--input-names", "ids,mask", "--out",
+                       tmp_path / "x.csv")
+    assert code == 2 and "takes the inputs input_ids" in err
+    code, _, err = run("score", *common, "--output", "hidden", "--out", tmp_path / "y.csv")
+    assert code == 2 and "no entry 'hidden'" in err
+
+
+# ------------------------------------------------------------------ the text demo
+
+@pytest.fixture(scope="module")
+def text_demo():
+    return at.load_demo("text")
+
+
+def test_the_text_demo_loads_scores_and_separates_positions_from_features(text_demo):
+    model, dataset = text_demo
+    assert model.source_format == "Hugging Face" and model.class_names == ("negative",
+                                                                           "positive")
+    accuracy = (at.predict_classes(model, dataset.inputs) == dataset.labels).float().mean()
+    assert accuracy >= 0.9
+    layers = {info.name: info for info in model.layers()}
+    mlp = layers["bert.encoder.layer.1.intermediate.dense"]
+    assert mlp.shape == (huggingface.EXAMPLE_LENGTH, mlp.n_neurons) and mlp.neuron_axis == 2
+    assert mlp.n_neurons == model.module.config.intermediate_size
+    assert layers["bert.pooler.dense"].shape == (model.module.config.hidden_size,)
+    subset = dataset.inputs[:40]
+    for method in METHODS_FOR_IDS:
+        scores = at.neuron_scores(model.module, mlp.name, subset, dataset.labels[:40],
+                                  method=method, n_steps=8)
+        assert scores.shape == (40, mlp.n_neurons) and torch.isfinite(scores).all()
+    table = at.cluster_scores(model.module, mlp.name, subset, dataset.labels[:40],
+                              dataset.clusters[:40], "gradient")
+    assert set(table.index) == {"negated", "plain"}
+    assert dataset.tokens[0, 0] == "[CLS]"
+    assert (dataset.tokens != "").sum(1).tolist() == dataset.inputs["attention_mask"].sum(
+        1).tolist()
+
+
+def test_token_scores_add_up_to_the_sample_scores(text_demo):
+    model, dataset = text_demo
+    layer, neuron, n = "bert.encoder.layer.0.intermediate.dense", 5, 30
+    inputs, targets = dataset.inputs[:n], dataset.labels[:n]
+    per_token = at.token_scores(model.module, layer, inputs, neuron, targets,
+                                tokens=dataset.tokens[:n])
+    assert list(per_token.columns) == ["sample", "position", "token", "score"]
+    assert len(per_token) == int(inputs["attention_mask"].sum())
+    assert per_token["token"].iloc[0] == "[CLS]" and "" not in set(per_token["token"])
+    summed = per_token.groupby("sample")["score"].sum().to_numpy()
+    expected = at.neuron_scores(model.module, layer, inputs, targets,
+                                "gradient_x_activation")[:, neuron].numpy()
+    np.testing.assert_allclose(summed, expected, rtol=1e-4, atol=1e-6)
+    activation = at.token_scores(model.module, layer, inputs, neuron, method="activation")
+    np.testing.assert_allclose(activation.groupby("sample")["score"].mean().to_numpy(),
+                               at.neuron_scores(model.module, layer, inputs, None,
+                                                "activation")[:, neuron].numpy(), rtol=1e-5)
+    for bad, words in ((("bert.pooler.dense", 0), "no token positions"),
+                       ((layer, 10_000), "neuron must be an index")):
+        with pytest.raises(at.AttributionError, match=words):
+            at.token_scores(model.module, bad[0], inputs, bad[1])
