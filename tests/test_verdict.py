@@ -84,6 +84,8 @@ def test_dead_neurons_alone_are_a_note_not_a_verdict():
     answer = verdict(findings, method="gradient", reduce="mean", cluster_source="label")
     assert answer.headline == "These scores are usable"
     assert answer.notes == ("Dead neurons: 2 of 16 neurons are dead on every sample.",)
+    assert answer.explanation.startswith(f"{len(findings) - 1} of {len(findings)} checks "
+                                         "passed") and "dead" not in answer.explanation
 
 
 @pytest.mark.parametrize("loop, pattern", [
