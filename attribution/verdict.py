@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import model_io
 from .diagnose import SEVERITIES, Finding
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
@@ -252,7 +253,10 @@ def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.nd
     Returns:
         .npz bytes with arrays inputs, targets, sample_ids (and labels).
     """
-    arrays = {"inputs": inputs.detach().cpu().numpy(),
+    named = model_io.named(inputs)
+    arrays = {**({name: value.detach().cpu().numpy() for name, value in named.items()}
+                 if isinstance(named, model_io.NamedInputs)  # named inputs under their names
+                 else {"inputs": inputs.detach().cpu().numpy()}),
               "targets": targets.detach().cpu().numpy().astype(np.int64),
               "sample_ids": np.asarray(sample_ids, dtype=np.int64)}
     if labels is not None:
