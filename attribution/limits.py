@@ -26,6 +26,9 @@ class Limits:
         max_parameters: parameters of an architecture description.
         max_pickle_nodes: containers and values in a .pt of nested lists/dicts, counting a
             shared reference as often as it is reached.
+        max_pickle_bytes: size of the pickle in a .pt (its data.pkl): PyTorch's safe unpickler
+            takes about 1-3 s per MB, so a file of many small tensors or long lists is slow
+            to read however little memory it needs.
         max_archive_entries: entries of a zip archive.
         max_row_groups: row groups of a Parquet file (pandas writes one).
         first_run_seconds: wall-clock time an untrusted model may take to load and run its
@@ -39,6 +42,7 @@ class Limits:
     max_layers: int = 1_000
     max_parameters: int = 500_000_000
     max_pickle_nodes: int = 10_000_000
+    max_pickle_bytes: int = 4 * MB
     max_archive_entries: int = 100_000
     max_row_groups: int = 10_000
     first_run_seconds: float = 5.0
