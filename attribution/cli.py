@@ -106,7 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     model = _Parser(add_help=False)
     group = model.add_argument_group("model")
     group.add_argument("--model", required=True, type=Path,
-                       help=".pt2 (torch.export), or a state dict with --architecture")
+                       help=".pt2 (torch.export), a state dict with --architecture, or a "
+                            "Hugging Face save_pretrained folder (config.json + "
+                            "model.safetensors)")
+    group.add_argument("--output", type=_output_key,
+                       help="where the logits are in the model's output: a key or field name "
+                            "(e.g. logits) or a position (0); default: the 'logits' entry, "
+                            "else the first [N, C] tensor")
     group.add_argument("--architecture", type=Path,
                        help="architecture of a state dict: a JSON/YAML description, or a "
                             "Python file with --trust-code")
@@ -115,7 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N (default cpu; under torchrun a bare 'cuda' "
                             "means cuda:LOCAL_RANK)")
-
     group = model.add_argument_group("limits", "budgets checked before a file is decoded; "
                                                "the defaults are far above real files")
     for field, help_text in _LIMIT_FLAGS.items():
@@ -132,8 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="labels [N] as .npy, for .npy data")
     group.add_argument("--cluster-ids", type=Path,
                        help="cluster ids [N] as .npy, for .npy data")
-    group.add_argument("--features", help="inputs key (.npz/.pt) or comma-separated feature "
-                                          "columns (.csv/.parquet); detected by default")
+    group.add_argument("--features", help="inputs key (.npz/.pt), comma-separated feature "
+                                          "columns (.csv/.parquet), or the text column for a "
+                                          "model with a tokenizer; detected by default")
+    group.add_argument("--input-names",
+                       help="comma-separated arrays of a .npz/.pt that are the model's named "
+                            "inputs (e.g. input_ids,attention_mask); default: input_ids, "
+                            "attention_mask and token_type_ids when the data has input_ids")
     group.add_argument("--label-key", help="labels key or column ('' for none); detected by "
                                            "default")
     group.add_argument("--cluster-key", help="cluster key or column ('' for none); detected "
@@ -267,6 +277,11 @@ class Problem:
         return isinstance(self.inputs, NpyRows)
 
 
+def _output_key(text: str):
+    """--output: a position when it is an integer, else a key."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 def _file_size(path: Optional[Path]) -> Optional[int]:
     """No size limit for the user's own files: the limit is the file's own size."""
     return path.stat().st_size if path is not None and path.is_file() else None
@@ -279,7 +294,8 @@ def load_model_from(args) -> LoadedModel:
     if architecture is not None and not architecture.is_file():
         raise AttributionError(f"No such architecture file: {architecture}.")
     loaded = load_model(args.model, architecture=architecture, trust_code=args.trust_code,
-                        max_bytes=_file_size(args.model), limits=limits_from(args))
+                        max_bytes=_file_size(args.model), output=args.output,
+                        limits=limits_from(args))
     loaded.module.to(device)
     return loaded
 
@@ -299,16 +315,23 @@ def load_problem(args) -> Problem:
                                    "holds its own columns: use --label-key / --cluster-key.")
     features = args.features.split(",") if args.features and "," in args.features \
         else args.features
+    if args.input_names is not None:
+        if args.features is not None:
+            raise AttributionError("Give either --features (one inputs array or columns) or "
+                                   "--input-names (several named inputs), not both.")
+        features = [name.strip() for name in args.input_names.split(",") if name.strip()]
     dataset = data_module.load_data(args.data, features=features, label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=_file_size(args.data),
-                                    max_rows=args.max_rows, limits=limits_from(args))
+                                    max_rows=args.max_rows, tokenizer=model.tokenizer,
+                                    limits=limits_from(args))
     dataset = data_module.check_data(dataset, model)
     return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names)
 
 
 def _streamed_problem(args, model: LoadedModel) -> Problem:
     rows = NpyRows(args.data, batch_size=args.batch_size)
-    if tuple(rows.shape[1:]) != tuple(model.input_shape):
+    if tuple(rows.shape[1:]) != tuple(model.input_shape) and not (  # or token ids [N, T]
+            model.input_names and len(rows.shape) == 1 + len(model.input_shape)):
         expected = ", ".join(map(str, model.input_shape))
         raise AttributionError(
             f"{args.data} holds samples of shape {list(rows.shape[1:])} but the model expects "

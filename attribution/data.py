@@ -19,15 +19,17 @@ import io
 import math
 import reprlib
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, Optional, Sequence, Union
+from typing import Any, BinaryIO, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
+from . import model_io
 from .errors import AttributionError
 from .guards import engine_modes, eval_mode
+from .model_io import NamedInputs
 from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import run_logits
 from .scores import model_device, neuron_scores
@@ -53,22 +55,34 @@ class Dataset:
     Attributes:
         inputs: float32 tensor [N, ...] (N >= 1), finite; int64 when given as an int64
             tensor, and made int64 by `check_data` for a model of integer inputs (token ids).
+            Named inputs (a dict such as input_ids and attention_mask [N, T]) become
+            `model_io.NamedInputs` of int64 / float32 tensors.
         labels: int64 tensor [N] of class ids >= 0, or None.
         clusters: 1-D array [N] of cluster ids (ints or strings), or None.
         feature_names: one name per feature of [N, F] inputs, or None.
         class_names: one name per class, or None.
+        tokens: str array [N, T], the token at each position of sequence inputs ("" at
+            padding), for display; or None.
     """
 
-    inputs: torch.Tensor
+    inputs: Union[torch.Tensor, NamedInputs]
     labels: Optional[torch.Tensor] = None
     clusters: Optional[np.ndarray] = None
     feature_names: Optional[tuple[str, ...]] = None
     class_names: Optional[tuple[str, ...]] = None
+    tokens: Optional[np.ndarray] = None
 
     def __post_init__(self):
-        inputs = _as_inputs(self.inputs)
+        if isinstance(self.inputs, (Mapping, NamedInputs)):
+            inputs = NamedInputs({name: _as_inputs(value, keep_integers=True)
+                                  for name, value in self.inputs.items()})
+            for value in inputs.values():
+                _check_finite(value, None)
+        else:
+            inputs = _as_inputs(self.inputs)
+            _check_finite(inputs, self.feature_names)
         n = inputs.shape[0]
-        _check_finite(inputs, self.feature_names)
+        tokens = None if self.tokens is None else _as_tokens(self.tokens, inputs)
         labels = None if self.labels is None else as_labels(self.labels, n)
         clusters = None if self.clusters is None else _as_clusters(self.clusters, n)
         feature_names = None if self.feature_names is None else tuple(
@@ -80,7 +94,8 @@ class Dataset:
         class_names = None if self.class_names is None else tuple(
             str(name) for name in self.class_names)
         for field, value in (("inputs", inputs), ("labels", labels), ("clusters", clusters),
-                             ("feature_names", feature_names), ("class_names", class_names)):
+                             ("feature_names", feature_names), ("class_names", class_names),
+                             ("tokens", tokens)):
             object.__setattr__(self, field, value)
 
     def __len__(self) -> int:
@@ -99,14 +114,31 @@ def _numpy(value: Any, what: str) -> np.ndarray:
         raise AttributionError(f"The {what} must form a rectangular array ({error}).") from None
 
 
-def _as_inputs(value: Any) -> torch.Tensor:
+def _as_tokens(value: Any, inputs: Any) -> np.ndarray:
+    """Tokens [N, T] (str) for sequence inputs whose ids are [N, T]."""
+    tokens = np.asarray(value).astype(str)
+    ids = inputs[model_io.TEXT_INPUT] if isinstance(inputs, NamedInputs) \
+        and model_io.TEXT_INPUT in inputs else inputs
+    if ids is None or not isinstance(ids, torch.Tensor) or tokens.shape != tuple(ids.shape):
+        raise AttributionError(f"tokens must be text [N, T], one per position of the token "
+                               f"ids; got shape {list(tokens.shape)} for ids of shape "
+                               f"{list(getattr(ids, 'shape', []))}.")
+    return tokens
+
+
+def _as_inputs(value: Any, keep_integers: bool = False) -> torch.Tensor:
+    """Inputs as a tensor: float32, or int64 where given as int64 (any integers with
+    `keep_integers`, e.g. token ids and attention masks)."""
     array = value.detach().cpu() if isinstance(value, torch.Tensor) else value
     if not isinstance(array, torch.Tensor):
         array = _numpy(array, "inputs")
         if array.dtype.kind not in "biuf":
             raise AttributionError(f"Inputs must be numbers; got values of type {array.dtype} "
                                    "(text or mixed columns?).")
-        array = torch.tensor(array, dtype=torch.float32)
+        integers = keep_integers and array.dtype.kind in "biu"
+        array = torch.tensor(array, dtype=torch.int64 if integers else torch.float32)
+    elif keep_integers and not array.is_floating_point() and not array.is_complex():
+        array = array.to(torch.int64)
     if array.is_complex():
         raise AttributionError("Inputs must be real numbers, not complex.")
     if array.dim() < 2 or array.shape[0] == 0 or array[0].numel() == 0:
@@ -190,7 +222,7 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
 def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
               label: Optional[str] = None, cluster: Optional[str] = None,
               max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
-              limits: Optional[Limits] = None) -> Dataset:
+              limits: Optional[Limits] = None, tokenizer: Any = None) -> Dataset:
     """Load samples from a path or bytes; the format is detected from the content.
 
     Args:
@@ -206,6 +238,9 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
             path (an iterable of batches or a memory-mapped .npy passed to the scores).
         limits: decoding budgets (default `limits.DEFAULT_LIMITS`: 2 GB decoded, 100k
             columns), checked before memory is allocated.
+        tokenizer: a text model's `LoadedModel.tokenizer`: a .csv/.parquet text column
+            (`features`, else the one text column) becomes input_ids and attention_mask,
+            with the tokens kept (`Dataset.tokens`).
     Returns:
         Dataset.
     """
@@ -213,13 +248,13 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     limit = MAX_ROWS if max_rows is None else max_rows
     limits = limits or DEFAULT_LIMITS
     try:
-        return _load_data(data, name, features, label, cluster, limit, limits)
+        return _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
 
 
 def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
-               limits: Limits) -> Dataset:
+               limits: Limits, tokenizer: Any = None) -> Dataset:
     kind = sniff(data)
     if kind == "zip":
         archive = open_zip(data, limits)
@@ -238,10 +273,10 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
         return _from_torch(data, features, label, cluster, limit, limits)
     if kind == "parquet":
         return _from_frame(_read_parquet(data, limit, limits), features, label, cluster,
-                           limits)
+                           tokenizer, limits)
     if kind == "text":
         return _from_frame(_read_csv(data, limit, limits), features, label, cluster,
-                           limits)
+                           tokenizer, limits)
     raise AttributionError(f"{name} is {_describe(kind)}, not a data file. Upload .npz, .npy, "
                            ".pt, .csv or .parquet (see demo/README.md for the layouts).")
 
@@ -342,10 +377,10 @@ def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: 
 
 
 def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dataset:
-    if features is not None and not isinstance(features, str):
-        raise AttributionError("For .npz/.pt files, features= is the name of the inputs array.")
-    inputs_key = _pick(arrays, features, _INPUT_KEYS, "inputs array", required=len(arrays) != 1)
-    if inputs_key is None:
+    named = _named_input_keys(arrays, features)
+    inputs_key = None if named else _pick(arrays, features, _INPUT_KEYS, "inputs array",
+                                          required=len(arrays) != 1)
+    if inputs_key is None and not named:
         inputs_key = next(iter(arrays))
     label_key = _pick(arrays, label, _LABEL_KEYS, "labels array", required=False)
     cluster_key = _pick(arrays, cluster, _CLUSTER_KEYS, "clusters array", required=False)
@@ -361,9 +396,26 @@ def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dat
     def names_of(key: str):
         return None if key not in arrays else [str(v) for v in np.asarray(arrays[key]).ravel()]
 
-    return Dataset(inputs=arrays[inputs_key],
+    return Dataset(inputs={key: arrays[key] for key in named} if named else arrays[inputs_key],
                    labels=arrays[label_key] if label_key else None, clusters=clusters,
-                   feature_names=names_of("feature_names"), class_names=names_of("class_names"))
+                   feature_names=names_of("feature_names"), class_names=names_of("class_names"),
+                   tokens=arrays.get("tokens"))
+
+
+def _named_input_keys(arrays: dict, features) -> list[str]:
+    """The arrays that are named model inputs: those listed in `features` (a list), else
+    transformers' text inputs (input_ids, attention_mask, token_type_ids) when the data
+    has input_ids and no plain inputs array; [] for one plain inputs array."""
+    if features is not None and not isinstance(features, str):
+        missing = [key for key in features if key not in arrays]
+        if missing or not features:
+            raise AttributionError(f"There is no array {', '.join(map(repr, missing))}; "
+                                   f"available: {', '.join(map(str, arrays))}.")
+        return list(features)
+    if features is None and model_io.TEXT_INPUT in arrays \
+            and not any(key in arrays for key in _INPUT_KEYS):
+        return [key for key in model_io.TEXT_INPUTS if key in arrays]
+    return []
 
 
 def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
@@ -488,7 +540,7 @@ def _read_parquet(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
         return table.to_pandas()  # text columns stay categorical: no copy per row
 
 
-def _from_frame(frame: pd.DataFrame, features, label, cluster,
+def _from_frame(frame: pd.DataFrame, features, label, cluster, tokenizer: Any = None,
                 limits: Limits = DEFAULT_LIMITS) -> Dataset:
     if frame.empty:
         raise AttributionError("The table has no rows.")
@@ -500,6 +552,8 @@ def _from_frame(frame: pd.DataFrame, features, label, cluster,
                          "label column", required=False)
     cluster_column = _pick(columns, cluster, [lower[k] for k in _CLUSTER_KEYS if k in lower],
                            "cluster column", required=False)
+    if tokenizer is not None:
+        return _tokenized(frame, features, label_column, cluster_column, tokenizer)
     if features is None:
         feature_columns = [c for c in frame.columns if c not in (label_column, cluster_column)
                            and not _is_saved_index(frame, c)]
@@ -526,6 +580,29 @@ def _from_frame(frame: pd.DataFrame, features, label, cluster,
                    feature_names=feature_columns)
 
 
+def _tokenized(frame: pd.DataFrame, features, label_column, cluster_column,
+               tokenizer: Any) -> Dataset:
+    """A table's text column through a model's tokenizer: named inputs and their tokens."""
+    if features is not None:
+        columns = [features] if isinstance(features, str) else list(features)
+    else:
+        columns = [c for c in frame.columns if c not in (label_column, cluster_column)
+                   and not pd.api.types.is_numeric_dtype(frame[c])]
+    if len(columns) != 1 or columns[0] not in frame.columns:
+        raise AttributionError(
+            f"Tokenizing needs exactly one text column; found {columns or 'none'}. Choose it "
+            "with features= in Python or --features on the command line.")
+    texts = frame[columns[0]]
+    if texts.isna().any():
+        raise AttributionError(f"Text column {columns[0]!r} has empty cells (row "
+                               f"{int(np.flatnonzero(texts.isna())[0])}); fill or drop them.")
+    inputs, tokens = tokenizer.encode(texts.astype(str).tolist())
+    return Dataset(inputs=inputs,
+                   labels=frame[label_column].to_numpy() if label_column else None,
+                   clusters=frame[cluster_column].to_numpy() if cluster_column else None,
+                   tokens=tokens)
+
+
 # ---------------------------------------------------------------- checks against a model
 
 def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
@@ -537,7 +614,9 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
     """
     inputs = dataset.inputs
     expected = tuple(model.input_shape)
-    if tuple(inputs.shape[1:]) != expected:
+    if model.input_names or isinstance(inputs, NamedInputs):
+        inputs = _named_for(inputs, model)
+    elif tuple(inputs.shape[1:]) != expected:
         if inputs[0].numel() != math.prod(expected):
             columns = (f" ({inputs.shape[1]} feature columns)" if inputs.dim() == 2 else "")
             raise AttributionError(
@@ -545,7 +624,9 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
                 f"({math.prod(expected)} values); the data has {list(inputs.shape[1:])}"
                 f"{columns}. Check the feature columns / input array.")
         inputs = inputs.reshape((inputs.shape[0],) + expected)
-    if not model.input_dtype.is_floating_point:
+    if isinstance(inputs, NamedInputs):
+        pass  # checked name by name in _named_for
+    elif not model.input_dtype.is_floating_point:
         inputs = _as_ids(inputs, model.input_dtype)
     elif not inputs.is_floating_point():
         inputs = inputs.to(torch.float32)
@@ -560,8 +641,38 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
     class_names = dataset.class_names
     if class_names is None or len(class_names) != model.n_classes:
         class_names = model.class_names
-    feature_names = dataset.feature_names if inputs.dim() == 2 else None
+    feature_names = dataset.feature_names if isinstance(inputs, torch.Tensor) \
+        and inputs.dim() == 2 else None
     return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names)
+
+
+def _named_for(inputs, model: LoadedModel) -> NamedInputs:
+    """Named inputs checked against a model called with keywords (one plain array becomes
+    its first input, e.g. input_ids)."""
+    if not model.input_names:
+        raise AttributionError(
+            f"The data holds named inputs ({', '.join(inputs.keys())}) but the model takes one "
+            "tensor; choose the inputs array (features= / --features).")
+    if not isinstance(inputs, NamedInputs):
+        inputs = NamedInputs({model.input_names[0]: inputs})
+    unknown = [name for name in inputs.keys() if name not in model.input_names]
+    if unknown or model.input_names[0] not in inputs:
+        raise AttributionError(
+            f"The model takes the inputs {', '.join(model.input_names)} (at least "
+            f"{model.input_names[0]}); the data has {', '.join(inputs.keys())}. Name the "
+            "arrays after the model's inputs, or choose them (features= / --input-names).")
+    checked = {}
+    for name, value in inputs.items():
+        if value.dim() != 1 + len(model.input_shape):
+            raise AttributionError(
+                f"Input {name!r} has shape {list(value.shape)}; the model expects "
+                f"[N, {', '.join(['...'] * len(model.input_shape))}] like its example "
+                f"[N, {', '.join(map(str, model.input_shape))}].")
+        if model.input_dtype.is_floating_point:
+            checked[name] = value.to(torch.float32)
+        else:
+            checked[name] = _as_ids(value, model.input_dtype)
+    return NamedInputs(checked)
 
 
 def _as_ids(inputs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -607,7 +718,7 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
     parts = []
     with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
         for start in range(0, inputs.shape[0], batch_size):
-            batch = inputs[start:start + batch_size].to(device)
+            batch = model_io.to_model(inputs[start:start + batch_size], module, device)
             parts.append(run_logits(module, batch).argmax(dim=1).cpu())
     return torch.cat(parts)
 
@@ -663,7 +774,7 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
         points = layer_activations(_module(model, source), layer, dataset.inputs,
                                    batch_size=batch_size)
     else:
-        points = dataset.inputs.reshape(len(dataset), -1)
+        points = model_io.flat(dataset.inputs)
     return _kmeans(points.double().numpy(), k, seed)
 
 

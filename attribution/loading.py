@@ -44,6 +44,8 @@ from .export_guard import EXPORT_RECIPE, check_export_archive
 from .guards import eval_mode
 from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import LayerInfo, list_layers, run_logits
+from .model_io import MASK_NAME, NamedInputs, OutputKey, describe, select_output, to_model
+from . import huggingface
 from .scores import model_device
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
@@ -60,8 +62,15 @@ class LoadedModel:
         input_shape: shape of one sample, without the batch dim, e.g. (64,) or (1, 8, 8).
         n_classes: number of logits.
         class_names: one name per class, or None.
-        source_format: "torch.export", "state dict", "safetensors" or "pickled module".
+        source_format: "torch.export", "state dict", "safetensors", "pickled module" or
+            "Hugging Face".
         input_dtype: dtype of the example input (int64 for a model of token ids).
+        input_names: for a model called with keywords (transformers), the names it takes,
+            each [B, *input_shape] (`model_io.NamedInputs`); () for a model of one tensor.
+        output: where the logits are in the model's output (`model_io.select_output`);
+            None = the default rule. Declared for the module on construction.
+        tokenizer: for a Hugging Face folder with a tokenizer.json, its
+            `huggingface.TextEncoder` (texts -> input_ids, attention_mask and tokens).
     """
 
     module: nn.Module
@@ -70,14 +79,27 @@ class LoadedModel:
     class_names: Optional[tuple[str, ...]] = None
     source_format: str = ""
     input_dtype: torch.dtype = torch.float32
+    input_names: tuple[str, ...] = ()
+    output: OutputKey = None
+    tokenizer: Any = None
 
-    def example_input(self, batch: int = 1) -> torch.Tensor:
-        """Zeros [batch, *input_shape] in the model's input dtype."""
-        return torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+    def __post_init__(self):
+        if self.output is not None:
+            select_output(self.module, self.output)
+
+    def example_input(self, batch: int = 1):
+        """Zeros [batch, *input_shape] in the model's input dtype; for named inputs one such
+        tensor per name (an attention mask of ones)."""
+        zeros = torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+        if not self.input_names:
+            return zeros
+        return NamedInputs({name: torch.ones_like(zeros) if name == MASK_NAME else zeros
+                            for name in self.input_names})
 
     def layers(self) -> list[LayerInfo]:
         """`list_layers` of the module, found with the example input."""
-        return list_layers(self.module, self.example_input().to(model_device(self.module)))
+        return list_layers(self.module, to_model(self.example_input(), self.module,
+                                                 model_device(self.module)))
 
 
 # ---------------------------------------------------------------- reading and sniffing
@@ -357,9 +379,9 @@ def pickled_size(value: Any, limits: Limits, what: str = "This .pt file") -> tup
 
 # ---------------------------------------------------------------- torch.export archives
 
-def _load_export(data: bytes, limits: Limits
-                 ) -> tuple[nn.Module, Optional[torch.Tensor], dict[str, bytes]]:
-    """(unflattened module, example input or None, extra files) of a .pt2."""
+def _load_export(data: bytes, limits: Limits) -> tuple[nn.Module, Any, dict[str, bytes]]:
+    """(unflattened module, example input or None, extra files) of a .pt2; the example is
+    `NamedInputs` for a program of several inputs."""
     extra_files = check_export_archive(data, limits)
     with _parsing("torch.export could not load this .pt2 archive"):
         program = torch.export.load(io.BytesIO(data))
@@ -367,11 +389,19 @@ def _load_export(data: bytes, limits: Limits
     example = None
     if program.example_inputs is not None:
         args, kwargs = program.example_inputs
-        if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
-            raise AttributionError(
-                f"This model takes {len(args) + len(kwargs)} inputs; the tool needs a model "
-                "whose forward takes one tensor [batch, ...] and returns logits.")
-        example = args[0]
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            example = args[0]
+        else:
+            names = [spec.arg.name for spec in program.graph_signature.input_specs
+                     if spec.kind.name == "USER_INPUT"]
+            values = {**dict(zip(names, args)), **kwargs}
+            if len(values) != len(args) + len(kwargs) or not all(
+                    isinstance(value, torch.Tensor) for value in values.values()):
+                raise AttributionError(
+                    "This model's inputs are not all tensors [batch, ...]; the tool needs a "
+                    "forward() that takes one tensor or several named tensors (e.g. "
+                    "input_ids, attention_mask) and returns logits.")
+            example = NamedInputs(values)
     return module, example, extra_files
 
 
@@ -609,7 +639,7 @@ def load_model(source: Source, *, architecture: Any = None,
                example_input: Union[torch.Tensor, Sequence[int], None] = None,
                class_names: Optional[Sequence[str]] = None, trust_code: bool = False,
                max_bytes: Optional[int] = None, limits: Optional[Limits] = None,
-               sandbox: Optional[bool] = None) -> LoadedModel:
+               sandbox: Optional[bool] = None, output: OutputKey = None) -> LoadedModel:
     """Load a classifier from a path or bytes; the format is detected from the content.
 
     Args:
@@ -631,9 +661,13 @@ def load_model(source: Source, *, architecture: Any = None,
             start it). Default: on for bytes and file objects (uploads), off for paths (your
             own files). Never used with trust_code or an nn.Module architecture, whose code
             is trusted anyway.
+        output: where the logits are in the model's output (`model_io.select_output`).
     Returns:
         LoadedModel with the module in eval mode.
     """
+    if huggingface.is_folder(source):  # a save_pretrained folder, its files or their zip
+        return huggingface.load_folder(source, class_names=class_names, limits=limits,
+                                       output=output)
     data, name = read_source(source, max_bytes=max_bytes, what="model")
     limits = limits or DEFAULT_LIMITS
     if sandbox is None:
@@ -646,9 +680,9 @@ def load_model(source: Source, *, architecture: Any = None,
             if architecture is not None and not _is_python_file(architecture, trust_code):
                 architecture = _description(architecture, trust_code, limits)
             check_first_run(data, architecture=architecture, example_input=example_input,
-                            class_names=class_names, limits=limits)
+                            class_names=class_names, limits=limits, output=output)
         return _load(data, kind, architecture, example_input, class_names, trust_code,
-                     limits)
+                     limits, output)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
 
@@ -672,8 +706,8 @@ def _model_kind(data: bytes, name: str, architecture: Any, limits: Limits) -> st
 
 
 def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
-          class_names: Optional[Sequence[str]], trust_code: bool, limits: Limits
-          ) -> LoadedModel:
+          class_names: Optional[Sequence[str]], trust_code: bool, limits: Limits,
+          output: OutputKey = None) -> LoadedModel:
     """The model in `data` (of format `kind`), run on batches of 1 and 3 samples."""
     stored_names = None
     example = None
@@ -702,16 +736,36 @@ def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
     if example is None:
         example = _guess_example(module)
     module.eval()
-    n_classes = _check_runs(module, example, source_format == "torch.export")
+    return checked_model(module, example, source_format, class_names, stored_names, output)
+
+
+def checked_model(module: nn.Module, example: Any, source_format: str,
+                  class_names: Optional[Sequence[str]] = None,
+                  stored_names: Optional[Sequence[str]] = None,
+                  output: OutputKey = None) -> LoadedModel:
+    """The LoadedModel of an eval-mode `module`, after runs on batches of 1 and 3 samples
+    shaped like `example` ([B, ...] tensor, or `NamedInputs` of equally shaped entries)."""
+    if isinstance(example, NamedInputs):
+        signatures = {(tuple(value.shape[1:]), value.dtype) for value in example.values()}
+        if len(signatures) != 1:
+            raise AttributionError(f"The model's named inputs must share one sample shape and "
+                                   f"dtype (e.g. input_ids and attention_mask [T]); got "
+                                   f"{describe(example)}.")
+        first = next(iter(example.values()))
+        input_names = tuple(example.keys())
+    else:
+        first, input_names = example, ()
+    select_output(module, output)
+    loaded = LoadedModel(module=module, input_shape=tuple(int(s) for s in first.shape[1:]),
+                         n_classes=0, source_format=source_format, input_dtype=first.dtype,
+                         input_names=input_names, output=output)
+    n_classes = _check_runs(loaded, source_format == "torch.export")
     names = class_names if class_names is not None else stored_names
     if names is not None and len(names) != n_classes:
         raise AttributionError(f"There are {len(names)} class names but the model has "
                                f"{n_classes} outputs.")
-    return LoadedModel(module=module, input_shape=tuple(int(s) for s in example.shape[1:]),
-                       n_classes=n_classes,
-                       class_names=tuple(str(n) for n in names) if names is not None else None,
-                       source_format=source_format,
-                       input_dtype=example.dtype)
+    return replace(loaded, n_classes=n_classes,
+                   class_names=tuple(str(n) for n in names) if names is not None else None)
 
 
 def _describe(kind: str) -> str:
@@ -754,12 +808,13 @@ def _guess_example(module: nn.Module) -> torch.Tensor:
                            "with the shape of one sample, e.g. (1, 28, 28).")
 
 
-def _check_runs(module: nn.Module, example: torch.Tensor, exported: bool) -> int:
+def _check_runs(loaded: LoadedModel, exported: bool) -> int:
     """Run batches of 1 and 3 samples; the number of classes. Explains a fixed batch size."""
+    module = loaded.module
     with eval_mode(module), torch.no_grad():
         logits = None
         for batch in (1, 3):
-            probe = torch.zeros((batch,) + tuple(example.shape[1:]), dtype=example.dtype)
+            probe = loaded.example_input(batch)
             try:
                 logits = run_logits(module, probe)
             except AttributionError as error:
