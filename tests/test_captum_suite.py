@@ -356,9 +356,9 @@ CONV_LAYERS = [("conv1", 1, 100), ("pool1", 1, 300), ("conv2", 1, 300), ("pool2"
 def test_conductance_matches_captum_on_the_convnet(layer, rows, n_steps, fc2):
     """test_matching_*_conductance: 100 * randn images, target = argmax of the summed
     softmax; Captum's LayerConductance summed over each channel's positions. Also Captum's
-    check that one sample at a time gives the batched scores. Captum's fc2 weights are all
-    ones, so every logit moves alike and the softmax depends on no layer: its scores are float
-    noise (~1e-6). The "randn" variant sets fc2 = 0.01 * randn so the comparison has signal."""
+    checks that one sample at a time gives the batched scores and that the scores add up to
+    F(x) - F(0). Captum's fc2 weights are all ones, so every logit moves alike and the
+    softmax depends on no layer: its scores are float noise (~1e-6). The "randn" variant sets fc2 = 0.01 * randn so the comparison has signal."""
     torch.manual_seed(7)
     model = BasicModel_ConvNet()
     if fc2 == "randn":
@@ -375,6 +375,9 @@ def test_conductance_matches_captum_on_the_convnet(layer, rows, n_steps, fc2):
         assert float(scores.abs().max()) < 1e-4
     scale = float(captum.abs().max())
     torch.testing.assert_close(scores, captum, atol=1e-4 * scale, rtol=1e-3)
+    with torch.no_grad():  # Captum's convergence delta < 0.005 (every layer here is a cut)
+        gap = model(x)[:, target] - model(torch.zeros_like(x))[:, target]
+    torch.testing.assert_close(scores.sum(1), gap, atol=0.005, rtol=0)
     one_at_a_time = ours(model, layer, x, "conductance", target=target, n_steps=n_steps,
                          batch_size=1)
     torch.testing.assert_close(one_at_a_time, scores, atol=1e-4 * scale, rtol=1e-3)
