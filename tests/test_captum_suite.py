@@ -358,7 +358,8 @@ def test_conductance_matches_captum_on_the_convnet(layer, rows, n_steps, fc2):
     softmax; Captum's LayerConductance summed over each channel's positions. Also Captum's
     checks that one sample at a time gives the batched scores and that the scores add up to
     F(x) - F(0). Captum's fc2 weights are all ones, so every logit moves alike and the
-    softmax depends on no layer: its scores are float noise (~1e-6). The "randn" variant sets fc2 = 0.01 * randn so the comparison has signal."""
+    softmax depends on no layer: its scores are float noise (~1e-6). The "randn" variant
+    sets fc2 = 0.01 * randn so the comparison has signal."""
     torch.manual_seed(7)
     model = BasicModel_ConvNet()
     if fc2 == "randn":
