@@ -175,3 +175,16 @@ def test_a_token_models_examples_carry_the_neurons_output_at_each_token():
         np.testing.assert_allclose(example["positions"], per_token[example["sample"]],
                                    rtol=1e-5, atol=1e-6)
     assert view.examples["sample"].iloc[0] == int(per_token.mean(1).argmax())
+
+
+def test_token_text_replaces_the_ids_when_the_data_has_it():
+    model = TokenModel().eval()
+    ids = torch.randint(0, 10, (8, 4), generator=torch.Generator().manual_seed(2))
+    y = torch.arange(8) % 2
+    words = np.array([[f"w{int(i)}" for i in row] for row in ids])
+    scores = at.neuron_scores(model, "proj", ids, y, "gradient").numpy()
+    activations = at.neuron_scores(model, "proj", ids, y, "activation").numpy()
+    view = neuron_view(model, "proj", ids, y, scores, activations, y.numpy() == 1, 0,
+                       n_examples=2, method="gradient", tokens=words)
+    for _, example in view.examples.iterrows():
+        assert example["tokens"] == words[example["sample"]].tolist()
