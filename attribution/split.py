@@ -172,9 +172,12 @@ class HookRunner(LayerRunner):
                     "module); score a module that runs once, e.g. the layer feeding it."
                 )
             if not isinstance(output, torch.Tensor) or output.dim() < 2:
+                shown = (f"a {type(output).__name__} of {len(output)} values: score the "
+                         "module that makes the one you want"
+                         if isinstance(output, (tuple, list)) else
+                         f"{type(output).__name__}{list(getattr(output, 'shape', []))}")
                 raise AttributionError(
-                    f"Layer {self.name!r} has no neuron axis: its output is "
-                    f"{type(output).__name__}{list(getattr(output, 'shape', []))}. "
+                    f"Layer {self.name!r} has no neuron axis: its output is {shown}. "
                     "Pick a layer from list_layers()."
                 )
             return replace(output)

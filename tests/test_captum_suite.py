@@ -215,7 +215,8 @@ def test_a_layer_with_several_outputs_is_refused(method):
     """multi_relu returns a tuple (Captum attributes each element); a neuron needs one
     tensor, so we refuse and the tests above score multi_relu.relu1 / .relu2 instead."""
     model = BasicModel_MultiLayer(multi_input_module=True)
-    with pytest.raises(AttributionError, match="'multi_relu' has no neuron axis"):
+    with pytest.raises(AttributionError, match="'multi_relu' has no neuron axis: its output "
+                                               "is a tuple of 2 values: score the module"):
         ours(model, "multi_relu", RELU_INPUT, method)
 
 
