@@ -666,6 +666,11 @@ def load_model(source: Source, *, architecture: Any = None,
         LoadedModel with the module in eval mode.
     """
     if huggingface.is_folder(source):  # a save_pretrained folder, its files or their zip
+        if isinstance(source, (bytes, bytearray)) and sandbox is not False:  # an upload
+            from .watchdog import check_first_run
+
+            check_first_run(bytes(source), class_names=class_names,
+                            limits=limits or DEFAULT_LIMITS, output=output)
         return huggingface.load_folder(source, class_names=class_names, limits=limits,
                                        output=output)
     data, name = read_source(source, max_bytes=max_bytes, what="model")

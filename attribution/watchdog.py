@@ -172,6 +172,9 @@ def _serve() -> None:
     warm = DEMO_DIR / "digits_mlp.pt2"
     if warm.is_file():  # imports torch.export's lazily loaded internals once, for every child
         load_model(warm, sandbox=False)
+    folder = DEMO_DIR / "text_classifier"
+    if folder.is_dir():  # and transformers (seconds to import) for Hugging Face folders
+        load_model(folder, sandbox=False)
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(b'{"ready": true}\n')
     answers.flush()

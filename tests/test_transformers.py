@@ -17,6 +17,7 @@ from torch import nn
 
 import attribution as at
 from attribution import cli, distributed, huggingface
+from attribution import demo as demo_module
 from attribution.data import check_data, load_data
 from attribution.methods import gauss_legendre
 from attribution.model_io import NamedInputs, logits_of, select_output
@@ -547,3 +548,26 @@ def test_token_scores_add_up_to_the_sample_scores(text_demo):
                        ((layer, 10_000), "neuron must be an index")):
         with pytest.raises(at.AttributionError, match=words):
             at.token_scores(model.module, bad[0], inputs, bad[1])
+
+
+def test_the_dashboard_takes_a_zipped_folder_and_a_text_table():
+    from streamlit.testing.v1 import AppTest
+
+    from attribution.demo import DEMO_FILES
+
+    folder = next(f for f in DEMO_FILES if f.name == "text_classifier")
+    texts, labels, _ = demo_module.text_data(40, seed=7)
+    table = pd.DataFrame({"review": texts, "label": labels}).to_csv(index=False).encode()
+    app = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+    app.switch_page("pages/data.py").run()
+    app.file_uploader(key="model_file").set_value(("bert.zip", folder.content(),
+                                                    "application/zip"))
+    app.file_uploader(key="data_file").set_value(("reviews.csv", table, "text/csv"))
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.error, [e.value for e in app.error]
+    assert app.metric[0].value == "40"
+    for page in ("pages/scores.py", "pages/pruning.py", "pages/diagnosis.py"):
+        app.switch_page(page).run()
+        assert not app.exception, (page, [e.value for e in app.exception])
+        assert not app.error, (page, [e.value for e in app.error])
