@@ -478,7 +478,7 @@ def write_table(frame: pd.DataFrame, out: str) -> None:
     path = _prepare(Path(out))
     try:
         if path.suffix.lower() == ".csv":
-            path.write_text(csv_text(frame), encoding="utf-8")
+            path.write_bytes(csv_text(frame).encode("utf-8"))  # its CRLF as written
         else:
             frame.to_parquet(path, index=False)
     except OSError as error:
@@ -718,7 +718,7 @@ def run_report(args) -> int:
         if args.csv_dir is not None:
             args.csv_dir.mkdir(parents=True, exist_ok=True)
             for name, text in report_csvs(content).items():
-                (args.csv_dir / name).write_text(text, encoding="utf-8")
+                (args.csv_dir / name).write_bytes(text.encode("utf-8"))  # CRLF as written
     except OSError as error:
         raise AttributionError(f"Cannot write {error.filename}: {error.strerror}.") from None
     return EXIT_OK
