@@ -599,3 +599,28 @@ def test_long_cluster_ids_are_refused_before_they_become_a_text_array():
     clusters = np.array(["a", "b", "x" * 5000], dtype=object).astype(str)  # '<U5000'
     with pytest.raises(at.AttributionError, match="at most 1000 characters; one has 5000"):
         at.load_data(npz(inputs=np.zeros((3, 2), np.float32), clusters=clusters))
+
+
+def test_other_work_goes_on_while_a_bomb_is_checked():
+    """The parent only waits on a pipe while the child burns its budget: other threads (the
+    app's other sessions) load and score meanwhile."""
+    import threading
+    import time
+
+    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), limits=DEFAULT_LIMITS)
+    model, architecture = conv_bomb()
+    verdicts = []
+    check = threading.Thread(target=lambda: verdicts.append(watchdog.first_run(
+        model, architecture=at.parse_architecture(architecture), limits=DEFAULT_LIMITS)))
+    check.start()
+    time.sleep(0.5)
+    start = time.perf_counter()
+    loaded = at.load_model(DEMO_DIR / "digits_mlp_state_dict.pt",
+                           architecture=DEMO_DIR / "digits_mlp_architecture.json")
+    data = at.load_data(DEMO_DIR / "digits.npz")
+    at.neuron_scores(loaded.module, "fc1", data.inputs[:64], data.labels[:64], "gradient")
+    meanwhile = time.perf_counter() - start
+    assert check.is_alive()  # the bomb was still being checked
+    check.join()
+    assert "time budget" in verdicts[0].message
+    assert meanwhile < 2.5
