@@ -700,7 +700,7 @@ def _figure_texts(app: AppTest) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("page", ("pages/scores.py",) + PAGES)
+@pytest.mark.parametrize("page", ("pages/scores.py", "pages/neuron.py") + PAGES)
 def test_names_from_the_data_are_never_rendered_as_markup(tmp_path, page):
     """Class names and cluster ids of an upload reach every page as plain text: no live link,
     image, HTML tag or formatting in Markdown-rendered elements, no tag in plotly's HTML-like
