@@ -237,6 +237,28 @@ def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
 _MOST_GAPPED = 64  # cells per row above which a 1 px gap would hide narrow cells
 
 
+def _clickable_cells(fig: go.Figure) -> go.Figure:
+    """Make the cells of `fig`'s heatmap (its first trace) clickable: an invisible marker at
+    each cell centre carries the cell's x, y and hover text. Plotly selects scatter points but
+    not heatmap cells, so a click on a cell (Streamlit's on_select) arrives as that point."""
+    heat = fig.data[0]
+    z = np.asarray(heat.z, dtype=float)
+    xs, ys = np.meshgrid(np.arange(z.shape[1]), np.arange(z.shape[0]))
+    extra = np.asarray(heat.customdata) if heat.customdata is not None else None
+    custom = np.stack([z.ravel()] + ([] if extra is None else [extra.ravel()]), axis=1)
+    template = heat.hovertemplate.replace("%{customdata}", "%{customdata[1]}") \
+        .replace("%{z", "%{customdata[0]")
+    invisible = dict(marker=dict(opacity=0))
+    fig.add_trace(go.Scatter(
+        x=np.asarray(heat.x, dtype=object)[xs.ravel()],
+        y=np.asarray(heat.y, dtype=object)[ys.ravel()], mode="markers",
+        marker=dict(size=12, opacity=0, symbol="square"), customdata=custom,
+        hovertemplate=template, showlegend=False, selected=invisible, unselected=invisible))
+    heat.hoverinfo = "skip"  # the markers show the same text
+    fig.update_layout(hoverdistance=-1)
+    return fig
+
+
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
                     highlight: object = None) -> go.Figure:
     """Clusters x neurons heatmap.
@@ -267,7 +289,7 @@ def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
     fig.update_xaxes(title="neuron (index in the layer)")
     fig.update_yaxes(title="cluster", type="category", autorange="reversed")
     title = f"{method_label(method)} score per cluster ({REDUCTION_LABELS.get(reduce, reduce)})"
-    return _finish(fig, title=title, height=max(280, 90 + 26 * len(clusters)))
+    return _finish(_clickable_cells(fig), title=title, height=max(280, 90 + 26 * len(clusters)))
 
 
 def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
@@ -301,7 +323,8 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     count = f"{shown} samples" if not n_total or n_total == shown else \
         f"{shown} of {n_total} samples, evenly spaced"
     fig.update_yaxes(title=f"sample ({count})")
-    return _finish(fig, title=f"Each sample of cluster {plain(cluster)}", height=420)
+    return _finish(_clickable_cells(fig), title=f"Each sample of cluster {plain(cluster)}",
+                   height=420)
 
 
 def _bar_frame(summary: pd.DataFrame, top_n: int, bottom: bool) -> pd.DataFrame:

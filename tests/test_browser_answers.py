@@ -172,3 +172,25 @@ def test_the_toolbar_stop_leaves_a_working_stop_button_that_summarises_the_point
     assert app.page.get_by_test_id("stProgress").count() == 0  # no frozen progress bar
     assert max(app.page.evaluate(RANKED_POINTS)) >= seen  # the points computed, kept
     app.screenshot("answers-7-stopped-summary")
+
+
+def test_clicking_a_cluster_heatmap_cell_opens_that_neuron_of_that_cluster(app):
+    app.open("/")
+    app.wait_for_chart("score per cluster")
+    chart = app.page.locator(".js-plotly-plot").filter(has_text="score per cluster").first
+    chart.evaluate("plot => plot.on('plotly_click', event => "
+                   "{ window.clickedCell = [event.points[0].x, event.points[0].y]; })")
+    area = chart.locator(".nsewdrag").first.bounding_box()
+    started = time.monotonic()
+    app.page.mouse.click(area["x"] + area["width"] * 0.53, area["y"] + area["height"] * 0.35)
+    neuron, cluster = app.page.wait_for_function("() => window.clickedCell", timeout=10_000,
+                                                 polling=20).json_value()
+    app.page.wait_for_function(HEADING, arg=f"Neuron {neuron} of relu2", timeout=60_000,
+                               polling=20)
+    BROWSER_TIMINGS["answers: neuron view open after a heatmap click (digits MLP)"] = \
+        time.monotonic() - started
+    address = app.page.evaluate("location.href")
+    assert f"neuron={neuron}" in address and f"cluster={cluster.split()[0]}" in address
+    sidebar = app.page.get_by_test_id("stSidebar")
+    assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(
+        cluster)

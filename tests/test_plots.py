@@ -318,3 +318,19 @@ def test_the_reports_tables_use_the_apps_words():
         assert words in page, words
     for raw in ("area_ranked", "gap_vs_random", "spearman_signed", "fraction_random_beaten"):
         assert raw not in page.replace("curve_summary", ""), raw
+
+
+def test_heatmap_cells_are_clickable_points_with_the_cells_hover_text():
+    scores = pd.DataFrame({"cluster": ["a", "a", "b", "b"], "neuron": [0, 1, 0, 1],
+                           "score": [0.5, -1.0, 2.0, 0.0], "n": [3, 3, 4, 4]})
+    fig = plots.cluster_heatmap(scores, method="gradient", reduce="mean")
+    heat, cells = fig.data
+    assert heat.hoverinfo == "skip" and cells.type == "scatter" and cells.mode == "markers"
+    assert list(cells.x) == [0, 1, 0, 1] and list(cells.y) == ["a", "a", "b", "b"]
+    assert np.asarray(cells.customdata).tolist() == [[0.5, 3], [-1.0, 3], [2.0, 4], [0.0, 4]]
+    assert "%{customdata[0]:.4g}" in cells.hovertemplate and "%{customdata[1]}" in \
+        cells.hovertemplate and cells.marker.opacity == 0
+    samples = plots.sample_heatmap(plots.tidy_sample_scores(np.eye(3), [7, 8, 9]),
+                                   method="gradient", cluster="c")
+    points = samples.data[1]
+    assert len(points.x) == 9 and set(points.x) == {"0", "1", "2"}  # neuron ids as on the axis
