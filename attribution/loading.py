@@ -383,9 +383,13 @@ def _load_export(data: bytes, limits: Limits) -> tuple[nn.Module, Any, dict[str,
     """(unflattened module, example input or None, extra files) of a .pt2; the example is
     `NamedInputs` for a program of several inputs."""
     extra_files = check_export_archive(data, limits)
-    with _parsing("torch.export could not load this .pt2 archive"):
-        program = torch.export.load(io.BytesIO(data))
-        module = torch.export.unflatten(program)
+    try:
+        with _parsing("torch.export could not load this .pt2 archive"):
+            program = torch.export.load(io.BytesIO(data))
+            module = torch.export.unflatten(program)
+    except AttributionError as error:
+        raise AttributionError(f"{error} Re-export the model with torch {torch.__version__} on "
+                               f"your own machine:\n{EXPORT_RECIPE}") from error
     example = None
     if program.example_inputs is not None:
         args, kwargs = program.example_inputs

@@ -883,3 +883,13 @@ def test_sample_inputs_are_budgeted_before_they_are_read(bases, monkeypatch):
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("read first"))
     with pytest.raises(at.AttributionError, match="over the limit of 32.0 MB"):
         export_guard.check_export_archive(crafted, Limits(max_decoded_bytes=32_000_000))
+
+
+def test_a_program_torch_cannot_load_is_an_error_with_the_recipe(bases):
+    """Valid by the schema, wrong for torch (a value defined twice): torch's own error becomes
+    an AttributionError that says how to re-export."""
+    crafted = rebuilt(bases["mlp"], many_nodes(1))
+    export_guard.check_export_archive(crafted)
+    with pytest.raises(at.AttributionError, match="could not load") as error:
+        at.load_model(crafted, sandbox=False)
+    assert "torch.export.export(" in str(error.value)
