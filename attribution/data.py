@@ -63,6 +63,8 @@ class Dataset:
         class_names: one name per class, or None.
         tokens: str array [N, T], the token at each position of sequence inputs ("" at
             padding), for display; or None.
+        reshaped_from: the per-sample shape the data had before `check_data` reshaped it to
+            the model's input (e.g. (64,) for a CSV of 64 pixels), or None.
     """
 
     inputs: Union[torch.Tensor, NamedInputs]
@@ -71,6 +73,7 @@ class Dataset:
     feature_names: Optional[tuple[str, ...]] = None
     class_names: Optional[tuple[str, ...]] = None
     tokens: Optional[np.ndarray] = None
+    reshaped_from: Optional[tuple[int, ...]] = None
 
     def __post_init__(self):
         if isinstance(self.inputs, (Mapping, NamedInputs)):
@@ -613,6 +616,7 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
     0..n_classes-1, or provided clusters with fewer than 2 samples.
     """
     inputs = dataset.inputs
+    reshaped_from = dataset.reshaped_from
     expected = tuple(model.input_shape)
     if model.input_names or isinstance(inputs, NamedInputs):
         inputs = _named_for(inputs, model)
@@ -623,6 +627,7 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
                 f"The model expects each sample to have shape {list(expected)} "
                 f"({math.prod(expected)} values); the data has {list(inputs.shape[1:])}"
                 f"{columns}. Check the feature columns / input array.")
+        reshaped_from = tuple(inputs.shape[1:])
         inputs = inputs.reshape((inputs.shape[0],) + expected)
     if isinstance(inputs, NamedInputs):
         pass  # checked name by name in _named_for
@@ -643,7 +648,8 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
         class_names = model.class_names
     feature_names = dataset.feature_names if isinstance(inputs, torch.Tensor) \
         and inputs.dim() == 2 else None
-    return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names)
+    return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names,
+                   reshaped_from=reshaped_from)
 
 
 def _named_for(inputs, model: LoadedModel) -> NamedInputs:

@@ -71,6 +71,10 @@ if ctx is not None:
     metrics[1].metric("Classes", facts["classes"])
     metrics[2].metric("Accuracy on this data", facts.get("accuracy on this data", "no labels"))
     metrics[3].metric("Input shape", facts["input shape"])
+    if ctx.ws.data.reshaped_from is not None:
+        st.info(f"The data's samples of shape {list(ctx.ws.data.reshaped_from)} (e.g. a CSV's "
+                "feature columns) were reshaped, in row-major order, to the model's input "
+                f"shape {list(ctx.ws.data.inputs.shape[1:])}.", icon=":material/transform:")
     left, right = st.columns([3, 2], gap="medium")
     with left:
         st.markdown("**Layers that can be scored**")

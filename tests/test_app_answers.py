@@ -277,3 +277,23 @@ def test_scores_from_a_loop_that_feeds_the_whole_batch_decide_the_verdict():
     kind, text = verdict_text(app)
     assert kind == "error" and text.startswith("**Your hook code feeds the whole batch.**")
     assert f"divided by {len(engine)}" in text
+
+
+def test_a_csv_reshaped_to_fit_the_model_says_so():
+    from tests.test_app import demo_bytes
+
+    app = upload(run_app(), ("w.safetensors", demo_bytes("digits_cnn_state_dict.safetensors"),
+                             OCTET),
+                 ("d.csv", demo_bytes("digits_sample.csv"), "text/csv"),
+                 architecture=("a.yaml", demo_bytes("digits_cnn_architecture.yaml"),
+                               "text/yaml"))
+    assert_clean(app)
+    ctx = app.session_state["context"]
+    assert ctx.ws.data.reshaped_from == (64,) and tuple(ctx.ws.data.inputs.shape[1:]) == (1, 8, 8)
+    notes = [i.value for i in app.info if "were reshaped" in i.value]
+    assert notes and "[64]" in notes[0] and "[1, 8, 8]" in notes[0]
+    app = upload(run_app(), ("w.safetensors", demo_bytes("digits_cnn_state_dict.safetensors"),
+                             OCTET), ("d.npz", demo_bytes("digits_images.npz"), OCTET),
+                 architecture=("a.yaml", demo_bytes("digits_cnn_architecture.yaml"),
+                               "text/yaml"))
+    assert not [i.value for i in app.info if "were reshaped" in i.value]  # already [1, 8, 8]
