@@ -501,11 +501,22 @@ class FxRunner(LayerRunner):
             self._prefix = _per_neuron_prefix(self, z[:2])
         if not self._prefix:
             return super().ablate(z, state, neurons)
-        prefix, rest = self._prefix
+        prefix, affine, rest = self._prefix
         moved = self._from_neurons(z).clone()  # an in-place op in the prefix must keep z
-        after = self._to_neurons(prefix(moved))
-        zeroed = self._to_neurons(prefix(torch.zeros_like(moved[:1])))
-        variants = self._from_neurons(_zeroed_variants(after, neurons, zeroed))
+        after = moved if prefix is None else prefix(moved)
+        zeroed = torch.zeros_like(moved[:1])
+        zeroed = zeroed if prefix is None else prefix(zeroed)
+        if affine is None:
+            variants = self._from_neurons(_zeroed_variants(
+                self._to_neurons(after), neurons, self._to_neurons(zeroed)))
+        else:  # z [B, n]: the affine op's output moves by (new - old value) x its column
+            apply = _node_function(self._export if self._export is not None else self.model,
+                                   affine)
+            columns = apply(torch.eye(z.shape[1], dtype=z.dtype, device=z.device)) - apply(
+                torch.zeros_like(zeroed))  # [n, m]
+            change = zeroed[0, neurons][None] - after[:, neurons]  # [B, K]
+            variants = (apply(after).unsqueeze(0) + change.T.unsqueeze(-1)
+                        * columns[neurons].unsqueeze(1)).flatten(0, 1)  # [K*B, m]
         saved, batch = state
         saved = [_repeat_batch(value, batch, len(neurons)) if per_sample else value
                  for value, per_sample in zip(saved, self._per_sample)]
@@ -527,15 +538,18 @@ class FxRunner(LayerRunner):
 
 
 def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
-    """(prefix, rest) GraphModules splitting the runner's tail after its longest chain of
-    ops from z that act on each neuron alone; () when there is none. The chain is read
-    from the graph (one op after another on z, reading only parameters), and each op is
-    checked on `z` [<=2, n, ...]: zeroing any neuron before the chain must equal replacing
-    that neuron after it by the chain's value at zero."""
+    """(prefix, affine, rest): the runner's tail cut after its longest chain of ops from z
+    that act on each neuron alone (prefix: a GraphModule, or None for no such op), then,
+    for z [B, n], the op after it when it is affine (its node, else None); rest runs what
+    follows. () when there is neither. The chain is read from the graph (one op after
+    another on z, reading only parameters), and each op is checked on `z` [<=2, n, ...]:
+    zeroing any neuron before the chain must equal replacing that neuron after it by the
+    chain's value at zero; the affine op likewise (`_is_affine`)."""
     graph = runner._tail_graph
     owner = runner._export if runner._export is not None else runner.model
     current = next(n for n in graph.nodes if n.op == "placeholder")
     neurons = torch.arange(z.shape[1], device=z.device)
+    candidate = None  # the first op that does not act on each neuron alone
     with torch.no_grad():
         after = runner._from_neurons(z).contiguous()  # the chain's values so far, three ways
         zeroed = torch.zeros_like(after[:1])
@@ -557,6 +571,7 @@ def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
                           for value in (after, zeroed, direct)]
             except Exception:  # noqa: BLE001 - an op that cannot run alone ends the chain
                 break
+            candidate = node
             if any(not isinstance(new, torch.Tensor) or new.shape != old.shape
                    for new, old in zip(values, (after, zeroed, direct))):
                 break
@@ -567,7 +582,43 @@ def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
                 break
             after, zeroed, direct = values
             current = last = node
-    return () if last is None else _split_after(runner, last)
+            candidate = None  # it joined the chain
+        affine = candidate if candidate is not None and _is_affine(
+            owner, candidate, after, zeroed, direct) else None
+    if affine is not None:
+        return ((None if last is None else _split_after(runner, last)[0]), affine,
+                _split_after(runner, affine)[1])
+    if last is None:
+        return ()
+    prefix, rest = _split_after(runner, last)
+    return prefix, None, rest
+
+
+def _node_function(owner: nn.Module, node: fx.Node):
+    """value -> the value of `node` (one op on one input) with the current parameters."""
+    params = {n: _attribute(owner, n.target) for n in node.all_input_nodes if n.op == "get_attr"}
+    return lambda value: _run_node(owner, node, {**params, node.args[0]: value})
+
+
+def _is_affine(owner: nn.Module, node: fx.Node, after: torch.Tensor, zeroed: torch.Tensor,
+               direct: torch.Tensor) -> bool:
+    """Is `node`, on values [B, n] (`after`; `direct`: [n*B, n], neuron k replaced by its
+    `zeroed` value in copy k), affine per neuron: f(copy k) = f(after) + change x column k?"""
+    if after.dim() != 2:
+        return False
+    try:
+        apply = _node_function(owner, node)
+        base, expected = apply(after), apply(direct)
+        columns = apply(torch.eye(after.shape[1], dtype=after.dtype)) - apply(
+            torch.zeros_like(zeroed))
+        change = zeroed[0][None] - after  # [B, n]
+        predicted = (base.unsqueeze(0) + change.T.unsqueeze(-1) * columns.unsqueeze(1)
+                     ).flatten(0, 1)
+        scale = 1 + float(expected.abs().max())
+        return bool(base.dim() == 2 and torch.allclose(predicted, expected, rtol=1e-5,
+                                                       atol=1e-5 * scale))
+    except Exception:  # noqa: BLE001 - an op that cannot run on these values is not affine
+        return False
 
 
 def _attribute(owner: nn.Module, target: str) -> Any:

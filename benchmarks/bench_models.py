@@ -152,17 +152,17 @@ def gpt2_small_mlp(n_samples: int = 4, n_layer: int = 2):
     layer = "model.transformer.h.0.mlp.act"
     scores = at.neuron_scores(model, layer, ids, y, "gradient_x_activation")
     assert scores.shape == (n_samples, 3072)
-    ks = np.linspace(0, 3072, 17).round().astype(int)
+    ks = np.linspace(0, 3072, 5).round().astype(int)
     report(f"GPT-2-small-sized MLP layer {layer} (3072 features x 128 tokens), {n_samples} "
            f"sequences, {n_layer} blocks",
            interleaved_medians({
                "gradient": lambda: at.neuron_scores(model, layer, ids, y, "gradient"),
                "gradient_x_activation": lambda: at.neuron_scores(model, layer, ids, y,
                                                                  "gradient_x_activation"),
-               "pruning curve, 20 random orders, 17 k": lambda: at.pruning_curve(
+               "pruning curve, 20 random orders, 5 k": lambda: at.pruning_curve(
                    model, layer, ids, y, scores.mean(0), ks=ks, n_random=20),
                "one plain forward+backward": lambda: _embedding_backward(model, ids, y),
-           }, repeats=2), "one plain forward+backward")
+           }, repeats=1), "one plain forward+backward")
 
 
 def _embedding_backward(model, ids, y):

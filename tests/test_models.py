@@ -209,7 +209,8 @@ class SoftmaxAfter(nn.Module):
 @pytest.mark.parametrize("late_mixing", [False, True])
 def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
     """BatchNorm and ReLU after the layer run once on z and once on zeros, not on every
-    ablated copy; an op that mixes neurons (softmax) ends that chain, checked on data."""
+    ablated copy, and the Linear after them once plus one column per neuron; an op that
+    mixes neurons (softmax) ends that chain and is not affine, checked on data."""
     from .zoo import randomize_batchnorm
 
     torch.manual_seed(0)
@@ -223,6 +224,8 @@ def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
                                rtol=1e-4, atol=1e-6)
     with eval_mode(model):
         runner = runner_for(model, layer, model.get_submodule(layer), x)
-    prefix, _ = runner._prefix
+    prefix, affine, _ = runner._prefix
     ops = [node.target for node in prefix.graph.nodes if node.op not in ("placeholder", "output")]
     assert len(ops) == 2  # BatchNorm, ReLU; never the softmax or the Linear
+    # the Linear after them is affine: its output moves by one column per ablated neuron
+    assert (affine is None) if late_mixing else (affine.target == "3")
