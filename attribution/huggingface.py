@@ -23,6 +23,7 @@ import inspect
 import io
 import json
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -247,7 +248,7 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         token_type_ids as the class takes them; or pixel_values), with `tokenizer` set
         when the folder has a tokenizer.json.
     """
-    from .loading import _fill, _load_safetensors, checked_model
+    from .loading import _load_safetensors, checked_model
 
     limits = limits or DEFAULT_LIMITS
     files = _files(source, limits)
@@ -271,14 +272,36 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
                                            f"{limits.max_parameters:,}", "max_parameters"))
     if hasattr(config_object, "use_cache"):
         config_object.use_cache = False  # no key/value cache: one pass per batch
-    module = cls(config_object)
-    _fill(module, _load_safetensors(files[WEIGHTS], limits))
-    module.eval()
+    _load_safetensors(files[WEIGHTS], limits)  # the tensors checked before transformers reads
+    module = _from_weights(cls, config_object, files[WEIGHTS])
     example = _example(module, config_object, task)
     names = class_names if class_names is not None else _label_names(config_object)
     loaded = checked_model(module, example, "Hugging Face", names, output=output)
     encoder = _encoder(files.get(TOKENIZER), config_object) if task == "text" else None
     return replace(loaded, tokenizer=encoder) if encoder is not None else loaded
+
+
+def _from_weights(cls: type, config: Any, weights: bytes) -> nn.Module:
+    """`cls.from_pretrained` on a private folder holding only these safetensors weights:
+    transformers renames its older checkpoints' keys (ViT's encoder.layer -> layers) and
+    ties weights as for any checkpoint; local files only, safetensors only, float32."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / WEIGHTS).write_bytes(weights)
+        try:
+            module, info = cls.from_pretrained(folder, config=config, local_files_only=True,
+                                               use_safetensors=True, dtype=torch.float32,
+                                               output_loading_info=True)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise AttributionError(f"model.safetensors does not fit this config.json "
+                                   f"({reason}).") from None
+    missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
+    if missing:  # transformers would fill them with random numbers
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise AttributionError(f"model.safetensors lacks {len(missing)} weight(s) of "
+                               f"{cls.__name__} ({shown}); save the model again with "
+                               "save_pretrained.")
+    return module.eval()
 
 
 def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:

@@ -376,6 +376,34 @@ def test_a_save_pretrained_folder_round_trips_as_a_path_files_and_a_zip(kind, tm
         assert layers[LAYERS[kind][0]].shape[0] == huggingface.EXAMPLE_LENGTH
 
 
+def test_an_image_classifier_folder_takes_image_arrays_and_every_method(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=24, num_labels=3)
+    model = transformers.ViTForImageClassification(config).eval()
+    loaded = at.load_model(_folder_files(model, tmp_path, "vit"))  # keys renamed on load
+    assert loaded.input_names == ("pixel_values",) and loaded.input_shape == (1, 8, 8)
+    images = torch.rand(5, 1, 8, 8)
+    dataset = check_data(load_data(_npz_bytes(inputs=images.numpy(), labels=np.arange(5) % 3)),
+                         loaded)
+    assert isinstance(dataset.inputs, NamedInputs)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.module(pixel_values=images).logits,
+                                   model(pixel_values=images).logits)
+    layer = next(info.name for info in loaded.layers() if info.n_neurons == 24)
+    for method in at.METHODS:  # conductance too: it scales the pixels
+        scores = at.neuron_scores(loaded.module, layer, dataset.inputs, dataset.labels, method,
+                                  n_steps=8)
+        assert scores.shape == (5, 24) and torch.isfinite(scores).all()
+
+
+def _npz_bytes(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
 def _hostile(tmp_path: Path, name: str, edit=None, weights: str = "model.safetensors") -> Path:
     folder = _folder_files(build("bert"), tmp_path, name)
     config = json.loads((folder / "config.json").read_text())
@@ -404,6 +432,8 @@ def _hostile(tmp_path: Path, name: str, edit=None, weights: str = "model.safeten
      "model.safetensors", "max_parameters"),
     ("quantized", lambda c: c.update(quantization_config={"quant_method": "bitsandbytes"}),
      "model.safetensors", "quantization_config"),
+    ("missing_weights", lambda c: c.update(num_hidden_layers=3), "model.safetensors",
+     "lacks .* weight"),
 ])
 def test_hostile_folders_are_refused(tmp_path, name, edit, weights, words):
     folder = _hostile(tmp_path, name, edit, weights)
