@@ -483,9 +483,9 @@ _CONSTANTS = {"as_int": _int, "as_float": _number, "as_bool": _bool}
 def _tensor_meta(meta: Any, where: str) -> None:
     _fields(meta, where, ("dtype", "sizes", "requires_grad", "device", "strides",
                           "storage_offset", "layout"))
-    if meta["dtype"] not in _DTYPES or type(meta["dtype"]) is not int:
+    if type(meta["dtype"]) is not int or meta["dtype"] not in _DTYPES:
         raise _refuse(f"{where} has no known dtype")
-    if meta["layout"] not in _LAYOUTS or type(meta["layout"]) is not int:
+    if type(meta["layout"]) is not int or meta["layout"] not in _LAYOUTS:
         raise _refuse(f"{where} is a sparse or MKL-DNN tensor (convert it with .to_dense())")
     for key in ("sizes", "strides"):
         for item in _list(meta[key], where):
@@ -497,7 +497,7 @@ def _tensor_meta(meta: Any, where: str) -> None:
 
 def _device(value: Any, where: str) -> None:
     _fields(value, where, ("type",), ("index",))
-    if value["type"] not in _DEVICES:
+    if not isinstance(value["type"], str) or value["type"] not in _DEVICES:
         raise _refuse(f"{where} names the device {str(value['type'])[:20]!r}")
     if value.get("index") is not None:
         _int(value["index"], where)
@@ -670,7 +670,7 @@ def _operator_inputs(op: Any, inputs: list, where: str) -> None:
     for item in inputs:
         _fields(item, where, ("name", "arg"), ("kind",))
         name = item["name"]
-        if name not in arguments or name in seen:
+        if not isinstance(name, str) or name not in arguments or name in seen:
             raise _refuse(f"{where} passes an argument {str(name)[:40]!r} that its schema does "
                           "not have")
         seen.add(name)
@@ -709,7 +709,7 @@ def _higher_order_inputs(name: str, inputs: list, where: str, depth: int) -> Non
             _fields(inner, at, ("name", "graph"))
             _name(inner["name"], at)
             _check_graph(inner["graph"], f"the subgraph {inner['name']}", depth + 1)
-        elif kind == "as_string" and inner not in _DEVICES:
+        elif kind == "as_string" and (not isinstance(inner, str) or inner not in _DEVICES):
             raise _refuse(f"{where} names the device {str(inner)[:20]!r}")
     if len(inputs) < len(slots):
         raise _refuse(f"{where} has {len(inputs)} arguments where it needs {len(slots)}")
@@ -736,7 +736,7 @@ def _check_program(program: Any) -> None:
     for guard in guards:
         _guard(guard)
     for verifier in _list(program.get("verifiers", []), "the verifiers"):
-        if verifier not in _VERIFIERS:
+        if not isinstance(verifier, str) or verifier not in _VERIFIERS:
             raise _refuse(f"it names the verifier {str(verifier)[:40]!r}")
     _text(program.get("torch_version", ""), "the torch version")
     version = _fields(program["schema_version"], "the schema version", ("major", "minor"))

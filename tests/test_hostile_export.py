@@ -871,6 +871,10 @@ def test_fuzz_program_edits_give_only_attribution_errors(bases, data):
     crafted = rebuilt(bases[base], lambda entries: entries.update(
         {"models/model.json": json.dumps(program).encode()}))
     start = time.perf_counter()
+    try:
+        export_guard.check_export_archive(crafted)
+    except at.AttributionError as error:  # the zip is sound: a refusal names what is wrong
+        assert "damaged" not in str(error), str(error)[:300]
     with contextlib.suppress(at.AttributionError):
         at.load_model(crafted, sandbox=False)
     assert time.perf_counter() - start < 20
