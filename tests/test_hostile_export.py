@@ -853,11 +853,13 @@ def paths_of(value, path=()):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_fuzz_program_edits_give_only_attribution_errors(bases, data):
-    """A random value at a random place of a real program, or a union renamed to another kind:
-    the load succeeds or says what is wrong, never another exception, never a hang."""
+    """A random value at a random place of a real program or weights config, or a union
+    renamed to another kind: the load succeeds or says what is wrong, never another
+    exception, never a hang."""
     base = data.draw(st.sampled_from(["mlp", "nograd", "cond"]))
-    program = json.loads(zipfile.ZipFile(io.BytesIO(bases[base])).read(
-        "archive/models/model.json"))
+    record = data.draw(st.sampled_from(["models/model.json",
+                                        "data/weights/model_weights_config.json"]))
+    program = json.loads(zipfile.ZipFile(io.BytesIO(bases[base])).read(f"archive/{record}"))
     path = data.draw(st.sampled_from(sorted((p for p in paths_of(program) if p), key=str)))
     parent = program
     for key in path[:-1]:
@@ -869,7 +871,7 @@ def test_fuzz_program_edits_give_only_attribution_errors(bases, data):
     else:
         parent[path[-1]] = data.draw(json_values)
     crafted = rebuilt(bases[base], lambda entries: entries.update(
-        {"models/model.json": json.dumps(program).encode()}))
+        {record: json.dumps(program).encode()}))
     start = time.perf_counter()
     try:
         export_guard.check_export_archive(crafted)
