@@ -344,16 +344,16 @@ def _signature(x: Any) -> Any:
 
 
 def _exported(model: nn.Module, example: Any) -> nn.Module:
-    """torch.export's unflattened module of an eager model (its parameters are the model's
-    own tensors), with a dynamic batch dim; cached per model and input signature. Raises
-    what torch.export raises (data-dependent control flow, ...)."""
+    """torch.export's unflattened module of an eager model (with the model's own parameters
+    and buffers, `_sharing_tensors`), with a dynamic batch dim; cached per model and input
+    signature. Raises what torch.export raises (data-dependent control flow, ...)."""
     if example is None:
         raise ValueError("no example input to export with")
     key = _signature(example)
     with _CACHE_LOCK:
         cached = _EXPORTS.get(model)
     if cached is not None and cached[0] == key:
-        return cached[1]
+        return _sharing_tensors(cached[1], model)
     rows = example if n_rows(example) >= 2 else repeat(example, 2)  # batch 1 would specialize
     if isinstance(rows, NamedInputs):
         args, kwargs = (), dict(rows.items())
@@ -366,6 +366,23 @@ def _exported(model: nn.Module, example: Any) -> nn.Module:
         owner = torch.export.unflatten(program)
     with _CACHE_LOCK:
         _EXPORTS[model] = (key, owner)
+    return _sharing_tensors(owner, model)
+
+
+def _sharing_tensors(owner: nn.Module, model: nn.Module) -> nn.Module:
+    """`owner` (an unflattened export of `model`, which holds copies) with the model's own
+    parameters and buffers in their place, so in-place changes to the model are seen and no
+    second copy of the weights is kept."""
+    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    for name, tensor in [*owner.named_parameters(), *owner.named_buffers()]:
+        mine = own.get(name)
+        if mine is not None and mine is not tensor and mine.shape == tensor.shape:
+            path, _, attribute = name.rpartition(".")
+            module = owner.get_submodule(path)
+            if isinstance(mine, nn.Parameter):
+                setattr(module, attribute, mine)
+            else:
+                module._buffers[attribute] = mine
     return owner
 
 

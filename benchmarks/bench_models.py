@@ -86,22 +86,23 @@ def pt2_against_eager():
     y = torch.randint(0, 10, (8,))
     with tempfile.TemporaryDirectory() as folder:
         loaded = exported(model, x, Path(folder) / "resnet18.pt2")
-    for layer, method in (("layer4.0.bn2", "ablation"), ("layer2.0.bn2", "gradient_x_activation"),
-                          ("layer3.1", "gradient_x_activation")):
-        report(f"resnet18 {method} of {layer}, {len(x)} images 64x64",
+    for layer, method, n in (("layer4.0.bn2", "ablation", 4),
+                             ("layer2.0.bn2", "gradient_x_activation", 8),
+                             ("layer3.1", "gradient_x_activation", 8)):
+        report(f"resnet18 {method} of {layer}, {n} images 64x64",
                interleaved_medians({
-                   "eager": lambda: at.neuron_scores(model, layer, x, y, method),
-                   ".pt2": lambda: at.neuron_scores(loaded, layer, x, y, method),
+                   "eager": lambda: at.neuron_scores(model, layer, x[:n], y[:n], method),
+                   ".pt2": lambda: at.neuron_scores(loaded, layer, x[:n], y[:n], method),
                }, repeats=3), "eager")
     from tests.models_zoo import gpt2
     torch.manual_seed(0)
-    model, ids = gpt2(width=64).eval(), torch.randint(1, 50, (32, 16))
-    y = torch.randint(0, 3, (32,))
+    model, ids = gpt2(width=64).eval(), torch.randint(1, 50, (16, 16))
+    y = torch.randint(0, 3, (16,))
     with tempfile.TemporaryDirectory() as folder:
         loaded = exported(model, ids, Path(folder) / "gpt2.pt2")
     layer = "model.transformer.h.0.mlp.c_fc"
-    for method in ("ablation", "gradient_x_activation", "ablation"):
-        report(f"GPT-2-style (2 blocks, d=64) {method} of {layer}, 32 sequences of 16 tokens",
+    for method in ("ablation", "gradient_x_activation"):
+        report(f"GPT-2-style (2 blocks, d=64) {method} of {layer}, 16 sequences of 16 tokens",
                interleaved_medians({
                    "eager (exported once, cached)": lambda: at.neuron_scores(
                        model, layer, ids, y, method),

@@ -229,3 +229,20 @@ def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
     assert len(ops) == 2  # BatchNorm, ReLU; never the softmax or the Linear
     # the Linear after them is affine: its output moves by one column per ablated neuron
     assert (affine is None) if late_mixing else (affine.target == "3")
+
+
+def test_an_exported_eager_model_sees_its_weights_change_in_place():
+    """The export that puts a transformers model on the fast split holds the model's own
+    tensors: no second copy of the weights, and no stale scores after an in-place edit."""
+    from attribution.split import _EXPORTS
+
+    model, x, y = build_model("gpt2", n=4)
+    layer = "model.transformer.h.1.mlp.c_fc"
+    at.neuron_scores(model, layer, x, y, "gradient")
+    copies = dict(_EXPORTS[model][1].named_parameters())
+    assert all(tensor is model.get_parameter(name) for name, tensor in copies.items())
+    with torch.no_grad():
+        model.model.score.weight.mul_(-2)
+    expected = _captum_grad_x_activation(model, model.get_submodule(layer), x, y, 2)
+    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, "gradient_x_activation"),
+                               expected, rtol=1e-3, atol=1e-5)
