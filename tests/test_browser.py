@@ -281,8 +281,9 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     app.page.get_by_text(re.compile(r"Stopped: the curve shows the \d+ of \d+ k values")).wait_for()
     app.screenshot("9-pruning-stopped")
     app.page.get_by_role("button", name="Continue the curve").click()
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().every(n => n === 33)", polling=50,
-                               timeout=120_000)  # the summary so far also says "Verdict:"
+    app.page.wait_for_function(  # the summary of the points so far also says "Verdict:"
+        f"() => {{ const n = ({RANKED_POINTS})(); return n.length && n.every(k => k === 33); }}",
+        polling=50, timeout=120_000)
     assert app.page.evaluate(RANKED_POINTS) == [33, 33]
 
 
