@@ -277,8 +277,8 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     stop.wait_for(timeout=60_000)
     stop.click()
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
-    assert app.page.get_by_text("In words, from the points computed so far").count() == 1
     app.page.get_by_text(re.compile(r"Stopped: the curve shows the \d+ of \d+ k values")).wait_for()
+    app.page.get_by_text("In words, from the points computed so far").wait_for()
     app.screenshot("9-pruning-stopped")
     app.page.get_by_role("button", name="Continue the curve").click()
     app.page.wait_for_function(  # the summary of the points so far also says "Verdict:"
