@@ -68,8 +68,9 @@ metrics = st.columns(4)
 metrics[0].metric("Score in the cluster",
                   f"{summary['score'][neuron]:.3g}",
                   help=f"{plots.REDUCTION_LABELS[s.reduce].capitalize()} over cluster "
-                       f"{common.escape_markdown(focus_label)}: rank {ranks[neuron]} of {len(neurons)}; "
-                       f"± {summary['spread'][neuron]:.3g} across its samples.", border=True)
+                       f"{common.escape_markdown(focus_label)}: rank {ranks[neuron]} of "
+                       f"{len(neurons)}; ± {summary['spread'][neuron]:.3g} across its samples.",
+                  border=True)
 for column, (metric, subset, words) in zip(metrics[1:], (
         ("accuracy", "cluster", "Cluster accuracy"),
         ("accuracy", "rest", "Rest accuracy"),

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import BROWSER_TIMINGS
-from tests.test_browser import (CHART_WITH_TITLE, RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401
+from tests.test_browser import (RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401 (fixtures)
                                 server, within_budget)
 
 pytestmark = pytest.mark.browser
@@ -23,7 +23,8 @@ CURVE_Y = """(title) => { const plot = [...document.querySelectorAll('.js-plotly
     if (!plot) return null;
     const ranked = plot._fullData.find(t => (t.name || '').startsWith('top-k'));
     return ranked ? Array.from(ranked.y) : null; }"""
-HEADING = """(start) => [...document.querySelectorAll('h1')].some(h => h.innerText.startsWith(start))"""
+HEADING = """(start) => [...document.querySelectorAll('h1')]
+    .some(h => h.innerText.startsWith(start))"""
 
 
 def verdict_alert(app, headline: str):
