@@ -7,7 +7,8 @@ random band: mean and 5th/95th percentiles). Ties in the scores keep neuron orde
 Removing a neuron sets its output to 0 (`ablation="zero"`) or to its mean over the inputs
 given (`ablation="mean"`). For a conv layer the whole channel is replaced: by 0, or by its
 mean map (the mean over samples at each position, [H, W]), so position-dependent structure
-such as padding borders survives the ablation.
+such as padding borders survives the ablation. A sequence layer under an attention mask takes
+the mean over the samples whose token at that position is real (padding counts for none).
 
 Speed: the layer output z is captured once per batch; many masked variants of z then go
 through `LayerRunner.tail` in one stacked pass, so only the part of the network after the
@@ -30,7 +31,7 @@ from torch.nn import functional
 from .errors import AttributionError
 from .guards import engine_modes, eval_mode
 from .layers import resolve_layer
-from .model_io import NamedInputs
+from .model_io import NamedInputs, attention_mask
 from .scores import (Inputs, as_batch_tensor, batch_labels, check_targets, cluster_codes,
                      find_cluster, iter_labelled_batches, model_device, n_samples, on_device,
                      validated_targets)
@@ -232,12 +233,14 @@ def random_orders(n_neurons: int, n_random: int, seed: int) -> torch.Tensor:
 
 @dataclass
 class _Captured:
-    """One batch at the layer: z [B, n, ...], runner state, targets [B], subset codes [B]."""
+    """One batch at the layer: z [B, n, ...], runner state, targets [B], subset codes [B],
+    and for a sequence layer under an attention mask the real tokens [B, 1, T] (else None)."""
 
     z: torch.Tensor
     state: Any
     targets: torch.Tensor
     groups: torch.Tensor
+    real: Optional[torch.Tensor] = None
 
 
 def _nbytes(value: Any) -> int:
@@ -262,6 +265,7 @@ class _LayerPasses:
         self.kept: Optional[list[_Captured]] = []
         self.counts = np.zeros(n_groups, dtype=np.int64)
         self.z_sum: Optional[torch.Tensor] = None  # [n, ...] float64, sum over samples
+        self.z_count: Optional[torch.Tensor] = None  # [n, ...] float64, samples summed there
         self.z_dtype = torch.float32
 
     def first_pass(self) -> None:
@@ -269,8 +273,12 @@ class _LayerPasses:
         kept_bytes = 0
         for captured in self._read():
             self.counts += np.bincount(captured.groups.cpu().numpy(), minlength=self.n_groups)
-            batch_sum = captured.z.double().sum(0)
+            real = (captured.real if captured.real is not None
+                    else torch.ones((), dtype=captured.z.dtype, device=captured.z.device))
+            batch_sum = (captured.z * real).double().sum(0)  # padding counts for no mean
+            batch_count = real.double().expand_as(captured.z).sum(0)
             self.z_sum = batch_sum if self.z_sum is None else self.z_sum + batch_sum
+            self.z_count = batch_count if self.z_count is None else self.z_count + batch_count
             self.z_dtype = captured.z.dtype
             if self.kept is not None:
                 kept_bytes += _nbytes(captured.z) + _nbytes(captured.state)
@@ -328,7 +336,10 @@ class _LayerPasses:
                 if stop > len(self.groups):
                     raise AttributionError("There are more samples than cluster ids.")
                 groups = torch.as_tensor(self.groups[start:stop], device=self.device)
-            yield _Captured(z, state, targets, groups)
+            mask = attention_mask(x)
+            real = (mask[:, None, :].to(z.dtype) if mask is not None and z.dim() == 3
+                    and z.shape[-1] == mask.shape[1] else None)
+            yield _Captured(z, state, targets, groups, real)
             start = stop
 
 
@@ -436,7 +447,7 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
         ])
         fill = None
         if ablation == "mean":
-            fill = (passes.z_sum / passes.counts.sum()).to(passes.z_dtype)
+            fill = (passes.z_sum / passes.z_count.clamp_min(1)).to(passes.z_dtype)
         rounds = refinement_rounds(len(ks))
         if progress is None:  # nobody watches: one round, fewest passes
             rounds = [sum(rounds, [])]

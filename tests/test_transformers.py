@@ -601,3 +601,24 @@ def test_the_dashboard_takes_a_zipped_folder_and_a_text_table():
         app.switch_page(page).run()
         assert not app.exception, (page, [e.value for e in app.exception])
         assert not app.error, (page, [e.value for e in app.error])
+
+
+def test_mean_ablation_fills_each_position_with_its_mean_over_real_tokens(case):
+    kind, model, batch, targets = case
+    layer = LAYERS[kind][0]
+    module = dict(model.named_modules())[layer]
+    store = {}
+
+    def keep(out):
+        store["z"] = out.clone()
+
+    with torch.no_grad(), replaced_output(module, keep):
+        model(**batch)
+    real = batch["attention_mask"][:, :, None].to(store["z"].dtype)  # [N, T, 1]
+    fill = (store["z"] * real).sum(0) / real.sum(0).clamp_min(1)  # [T, F]
+    with torch.no_grad(), replaced_output(module, lambda out: fill.expand_as(out).clone()):
+        expected = model(**batch).logits.gather(1, targets[:, None]).mean()
+    n_neurons = store["z"].shape[-1]
+    curve = at.pruning_curve(model, layer, batch, targets, np.arange(n_neurons), ks=[n_neurons],
+                             ablation="mean", metric="target_logit", n_random=2)
+    assert curve["ranked"].iloc[0] == pytest.approx(float(expected), rel=1e-4, abs=1e-5)
