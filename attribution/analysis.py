@@ -80,7 +80,8 @@ class AnalysisSettings:
     """Every choice behind one view of the results (the dashboard's sidebar, the CLI's flags).
 
     Attributes:
-        layer: dotted layer name.
+        layer: dotted layer name, or "name:axis" with the neuron axis chosen by hand
+            (`layers.resolve_layer`; `LayerInfo.spec`).
         method: the main scoring method; `compare` adds methods shown beside it.
         cluster_source: one of `CLUSTER_SOURCE_LABELS` (`attribution.data.make_clusters`).
         k: number of clusters for the k-means sources.

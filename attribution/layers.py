@@ -1,7 +1,7 @@
 """Which modules of a model have neurons, and turning a user's layer choice into a module."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -22,6 +22,15 @@ AXIS_RULES = {
     "chosen": "given with the layer as 'name:axis'",
 }
 """How a layer's neuron axis was found (`LayerInfo.axis_rule`), most data-driven first."""
+AXIS_FOUND = {
+    "only axis": "its only axis besides the batch",
+    "lengths": "found by varying the input's length",
+    "parameters": "found from the sizes of the layer's parameters",
+    "input": "as the layer feeding it",
+    "channels first": "dim 1 by default (the data did not tell the axes apart)",
+    "chosen": "chosen by hand",
+}
+"""`AXIS_RULES` in a user's words, for a sentence about a layer (`LayerInfo.axis_words`)."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,37 @@ class LayerInfo:
         """E.g. "16 positions × 128 features", "8 × 8 positions × 16 channels", "32 neurons"."""
         if not self.positions:
             return f"{self.n_neurons} neurons"
-        unit = "channels" if self.neuron_axis == 1 else "features"
         where = " × ".join(map(str, self.positions))
-        return f"{where} positions × {self.n_neurons} {unit}"
+        return f"{where} positions × {self.n_neurons} {self.unit}"
+
+    @property
+    def unit(self) -> str:
+        """What one neuron is called: "neurons" ([N, n] or an axis chosen by hand),
+        "channels" (dim 1) or "features"."""
+        return "neurons" if not self.positions or self.axis_rule == "chosen" else (
+            "channels" if self.neuron_axis == 1 else "features")
+
+    def axis_words(self) -> str:
+        """E.g. "128 features along dim 2, found by varying the input's length"."""
+        return (f"{self.n_neurons} {self.unit} along dim {self.neuron_axis}, "
+                f"{AXIS_FOUND.get(self.axis_rule, self.axis_rule)}")
+
+    def with_axis(self, axis: int) -> "LayerInfo":
+        """This layer with neuron axis `axis` (1..len(shape)) chosen by hand; itself when
+        `axis` is the axis already found. AttributionError for an axis it does not have."""
+        if axis == self.neuron_axis:
+            return self
+        if not 1 <= axis <= len(self.shape):
+            raise AttributionError(f"Neuron axis {axis} does not fit layer {self.name!r}, "
+                                   f"whose output is [N, {', '.join(map(str, self.shape))}]; "
+                                   f"choose 1..{len(self.shape)}.")
+        return replace(self, neuron_axis=axis, n_neurons=self.shape[axis - 1],
+                       axis_rule="chosen")
+
+    @property
+    def spec(self) -> str:
+        """The layer spec of `resolve_layer`: the name, with ":axis" when chosen by hand."""
+        return f"{self.name}:{self.neuron_axis}" if self.axis_rule == "chosen" else self.name
 
 
 def run_model(model: nn.Module, inputs):

@@ -28,7 +28,7 @@ from .analysis import AnalysisSettings, cluster_label
 from .data import Dataset, make_clusters, predict_classes
 from .diagnose import diagnose
 from .errors import AttributionError
-from .layers import LayerInfo
+from .layers import LayerInfo, split_axis
 from .loading import LoadedModel
 from .methods import METHODS
 from .oracle import oracle_agreement
@@ -221,7 +221,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
             raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
     model = loaded.module
     layers = loaded.layers()
-    if settings.layer not in {info.name for info in layers}:
+    if split_axis(settings.layer)[0] not in {info.name for info in layers}:
         raise AttributionError(f"Unknown layer {settings.layer!r}; layers: "
                                f"{', '.join(info.name for info in layers)}.")
     step(0.0, "clusters")

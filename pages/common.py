@@ -26,6 +26,7 @@ import attribution as at
 from attribution import plots
 from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.demo import DEMO_DIR, DEMOS, load_demo
+from attribution.layers import split_axis
 from attribution.loading import LoadedModel, load_model
 from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
                                   cluster_label)
@@ -53,7 +54,7 @@ URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_b
             "w_k": "k", "w_cluster": "cluster", "w_method": "method", "w_compare": "compare",
             "w_reduce": "reduce", "w_target": "target", "w_class": "class",
             "w_batch": "batch", "w_metric": "metric", "w_random": "random",
-            "w_neuron": "neuron"}
+            "w_neuron": "neuron", "w_axis": "axis"}
 CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
 """`attribution.verdict.Remedy.choice` -> the sidebar widget it changes (`apply_choice`)."""
 NEURON_CHOICE = "neuron_choice"  # session state: the neuron the Neuron page opens
@@ -242,8 +243,15 @@ class Context:
         return self.settings.cluster_rows(self.clusters)
 
     @property
+    def layer_info(self) -> at.LayerInfo:
+        """The layer in focus, with the neuron axis of `settings.layer` ("name" or "name:axis")."""
+        name, axis = split_axis(self.settings.layer)
+        info = next(i for i in self.ws.layers if i.name == name)
+        return info if axis is None else info.with_axis(axis)
+
+    @property
     def n_neurons(self) -> int:
-        return next(i.n_neurons for i in self.ws.layers if i.name == self.settings.layer)
+        return self.layer_info.n_neurons
 
     def scores(self, method: str) -> np.ndarray:
         """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
@@ -452,6 +460,35 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
         _partition_words(source, state["w_k"], layer), ws.title)
 
 
+def _axis_label(info: at.LayerInfo, axis: int) -> str:
+    """One option of the "Neurons along" box, e.g. "features · 128 (dim 2, found from the data)"."""
+    size = info.shape[axis - 1]
+    if axis != info.neuron_axis:
+        return f"positions · {size} (dim {axis})"
+    found = "the default" if info.axis_rule == "channels first" else "found from the data"
+    return f"{info.unit} · {size} (dim {axis}, {found})"
+
+
+def _axis_choice(bar, info: at.LayerInfo) -> at.LayerInfo:
+    """The layer with the neuron axis the user chose: a box for layers with positions (the
+    axis found from the data until the user picks another), and a line saying which is used."""
+    if not info.positions:
+        st.session_state.pop("w_axis", None)
+        return info
+    if st.session_state.get("axis_of") != info.name:  # another layer: its own axis first
+        st.session_state.pop("w_axis", None)
+        st.session_state["axis_of"] = info.name
+    axes = list(range(1, len(info.shape) + 1))
+    _prepare("w_axis", axes, info.neuron_axis)
+    bar.selectbox("Neurons along", axes, key="w_axis",
+                  format_func=lambda axis: _axis_label(info, axis),
+                  help="Which dim of the layer's output holds its neurons (dim 0 is the "
+                       "batch); the scores of the other dims' positions are pooled.")
+    chosen = info.with_axis(st.session_state["w_axis"])
+    bar.caption(f"Neurons: {escape_markdown(chosen.axis_words())}.")
+    return chosen
+
+
 def sidebar() -> Optional[Context]:
     """Draw the sidebar choices; store and return the context (None after an error shown)."""
     bar = st.sidebar
@@ -482,6 +519,7 @@ def sidebar() -> Optional[Context]:
                   help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
                        "feature of a layer applied at every position of a sequence (found from "
                        "the data: its positions follow the input's length).")
+    layer = _axis_choice(bar, info_of[st.session_state["w_layer"]]).spec
 
     has_labels = ws.data.labels is not None
     sources_ok = [s for s in ("label", "predicted", "correctness", "provided", "kmeans_inputs",
@@ -499,8 +537,8 @@ def sidebar() -> Optional[Context]:
         bar.select_slider("Number of k-means clusters", k_options, key="w_k")
     try:
         clusters = _clusters(ws.key, cluster_by, st.session_state["w_k"],
-                             st.session_state["w_layer"] if cluster_by == "kmeans_activations"
-                             else "", 256, ws.loaded, ws.data)
+                             layer if cluster_by == "kmeans_activations" else "", 256,
+                             ws.loaded, ws.data)
     except at.AttributionError as error:
         show_error(error, before="Could not form clusters: ")
         return None
@@ -551,7 +589,7 @@ def sidebar() -> Optional[Context]:
 
     state = st.session_state
     settings = AnalysisSettings(
-        layer=state["w_layer"], method=state["w_method"], compare=tuple(state["w_compare"]),
+        layer=layer, method=state["w_method"], compare=tuple(state["w_compare"]),
         cluster_source=cluster_by, k=state["w_k"], cluster=state["w_cluster"],
         reduce=state["w_reduce"], target=state["w_target"], fixed_class=state["w_class"],
         metric=page_choice("w_metric"), n_random=page_choice("w_random"),
