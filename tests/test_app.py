@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from torch import nn
 
 import attribution as at
-from attribution import plots
+from attribution import analysis, plots
 from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS, spaced_ks
 from attribution.report import collect_report
@@ -500,7 +500,7 @@ def _hooks(model: nn.Module) -> int:
 def _stall_after_first_points(monkeypatch) -> None:
     """Make the pruning page's curve stall after its first progress update, re-sending that
     update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
-    real = at.cluster_pruning_curves
+    real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
 
     def stalling(*args, progress, **kwargs):
         def stall(fraction, partial):
@@ -509,7 +509,7 @@ def _stall_after_first_points(monkeypatch) -> None:
                 time.sleep(0.02)
         return real(*args, progress=stall, **kwargs)
 
-    monkeypatch.setattr(at, "cluster_pruning_curves", stalling)
+    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
 
 
 def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
