@@ -275,6 +275,8 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     app.open("/pruning?layer=relu1&random=100")
     stop = app.page.get_by_role("button", name="Stop the curve")
     stop.wait_for(timeout=60_000)
+    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
+                               timeout=60_000)  # stopped with points: their summary shows
     stop.click()
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
     app.page.get_by_text(re.compile(r"Stopped: the curve shows the \d+ of \d+ k values")).wait_for()
