@@ -18,6 +18,7 @@ AXIS_RULES = {
     "lengths": "the other axes follow the length of the inputs (positions)",
     "parameters": "the only axis whose size is a dim of the module's parameters",
     "input": "as the layer feeding it (same shape, no parameters of its own)",
+    "users": "as the layers it feeds (same shape), where nothing above told its axes apart",
     "channels first": "dim 1, as for conv channels (nothing else told the axes apart)",
     "chosen": "given with the layer as 'name:axis'",
 }
@@ -27,6 +28,7 @@ AXIS_FOUND = {
     "lengths": "found by varying the input's length",
     "parameters": "found from the sizes of the layer's parameters",
     "input": "as the layer feeding it",
+    "users": "as the layers it feeds",
     "channels first": "dim 1 by default (the data did not tell the axes apart)",
     "chosen": "chosen by hand",
 }
@@ -213,6 +215,7 @@ def _survey(model: nn.Module, example_input) -> _Survey:
                                   layers.get(feeders.get(name, "")), list(layers.values()))
         layers[name] = LayerInfo(name, module_kind(name, module), int(shape[axis]),
                                  tuple(int(s) for s in shape[1:]), axis, rule)
+    _axes_from_users(layers, feeders)
     once = {name for name in layers if calls.get(name) == 1 and name not in passing}
     owners = [name for name in layers if name in once and not any(
         name in containers for containers in claims.values())]
@@ -224,6 +227,33 @@ def _survey(model: nn.Module, example_input) -> _Survey:
         logits is not None and _is_container(model.get_submodule(name))
         and shapes[name] == logits.shape and _same_output(name, produced, claims, logits))}
     return _Survey(layers, listed)
+
+
+def _axes_from_users(layers: dict[str, LayerInfo], feeders: dict[str, str]) -> None:
+    """Give a layer that no rule told apart ("channels first", e.g. a ViT's embeddings: its
+    parameters have both the patch count and the width) the axis of the layers it feeds
+    when they share its shape and agree; then pass it on to the elementwise layers after
+    it ("input"). Call order, in place."""
+    users: dict[str, list[LayerInfo]] = {}
+    for user, feeder in feeders.items():
+        if user in layers:
+            users.setdefault(feeder, []).append(layers[user])
+    changed: set[str] = set()
+    for name, info in layers.items():
+        if info.axis_rule == "input" and feeders.get(name) in changed:
+            axis, rule = layers[feeders[name]].neuron_axis, "input"
+        elif info.axis_rule == "channels first":
+            axes = {user.neuron_axis for user in users.get(name, ())
+                    if user.shape == info.shape and user.axis_rule in ("lengths", "parameters")}
+            if len(axes) != 1:
+                continue
+            axis, rule = axes.pop(), "users"
+        else:
+            continue
+        if axis != info.neuron_axis:
+            changed.add(name)
+        layers[name] = replace(info, neuron_axis=axis, n_neurons=info.shape[axis - 1],
+                               axis_rule=rule)
 
 
 def _one_tensor(output):

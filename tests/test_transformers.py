@@ -622,3 +622,26 @@ def test_mean_ablation_fills_each_position_with_its_mean_over_real_tokens(case):
     curve = at.pruning_curve(model, layer, batch, targets, np.arange(n_neurons), ks=[n_neurons],
                              ablation="mean", metric="target_logit", n_random=2)
     assert curve["ranked"].iloc[0] == pytest.approx(float(expected), rel=1e-4, abs=1e-5)
+
+
+def test_a_vit_embeddings_output_has_its_features_as_neurons_not_its_patches():
+    """The embeddings' parameters hold both the patch count (position embeddings [1, 5, 16])
+    and the width, and a ViT refuses half-size images, so only the layers it feeds tell its
+    axes apart: 16 features, not 5 positions (it was 'channels first', dim 1)."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=24, num_labels=3)
+    model = transformers.ViTForImageClassification(config).eval()
+    images = torch.rand(4, 1, 8, 8)
+    layers = {info.name: info for info in at.list_layers(model, images)}
+    embeddings = layers["vit.embeddings"]
+    assert (embeddings.neuron_axis, embeddings.n_neurons, embeddings.axis_rule) == (2, 16, "users")
+    assert embeddings.describe() == "5 positions × 16 features"
+    scores = at.neuron_scores(model, "vit.embeddings", images, None, "gradient_x_activation")
+    from captum.attr import LayerGradientXActivation
+    with torch.no_grad():
+        predicted = model(pixel_values=images).logits.argmax(1)
+    captum = LayerGradientXActivation(lambda x: model(pixel_values=x).logits,
+                                      model.vit.embeddings).attribute(images, target=predicted)
+    torch.testing.assert_close(scores, captum.sum(1).detach(), rtol=1e-4, atol=1e-5)
