@@ -25,6 +25,7 @@ from torch import nn
 from . import plots
 from .data import Dataset
 from .errors import AttributionError
+from .layers import LayerInfo, split_axis
 from .pruning import cluster_pruning_curves, spaced_ks
 from .scores import check_reduce, cluster_codes, find_cluster
 
@@ -111,6 +112,16 @@ class AnalysisSettings:
         if self.target not in TARGETS:
             raise AttributionError(f"Unknown target {self.target!r}; use one of "
                                    f"{', '.join(TARGETS)}.")
+
+    def layer_info(self, layers: Sequence[LayerInfo]) -> LayerInfo:
+        """The `LayerInfo` of `layer` among `layers` (`list_layers`), with the neuron axis
+        chosen in a "name:axis" layer; AttributionError for a layer not among them."""
+        name, axis = split_axis(self.layer)
+        info = next((info for info in layers if info.name == name), None)
+        if info is None:
+            raise AttributionError(f"Unknown layer {name!r}; layers: "
+                                   f"{', '.join(info.name for info in layers)}.")
+        return info if axis is None else info.with_axis(axis)
 
     @property
     def methods(self) -> tuple[str, ...]:

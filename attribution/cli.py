@@ -44,7 +44,8 @@ from .methods import METHODS
 from .pruning import ABLATIONS, METRICS, curve_summary
 from .analysis import AnalysisSettings, scoring_targets
 from .report import collect_report, csv_text, render_report, report_csvs
-from .scores import REDUCTIONS, cluster_codes, find_cluster
+from .scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
+from .split import LAYER_KEYS
 from .streaming import NpyRows
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -625,6 +626,7 @@ def run_curve(args) -> int:
                          "n_random": args.n_random, "seed": args.seed},
             "n_samples": curves.attrs["n_samples"],
             "n_neurons": curves.attrs["n_neurons"],
+            **{key: curves.attrs[key] for key in LAYER_KEYS},
             "subsets": {str(subset): {column: _finite_or_none(value)
                                       for column, value in row.items()}
                         for subset, row in summary.iterrows()},
@@ -660,8 +662,9 @@ def run_diagnose(args) -> int:
     records = [{"code": f.code, "severity": f.severity, "value": _finite_or_none(f.value),
                 "message": f.message, "hint": f.hint} for f in findings]
     if args.out is not None:
-        write_json({"layer": args.layer, "method": args.method, "reduce": args.reduce,
-                    "findings": records}, args.out)
+        write_json({**scored_layer(problem.model.module, args.layer, problem.inputs),
+                    "method": args.method, "reduce": args.reduce, "findings": records},
+                   args.out)
     print(findings_table(records))
     failing = {"problem"} if args.fail_on == "problem" else {"problem", "warning"}
     return EXIT_PROBLEM if any(r["severity"] in failing for r in records) else EXIT_OK

@@ -33,6 +33,7 @@ from .errors import AttributionError
 from .scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes, find_cluster,
                      cluster_statistics as shard_statistics, n_samples, on_device,
                      resolve_device)
+from .split import LAYER_KEYS
 
 
 def rank_and_size(group=None) -> tuple[int, int]:
@@ -225,7 +226,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
                     progress=progress, seed=seed, first_index=shard.first_index,
                     on_batch=write)
                 statistics = part if statistics is None else ClusterStatistics(
-                    ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())))
+                    ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())),
+                    part.layer)
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
         if part_path is not None:
@@ -237,7 +239,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         zeros = torch.zeros((len(ids),) + trailing, dtype=torch.float64)
         statistics = ClusterStatistics(ids, torch.zeros(len(ids), dtype=torch.float64),
                                        zeros, zeros.clone(), zeros.clone())
-    statistics = ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group))
+    statistics = ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group),
+                                   statistics.layer)
     if per_sample is not None:
         shape = (int(statistics.counts.sum().item()),) + trailing
         error = None
@@ -349,6 +352,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                                "or use ablation='zero'.")
     n_groups = 1 if in_cluster is None else 2
     sums, counts, n_neurons, ks, error = None, np.zeros(n_groups), None, None, None
+    about_layer: dict = {}  # `split.layer_attrs`, from this rank's shards (none: empty)
     try:
         model = on_device(model, device)
         for shard in shards(inputs, rank, size):
@@ -358,7 +362,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                     sums = np.zeros((n_groups,) + piece.sums.shape)
                 sums[piece.group] += piece.sums
                 counts[piece.group] += piece.n
-                n_neurons, ks = piece.n_neurons, piece.ks
+                n_neurons, ks, about_layer = piece.n_neurons, piece.ks, piece.layer
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
     _ok_everywhere(error, group)
@@ -373,7 +377,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
     return pruning.curve_frame(  # the frame one process builds, from the pooled sums
         sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
         None if in_cluster is None else _SUBSETS, orders, options["metric"],
-        options["ablation"], options["n_random"], options["seed"])
+        options["ablation"], options["n_random"], options["seed"], about_layer)
 
 
 @dataclass
@@ -385,6 +389,7 @@ class _CurveSums:
     n: int
     ks: list
     n_neurons: int
+    layer: dict  # `split.layer_attrs`
 
 
 def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
@@ -403,4 +408,5 @@ def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
                   frame.attrs["random_curves"][subset]) for group, subset in enumerate(_SUBSETS)]
     for group, part, n, draws in parts:
         sums = n * np.vstack([part["ranked"], part["bottom"], np.asarray(draws)])
-        yield _CurveSums(group, sums, n, part["k"].tolist(), frame.attrs["n_neurons"])
+        yield _CurveSums(group, sums, n, part["k"].tolist(), frame.attrs["n_neurons"],
+                         {key: frame.attrs[key] for key in LAYER_KEYS})

@@ -26,6 +26,7 @@ from .errors import AttributionError
 from .methods import METHODS, methods_for
 from .scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
                      n_samples)
+from .split import LAYER_KEYS
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
                   "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k")
@@ -55,7 +56,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     Returns:
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
         given: n = cluster size; correlations are NaN where a ranking is constant (e.g. every
-        neuron of the cluster dead); top_k = the k used.
+        neuron of the cluster dead); top_k = the k used. `attrs`: the layer's neuron axis
+        (`split.layer_attrs`).
     """
     methods = list(dict.fromkeys(methods))
     if tuple(methods) == METHODS:
@@ -103,6 +105,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                          **agreement(table.loc[cluster, neurons].to_numpy(np.float64),
                                      oracle.loc[cluster, neurons].to_numpy(np.float64), k)})
     table = _ordered(rows, methods)
+    table.attrs.update({key: oracle.attrs[key] for key in LAYER_KEYS})
     if progress is not None:
         progress(1.0, table)
     return table

@@ -35,7 +35,7 @@ from .model_io import NamedInputs, attention_mask
 from .scores import (Inputs, as_batch_tensor, batch_labels, check_targets, cluster_codes,
                      find_cluster, iter_labelled_batches, model_device, n_samples, on_device,
                      validated_targets)
-from .split import runner_for
+from .split import layer_attrs, runner_for
 
 ABLATIONS = ("zero", "mean")
 METRICS = ("accuracy", "target_logit", "loss")
@@ -84,7 +84,8 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
         DataFrame with columns `CURVE_COLUMNS`, one row per k (ascending). `attrs` holds
         metric, ablation, n_neurons, n_samples, n_random, seed, random_orders [n_random,
         n_neurons] and random_curves [n_random, len(ks)] (for `curve_summary`); the last two
-        are nested lists, not arrays, so that pd.concat of curve frames keeps working.
+        are nested lists, not arrays, so that pd.concat of curve frames keeps working; and
+        layer, neuron_axis, axis_rule (`split.layer_attrs`).
     """
     return _curves(model, layer, inputs, targets, scores, None, None, ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,
@@ -474,9 +475,9 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             if progress is not None:
                 progress(len(done) / len(ks), curve_frame(
                     sums, passes.counts, ks, sorted(done), subset_names, orders, metric,
-                    ablation, n_random, seed))
+                    ablation, n_random, seed, layer_attrs(passes.runner)))
     return curve_frame(sums, passes.counts, ks, list(range(len(ks))), subset_names, orders,
-                       metric, ablation, n_random, seed)
+                       metric, ablation, n_random, seed, layer_attrs(passes.runner))
 
 
 def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: list[int],
@@ -515,8 +516,9 @@ def _resumed(partial: pd.DataFrame, sums: torch.Tensor, counts: np.ndarray, ks: 
 
 def curve_frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions: list[int],
                 subset_names, orders: torch.Tensor, metric: str, ablation: str, n_random: int,
-                seed: int) -> pd.DataFrame:
-    """The curve table for the k positions done so far (ascending k)."""
+                seed: int, layer: dict) -> pd.DataFrame:
+    """The curve table for the k positions done so far (ascending k); `layer`: the
+    `split.layer_attrs` of the layer, added to the attrs."""
     names = subset_names or (None,)
     k_values = np.asarray(ks)[positions]
     parts, random_curves, sizes = [], {}, {}
@@ -541,5 +543,6 @@ def curve_frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions
         "orders": orders.tolist(),  # ranked, bottom, then the random ones: for resume=
         "n_samples": sizes[None] if single else sizes,
         "random_curves": random_curves[None] if single else random_curves,
+        **layer,
     }
     return frame

@@ -28,7 +28,7 @@ from .analysis import AnalysisSettings, cluster_label
 from .data import Dataset, make_clusters, predict_classes
 from .diagnose import diagnose
 from .errors import AttributionError
-from .layers import LayerInfo, split_axis
+from .layers import LayerInfo
 from .loading import LoadedModel
 from .methods import METHODS
 from .oracle import oracle_agreement
@@ -190,7 +190,9 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
     n_neurons = per_sample[settings.method].shape[1]
     return ReportContent(
         title=title, method=settings.method, reduce=settings.reduce, cluster=settings.cluster,
-        n_neurons=n_neurons, settings=settings.describe(class_names), facts=facts,
+        n_neurons=n_neurons, facts=facts,
+        settings={**settings.describe(class_names),
+                  "neurons": settings.layer_info(layers).axis_words()},
         layers=layers_frame(layers), cluster_scores=tidy, neuron_summary=summary,
         curves=curves, curve_summary=curve_table, curve_sentences=sentences,
         findings=list(findings), oracle=oracle, metric=settings.metric, cluster_labels=labels,
@@ -221,9 +223,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
             raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
     model = loaded.module
     layers = loaded.layers()
-    if split_axis(settings.layer)[0] not in {info.name for info in layers}:
-        raise AttributionError(f"Unknown layer {settings.layer!r}; layers: "
-                               f"{', '.join(info.name for info in layers)}.")
+    settings.layer_info(layers)  # an unknown layer or axis fails here, before any work
     step(0.0, "clusters")
     clusters = make_clusters(settings.cluster_source, dataset, loaded, settings.layer,
                              settings.k, settings.seed, batch_size=settings.batch_size)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -15,7 +15,7 @@ from .errors import AttributionError
 from .guards import autograd_input, engine_modes, eval_mode
 from .layers import resolve_layer
 from .methods import METHODS, REGISTRY, Batch, Targets
-from .split import runner_for
+from .split import layer_attrs, runner_for
 
 Inputs = Union[torch.Tensor, np.ndarray, Mapping, Iterable]
 Progress = Optional[Callable[[float], object]]
@@ -173,14 +173,15 @@ def check_method(method: str) -> None:
 
 def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
                   method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                  progress: Progress = None, seed: int = 0, device=None, first_index: int = 0
-                  ) -> Iterator[tuple[int, torch.Tensor]]:
+                  progress: Progress = None, seed: int = 0, device=None, first_index: int = 0,
+                  about_layer: Optional[dict] = None) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (start index, scores) per batch: scores [B, n] (or [B, n_classes, n] for "all").
 
     The streaming core of `neuron_scores` and `cluster_scores`; the model is in eval mode
     while the generator runs and restored when it finishes or is closed. `device` as in
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
+    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis).
     """
     check_method(method)
     if batch_size < 1 or n_steps < 1:
@@ -207,6 +208,8 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             if runner is None:
                 with engine_modes():  # a runner built under inference_mode fails autograd
                     runner = runner_for(model, name, module, x)
+                if about_layer is not None:
+                    about_layer.update(layer_attrs(runner))
             rows = model_io.n_rows(x)
             batch_targets = targets
             if isinstance(targets, torch.Tensor):
@@ -239,6 +242,18 @@ def validated_targets(targets: Targets, runner) -> Targets:
                                f"has {n_classes} outputs); got {int(targets.min())}.."
                                f"{int(targets.max())}.")
     return targets
+
+
+def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[str, object]:
+    """`split.layer_attrs` of `layer` as every score of it on `inputs` sees it (its neuron
+    axis), from the first sample (runners are cached: free after a computation). Reads
+    one sample, so a one-shot iterator loses it."""
+    about_layer: dict = {}
+    batches = score_batches(model, layer, inputs, None, "activation", batch_size=1,
+                            device=device, about_layer=about_layer)
+    next(batches, None)
+    batches.close()
+    return about_layer
 
 
 def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
@@ -321,6 +336,7 @@ class ClusterStatistics:
         ids: the G cluster ids.
         counts: float64 [G], samples seen per cluster.
         sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
+        layer: `split.layer_attrs` of the layer scored, copied to the frame's attrs.
     """
 
     ids: pd.Index
@@ -328,6 +344,7 @@ class ClusterStatistics:
     sums: torch.Tensor
     sums_abs: torch.Tensor
     sums_sq: torch.Tensor
+    layer: dict = field(default_factory=dict)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The summable tensors (for an all_reduce across processes)."""
@@ -344,7 +361,9 @@ class ClusterStatistics:
         else:
             variance = (self.sums_sq - self.sums * self.sums / sizes) / (sizes - 1)
             table = variance.clamp_min(0).sqrt()
-        return _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
+        frame = _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
+        frame.attrs.update(self.layer)
+        return frame
 
 
 def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets,
@@ -365,10 +384,11 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
     """
     counts = torch.zeros(len(ids), dtype=torch.float64)
     sums = sums_abs = sums_sq = None
+    about_layer: dict = {}
     for start, scores in score_batches(model, layer, inputs, targets, method,
                                        batch_size=batch_size, n_steps=n_steps,
                                        progress=progress, seed=seed, device=device,
-                                       first_index=first_index):
+                                       first_index=first_index, about_layer=about_layer):
         if start + scores.shape[0] > len(codes):
             raise AttributionError("There are more samples than cluster ids.")
         index = torch.from_numpy(codes[start:start + scores.shape[0]])
@@ -383,7 +403,7 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         sums_sq.index_put_((index,), values * values, accumulate=True)
         if on_batch is not None:
             on_batch(start, scores)
-    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq)
+    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq, about_layer)
 
 
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
@@ -399,7 +419,8 @@ def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, cl
     Returns:
         DataFrame with one row per cluster (index "cluster"), one column per neuron
         (0..n_neurons-1) and a column "n" (cluster size). For targets="all" the index is
-        (cluster, class): `df.loc[c]` is the classes x neurons table of cluster c.
+        (cluster, class): `df.loc[c]` is the classes x neurons table of cluster c. `attrs`
+        say which axis of the layer's output the neurons are (`split.layer_attrs`).
     """
     check_reduce(reduce)
     codes, ids = cluster_codes(clusters, n_samples(inputs))

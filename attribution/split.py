@@ -743,3 +743,14 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner
     return runner
+
+
+LAYER_KEYS = ("layer", "neuron_axis", "axis_rule")
+"""The keys of `layer_attrs`."""
+
+
+def layer_attrs(runner: LayerRunner) -> dict[str, object]:
+    """What a result records about the layer it was computed on (a DataFrame's `attrs`, a
+    JSON output): {"layer": dotted name, "neuron_axis": the output dim holding the neurons
+    (batch = dim 0), "axis_rule": how that dim was found (`layers.AXIS_RULES`)}."""
+    return dict(zip(LAYER_KEYS, (runner.name, int(runner.axis), runner.axis_rule)))

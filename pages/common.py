@@ -26,7 +26,6 @@ import attribution as at
 from attribution import plots
 from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.demo import DEMO_DIR, DEMOS, load_demo
-from attribution.layers import split_axis
 from attribution.loading import LoadedModel, load_model
 from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
                                   cluster_label)
@@ -245,9 +244,7 @@ class Context:
     @property
     def layer_info(self) -> at.LayerInfo:
         """The layer in focus, with the neuron axis of `settings.layer` ("name" or "name:axis")."""
-        name, axis = split_axis(self.settings.layer)
-        info = next(i for i in self.ws.layers if i.name == name)
-        return info if axis is None else info.with_axis(axis)
+        return self.settings.layer_info(self.ws.layers)
 
     @property
     def n_neurons(self) -> int:
