@@ -7,7 +7,7 @@ from torch import nn
 
 import attribution as at
 from attribution.errors import AttributionError
-from attribution.guards import eval_mode
+from attribution.guards import eval_mode, forward_hooks
 from attribution.split import FxRunner, runner_for
 
 from . import references
@@ -65,16 +65,52 @@ def test_every_layer_splits_fast_in_eager_and_pt2_form(forms):
         assert slow == []
 
 
+def _structured_outputs(model, x, names) -> set[str]:
+    """Those of modules `names` whose eager output is not one tensor (a tuple, ModelOutput)."""
+    modules, kinds = dict(model.named_modules()), {}
+
+    def record(name):
+        def hook(module, args, output):
+            kinds[name] = isinstance(output, torch.Tensor)
+        return hook
+
+    with torch.no_grad(), forward_hooks({modules[name]: record(name) for name in names}):
+        model(x[:2])
+    return {name for name, is_tensor in kinds.items() if not is_tensor}
+
+
 def test_both_forms_list_the_same_layers_with_the_same_axes(forms):
-    """A .pt2 may list more: modules whose eager output is a tuple or ModelOutput return one
-    tensor once unflattened; every eager layer is there with the same neurons."""
+    """Every eager layer is in the .pt2 with the same neurons, and the .pt2 lists only one kind
+    more: a module whose eager output is a tuple or ModelOutput (ViT's MultiheadAttention,
+    BERT's self-attention, GPT2Model), which returns its one used tensor once unflattened.
+    torch.export records a module's output structure only for a call signature preserved at
+    export (`preserve_module_call_signature`); then it is not listed in either form (next test)."""
     _, model, loaded, x, _ = forms
     eager, from_file = _layers(model, x), _layers(loaded, x)
     assert set(eager) <= set(from_file)
+    extra = set(from_file) - set(eager)
+    assert _structured_outputs(model, x, extra) == extra
     for name, info in eager.items():
         other = from_file[name]
         assert (other.shape, other.neuron_axis, other.n_neurons) == (
             info.shape, info.neuron_axis, info.n_neurons), name
+
+
+def test_a_pt2_with_the_call_signatures_kept_lists_exactly_the_eager_layers(tmp_path):
+    model, x, _ = build_model("vit", n=6)
+    eager = _layers(model, x)
+    attention = sorted(name for name, module in model.named_modules()
+                       if isinstance(module, nn.MultiheadAttention))
+    assert attention and not set(attention) & set(eager)
+    program = torch.export.export(model, (x[:4],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},),
+                                  preserve_module_call_signature=tuple(attention))
+    torch.export.save(program, tmp_path / "model.pt2")
+    loaded = torch.export.unflatten(torch.export.load(tmp_path / "model.pt2"))
+    from_file = _layers(loaded, x)
+    assert list(from_file) == list(eager)
+    assert [(i.shape, i.neuron_axis, i.n_neurons) for i in from_file.values()] == [
+        (i.shape, i.neuron_axis, i.n_neurons) for i in eager.values()]
 
 
 def _captum_grad_x_activation(model, module, x, y, axis):
