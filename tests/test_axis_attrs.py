@@ -84,3 +84,21 @@ def test_the_report_and_the_cli_json_say_the_axis(sequence, tmp_path, capsys):
     summary = json.loads((tmp_path / "c.json").read_text())
     assert (summary["layer"], summary["neuron_axis"], summary["n_neurons"]) == ("proj", 2, 6)
     assert summary["axis_rule"] not in ("chosen", "channels first")
+
+
+def test_a_layer_with_its_axis_chosen_by_hand(sequence):
+    model, x, _ = sequence
+    info = next(i for i in at.list_layers(model, x[:2]) if i.name == "proj")
+    assert (info.shape, info.neuron_axis, info.spec, info.describe()) == (
+        (T, 6), 2, "proj", f"{T} positions × 6 features")
+    assert info.with_axis(2) is info
+    chosen = info.with_axis(1)
+    assert (chosen.n_neurons, chosen.spec, chosen.describe(), chosen.axis_words()) == (
+        T, "proj:1", f"6 positions × {T} neurons", f"{T} neurons along dim 1, chosen by hand")
+    settings = AnalysisSettings(layer="proj:1")
+    assert settings.layer_info(at.list_layers(model, x[:2])) == chosen
+    for axis in (0, 3, -1):
+        with pytest.raises(at.AttributionError, match="choose 1..2"):
+            info.with_axis(axis)
+    with pytest.raises(at.AttributionError, match="Unknown layer 'nope'"):
+        AnalysisSettings(layer="nope:1").layer_info(at.list_layers(model, x[:2]))
