@@ -10,10 +10,12 @@ them identify their contents. Pages only draw; every computation is a call into 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import runpy
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -27,6 +29,7 @@ from attribution import plots
 from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.demo import DEMO_DIR, DEMOS, load_demo
 from attribution.loading import LoadedModel, load_model
+from attribution.progress import TimeLeft
 from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
                                   cluster_label)
 from attribution.verdict import cluster_composition, describe_mix
@@ -183,11 +186,54 @@ def default_layer(layers: Sequence[at.LayerInfo]) -> str:
 
 # ------------------------------------------------------------------ cached results
 
+class ProgressLine:
+    """A library `progress=` callback that draws "what: 40% done · about 12 s left", only once
+    the estimate (`TimeLeft`, from the first batch) exceeds SAY_ABOVE_SECONDS: fast work shows
+    nothing. It creates its line where it is first called and removes it at fraction 1.0, so it
+    may run inside an `st.cache_data` function (a cache hit replays a line that is gone); one
+    line per call (`with ProgressLine(what) as line:`), as a line drawn in one cached call cannot
+    be replayed in another."""
+
+    REDRAW_SECONDS = 0.2  # at most this often: each draw is also kept for the cache's replay
+
+    def __init__(self, what: str):
+        self.what, self.time_left, self.bar, self.drawn_at = what, TimeLeft(), None, 0.0
+
+    def __call__(self, fraction: float, *_) -> None:
+        if not math.isfinite(fraction):  # work of unknown length: nothing to estimate
+            return
+        if fraction >= 1.0:
+            self.close()
+            return
+        estimate, now = self.time_left.words(fraction), time.monotonic()
+        if (self.bar is None and not estimate) or now - self.drawn_at < self.REDRAW_SECONDS:
+            return
+        text = f"{self.what}: {fraction:.0%} done" + (f" · {estimate}" if estimate else "")
+        if self.bar is None:
+            self.bar = st.progress(fraction, text=text)
+        else:
+            self.bar.progress(fraction, text=text)
+        self.drawn_at = now
+
+    def close(self) -> None:
+        """Remove the line (the work ended, or failed)."""
+        if self.bar is not None:
+            self.bar.empty()
+            self.bar = None
+
+    def __enter__(self) -> ProgressLine:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()  # a failed computation leaves no line behind
+
+
 @st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
 def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: int,
-                _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor]) -> np.ndarray:
-    return at.neuron_scores(_model, layer, _inputs, _targets, method,
-                            batch_size=batch_size).numpy()
+                _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor],
+                _progress=None) -> np.ndarray:
+    return at.neuron_scores(_model, layer, _inputs, _targets, method, batch_size=batch_size,
+                            progress=_progress).numpy()
 
 
 @st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")
@@ -204,16 +250,16 @@ def _predictions(key: str, _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
               reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
-              _user_scores) -> list:
+              _user_scores, _progress=None) -> list:
     return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
-                       user_scores=_user_scores, batch_size=batch_size)
+                       user_scores=_user_scores, batch_size=batch_size, progress=_progress)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, _model, _inputs, _targets):
+            reduce: str, batch_size: int, _model, _inputs, _targets, _progress=None):
     table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
-                                reduce=reduce, batch_size=batch_size)
+                                reduce=reduce, batch_size=batch_size, progress=_progress)
     return table.drop(columns="cluster")
 
 
@@ -250,11 +296,19 @@ class Context:
     def n_neurons(self) -> int:
         return self.layer_info.n_neurons
 
-    def scores(self, method: str) -> np.ndarray:
+    def scores(self, method: str, progress: Optional[ProgressLine] = None) -> np.ndarray:
         """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
         s = self.settings
         return _per_sample(self.ws.key, s.layer, method, self.target_key, s.batch_size,
-                           self.ws.model, self.ws.data.inputs, self.targets)
+                           self.ws.model, self.ws.data.inputs, self.targets, progress)
+
+    def scores_of(self, methods: Sequence[str]) -> dict[str, np.ndarray]:
+        """Per-sample scores of each of `methods` (cached), each drawing its `ProgressLine`."""
+        per_method = {}
+        for method in methods:
+            with ProgressLine(f"Scoring neurons by {plots.method_label(method)}") as line:
+                per_method[method] = self.scores(method, progress=line)
+        return per_method
 
     def focus_targets(self) -> Optional[torch.Tensor]:
         return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
@@ -262,18 +316,20 @@ class Context:
     def focus_inputs(self) -> torch.Tensor:
         return self.ws.data.inputs[torch.from_numpy(self.focus)]
 
-    def findings(self, user_scores: Optional[np.ndarray] = None,
-                 user_key: str = "") -> list:
+    def findings(self, user_scores: Optional[np.ndarray] = None, user_key: str = "",
+                 progress: Optional[ProgressLine] = None) -> list:
+        """The degeneracy checks of the cluster in focus (cached); `progress` sees a miss."""
         s = self.settings
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
                          s.reduce, s.batch_size, user_key, self.ws.model, self.focus_inputs(),
-                         self.focus_targets(), user_scores)
+                         self.focus_targets(), user_scores, progress)
 
-    def oracle(self, methods: Sequence[str]):
+    def oracle(self, methods: Sequence[str], progress: Optional[ProgressLine] = None):
+        """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
                        s.reduce, s.batch_size, self.ws.model, self.focus_inputs(),
-                       self.focus_targets())
+                       self.focus_targets(), progress)
 
     def predictions(self) -> np.ndarray:
         return _predictions(self.ws.key, self.ws.loaded, self.ws.data)

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
+from attribution.progress import TimeLeft
 from attribution.report import assemble, model_facts, render_report, report_csvs
 from pages import common
 
@@ -41,18 +42,26 @@ if st.button("Build report", type="primary", icon=":material/description:"):
     progress = st.progress(0.0, text="Scoring neurons…")
 
     def build():
-        per_sample = {m: ctx.scores(m) for m in s.methods}
+        per_sample = ctx.scores_of(s.methods)
         progress.progress(0.2, text="Pruning curves…")
         finished = st.session_state.setdefault("curves", {})
         curves = finished.get(ctx.curve_key())
         if curves is None:  # the Pruning page's curves: the same settings, the same call
-            curves = ctx.pruning_curves(progress=lambda f, _: progress.progress(
-                0.2 + 0.4 * f, text="Pruning curves…"))
+            time_left = TimeLeft()
+
+            def on_curve(fraction, _) -> None:
+                words = time_left.words(fraction)
+                progress.progress(0.2 + 0.4 * fraction, text=f"Pruning curves: {words}…"
+                                  if words else "Pruning curves…")
+
+            curves = ctx.pruning_curves(progress=on_curve)
             finished[ctx.curve_key()] = curves
         progress.progress(0.6, text="Degeneracy checks…")
-        findings = ctx.findings()
+        with common.ProgressLine("Degeneracy checks") as line:
+            findings = ctx.findings(progress=line)
         progress.progress(0.8, text="Agreement with ablation…")
-        oracle = ctx.oracle(at.METHODS)
+        with common.ProgressLine("Agreement with ablation") as line:
+            oracle = ctx.oracle(at.METHODS, progress=line)
         content = assemble(
             s, title=f"Neuron importance: {ctx.ws.title}, layer {s.layer}",
             facts=model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions()),

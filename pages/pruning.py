@@ -9,6 +9,7 @@ import streamlit as st
 
 import attribution as at
 from attribution import plots
+from attribution.progress import TimeLeft
 from attribution.report import curve_sentences
 from pages import common
 
@@ -16,7 +17,6 @@ common.require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 MAX_KEPT_CURVES = 16  # finished (and, separately, unfinished) curves kept per session
-ESTIMATE_ABOVE_SECONDS = 3.0  # say how long the rest takes when it is longer than this
 
 ctx = common.context()
 s = ctx.settings
@@ -108,15 +108,12 @@ else:
             common.chart(plots.pruning_figure(resume, n_neurons=n_neurons, metric=s.metric,
                                               titles=titles), key="partial_curve_resumed")
     last_draw, n_draws = [0.0], [0]
-    started = [time.monotonic(), start_fraction]  # when and from where this run computes
+    time_left = TimeLeft(start_fraction)  # measured from where this run computes
 
     def on_progress(fraction, partial) -> None:
         keep(partials, key, partial)  # first: a rerun or stop may end the run at any call
-        elapsed = time.monotonic() - started[0]
-        rate = (fraction - started[1]) / elapsed if elapsed > 0 else 0.0
-        left = (1.0 - fraction) / rate if rate > 0 else 0.0
-        estimate = (f" · about {left:.0f} s left (estimated from the points so far)"
-                    if left > ESTIMATE_ABOVE_SECONDS else "")
+        words = time_left.words(fraction)
+        estimate = f" · {words} (estimated from the points so far)" if words else ""
         bar.progress(fraction, text=f"{fraction:.0%} of the k values computed{estimate}")
         now = time.monotonic()
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
@@ -135,7 +132,7 @@ else:
         except at.AttributionError:
             if resume is None:
                 raise
-            started[1] = 0.0  # the kept points do not fit (e.g. other data): from the start
+            time_left.restart()  # the kept points do not fit (e.g. other data): from the start
             return compute(None)
 
     curves = common.guarded(compute_resuming)

@@ -1,0 +1,191 @@
+"""Long work says how long it takes: the estimator (`attribution.progress.TimeLeft`) with an
+injected clock, and the app's progress lines on slowed-down computations (AppTest)."""
+import re
+import time
+
+import pytest
+import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+
+import attribution as at
+from attribution import analysis
+from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
+from pages import common
+from tests.test_app import assert_clean, run_app
+
+ESTIMATE = re.compile(r"about \d+ (s|min) left")
+FIRST_STEP_SECONDS = 2.5  # the slowed first step: at 40% done or less, >= 3.75 s left
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------------ the estimator
+
+
+def test_the_first_step_gives_the_estimate():
+    clock = Clock()
+    time_left = TimeLeft(clock=clock)
+    assert time_left.seconds(0.0) is None and time_left.words(0.0) == ""  # nothing measured
+    clock.now += 2.0
+    assert time_left.seconds(0.1) == pytest.approx(18.0)  # 10% in 2 s: 90% in 18 s
+    assert time_left.words(0.1) == "about 18 s left"
+    clock.now += 2.0
+    assert time_left.seconds(0.5) == pytest.approx(4.0)  # the rate so far: 50% in 4 s
+    assert time_left.words(1.0) == ""  # done
+
+
+def test_short_work_says_nothing_and_long_work_says_minutes():
+    clock = Clock()
+    time_left = TimeLeft(clock=clock)
+    clock.now += 0.5
+    assert time_left.seconds(0.2) == pytest.approx(2.0)
+    assert time_left.words(0.2) == ""  # under SAY_ABOVE_SECONDS: not worth a line
+    assert time_left.words(0.2, above=1.0) == "about 2 s left"
+    clock.now += 59.5
+    assert time_left.words(0.25) == "about 3 min left"  # 180 s
+
+
+def test_a_resumed_run_measures_only_its_own_progress():
+    clock = Clock()
+    time_left = TimeLeft(start_fraction=0.6, clock=clock)  # 60% computed before
+    clock.now += 1.0
+    assert time_left.seconds(0.7) == pytest.approx(3.0)  # 10% per second, 30% left
+    time_left.restart()  # the kept points were dropped: from zero, from now
+    clock.now += 5.0
+    assert time_left.seconds(0.5) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("fraction", [float("nan"), float("inf"), -0.5])
+def test_an_unknown_or_backwards_fraction_gives_no_estimate(fraction):
+    clock = Clock()
+    time_left = TimeLeft(clock=clock)
+    clock.now += 3.0
+    assert time_left.seconds(fraction) is None and time_left.words(fraction) == ""
+
+
+def test_a_clock_that_did_not_move_gives_no_estimate():
+    time_left = TimeLeft(clock=Clock())
+    assert time_left.seconds(0.5) is None
+
+
+def test_the_app_says_above_a_few_seconds():
+    assert 2.0 <= SAY_ABOVE_SECONDS <= 5.0  # the issue: "more than a few seconds"
+
+
+# ------------------------------------------------------------------ the app
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> list[str]:
+    """Every progress text drawn while the app runs (the lines are gone when a run ends)."""
+    texts: list[str] = []
+    real = DeltaGenerator.progress
+
+    def recording(self, value, text=None, **kwargs):
+        texts.append(text or "")
+        return real(self, value, text=text, **kwargs)
+
+    monkeypatch.setattr(DeltaGenerator, "progress", recording)
+    monkeypatch.setattr(st, "progress", lambda *args, **kwargs: recording(st._main, *args,
+                                                                          **kwargs))
+    return texts
+
+
+@pytest.fixture
+def cold():
+    """The cached computations the pages call, emptied: the next run computes them."""
+    cached = (common._findings, common._oracle, common._per_sample)
+    for function in cached:
+        function.clear()
+    yield
+    for function in cached:
+        function.clear()  # no slowed results left for other tests
+
+
+def slowed_first_step(monkeypatch, module, name: str) -> list[float]:
+    """Patch `module.name` (what the app really calls) so that its first progress report
+    comes FIRST_STEP_SECONDS late; returns the fractions it reported."""
+    real, reported = getattr(module, name), []
+
+    def slow(*args, progress=None, **kwargs):
+        def late(fraction, *rest):
+            if not reported:
+                time.sleep(FIRST_STEP_SECONDS)
+            reported.append(fraction)
+            return progress(fraction, *rest)
+        return real(*args, progress=None if progress is None else late, **kwargs)
+
+    monkeypatch.setattr(module, name, slow)
+    return reported
+
+
+def build(app) -> None:
+    next(button for button in app.button if button.label == "Build report").click().run()
+    assert_clean(app)
+
+
+def assert_no_line_left(app) -> None:
+    assert_clean(app)
+    assert not app.get("progress"), [e.proto for e in app.get("progress")]
+
+
+def test_a_slow_diagnosis_says_how_long_it_takes(monkeypatch, drawn, cold):
+    app = run_app()
+    checks = slowed_first_step(monkeypatch, at, "diagnose")
+    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement")
+    drawn.clear()
+    app.switch_page("pages/diagnosis.py").run()
+    assert_no_line_left(app)  # each line removed when its work ended
+    assert checks and checks[0] <= 0.4 and oracle and oracle[0] <= 0.4
+    for what in ("Running the degeneracy checks", "Comparing every method with exact ablation"):
+        lines = [text for text in drawn if text.startswith(what)]
+        assert lines and ESTIMATE.search(lines[0]), (what, drawn)
+    drawn.clear()
+    app.run()  # the cache hit replays the lines' drawing: it must end as nothing, no error
+    assert_no_line_left(app)
+    assert not any(ESTIMATE.search(text) for text in drawn)
+
+
+def test_a_slow_report_says_how_long_it_takes(monkeypatch, drawn, cold):
+    app = run_app()
+    app.switch_page("pages/export.py").run()
+    assert_clean(app)
+    curves = slowed_first_step(monkeypatch, analysis, "cluster_pruning_curves")
+    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement")
+    drawn.clear()
+    build(app)
+    assert curves and curves[0] <= 0.4 and oracle and oracle[0] <= 0.4
+    assert any(text.startswith("Pruning curves: about") and ESTIMATE.search(text)
+               for text in drawn), drawn
+    assert any(text.startswith("Agreement with ablation") and ESTIMATE.search(text)
+               for text in drawn), drawn
+    assert app.session_state["report"][1].startswith(b"<!")  # the report was built
+    assert not app.get("progress")
+
+
+def test_the_fast_demo_views_show_no_estimate(drawn, cold):
+    app = run_app()
+    for page in ("pages/diagnosis.py", "pages/export.py"):
+        app.switch_page(page).run()
+        assert_no_line_left(app)
+    build(app)  # the report, computed on the demo
+    assert not any(ESTIMATE.search(text) for text in drawn), drawn
+
+
+def test_a_slow_pruning_curve_says_how_long_it_takes(monkeypatch, drawn):
+    app = run_app()
+    curves = slowed_first_step(monkeypatch, analysis, "cluster_pruning_curves")
+    drawn.clear()
+    app.switch_page("pages/pruning.py").run()
+    assert_no_line_left(app)
+    assert curves and curves[0] <= 0.4
+    assert any(ESTIMATE.search(text) and "estimated from the points so far" in text
+               for text in drawn), drawn
