@@ -197,7 +197,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             progress(fraction, list(findings))
 
     options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
-    scores = neuron_scores(model, layer, x, targets, method, **options).numpy()
+    scores = neuron_scores(model, layer, x, targets, method,  # from the first batch on
+                           progress=lambda fraction: report(0.2 * fraction, []),
+                           **options).numpy()
     logits = _logits(model, x, batch_size)
     report(0.2, [])
     if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):

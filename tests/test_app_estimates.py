@@ -5,7 +5,9 @@ import time
 
 import pytest
 import streamlit as st
+import torch
 from streamlit.delta_generator import DeltaGenerator
+from torch import nn
 
 import attribution as at
 from attribution import analysis
@@ -189,3 +191,15 @@ def test_a_slow_pruning_curve_says_how_long_it_takes(monkeypatch, drawn):
     assert curves and curves[0] <= 0.4
     assert any(ESTIMATE.search(text) and "estimated from the points so far" in text
                for text in drawn), drawn
+
+
+def test_diagnose_reports_from_its_first_batch():
+    """The estimate comes from the first batch: diagnose reports before its first whole step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(40, 6)
+    fractions = []
+    at.diagnose(model, "1", x, None, "gradient", batch_size=10,
+                progress=lambda fraction, _: fractions.append(fraction))
+    assert fractions[0] == pytest.approx(0.2 * 10 / 40)  # one batch of 40 samples scored
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
