@@ -189,10 +189,10 @@ def default_layer(layers: Sequence[at.LayerInfo]) -> str:
 class ProgressLine:
     """A library `progress=` callback that draws "what: 40% done · about 12 s left", only once
     the estimate (`TimeLeft`, from the first batch) exceeds SAY_ABOVE_SECONDS: fast work shows
-    nothing. It creates its line where it is first called and removes it at fraction 1.0, so it
-    may run inside an `st.cache_data` function (a cache hit replays a line that is gone); one
-    line per call (`with ProgressLine(what) as line:`), as a line drawn in one cached call cannot
-    be replayed in another."""
+    nothing. It creates its line where it is first called and removes it at fraction 1.0 or on
+    leaving `with line:`. Inside an `st.cache_data` function enter it there (one line per
+    call): the cache then records the line's removal too, and a hit replays a line that is gone
+    (a line drawn before the call could not be replayed at all)."""
 
     REDRAW_SECONDS = 0.2  # at most this often: each draw is also kept for the cache's replay
 
@@ -231,9 +231,10 @@ class ProgressLine:
 @st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
 def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: int,
                 _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor],
-                _progress=None) -> np.ndarray:
-    return at.neuron_scores(_model, layer, _inputs, _targets, method, batch_size=batch_size,
-                            progress=_progress).numpy()
+                _progress) -> np.ndarray:
+    with _progress:
+        return at.neuron_scores(_model, layer, _inputs, _targets, method,
+                                batch_size=batch_size, progress=_progress).numpy()
 
 
 @st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")
@@ -250,16 +251,18 @@ def _predictions(key: str, _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
               reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
-              _user_scores, _progress=None) -> list:
-    return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
-                       user_scores=_user_scores, batch_size=batch_size, progress=_progress)
+              _user_scores, _progress) -> list:
+    with _progress:
+        return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
+                           user_scores=_user_scores, batch_size=batch_size, progress=_progress)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, _model, _inputs, _targets, _progress=None):
-    table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
-                                reduce=reduce, batch_size=batch_size, progress=_progress)
+            reduce: str, batch_size: int, _model, _inputs, _targets, _progress):
+    with _progress:
+        table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
+                                    reduce=reduce, batch_size=batch_size, progress=_progress)
     return table.drop(columns="cluster")
 
 
@@ -296,19 +299,14 @@ class Context:
     def n_neurons(self) -> int:
         return self.layer_info.n_neurons
 
-    def scores(self, method: str, progress: Optional[ProgressLine] = None) -> np.ndarray:
+    # each long computation below draws its ProgressLine when it is computed, not cached
+
+    def scores(self, method: str) -> np.ndarray:
         """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
         s = self.settings
         return _per_sample(self.ws.key, s.layer, method, self.target_key, s.batch_size,
-                           self.ws.model, self.ws.data.inputs, self.targets, progress)
-
-    def scores_of(self, methods: Sequence[str]) -> dict[str, np.ndarray]:
-        """Per-sample scores of each of `methods` (cached), each drawing its `ProgressLine`."""
-        per_method = {}
-        for method in methods:
-            with ProgressLine(f"Scoring neurons by {plots.method_label(method)}") as line:
-                per_method[method] = self.scores(method, progress=line)
-        return per_method
+                           self.ws.model, self.ws.data.inputs, self.targets,
+                           ProgressLine(f"Scoring neurons by {plots.method_label(method)}"))
 
     def focus_targets(self) -> Optional[torch.Tensor]:
         return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
@@ -316,20 +314,22 @@ class Context:
     def focus_inputs(self) -> torch.Tensor:
         return self.ws.data.inputs[torch.from_numpy(self.focus)]
 
-    def findings(self, user_scores: Optional[np.ndarray] = None, user_key: str = "",
-                 progress: Optional[ProgressLine] = None) -> list:
-        """The degeneracy checks of the cluster in focus (cached); `progress` sees a miss."""
+    def findings(self, user_scores: Optional[np.ndarray] = None,
+                 user_key: str = "") -> list:
+        """The degeneracy checks of the cluster in focus (cached)."""
         s = self.settings
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
                          s.reduce, s.batch_size, user_key, self.ws.model, self.focus_inputs(),
-                         self.focus_targets(), user_scores, progress)
+                         self.focus_targets(), user_scores,
+                         ProgressLine("Running the degeneracy checks"))
 
-    def oracle(self, methods: Sequence[str], progress: Optional[ProgressLine] = None):
+    def oracle(self, methods: Sequence[str]):
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
                        s.reduce, s.batch_size, self.ws.model, self.focus_inputs(),
-                       self.focus_targets(), progress)
+                       self.focus_targets(), ProgressLine("Comparing every method with exact "
+                                                          "ablation"))
 
     def predictions(self) -> np.ndarray:
         return _predictions(self.ws.key, self.ws.loaded, self.ws.data)

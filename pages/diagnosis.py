@@ -31,9 +31,10 @@ n_focus = int(ctx.focus.sum())
 @st.cache_data(max_entries=16, show_spinner="Pruning the cluster's neurons in score order…")
 def cluster_curve(key: tuple, _model, layer: str, _inputs, _targets, _scores, _progress):
     """The cluster's pruning curve by its own scores (target logit, as the check measures)."""
-    curve = at.pruning_curve(_model, layer, _inputs, _targets, _scores,
-                             ks=spaced_ks(len(_scores), CURVE_POINTS), metric="target_logit",
-                             progress=_progress)
+    with _progress:
+        curve = at.pruning_curve(_model, layer, _inputs, _targets, _scores,
+                                 ks=spaced_ks(len(_scores), CURVE_POINTS),
+                                 metric="target_logit", progress=_progress)
     return curve.assign(subset="cluster")
 
 
@@ -79,18 +80,15 @@ if uploaded is not None:
             common.show_error(error, before="Your scores file could not be read: ",
                               after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
                                     "(samples x neurons) with np.save.")
-CHECKS = "Running the degeneracy checks"
 findings = None
 if user_scores is not None:
     try:
-        with common.ProgressLine(CHECKS) as line:
-            findings = ctx.findings(user_scores, user_key, progress=line)
+        findings = ctx.findings(user_scores, user_key)
     except at.AttributionError as error:  # the file's shape: said next to the uploader
         with upload_message.container():
             common.show_error(error, before="Your scores were not checked: ")
 if findings is None:
-    with common.ProgressLine(CHECKS) as line:
-        findings = common.guarded(lambda: ctx.findings(progress=line))
+    findings = common.guarded(ctx.findings)
 if findings is None:
     st.stop()
 
@@ -164,10 +162,10 @@ with evidence:
     main = ctx.scores(s.method)[ctx.focus]
     row = plots.neuron_summary(main, s.reduce, s.method)["score"].to_numpy()
     if np.isfinite(row).all():
-        with common.ProgressLine("Pruning the cluster's neurons in score order") as line:
-            curve = common.guarded(lambda: cluster_curve(
-                ctx.curve_key() + ("diagnosis",), ctx.ws.model, s.layer, ctx.focus_inputs(),
-                ctx.focus_targets(), row, line))
+        curve = common.guarded(lambda: cluster_curve(
+            ctx.curve_key() + ("diagnosis",), ctx.ws.model, s.layer, ctx.focus_inputs(),
+            ctx.focus_targets(), row,
+            common.ProgressLine("Pruning the cluster's neurons in score order")))
         if curve is not None:
             common.chart(plots.pruning_figure(
                 curve, n_neurons=ctx.n_neurons, metric="target_logit",
@@ -186,14 +184,13 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
 methods = at.methods_for(ctx.ws.data.inputs.dtype)
-with common.ProgressLine("Comparing every method with exact ablation") as line:
-    oracle = common.guarded(lambda: ctx.oracle(methods, progress=line))
+oracle = common.guarded(lambda: ctx.oracle(methods))
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")
 
 left, right = st.columns([3, 2], gap="medium")
 with left:
-    per_method = common.guarded(lambda: ctx.scores_of(methods))
+    per_method = common.guarded(lambda: {m: ctx.scores(m) for m in methods})
     if per_method is not None:
         summaries = pd.concat([plots.neuron_summary(per_method[m][ctx.focus], s.reduce, m)
                                for m in methods], ignore_index=True)

@@ -42,7 +42,7 @@ if st.button("Build report", type="primary", icon=":material/description:"):
     progress = st.progress(0.0, text="Scoring neurons…")
 
     def build():
-        per_sample = ctx.scores_of(s.methods)
+        per_sample = {m: ctx.scores(m) for m in s.methods}
         progress.progress(0.2, text="Pruning curves…")
         finished = st.session_state.setdefault("curves", {})
         curves = finished.get(ctx.curve_key())
@@ -57,11 +57,9 @@ if st.button("Build report", type="primary", icon=":material/description:"):
             curves = ctx.pruning_curves(progress=on_curve)
             finished[ctx.curve_key()] = curves
         progress.progress(0.6, text="Degeneracy checks…")
-        with common.ProgressLine("Degeneracy checks") as line:
-            findings = ctx.findings(progress=line)
+        findings = ctx.findings()
         progress.progress(0.8, text="Agreement with ablation…")
-        with common.ProgressLine("Agreement with ablation") as line:
-            oracle = ctx.oracle(at.METHODS, progress=line)
+        oracle = ctx.oracle(at.METHODS)
         content = assemble(
             s, title=f"Neuron importance: {ctx.ws.title}, layer {s.layer}",
             facts=model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions()),

@@ -167,7 +167,7 @@ def test_a_slow_report_says_how_long_it_takes(monkeypatch, drawn, cold):
     assert curves and curves[0] <= 0.4 and oracle and oracle[0] <= 0.4
     assert any(text.startswith("Pruning curves: about") and ESTIMATE.search(text)
                for text in drawn), drawn
-    assert any(text.startswith("Agreement with ablation") and ESTIMATE.search(text)
+    assert any(text.startswith("Comparing every method") and ESTIMATE.search(text)
                for text in drawn), drawn
     assert app.session_state["report"][1].startswith(b"<!")  # the report was built
     assert not app.get("progress")
