@@ -203,3 +203,12 @@ def test_diagnose_reports_from_its_first_batch():
                 progress=lambda fraction, _: fractions.append(fraction))
     assert fractions[0] == pytest.approx(0.2 * 10 / 40)  # one batch of 40 samples scored
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_slow_scoring_says_how_long_it_takes_on_the_first_page(monkeypatch, drawn, cold):
+    scored = slowed_first_step(monkeypatch, at, "neuron_scores")  # what Context.scores calls
+    app = run_app()
+    assert_no_line_left(app)
+    assert scored and scored[0] <= 0.4
+    assert any(text.startswith("Scoring neurons by") and ESTIMATE.search(text)
+               for text in drawn), drawn
