@@ -139,7 +139,7 @@ def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Te
                       tokens: Optional[np.ndarray]) -> None:
     """Fill the examples' tokens and token_scores columns (in place)."""
     chosen = examples["sample"].to_numpy()
-    index = torch.from_numpy(chosen)
+    index = torch.tensor(chosen, dtype=torch.long)  # pandas hands out a read-only view
     table = token_scores(model, name, inputs[index], neuron,
                          None if targets is None else targets[index], method=method,
                          tokens=None if tokens is None else np.asarray(tokens)[chosen])

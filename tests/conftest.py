@@ -1,12 +1,25 @@
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 BROWSER_TIMINGS: dict[str, float] = {}
 """Seconds measured by the browser tests (tests/test_browser.py), shown after the run."""
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_is_left_on():
+    """Grad mode is per thread and global: a test that leaves it off makes later tests'
+    own autograd fail far from the cause, so the test that leaks it fails instead."""
+    yield
+    leaked = not torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+    assert not leaked, "this test left torch's grad mode off for the thread"
 
 
 def pytest_terminal_summary(terminalreporter):

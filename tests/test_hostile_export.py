@@ -693,11 +693,14 @@ def test_plain_torch_runs_the_payloads_that_are_refused_here(bases, tmp_path, mo
     for name, (base, make) in payloads.items():
         marker = tmp_path / name
         crafted = rebuilt(bases[base], make(marker))
-        with contextlib.suppress(Exception):  # torch may fail after the payload has run
+        # torch may fail after the payload has run; a failure inside a no_grad block of the
+        # graph leaves grad mode off for the thread, so the block restores it
+        with contextlib.suppress(Exception), torch.enable_grad():
             program = torch.export.load(io.BytesIO(crafted))
             with contextlib.suppress(Exception):
                 torch.export.unflatten(program)(FLOATS)
             program.module()(FLOATS)
+        assert torch.is_grad_enabled()
         assert marker.exists(), f"{name}: torch no longer runs this payload"
         marker.unlink()
         with pytest.raises(at.AttributionError, match="refused"):
