@@ -497,7 +497,7 @@ def _hooks(model: nn.Module) -> int:
                + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
 
 
-def _stall_after_first_points(monkeypatch) -> None:
+def stall_after_first_points(monkeypatch) -> None:
     """Make the pruning page's curve stall after its first progress update, re-sending that
     update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
     real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
@@ -522,7 +522,7 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
         app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
         app.switch_page("pages/pruning.py")
         with monkeypatch.context() as patch:
-            _stall_after_first_points(patch)
+            stall_after_first_points(patch)
             with pytest.raises(RuntimeError, match="timed out"):
                 app.run(timeout=3)  # the stop is raised inside the engine's progress call
         key = app.session_state["context"].curve_key()

@@ -12,27 +12,11 @@ from attribution.verdict import CHECK_NAMES, verdict
 from pages import common
 import attribution as at
 from attribution import analysis
-from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget, upload,
-                            values)
+from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget,
+                            stall_after_first_points, upload, values)
 from tests.zoo import token_files
 
 MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every digit at once
-
-
-def _stall_after_first_points(monkeypatch) -> None:
-    """Make the Pruning page's curve stall after its first progress update, re-sending that
-    update until Streamlit stops the script: the stop lands mid-curve however fast the machine.
-    (The page computes through `analysis.AnalysisSettings.pruning_curves`.)"""
-    real = analysis.cluster_pruning_curves
-
-    def stalling(*args, progress, **kwargs):
-        def stall(fraction, partial):
-            while True:  # each update is a Streamlit call, where a requested stop is raised
-                progress(fraction, partial)
-                time.sleep(0.02)
-        return real(*args, progress=stall, **kwargs)
-
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
 
 
 def _record_resumes(monkeypatch) -> list:
@@ -147,7 +131,7 @@ def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(mon
     app = run_app({"layer": "relu1", "random": "100"})
     app.switch_page("pages/pruning.py")
     with monkeypatch.context() as patch:
-        _stall_after_first_points(patch)
+        stall_after_first_points(patch)
         with pytest.raises(RuntimeError, match="timed out"):
             app.run(timeout=3)
     key = app.session_state["context"].curve_key()
@@ -168,7 +152,7 @@ def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypat
     app = run_app({"layer": "relu1", "random": "50"})
     app.switch_page("pages/pruning.py")
     with monkeypatch.context() as patch:
-        _stall_after_first_points(patch)
+        stall_after_first_points(patch)
         with pytest.raises(RuntimeError, match="timed out"):
             app.run(timeout=3)
     key = app.session_state["context"].curve_key()
