@@ -107,6 +107,8 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
     """Target logits: [R*B] for class ids (repeated over R stacked variants), [R*B, C] for all."""
     if isinstance(targets, str):
         return logits
+    # always a copy: gather saves its index for backward, and the caller's targets may be
+    # inference tensors
     return logits.gather(1, targets.repeat(repeats)[:, None])[:, 0]
 
 

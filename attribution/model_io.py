@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Union
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -131,7 +133,7 @@ def row_size(x: Any) -> int:
     """Elements of one sample (over every named entry)."""
     x = named(x)
     values = x.values() if isinstance(x, NamedInputs) else [x]
-    return sum(int(np.prod(value.shape[1:], dtype=np.int64)) for value in values)
+    return sum(math.prod(value.shape[1:]) for value in values)
 
 
 def take(x: Any, rows) -> Any:

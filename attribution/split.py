@@ -63,7 +63,16 @@ def runs_own_hooks(model: nn.Module) -> bool:
 def check_differentiable(model: nn.Module) -> None:
     """Raise AttributionError where autograd cannot give the model's own dF/dz: parameters
     or buffers made under torch.inference_mode(), or backward hooks, which may change
-    gradients (forward hooks are part of the model's function and are kept)."""
+    gradients (forward hooks are part of the model's function and are kept).
+
+    Runs on every gradient pass (hooks may be added between batches): one walk over the
+    modules, and names are gathered only for a message."""
+    if not (_global_hooks("_global_backward_hooks", "_global_backward_pre_hooks") or any(
+            module._backward_hooks or module._backward_pre_hooks
+            or any(t is not None and t.is_inference() for t in module._parameters.values())
+            or any(t is not None and t.is_inference() for t in module._buffers.values())
+            for module in model.modules())):
+        return
     made_in_inference = [name for name, tensor in [*model.named_parameters(),
                                                    *model.named_buffers()]
                          if tensor.is_inference()]
