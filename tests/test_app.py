@@ -361,7 +361,9 @@ def test_a_link_to_an_uploaded_models_view_waits_for_the_upload(tmp_path):
     assert dict(app.query_params)["layer"] == "embed" and not app.sidebar.info
 
 
-def test_a_wide_layer_gets_a_curve_over_evenly_spaced_k(tmp_path):
+def _wide_layer_on_the_pruning_page(tmp_path, query: dict):
+    """An uploaded 4-300-3 MLP (.pt2) and 60 samples, its 300-unit layer '0' on the Pruning
+    page, with the URL parameters `query`."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 300), nn.ReLU(), nn.Linear(300, 3)).eval()
     x = torch.randn(60, 4)
@@ -369,10 +371,14 @@ def test_a_wide_layer_gets_a_curve_over_evenly_spaced_k(tmp_path):
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
     torch.export.save(program, tmp_path / "m.pt2")
     np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=(torch.arange(60) % 3).numpy())
-    app = upload(run_app(), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
+    app = upload(run_app(query), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
                  ("d.npz", (tmp_path / "d.npz").read_bytes(), OCTET))
     sidebar_widget(app, "w_layer").set_value("0")
-    app.switch_page("pages/pruning.py").run()
+    return app.switch_page("pages/pruning.py").run()
+
+
+def test_a_wide_layer_gets_a_curve_over_evenly_spaced_k(tmp_path):
+    app = _wide_layer_on_the_pruning_page(tmp_path, {})
     assert_clean(app)
     curves = app.session_state["curves"][app.session_state["context"].curve_key()]
     assert curves[curves["subset"] == "cluster"]["k"].tolist() == spaced_ks(300, 128)
@@ -626,17 +632,7 @@ def test_export_page_pruning_page_and_report_compute_identical_curves(tmp_path):
     """One set of settings, one answer (issue 10.4): the Share & export page once computed
     every k of a wide layer and kept it under the Pruning page's key (which evaluates
     evenly spaced k), and the report passed a seed the pages did not."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 300), nn.ReLU(), nn.Linear(300, 3)).eval()
-    x = torch.randn(60, 4)
-    program = torch.export.export(model, (x[:4],),
-                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
-    torch.export.save(program, tmp_path / "m.pt2")
-    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=(torch.arange(60) % 3).numpy())
-    app = upload(run_app({"random": "5"}), ("m.pt2", (tmp_path / "m.pt2").read_bytes(), OCTET),
-                 ("d.npz", (tmp_path / "d.npz").read_bytes(), OCTET))
-    sidebar_widget(app, "w_layer").set_value("0")
-    app.switch_page("pages/pruning.py").run()
+    app = _wide_layer_on_the_pruning_page(tmp_path, {"random": "5"})
     assert_clean(app)
     ctx = app.session_state["context"]
     key = ctx.curve_key()

@@ -127,14 +127,18 @@ def test_the_own_code_check_offers_its_package_and_the_loop_for_this_layer_and_m
 
 # ------------------------------------------------------------------ interrupted work
 
-def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(monkeypatch):
-    app = run_app({"layer": "relu1", "random": "100"})
+def _stalled_mid_curve(monkeypatch, random_orders: int):
+    """The Pruning page on relu1, stopped after its first points: (app, the curve's key)."""
+    app = run_app({"layer": "relu1", "random": str(random_orders)})
     app.switch_page("pages/pruning.py")
     with monkeypatch.context() as patch:
         stall_after_first_points(patch)
         with pytest.raises(RuntimeError, match="timed out"):
             app.run(timeout=3)
-    key = app.session_state["context"].curve_key()
+    return app, app.session_state["context"].curve_key()
+
+def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(monkeypatch):
+    app, key = _stalled_mid_curve(monkeypatch, random_orders=100)
     kept = app.session_state["partial_curves"][key]
     assert 0 < kept["k"].nunique() < 33
 
@@ -149,13 +153,7 @@ def test_leaving_the_pruning_page_mid_curve_resumes_from_the_points_computed(mon
 
 
 def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypatch):
-    app = run_app({"layer": "relu1", "random": "50"})
-    app.switch_page("pages/pruning.py")
-    with monkeypatch.context() as patch:
-        stall_after_first_points(patch)
-        with pytest.raises(RuntimeError, match="timed out"):
-            app.run(timeout=3)
-    key = app.session_state["context"].curve_key()
+    app, key = _stalled_mid_curve(monkeypatch, random_orders=50)
     partial = app.session_state["partial_curves"][key]
     app.session_state["stopped_curves"][key] = partial  # what the Stop button's callback does
     app.run()
