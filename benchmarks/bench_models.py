@@ -18,29 +18,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
 from torch import nn  # noqa: E402
 
 import attribution as at  # noqa: E402
-from benchmarks.common import interleaved_medians, report, zeroed  # noqa: E402
+from benchmarks.common import (interleaved_medians, report, trained_on_digits,  # noqa: E402
+                               zeroed)
 from tests.models_zoo import ResNet, exported  # noqa: E402
 
 
 def digits_bn_mlp(seed: int = 0):
     """(model, inputs [1797, 64], labels): 64-96-48-10 with BatchNorm, trained briefly."""
     torch.manual_seed(seed)
-    digits = load_digits()
-    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target, dtype=torch.long)
-    model = nn.Sequential(nn.Linear(64, 96), nn.BatchNorm1d(96), nn.ReLU(), nn.Linear(96, 48),
-                          nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(5):
-        for batch in torch.randperm(len(x)).split(64):
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
-            optimizer.step()
-    return model.eval(), x, y
+    return trained_on_digits(
+        nn.Sequential(nn.Linear(64, 96), nn.BatchNorm1d(96), nn.ReLU(), nn.Linear(96, 48),
+                      nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 10)), epochs=5)
 
 
 def hooked_forward_per_neuron(model, layer, x, y, n_neurons):

@@ -12,21 +12,27 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 
-def digits_mlp(repeat: int = 6, seed: int = 0):
-    """(model, inputs [~10k, 64], labels): an MLP 64-128-64-10 trained briefly on digits."""
-    torch.manual_seed(seed)
+def trained_on_digits(model: nn.Module, epochs: int):
+    """(model in eval mode, inputs [1797, 64], labels): `model` trained briefly on digits
+    (the batches follow torch's global seed: seed before building the model)."""
     digits = load_digits()
     x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target, dtype=torch.long)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
-                          nn.Linear(64, 10))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(15):
+    for _ in range(epochs):
         for batch in torch.randperm(len(x)).split(64):
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
-    model.eval()
+    return model.eval(), x, y
+
+
+def digits_mlp(repeat: int = 6, seed: int = 0):
+    """(model, inputs [~10k, 64], labels): an MLP 64-128-64-10 trained briefly on digits."""
+    torch.manual_seed(seed)
+    model, x, y = trained_on_digits(
+        nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                      nn.Linear(64, 10)), epochs=15)
     return model, x.repeat(repeat, 1), y.repeat(repeat)
 
 

@@ -402,20 +402,12 @@ def replace_symbols(text_of):
     return program_edit(change)
 
 
-def treespec_context(context):
+def treespec_field(field, value):
+    """Set `field` of the input treespec's second child (its kwargs dict) to `value`."""
     def change(program):
         signature = program["graph_module"]["module_call_graph"][0]["signature"]
         spec = json.loads(signature["in_spec"])
-        spec[1]["children_spec"][1]["context"] = context
-        signature["in_spec"] = json.dumps(spec)
-    return program_edit(change)
-
-
-def treespec_type(kind):
-    def change(program):
-        signature = program["graph_module"]["module_call_graph"][0]["signature"]
-        spec = json.loads(signature["in_spec"])
-        spec[1]["children_spec"][1]["type"] = kind
+        spec[1]["children_spec"][1][field] = value
         signature["in_spec"] = json.dumps(spec)
     return program_edit(change)
 
@@ -526,9 +518,9 @@ VECTORS = {
     "legacy layout beside the archive": ("mlp", legacy_fallback, "damaged"),
     "guards_code: Python": ("mlp", lambda m: program_edit(
         lambda p: p.update(guards_code=[f"{shell(m)} or True"])), "guard code"),
-    "treespec context: __enum__ import": ("mlp", lambda m: treespec_context(json.dumps(
+    "treespec context: __enum__ import": ("mlp", lambda m: treespec_field("context", json.dumps(
         [{"__enum__": True, "fqn": "antigravity:X", "name": "y"}])), "not a list of keys"),
-    "treespec type: defaultdict factory": ("mlp", lambda m: treespec_type(
+    "treespec type: defaultdict factory": ("mlp", lambda m: treespec_field("type",
         "collections.defaultdict"), "tree spec uses the type"),
     "verifier: unknown": ("mlp", lambda m: program_edit(lambda p: p.update(
         verifiers=["EVIL"])), "verifier"),
@@ -687,7 +679,7 @@ def test_plain_torch_runs_the_payloads_that_are_refused_here(bases, tmp_path, mo
         "guards": ("mlp", VECTORS["guards_code: Python"][1]),
         "expression": ("mlp", VECTORS["sym expression: eval"][1]),
         "pickled_weight": ("mlp", VECTORS["weight: use_pickle"][1]),
-        "imported": ("mlp", lambda m: treespec_context(json.dumps(
+        "imported": ("mlp", lambda m: treespec_field("context", json.dumps(
             [{"__enum__": True, "fqn": "planted:X", "name": "y"}]))),
     }
     for name, (base, make) in payloads.items():
