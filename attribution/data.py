@@ -27,14 +27,14 @@ import torch
 from torch import nn
 
 from . import model_io
-from .errors import AttributionError
+from .errors import AttributionError, out_of_memory, reading
 from .guards import engine_modes, eval_mode
 from .model_io import NamedInputs
 from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import run_logits
 from .scores import model_device, neuron_scores
-from .loading import (LoadedModel, Source, _describe, _parsing, check_pickle_size,
-                      open_zip, out_of_memory, pickled_size, read_source, sniff, zip_kind)
+from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
+                      pickled_size, read_source, sniff, zip_kind)
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -265,7 +265,7 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
         if kind == "npz":
             arrays = {}
             for entry in archive.infolist():
-                with _parsing(f"{entry.filename} in the .npz could not be read"), \
+                with reading(f"{entry.filename} in the .npz could not be read"), \
                         archive.open(entry) as stream:
                     arrays[entry.filename[:-4]] = _read_npy(stream, entry.file_size,
                                                             entry.filename, limit, limits)
@@ -280,7 +280,7 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
     if kind == "text":
         return _from_frame(_read_csv(data, limit, limits), features, label, cluster,
                            tokenizer, limits)
-    raise AttributionError(f"{name} is {_describe(kind)}, not a data file. Upload .npz, .npy, "
+    raise AttributionError(f"{name} is {describe_kind(kind)}, not a data file. Upload .npz, .npy, "
                            ".pt, .csv or .parquet (see demo/README.md for the layouts).")
 
 
@@ -300,7 +300,7 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
     """One .npy array of `size` bytes from `stream`: its header's dtype, shape and byte count
     checked against the limits and the size before anything is allocated; big-endian data
     is converted to the machine's order."""
-    with _parsing(f"{name} is not a valid .npy array"):
+    with reading(f"{name} is not a valid .npy array"):
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}.get(
             np.lib.format.read_magic(stream))
@@ -326,7 +326,7 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
     if shape and shape[0] > limit:
         raise _too_many_rows(shape[0], limit)
     body = bytearray(count * dtype.itemsize)
-    with _parsing(f"{name} is truncated or damaged"):
+    with reading(f"{name} is truncated or damaged"):
         filled = stream.readinto(body)
         while filled < len(body):
             more = stream.readinto(memoryview(body)[filled:])
@@ -342,7 +342,7 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
 
 def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
     check_pickle_size(data, limits)
-    with _parsing("This .pt file could not be read as plain tensors (files with pickled "
+    with reading("This .pt file could not be read as plain tensors (files with pickled "
                   "Python objects are refused; save tensors, lists or a dict of them)"):
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     pickled_size(loaded, limits)
@@ -423,7 +423,7 @@ def _named_input_keys(arrays: dict, features) -> list[str]:
 
 def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
     _check_table_size(_csv_columns(data, limits), min(data.count(b"\n") + 1, limit + 1), limits)
-    with _parsing("The text file could not be read as a comma-separated table"):
+    with reading("The text file could not be read as a comma-separated table"):
         frame = pd.read_csv(io.BytesIO(data), nrows=limit + 1)
     if len(frame) > limit:
         raise _too_many_rows(len(frame), limit)
@@ -441,7 +441,7 @@ def _csv_columns(data: bytes, limits: Limits) -> int:
     rough = header.count(b",") + 1
     if rough <= limits.max_features or b'"' not in header:
         return rough
-    with _parsing("The CSV header line could not be read"):
+    with reading("The CSV header line could not be read"):
         return len(next(csv.reader([header.decode("utf-8", "replace")]), []))
 
 
@@ -506,7 +506,7 @@ def _read_parquet(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    with _parsing("The Parquet file is damaged or truncated"):
+    with reading("The Parquet file is damaged or truncated"):
         metadata = pq.ParquetFile(io.BytesIO(data)).metadata
         if metadata.num_rows > limit:
             raise _too_many_rows(metadata.num_rows, limit)

@@ -48,7 +48,6 @@ recipe, before torch reads a byte):
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import keyword
@@ -58,11 +57,11 @@ import pickletools
 import re
 import types
 import zipfile
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from .errors import AttributionError
+from .errors import AttributionError, reading
 from .limits import DEFAULT_LIMITS, Limits, over_budget
 
 EXPORT_RECIPE = (
@@ -110,7 +109,8 @@ def check_export_archive(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[s
     Returns:
         The extra files, name (without "extra/") -> bytes, read as torch reads them.
     """
-    with _damaged():
+    with reading("The .pt2 archive is damaged or truncated",
+                 f"save it again with torch.export.save:\n{EXPORT_RECIPE}"):
         reader = torch._C.PyTorchFileReader(io.BytesIO(data))
         records = list(reader.get_all_records())
         _check_layout(data, records)
@@ -143,21 +143,6 @@ def _refuse(reason: str) -> AttributionError:
         f"This .pt2 file was refused because {reason}; torch.export.save does not write this "
         "for an ordinary model, and loading it could run code or exhaust the machine. "
         f"Re-export the model with a plain torch.export on your own machine:\n{EXPORT_RECIPE}")
-
-
-@contextlib.contextmanager
-def _damaged() -> Iterator[None]:
-    """Any failure of a reader on the untrusted bytes becomes one AttributionError."""
-    try:
-        yield
-    except AttributionError:
-        raise
-    except Exception as error:
-        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise AttributionError(
-            "The .pt2 archive is damaged or truncated" + (f" ({type(error).__name__}: "
-                                                          f"{detail})" if detail else "")
-            + f"; save it again with torch.export.save:\n{EXPORT_RECIPE}") from error
 
 
 def _size(n_bytes: int) -> str:

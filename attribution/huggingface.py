@@ -248,7 +248,7 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         token_type_ids as the class takes them; or pixel_values), with `tokenizer` set
         when the folder has a tokenizer.json.
     """
-    from .loading import _load_safetensors, checked_model
+    from .loading import checked_model, load_safetensors
 
     limits = limits or DEFAULT_LIMITS
     files = _files(source, limits)
@@ -272,7 +272,7 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
                                            f"{limits.max_parameters:,}", "max_parameters"))
     if hasattr(config_object, "use_cache"):
         config_object.use_cache = False  # no key/value cache: one pass per batch
-    _load_safetensors(files[WEIGHTS], limits)  # the tensors checked before transformers reads
+    load_safetensors(files[WEIGHTS], limits)  # the tensors checked before transformers reads
     module = _from_weights(cls, config_object, files[WEIGHTS])
     example = _example(module, config_object, task)
     names = class_names if class_names is not None else _label_names(config_object)

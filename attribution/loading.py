@@ -19,7 +19,6 @@ model) before `torch.export.load` reads it.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import io
 import json
@@ -33,13 +32,13 @@ import zipfile
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
+from typing import Any, BinaryIO, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from .architectures import Architecture, is_description, parse_architecture
-from .errors import AttributionError
+from .errors import AttributionError, out_of_memory, reading
 from .export_guard import EXPORT_RECIPE, check_export_archive
 from .guards import eval_mode
 from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
@@ -181,7 +180,7 @@ def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
     steps, and refused as soon as it yields more than it declares, or when its size or CRC
     differ at the end."""
     limits = limits or DEFAULT_LIMITS
-    with _parsing("The file looks like a zip archive but is damaged or truncated"):
+    with reading("The file looks like a zip archive but is damaged or truncated"):
         end_record = zipfile._EndRecData(io.BytesIO(data))  # the directory's own entry count
         if end_record is None:
             raise AttributionError("The zip archive is damaged or truncated (it has no "
@@ -259,32 +258,6 @@ def zip_kind(archive: zipfile.ZipFile) -> str:
     if names and all(name.endswith(".npy") for name in names):
         return "npz"
     return "zip"
-
-
-@contextlib.contextmanager
-def _parsing(problem: str) -> Iterator[None]:
-    """Turn any failure of a parser on untrusted bytes into one AttributionError."""
-    try:
-        yield
-    except AttributionError:
-        raise
-    except MemoryError as error:
-        raise out_of_memory("the file", error) from None
-    except Exception as error:
-        if "can't allocate memory" in str(error):  # torch's allocator (a RuntimeError)
-            raise out_of_memory("the file", error) from None
-        detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-        raise AttributionError(f"{problem}" + (f" ({type(error).__name__}: {detail})."
-                                               if detail else ".")) from error
-
-
-def out_of_memory(name: str, error: BaseException) -> AttributionError:
-    """A MemoryError while reading `name`, as a message with the size that was attempted."""
-    attempted = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    return AttributionError(
-        f"Reading {name} ran out of memory" + (f" ({attempted})" if attempted else "")
-        + ". The file asks for more memory than this machine has; use a smaller file, or "
-        "on your own machine the command line with a memory-mapped .npy.")
 
 
 _TENSOR_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -384,7 +357,7 @@ def _load_export(data: bytes, limits: Limits) -> tuple[nn.Module, Any, dict[str,
     `NamedInputs` for a program of several inputs."""
     extra_files = check_export_archive(data, limits)
     try:
-        with _parsing("torch.export could not load this .pt2 archive"):
+        with reading("torch.export could not load this .pt2 archive"):
             program = torch.export.load(io.BytesIO(data))
             module = torch.export.unflatten(program)
     except AttributionError as error:
@@ -416,7 +389,7 @@ def check_pickle_size(data: bytes, limits: Limits) -> None:
     format) is over `limits.max_pickle_bytes`, before the slow unpickler reads it."""
     size = len(data)
     if sniff(data) == "zip":
-        with _parsing("The .pt file is damaged"):
+        with reading("The .pt file is damaged"):
             size = max((entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist()
                         if entry.filename.endswith("/data.pkl")), default=0)
     if size > limits.max_pickle_bytes:
@@ -452,7 +425,7 @@ def _torch_load(data: bytes, trust_code: bool, limits: Limits) -> Any:
         raise AttributionError(f"The checkpoint could not be read; it is damaged or not a "
                                f"PyTorch file ({type(error).__name__}: "
                                f"{str(error).strip()[:200]}).") from None
-    with _parsing("The checkpoint could not be unpickled even with trust_code=True "
+    with reading("The checkpoint could not be unpickled even with trust_code=True "
                   "(a class it needs may not be importable here)"):
         return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
@@ -494,10 +467,10 @@ def _state_dict_of(obj: Any, limits: Limits) -> dict[str, torch.Tensor]:
             for key, value in state.items()}
 
 
-def _load_safetensors(data: bytes, limits: Limits) -> dict[str, torch.Tensor]:
+def load_safetensors(data: bytes, limits: Limits) -> dict[str, torch.Tensor]:
     from safetensors.torch import load as load_safetensors
 
-    with _parsing("The .safetensors file is damaged or truncated"):
+    with reading("The .safetensors file is damaged or truncated"):
         state = load_safetensors(data)
     if not state:
         raise AttributionError("The .safetensors file holds no tensors.")
@@ -530,7 +503,7 @@ def _fill(module: nn.Module, state: dict[str, torch.Tensor], hint: str = "") -> 
                 for k in different[:6]))
         raise AttributionError("The state dict does not match the architecture; "
                                + "; ".join(parts) + "." + hint)
-    with _parsing("The weights could not be copied into the model"):
+    with reading("The weights could not be copied into the model"):
         module.load_state_dict(state, strict=True, assign=True)
 
 
@@ -613,10 +586,10 @@ def _module_from_python(source: Any, trust_code: bool) -> nn.Module:
                           else name)
     sys.modules[module_name] = namespace
     try:
-        with _parsing(f"Running {name} failed"):
+        with reading(f"Running {name} failed"):
             exec(compile(code, name, "exec"), namespace.__dict__)
         if callable(getattr(namespace, "build_model", None)):
-            with _parsing(f"build_model() in {name} failed"):
+            with reading(f"build_model() in {name} failed"):
                 model = namespace.build_model()
         else:
             classes = [value for value in vars(namespace).values()
@@ -626,7 +599,7 @@ def _module_from_python(source: Any, trust_code: bool) -> nn.Module:
                 raise AttributionError(
                     f"{name} defines {len(classes)} nn.Module classes; define a function "
                     "build_model() that returns the model.")
-            with _parsing(f"{classes[0].__name__}() in {name} could not be built without "
+            with reading(f"{classes[0].__name__}() in {name} could not be built without "
                           "arguments; define build_model() that returns the model"):
                 model = classes[0]()
     finally:
@@ -705,12 +678,12 @@ def _model_kind(data: bytes, name: str, architecture: Any, limits: Limits) -> st
     if kind == "torchscript":
         raise _torchscript_error()
     if kind not in ("torch.export", "torch.save", "pickle", "safetensors"):
-        raise AttributionError(f"{name} is {_describe(kind)}, not a model file. Upload a "
+        raise AttributionError(f"{name} is {describe_kind(kind)}, not a model file. Upload a "
                                ".pt2 from torch.export (recommended), or a state dict with its "
                                f"architecture. To export:\n{EXPORT_RECIPE}")
     if architecture is not None and kind == "torch.export":
         raise AttributionError("architecture= is only used with state dicts; this file is "
-                               f"{_describe(kind)}.")
+                               f"{describe_kind(kind)}.")
     return kind
 
 
@@ -724,11 +697,11 @@ def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
     if kind == "torch.export":
         module, example, extra_files = _load_export(data, limits)
         if "class_names.json" in extra_files:
-            with _parsing("extra/class_names.json in the .pt2 is not a JSON list of names"):
+            with reading("extra/class_names.json in the .pt2 is not a JSON list of names"):
                 stored_names = [str(n) for n in json.loads(extra_files["class_names.json"])]
         source_format = "torch.export"
     elif kind == "safetensors":
-        state, source_format = _load_safetensors(data, limits), "safetensors"
+        state, source_format = load_safetensors(data, limits), "safetensors"
     else:
         loaded = _torch_load(data, trust_code, limits)
         if isinstance(loaded, nn.Module):
@@ -777,7 +750,7 @@ def checked_model(module: nn.Module, example: Any, source_format: str,
                    class_names=tuple(str(n) for n in names) if names is not None else None)
 
 
-def _describe(kind: str) -> str:
+def describe_kind(kind: str) -> str:
     return {
         "npz": "a NumPy .npz data file", "npy": "a NumPy .npy array", "zip": "a zip archive "
         "that is not a PyTorch checkpoint", "parquet": "a Parquet table", "text": "a text file",
