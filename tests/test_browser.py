@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -101,6 +102,18 @@ class App:
 
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
+
+    @contextmanager
+    def server_paused(self) -> Iterator[None]:
+        """Freeze the Streamlit server (SIGSTOP) for what the block does in the browser, so a
+        click lands mid-computation however fast the machine is: the browser's message waits
+        in the socket, and the resumed server (SIGCONT) acts on it at its next yield, long
+        before a curve of a second or two ends."""
+        os.kill(self.server.process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.server.process.pid, signal.SIGCONT)
 
     def screenshot(self, name: str) -> None:
         """The whole page (Streamlit scrolls inside its main block, so grow the window)."""
@@ -277,7 +290,9 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     stop.wait_for(timeout=60_000)
     app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
                                timeout=60_000)  # stopped with points: their summary shows
-    stop.click()
+    with app.server_paused():  # the whole curve takes 1-2 s: click before it ends
+        assert max(app.page.evaluate(RANKED_POINTS)) < 33
+        stop.click()
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
     app.page.get_by_text(re.compile(r"Stopped: the curve shows the \d+ of \d+ k values")).wait_for()
     app.page.get_by_text("In words, from the points computed so far").wait_for()

@@ -121,10 +121,10 @@ def test_leaving_the_pruning_page_mid_curve_and_coming_back_resumes(app):
     app.open("/pruning?layer=relu1&random=100")
     app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
                                timeout=120_000)
-    app.page.wait_for_timeout(300)
-    seen = max(app.page.evaluate(RANKED_POINTS))
-    assert seen < 33, "the curve finished before leaving; nothing to resume"
-    app.go_to("Neuron scores")
+    with app.server_paused():  # the whole curve takes 1-2 s: leave before it ends
+        seen = max(app.page.evaluate(RANKED_POINTS))
+        assert seen < 33, "the curve finished before leaving; nothing to resume"
+        app.go_to("Neuron scores")
     app.wait_for_chart("score per cluster")
     started = time.monotonic()
     app.go_to("Pruning curves")
@@ -163,9 +163,13 @@ def test_the_toolbar_stop_leaves_a_working_stop_button_that_summarises_the_point
     app.open("/pruning?layer=relu1&random=100")
     app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
                                timeout=120_000)
-    app.page.get_by_role("button", name="Stop", exact=True).click()  # Streamlit's toolbar
-    app.page.wait_for_timeout(500)
+    toolbar_stop = app.page.get_by_role("button", name="Stop", exact=True)
+    with app.server_paused():  # the whole curve takes 1-2 s: stop it before it ends
+        assert max(app.page.evaluate(RANKED_POINTS)) < 33
+        toolbar_stop.click()
+    toolbar_stop.wait_for(state="detached", timeout=30_000)  # the run has ended
     seen = max(app.page.evaluate(RANKED_POINTS))
+    assert seen < 33, "the stop came after the curve ended"
     app.screenshot("answers-6-toolbar-stop")
     app.page.get_by_role("button", name="Stop the curve").click()  # not a dead button
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
