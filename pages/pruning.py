@@ -2,7 +2,9 @@
 rest of the data, drawn while they compute, with a stop button and a summary in words.
 
 No work is thrown away: the points of each curve are kept per curve key as they arrive, so a
-curve left mid-way (another page, a stop, a closed tab's rerun) resumes from them."""
+curve left mid-way (another page, a stop, a closed tab's rerun) resumes from them. A curve
+cut off by the toolbar's Stop (which freezes the run's progress bar and stop button on the
+page) is shown as stopped within a second, like one stopped by this page's own button."""
 import time
 
 import streamlit as st
@@ -17,6 +19,7 @@ common.require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 MAX_KEPT_CURVES = 16  # finished (and, separately, unfinished) curves kept per session
+STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
 
 ctx = common.context()
 s = ctx.settings
@@ -41,6 +44,8 @@ key = ctx.curve_key()
 finished = st.session_state.setdefault("curves", {})
 stopped = st.session_state.setdefault("stopped_curves", {})
 partials = st.session_state.setdefault("partial_curves", {})  # key -> points computed so far
+failed = st.session_state.setdefault("failed_curves", {})  # key -> the AttributionError
+running = st.session_state.setdefault("running_curves", set())  # keys a run is computing
 
 
 def keep(store: dict, curve_key: tuple, value) -> None:
@@ -53,6 +58,18 @@ def keep(store: dict, curve_key: tuple, value) -> None:
 
 def stop() -> None:
     stopped[key] = partials.get(key)
+    running.discard(key)
+
+
+@st.fragment(run_every=STOP_WATCH_SECONDS)
+def watch_for_a_toolbar_stop() -> None:
+    """Ticks only between runs: a tick that arrives during a run waits for its end. A curve
+    still marked as running then lost its run to the toolbar's Stop, which leaves that run's
+    progress bar and stop button frozen: record the stop and redraw the page as stopped. Every
+    other end of a computing run starts a new full run, which ends these ticks."""
+    if key in running:
+        stop()
+        st.rerun(scope="app")
 
 
 def show(curves, note: str) -> None:
@@ -88,6 +105,11 @@ elif key in stopped:
         st.info("Stopped before the first points.")
     if st.button("Continue the curve", type="primary", icon=":material/play_arrow:"):
         del stopped[key]
+        st.rerun()
+elif key in failed:
+    common.show_error(failed[key])
+    if st.button("Try again", icon=":material/refresh:"):
+        del failed[key]
         st.rerun()
 else:
     scores = common.guarded(lambda: ctx.scores(s.method))
@@ -135,12 +157,15 @@ else:
             time_left.restart()  # the kept points do not fit (e.g. other data): from the start
             return compute(None)
 
-    curves = common.guarded(compute_resuming)
-    status.empty()
-    stop_slot.empty()
-    if curves is not None:
+    running.discard(key)  # left marked by a run that a rerun cut off (a choice, another page)
+    watch_for_a_toolbar_stop()  # here it only starts the ticks: nothing is marked yet
+    running.add(key)
+    try:
+        curves = compute_resuming()
+    except at.AttributionError as error:
+        keep(failed, key, error)
+    else:
         partials.pop(key, None)
         keep(finished, key, curves)
-        with chart_slot.container():
-            show(curves, "Complete.")
-        summarise(curves)
+    running.discard(key)
+    st.rerun()  # the finished (or failed) view above, drawn by one code path

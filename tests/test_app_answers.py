@@ -170,6 +170,28 @@ def test_a_stopped_curve_summarises_its_points_and_continues_from_them(monkeypat
     assert key in app.session_state["curves"] and len(ranked_curve(app)) == 33
 
 
+def test_a_curve_that_fails_says_why_once_and_can_be_tried_again(monkeypatch):
+    app = run_app({"layer": "relu1"})
+    app.switch_page("pages/pruning.py")
+
+    def failing(*args, **kwargs):
+        raise at.AttributionError("No memory left for the curve\nfree some and retry")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(analysis, "cluster_pruning_curves", failing)
+        app.run()  # one failure, shown by the rerun that ends the computing run
+    assert_clean(app)
+    assert [e.value for e in app.error] == ["No memory left for the curve"]
+    assert [c.value for c in app.code] == ["free some and retry"]
+    assert [b.label for b in app.button] == ["Try again"]
+    assert not app.session_state["running_curves"]  # nothing for the stop watch to redraw
+
+    calls = _record_resumes(monkeypatch)
+    app.button[0].click().run(timeout=120)
+    assert_clean(app)
+    assert len(calls) == 1 and not app.error and len(ranked_curve(app)) == 33
+
+
 # ------------------------------------------------------------------ the neuron view
 
 def open_neuron_by_click(app, neuron: int):
