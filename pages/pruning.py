@@ -164,6 +164,9 @@ else:
         curves = compute_resuming()
     except at.AttributionError as error:
         keep(failed, key, error)
+    except Exception:
+        running.discard(key)  # a crash shows as one, never as a stop
+        raise
     else:
         partials.pop(key, None)
         keep(finished, key, curves)

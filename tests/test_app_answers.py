@@ -192,6 +192,20 @@ def test_a_curve_that_fails_says_why_once_and_can_be_tried_again(monkeypatch):
     assert len(calls) == 1 and not app.error and len(ranked_curve(app)) == 33
 
 
+def test_a_curve_that_crashes_shows_the_crash_not_a_stop(monkeypatch):
+    app = run_app({"layer": "relu1"})
+    app.switch_page("pages/pruning.py")
+
+    def crashing(*args, **kwargs):
+        raise RuntimeError("a bug in the curve")
+
+    monkeypatch.setattr(analysis, "cluster_pruning_curves", crashing)
+    app.run()
+    assert len(app.exception) == 1  # (its details are for the server log: see config.toml)
+    assert not app.session_state["running_curves"]  # the stop watch leaves the crash on screen
+    assert not app.session_state["stopped_curves"]
+
+
 # ------------------------------------------------------------------ the neuron view
 
 def open_neuron_by_click(app, neuron: int):
