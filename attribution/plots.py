@@ -259,6 +259,22 @@ def _clickable_cells(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def _clickable_columns(fig: go.Figure) -> go.Figure:
+    """Make the columns of `fig`'s heatmap (its first trace) clickable with one invisible
+    marker per column, for heatmaps whose click needs only the column (x). The heatmap keeps
+    its own per-cell hover text; hovering by x ("x" hover mode) puts the column's marker under
+    every point of the column, so a click there selects it. One marker per cell would cost
+    the browser a drawn point per cell (3200 for 200 samples x 16 neurons: ~100 ms a redraw)."""
+    heat = fig.data[0]
+    invisible = dict(marker=dict(opacity=0))
+    fig.add_trace(go.Scatter(
+        x=list(heat.x), y=[heat.y[0]] * len(heat.x) if len(heat.y) else [], mode="markers",
+        marker=dict(size=12, opacity=0, symbol="square"), hoverinfo="none", showlegend=False,
+        selected=invisible, unselected=invisible))
+    fig.update_layout(hovermode="x")
+    return fig
+
+
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
                     highlight: object = None) -> go.Figure:
     """Clusters x neurons heatmap.
@@ -323,7 +339,7 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     count = f"{shown} samples" if not n_total or n_total == shown else \
         f"{shown} of {n_total} samples, evenly spaced"
     fig.update_yaxes(title=f"sample ({count})")
-    return _finish(_clickable_cells(fig), title=f"Each sample of cluster {plain(cluster)}",
+    return _finish(_clickable_columns(fig), title=f"Each sample of cluster {plain(cluster)}",
                    height=420)
 
 
