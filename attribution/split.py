@@ -519,30 +519,34 @@ class FxRunner(LayerRunner):
         return self._logits(self.back.forward(z if z.is_contiguous() else z.contiguous(),
                                               *saved))
 
+    @property
+    def owner(self) -> nn.Module:
+        """The module whose submodules and attributes the graphs' nodes name."""
+        return self._export if self._export is not None else self.model
+
     def ablate(self, z, state, neurons):
         """As `LayerRunner.ablate`; where the tail starts with ops that act on each neuron
         alone (BatchNorm, activations), they run once on z and once on a zeroed z, and only
-        the rest of the tail runs on the K variants."""
+        the rest of the tail runs on the K variants; where an affine op follows them (z
+        [B, n]), its output moves by one column per ablated neuron, so the variants start
+        after it."""
         if self._prefix is None:
             self._prefix = _per_neuron_prefix(self, z[:2])
         if not self._prefix:
             return super().ablate(z, state, neurons)
-        prefix, affine, rest = self._prefix
-        moved = self._from_neurons(z).clone()  # an in-place op in the prefix must keep z
-        after = moved if prefix is None else prefix(moved)
-        zeroed = torch.zeros_like(moved[:1])
-        zeroed = zeroed if prefix is None else prefix(zeroed)
+        chain, affine, rest = self._prefix
+        owner = self.owner
+        moved = self._from_neurons(z).clone()  # an in-place op in the chain must keep z
+        after = _run_nodes(owner, chain, moved)
+        zeroed = _run_nodes(owner, chain, torch.zeros_like(moved[:1]))
         if affine is None:
             variants = self._from_neurons(_zeroed_variants(
                 self._to_neurons(after), neurons, self._to_neurons(zeroed)))
         else:  # z [B, n]: the affine op's output moves by (new - old value) x its column
-            apply = _node_function(self._export if self._export is not None else self.model,
-                                   affine)
-            columns = apply(torch.eye(z.shape[1], dtype=z.dtype, device=z.device)) - apply(
-                torch.zeros_like(zeroed))  # [n, m]
-            change = zeroed[0, neurons][None] - after[:, neurons]  # [B, K]
-            variants = (apply(after).unsqueeze(0) + change.T.unsqueeze(-1)
-                        * columns[neurons].unsqueeze(1)).flatten(0, 1)  # [K*B, m]
+            change = (zeroed[0].index_select(0, neurons)[None]
+                      - after.index_select(1, neurons))  # [B, K]
+            variants = _shifted(_run_nodes(owner, (affine,), after), change,
+                                _columns(owner, affine, zeroed).index_select(0, neurons))
         saved, batch = state
         saved = [_repeat_batch(value, batch, len(neurons)) if per_sample else value
                  for value, per_sample in zip(saved, self._per_sample)]
@@ -564,36 +568,34 @@ class FxRunner(LayerRunner):
 
 
 def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
-    """(prefix, affine, rest): the runner's tail cut after its longest chain of ops from z
-    that act on each neuron alone (prefix: a GraphModule, or None for no such op), then,
-    for z [B, n], the op after it when it is affine (its node, else None); rest runs what
-    follows. () when there is neither. The chain is read from the graph (one op after
+    """(chain, affine, rest): the runner's tail cut after its longest chain of ops from z
+    that act on each neuron alone (chain: their nodes, maybe none), then, for z [B, n], the
+    op after it when it is affine (its node, else None); rest runs what follows (a
+    GraphModule). () when there is neither. The chain is read from the graph (one op after
     another on z, reading only parameters), and each op is checked on `z` [<=2, n, ...]:
     zeroing any neuron before the chain must equal replacing that neuron after it by the
     chain's value at zero; the affine op likewise (`_is_affine`)."""
     graph = runner._tail_graph
-    owner = runner._export if runner._export is not None else runner.model
+    owner = runner.owner
     current = next(n for n in graph.nodes if n.op == "placeholder")
     neurons = torch.arange(z.shape[1], device=z.device)
+    chain: list[fx.Node] = []
     candidate = None  # the first op that does not act on each neuron alone
     with torch.no_grad():
         after = runner._from_neurons(z).contiguous()  # the chain's values so far, three ways
         zeroed = torch.zeros_like(after[:1])
         direct = runner._from_neurons(
             _zeroed_variants(z, neurons, torch.zeros((), dtype=z.dtype))).contiguous()
-        last, params = None, {}
         for node in graph.nodes:
-            if node.op == "get_attr":
-                params[node] = _attribute(owner, node.target)
-                continue
-            if node.op == "placeholder":
+            if node.op in ("get_attr", "placeholder"):
                 continue
             if (node.op == "output" or len(current.users) != 1 or node not in current.users
                     or not node.args or node.args[0] is not current
-                    or any(n is not current and n not in params for n in node.all_input_nodes)):
+                    or any(n is not current and n.op != "get_attr"
+                           for n in node.all_input_nodes)):
                 break
             try:
-                values = [_run_node(owner, node, {**params, current: value.clone()})
+                values = [_run_nodes(owner, (node,), value.clone())
                           for value in (after, zeroed, direct)]
             except Exception:  # noqa: BLE001 - an op that cannot run alone ends the chain
                 break
@@ -607,23 +609,40 @@ def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
                                   atol=1e-6, equal_nan=True):
                 break
             after, zeroed, direct = values
-            current = last = node
+            current = node
+            chain.append(node)
             candidate = None  # it joined the chain
         affine = candidate if candidate is not None and _is_affine(
             owner, candidate, after, zeroed, direct) else None
-    if affine is not None:
-        return ((None if last is None else _split_after(runner, last)[0]), affine,
-                _split_after(runner, affine)[1])
-    if last is None:
+    if affine is None and not chain:
         return ()
-    prefix, rest = _split_after(runner, last)
-    return prefix, None, rest
+    return tuple(chain), affine, _tail_after(runner, affine or chain[-1])
 
 
-def _node_function(owner: nn.Module, node: fx.Node):
-    """value -> the value of `node` (one op on one input) with the current parameters."""
-    params = {n: _attribute(owner, n.target) for n in node.all_input_nodes if n.op == "get_attr"}
-    return lambda value: _run_node(owner, node, {**params, node.args[0]: value})
+def _run_nodes(owner: nn.Module, nodes: tuple[fx.Node, ...], value: Any) -> Any:
+    """`value` through `nodes`, one op after another (each reading the one before and
+    parameters of `owner` only), with the current parameters; `value` if there are none."""
+    for node in nodes:
+        env = {n: _attribute(owner, n.target) for n in node.all_input_nodes
+               if n.op == "get_attr"}
+        env[node.args[0]] = value
+        value = _run_node(owner, node, env)
+    return value
+
+
+def _columns(owner: nn.Module, affine: fx.Node, zeroed: torch.Tensor) -> torch.Tensor:
+    """[n, m]: how the affine op's output [B, m] moves per unit of each of its n inputs
+    (f(e_j) - f(0)); `zeroed` [1, n] gives the dtype and device."""
+    eye = torch.eye(zeroed.shape[1], dtype=zeroed.dtype, device=zeroed.device)
+    return (_run_nodes(owner, (affine,), eye)
+            - _run_nodes(owner, (affine,), torch.zeros_like(zeroed)))
+
+
+def _shifted(base: torch.Tensor, change: torch.Tensor, columns: torch.Tensor
+             ) -> torch.Tensor:
+    """[K*B, m]: base [B, m] moved by change[:, k] x columns[k] in copy k (change [B, K],
+    columns [K, m]); variant-major, as `LayerRunner.tail`."""
+    return (torch.bmm(change.T.unsqueeze(-1), columns.unsqueeze(1)) + base).flatten(0, 1)
 
 
 def _is_affine(owner: nn.Module, node: fx.Node, after: torch.Tensor, zeroed: torch.Tensor,
@@ -633,13 +652,9 @@ def _is_affine(owner: nn.Module, node: fx.Node, after: torch.Tensor, zeroed: tor
     if after.dim() != 2:
         return False
     try:
-        apply = _node_function(owner, node)
-        base, expected = apply(after), apply(direct)
-        columns = apply(torch.eye(after.shape[1], dtype=after.dtype)) - apply(
-            torch.zeros_like(zeroed))
+        base, expected = (_run_nodes(owner, (node,), value) for value in (after, direct))
         change = zeroed[0][None] - after  # [B, n]
-        predicted = (base.unsqueeze(0) + change.T.unsqueeze(-1) * columns.unsqueeze(1)
-                     ).flatten(0, 1)
+        predicted = _shifted(base, change, _columns(owner, node, zeroed))
         scale = 1 + float(expected.abs().max())
         return bool(base.dim() == 2 and torch.allclose(predicted, expected, rtol=1e-5,
                                                        atol=1e-5 * scale))
@@ -665,17 +680,12 @@ def _run_node(owner: nn.Module, node: fx.Node, env: dict) -> Any:
     return node.target(*args, **kwargs)
 
 
-def _split_after(runner: FxRunner, last: fx.Node) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """(z -> value of `last`, (that value, live state...) -> output) from the tail graph."""
-    graph = runner._tail_graph
-    nodes = list(graph.nodes)
+def _tail_after(runner: FxRunner, last: fx.Node) -> fx.GraphModule:
+    """(value of `last`, live state...) -> output: the runner's tail after node `last` of a
+    chain of ops from z (each the only user of the one before)."""
+    nodes = list(runner._tail_graph.nodes)
     cut = nodes.index(last) + 1
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    front, env = fx.Graph(), {}
-    for node in nodes[:cut]:
-        if node.op != "placeholder" or node is placeholders[0]:  # z, then the chain
-            env[node] = front.node_copy(node, lambda arg: env[arg])
-    front.output(env[last])
     back = fx.Graph()
     env = {last: back.placeholder("after")}
     env.update({node: back.placeholder(f"live_{i}") for i, node in enumerate(placeholders)
@@ -687,9 +697,8 @@ def _split_after(runner: FxRunner, last: fx.Node) -> tuple[fx.GraphModule, fx.Gr
             env[node] = back.node_copy(node, lambda arg: env[arg])
     needed = {n for node in nodes[cut:] for n in node.all_input_nodes}
     if any(node in needed for node in nodes[:cut - 1] if node.op != "placeholder"):
-        raise ValueError("the rest of the tail reads the prefix's inner values")
-    owner = runner._export if runner._export is not None else runner.model
-    return fx.GraphModule(owner, front), fx.GraphModule(owner, back)
+        raise ValueError("the rest of the tail reads the chain's inner values")
+    return fx.GraphModule(runner.owner, back)
 
 
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
