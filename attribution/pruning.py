@@ -265,22 +265,27 @@ class _LayerPasses:
         self.runner = None
         self.kept: Optional[list[_Captured]] = []
         self.counts = np.zeros(n_groups, dtype=np.int64)
+        self.n_neurons = 0
         self.z_sum: Optional[torch.Tensor] = None  # [n, ...] float64, sum over samples
         self.z_count: Optional[torch.Tensor] = None  # [n, ...] float64, samples summed there
         self.z_dtype = torch.float32
 
-    def first_pass(self) -> None:
-        """Capture every batch once: sample counts, the mean of z, and the cache."""
+    def first_pass(self, mean: bool) -> None:
+        """Capture every batch once: sample counts, the number of neurons, the cache, and
+        with `mean` the sums for the mean of z (a float64 copy of each batch's z: only
+        "mean" ablation reads it)."""
         kept_bytes = 0
         for captured in self._read():
             self.counts += np.bincount(captured.groups.cpu().numpy(), minlength=self.n_groups)
-            real = (captured.real if captured.real is not None
-                    else torch.ones((), dtype=captured.z.dtype, device=captured.z.device))
-            batch_sum = (captured.z * real).double().sum(0)  # padding counts for no mean
-            batch_count = real.double().expand_as(captured.z).sum(0)
-            self.z_sum = batch_sum if self.z_sum is None else self.z_sum + batch_sum
-            self.z_count = batch_count if self.z_count is None else self.z_count + batch_count
-            self.z_dtype = captured.z.dtype
+            self.n_neurons, self.z_dtype = captured.z.shape[1], captured.z.dtype
+            if mean:
+                real = (captured.real if captured.real is not None
+                        else torch.ones((), dtype=captured.z.dtype, device=captured.z.device))
+                batch_sum = (captured.z * real).double().sum(0)  # padding counts for no mean
+                batch_count = real.double().expand_as(captured.z).sum(0)
+                self.z_sum = batch_sum if self.z_sum is None else self.z_sum + batch_sum
+                self.z_count = (batch_count if self.z_count is None
+                                else self.z_count + batch_count)
             if self.kept is not None:
                 kept_bytes += _nbytes(captured.z) + _nbytes(captured.state)
                 if kept_bytes <= _CACHE_BYTES:
@@ -291,7 +296,7 @@ class _LayerPasses:
                         "fit in memory; pass a DataLoader or an array (read more than once).")
                 else:
                     self.kept = None
-        if self.z_sum is None:
+        if not self.counts.any():
             raise AttributionError("There are no samples to evaluate (the inputs are empty).")
 
     @property
@@ -437,8 +442,8 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
     n_groups = 1 if groups is None else len(subset_names)
     with eval_mode(model):
         passes = _LayerPasses(model, name, module, inputs, targets, groups, n_groups, batch_size)
-        passes.first_pass()
-        n_neurons = passes.z_sum.shape[0]
+        passes.first_pass(mean=ablation == "mean")
+        n_neurons = passes.n_neurons
         values = neuron_vector(scores, n_neurons)
         ks = check_ks(ks, n_neurons)
         orders = torch.cat([
