@@ -32,13 +32,17 @@ from .guards import engine_modes, eval_mode
 from .model_io import NamedInputs
 from .limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .layers import run_logits
-from .scores import model_device, neuron_scores
+from .scores import Progress, model_device, neuron_scores
 from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
                       pickled_size, read_source, sniff, zip_kind)
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
 MAX_ID_CHARACTERS = 1000
+KMEANS_RUNS = 4
+"""k-means runs from different seeds; the clustering with the lowest inertia is kept."""
+ACTIVATIONS_SHARE = 0.5
+"""Share of k-means on activations that `make_clusters` reports for the activation pass."""
 """Longest cluster id accepted (as text every id takes the room of the longest)."""
 CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
                    "kmeans_activations")
@@ -717,29 +721,32 @@ def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Modul
 
 
 def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, *,
-                    batch_size: int = 256) -> torch.Tensor:
-    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched)."""
+                    batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched);
+    `progress(fraction)` after each batch."""
     module = _module(model, "predicted")
     device = model_device(module)
-    parts = []
+    parts, total = [], inputs.shape[0]
     with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
-        for start in range(0, inputs.shape[0], batch_size):
+        for start in range(0, total, batch_size):
             batch = model_io.to_model(inputs[start:start + batch_size], module, device)
             parts.append(run_logits(module, batch).argmax(dim=1).cpu())
+            if progress is not None:
+                progress(min(1.0, (start + batch_size) / total))
     return torch.cat(parts)
 
 
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
-                      *, batch_size: int = 256) -> torch.Tensor:
+                      *, batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
     """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space
-    (the engine's `activation` score)."""
+    (the engine's `activation` score). `progress(fraction)` after each batch."""
     return neuron_scores(_module(model, "kmeans_activations"), layer, inputs,
-                         method="activation", batch_size=batch_size)
+                         method="activation", batch_size=batch_size, progress=progress)
 
 
 def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
                   layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
-                  batch_size: int = 256) -> np.ndarray:
+                  batch_size: int = 256, progress: Progress = None) -> np.ndarray:
     """One cluster id per sample, [N].
 
     Args:
@@ -752,6 +759,8 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
         layer: dotted layer name for "kmeans_activations".
         k: number of k-means clusters, 2..N.
         seed: k-means seed; the same seed gives the same clusters.
+        progress: called with the fraction done after each batch of the model's passes and
+            each k-means run (of `KMEANS_RUNS`); None for sources that compute nothing.
     Returns:
         np.ndarray [N]: int64 ids, or strings for "provided" string ids and "correctness".
     """
@@ -768,23 +777,30 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
     if source == "label":
         return dataset.labels.numpy().copy()
     if source == "predicted":
-        return predict_classes(_module(model, source), dataset.inputs,
-                               batch_size=batch_size).numpy()
+        return predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
+                               progress=progress).numpy()
     if source == "correctness":
-        predicted = predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size)
+        predicted = predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
+                                    progress=progress)
         return np.where((predicted == dataset.labels).numpy(), "correct", "misclassified")
     if source == "kmeans_activations":
         if layer is None:
             raise AttributionError("k-means on activations needs a layer; pick one from "
                                    "list_layers().")
-        points = layer_activations(_module(model, source), layer, dataset.inputs,
-                                   batch_size=batch_size)
+        points = layer_activations(
+            _module(model, source), layer, dataset.inputs, batch_size=batch_size,
+            progress=None if progress is None else lambda f: progress(ACTIVATIONS_SHARE * f))
+        done = ACTIVATIONS_SHARE
     else:
-        points = model_io.flat(dataset.inputs)
-    return _kmeans(points.double().numpy(), k, seed)
+        points, done = model_io.flat(dataset.inputs), 0.0
+    return _kmeans(points.double().numpy(), k, seed, None if progress is None else
+                   lambda f: progress(done + (1.0 - done) * f))
 
 
-def _kmeans(points: np.ndarray, k: Optional[int], seed: int) -> np.ndarray:
+def _kmeans(points: np.ndarray, k: Optional[int], seed: int,
+            progress: Progress = None) -> np.ndarray:
+    """Cluster ids int64 [N] of points [N, d]: the best of KMEANS_RUNS k-means runs, each
+    seeded from `seed`; `progress(fraction)` after each run."""
     from sklearn.cluster import KMeans
 
     n = points.shape[0]
@@ -798,5 +814,12 @@ def _kmeans(points: np.ndarray, k: Optional[int], seed: int) -> np.ndarray:
     if distinct < k:
         raise AttributionError(f"k-means cannot make {k} clusters: there are only {distinct} "
                                f"distinct samples; choose k <= {distinct}.")
-    ids = KMeans(n_clusters=int(k), n_init=4, random_state=seed).fit_predict(points)
-    return ids.astype(np.int64)
+    best = None
+    for run, run_seed in enumerate(np.random.RandomState(seed).randint(2 ** 31 - 1,
+                                                                       size=KMEANS_RUNS)):
+        fit = KMeans(n_clusters=int(k), n_init=1, random_state=int(run_seed)).fit(points)
+        if best is None or fit.inertia_ < best.inertia_:
+            best = fit
+        if progress is not None:
+            progress((run + 1) / KMEANS_RUNS)
+    return best.labels_.astype(np.int64)

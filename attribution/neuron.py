@@ -26,11 +26,12 @@ from torch import nn
 from .errors import AttributionError
 from .guards import eval_mode
 from .layers import resolve_layer
-from .scores import model_device
+from .scores import Progress, model_device
 from .split import runner_for
 from .tokens import TOKEN_METHODS, token_scores
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
+REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)
 _POINT_NEURON = re.compile(r"^neuron (\d+)$")
 
 
@@ -90,7 +91,7 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
                 scores: np.ndarray, activations: np.ndarray, in_cluster: np.ndarray,
                 neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
                 method: Optional[str] = None, tokens: Optional[np.ndarray] = None,
-                batch_size: int = 256) -> NeuronView:
+                batch_size: int = 256, progress: Progress = None) -> NeuronView:
     """Everything the neuron view draws for `neuron` of `layer`.
 
     Args:
@@ -106,6 +107,8 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
         n_examples: samples shown on each side (most, least).
         method: the method of `scores`, for per-token scores of token ids (None: none).
         tokens: str [N, T], the token text at each position, or None (ids are shown).
+        progress: called with the fraction done after each batch of the removal pass, and
+            with 1.0 when the view is complete.
     Returns:
         A `NeuronView`.
     """
@@ -125,12 +128,15 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
     name, _ = resolve_layer(model, layer)
     samples = pd.DataFrame({"sample": np.arange(n_samples), "score": scores[:, neuron],
                             "activation": activations[:, neuron], "in_cluster": in_cluster})
-    removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size)
+    removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size,
+                       None if progress is None else lambda f: progress(REMOVAL_SHARE * f))
     examples = _examples(model, name, inputs, samples, labels, neuron, n_examples)
     examples["tokens"], examples["token_scores"] = None, None
     if input_kind(inputs) == "tokens" and method in TOKEN_METHODS \
             and examples["positions"].notna().all():
         _add_token_scores(examples, model, name, inputs, targets, neuron, method, tokens)
+    if progress is not None:
+        progress(1.0)
     return NeuronView(name, neuron, input_kind(inputs), samples, removal, examples)
 
 
@@ -151,7 +157,8 @@ def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Te
 
 
 def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Tensor],
-             in_cluster: np.ndarray, neuron: int, batch_size: int) -> pd.DataFrame:
+             in_cluster: np.ndarray, neuron: int, batch_size: int,
+             progress: Progress = None) -> pd.DataFrame:
     """Accuracy and mean target logit per subset, intact and with `neuron`'s output set to 0
     (the pruning curves' zero ablation at k=1): one capture and one tail pass per batch."""
     _, module = resolve_layer(model, name)
@@ -169,6 +176,8 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
                 z[:, neuron] = 0
                 intact.append(logits.float().cpu())
                 removed.append(runner.tail(z, state, 1).float().cpu())
+            if progress is not None:
+                progress(min(1.0, (start + batch_size) / inputs.shape[0]))
     intact, removed = torch.cat(intact), torch.cat(removed)
     wanted = intact.argmax(1) if targets is None else targets.cpu()
     subsets = [("cluster", in_cluster)] + ([("rest", ~in_cluster)] if not in_cluster.all()

@@ -239,13 +239,22 @@ def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: 
 
 @st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")
 def _clusters(key: str, source: str, k: int, layer: str, batch_size: int,
-              _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
-    return make_clusters(source, _data, _loaded, layer or None, k, batch_size=batch_size)
+              _loaded: LoadedModel, _data: Dataset, _progress) -> np.ndarray:
+    with _progress:
+        return make_clusters(source, _data, _loaded, layer or None, k, batch_size=batch_size,
+                             progress=_progress)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _predictions(key: str, _loaded: LoadedModel, _data: Dataset) -> np.ndarray:
-    return predict_classes(_loaded, _data.inputs).numpy()
+def _predictions(key: str, _loaded: LoadedModel, _data: Dataset, _progress) -> np.ndarray:
+    with _progress:
+        return predict_classes(_loaded, _data.inputs, progress=_progress).numpy()
+
+
+def predictions(ws: Workspace) -> np.ndarray:
+    """The model's predicted class of every sample [N] (cached)."""
+    return _predictions(ws.key, ws.loaded, ws.data,
+                        ProgressLine("Predicting every sample's class"))
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
@@ -332,7 +341,7 @@ class Context:
                                                           "ablation"))
 
     def predictions(self) -> np.ndarray:
-        return _predictions(self.ws.key, self.ws.loaded, self.ws.data)
+        return predictions(self.ws)
 
     def cluster_label(self, cluster: Any) -> str:
         return cluster_label(cluster, self.settings.cluster_source, self.ws.class_names)
@@ -591,7 +600,7 @@ def sidebar() -> Optional[Context]:
     try:
         clusters = _clusters(ws.key, cluster_by, st.session_state["w_k"],
                              layer if cluster_by == "kmeans_activations" else "", 256,
-                             ws.loaded, ws.data)
+                             ws.loaded, ws.data, ProgressLine("Grouping samples into clusters"))
     except at.AttributionError as error:
         show_error(error, before="Could not form clusters: ")
         return None
@@ -600,8 +609,7 @@ def sidebar() -> Optional[Context]:
     id_list = ids.tolist()
     mixes = {}  # k-means clusters say what they mix
     if cluster_by.startswith("kmeans"):
-        classes = ws.data.labels.numpy() if has_labels else \
-            _predictions(ws.key, ws.loaded, ws.data)
+        classes = ws.data.labels.numpy() if has_labels else predictions(ws)
         composition = cluster_composition(clusters, classes, ws.class_names)
         mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
     _prepare_cluster(ws, cluster_by, id_list, bar)

@@ -19,10 +19,11 @@ focus_label = ctx.cluster_label(s.cluster)
 
 @st.cache_data(max_entries=32, show_spinner="Opening the neuron…")
 def view_of(key: tuple, neuron: int, _model, layer: str, _inputs, _targets, _scores,
-            _activations, _focus, _labels, method: str, _tokens, batch_size: int):
-    return neuron_view(_model, layer, _inputs, _targets, _scores, _activations, _focus, neuron,
-                       labels=_labels, n_examples=EXAMPLES, method=method, tokens=_tokens,
-                       batch_size=batch_size)
+            _activations, _focus, _labels, method: str, _tokens, batch_size: int, _progress):
+    with _progress:  # entered in the cached call: a cache hit replays no line
+        return neuron_view(_model, layer, _inputs, _targets, _scores, _activations, _focus,
+                           neuron, labels=_labels, n_examples=EXAMPLES, method=method,
+                           tokens=_tokens, batch_size=batch_size, progress=_progress)
 
 
 def keep_choice() -> None:
@@ -59,7 +60,8 @@ labels = ctx.ws.data.labels
 view = common.guarded(lambda: view_of(
     (ctx.ws.key, s.layer, s.method, ctx.target_key, ctx.cluster_key), neuron, ctx.ws.model,
     s.layer, ctx.ws.data.inputs, ctx.targets, scores, activations, ctx.focus, labels,
-    s.method, ctx.ws.data.tokens, s.batch_size))
+    s.method, ctx.ws.data.tokens, s.batch_size,
+    common.ProgressLine(f"Opening neuron {neuron} (removing it from every sample)")))
 if view is None:
     st.stop()
 
