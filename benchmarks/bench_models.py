@@ -9,8 +9,10 @@ neuron, first call included. One CPU thread (the machine is shared; two threads 
 convolutions ~80x slower under load). Run: .venv/bin/python benchmarks/bench_models.py [part]
 """
 import copy
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -148,7 +150,7 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
     scores = at.neuron_scores(model, layer, ids, y, "gradient_x_activation")
     assert scores.shape == (n_samples, 3072)
     ks = np.linspace(0, 3072, 5).round().astype(int)
-    peaks: dict[str, float] = {}
+    calls: dict[str, list[tuple[float, float]]] = {}
     candidates = {
         "gradient": lambda: at.neuron_scores(model, layer, ids, y, "gradient"),
         "gradient_x_activation": lambda: at.neuron_scores(model, layer, ids, y,
@@ -159,11 +161,14 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
     }
     report(f"GPT-2-small-sized MLP layer {layer} (3072 features x 128 tokens), {n_samples} "
            f"sequences, {n_layer} block(s) of d=768 + the classification head",
-           interleaved_medians({name: _peak_recorded(peaks, name, run)
+           interleaved_medians({name: _measured(calls, name, run)
                                 for name, run in candidates.items()}, repeats=1),
            "one plain forward+backward")
-    for name, mib in peaks.items():
-        print(f"  peak resident memory during {name:<36} {mib:8.0f} MiB")
+    floor = statistics.median(seconds for seconds, _ in calls["one plain forward+backward"][1:])
+    for name, measured in calls.items():  # the first call of each is the warm-up
+        seconds = statistics.median(seconds for seconds, _ in measured[1:])
+        print(f"  {name:<48} {seconds * 1000:10.1f} ms CPU {seconds / floor:5.2f}x, "
+              f"peak resident memory {max(mib for _, mib in measured):6.0f} MiB")
 
 
 def _embedding_backward(model, ids, y):
@@ -181,17 +186,20 @@ def _embedding_backward(model, ids, y):
         handle.remove()
 
 
-def _peak_recorded(peaks: dict[str, float], name: str, run):
-    """`run`, wrapped to keep in peaks[name] the most resident memory (MiB) the process had
-    during one of its calls: Linux's VmHWM, reset before each call through
-    /proc/self/clear_refs (which resets getrusage's ru_maxrss too, so that is not used)."""
-    def recorded():
+def _measured(calls: dict[str, list[tuple[float, float]]], name: str, run):
+    """`run`, wrapped to append (CPU seconds, peak resident MiB) of each call to calls[name].
+    CPU time (user + system, one thread) is what a call costs whatever else the shared
+    machine runs; the peak is the process's during the call: Linux's VmHWM, reset before
+    it through /proc/self/clear_refs (which resets getrusage's ru_maxrss too)."""
+    def measured():
         Path("/proc/self/clear_refs").write_text("5")
+        start = time.process_time()
         run()
+        seconds = time.process_time() - start
         status = Path("/proc/self/status").read_text().splitlines()
         kib = int(next(line for line in status if line.startswith("VmHWM")).split()[1])
-        peaks[name] = max(peaks.get(name, 0.0), kib / 1024)
-    return recorded
+        calls.setdefault(name, []).append((seconds, kib / 1024))
+    return measured
 
 
 PARTS = {"ablation": ablation_of_the_last_hidden_layer, "pt2": pt2_against_eager,
