@@ -1,10 +1,12 @@
 """Which modules of a model have neurons, and turning a user's layer choice into a module."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from .errors import AttributionError
@@ -136,7 +138,8 @@ def module_kind(name: str, module: nn.Module) -> str:
 
 
 def list_layers(model: nn.Module, example_input) -> list[LayerInfo]:
-    """Every module whose output is a tensor with a neuron axis, in call order.
+    """Every module whose output has a neuron axis, in call order; for a tuple or ModelOutput
+    output (attention, a transformers model inside a classifier), its `output_tensor`.
 
     Found by a forward pass of `example_input` ([B, ...], B >= 1; a tensor or named inputs),
     plus one pass per input dim with that dim halved, which tells position axes (they follow
@@ -182,7 +185,7 @@ def _survey(model: nn.Module, example_input) -> _Survey:
     def record(name):
         def hook(module, args, output):
             calls[name] = calls.get(name, 0) + 1
-            output = _one_tensor(output)
+            output = output_tensor(output)
             if (calls[name] > 1 or not isinstance(output, torch.Tensor) or output.dim() < 2
                     or output.shape[0] != rows):  # e.g. position embeddings [1, T, F]
                 return None
@@ -222,7 +225,10 @@ def _survey(model: nn.Module, example_input) -> _Survey:
     for producer, containers in claims.items():  # a shared module's output: innermost owner
         if producer not in once:
             owners += [c for c in containers if c in once][:1]
-    logits = result if isinstance(result, torch.Tensor) else None
+    try:  # a container returning the logits (in a tuple or ModelOutput too) is not a layer
+        logits = logits_of(result, output_key(model))
+    except AttributionError:
+        logits = None
     listed = {name for name in owners if not (
         logits is not None and _is_container(model.get_submodule(name))
         and shapes[name] == logits.shape and _same_output(name, produced, claims, logits))}
@@ -256,14 +262,32 @@ def _axes_from_users(layers: dict[str, LayerInfo], feeders: dict[str, str]) -> N
                                axis_rule=rule)
 
 
-def _one_tensor(output):
-    """The output itself, or the one tensor of a list that torch.export's unflattened modules
-    return with sizes (ints) they hand on to the next module."""
-    if isinstance(output, (tuple, list)):
-        tensors = [value for value in output if isinstance(value, torch.Tensor)]
-        if len(tensors) == 1 and all(isinstance(value, (torch.Tensor, int)) for value in output):
-            return tensors[0]
-    return output
+def _is_leaf(value: Any) -> bool:
+    """Is `value` a leaf of an output's structure (not a tuple, list, dict or ModelOutput)?"""
+    return not isinstance(value, (tuple, list, Mapping))
+
+
+def output_tensor(output: Any) -> Optional[torch.Tensor]:
+    """The tensor a module's output stands for as a layer: the output itself, or the first
+    tensor of a tuple, list, dict or ModelOutput (depth first), by convention its main one
+    (MultiheadAttention's attention output, a transformers module's hidden states). This is
+    the tensor a .pt2 exports for that module: torch.export's unflattened modules return the
+    values the model uses, sizes (ints) among them. None when the output holds no tensor."""
+    if isinstance(output, torch.Tensor):
+        return output
+    leaves = pytree.tree_leaves(output, is_leaf=_is_leaf)
+    return next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+
+
+def with_output_tensor(output: Any, tensor: torch.Tensor) -> Any:
+    """`output` with its `output_tensor` replaced by `tensor`: `tensor` for a tensor output,
+    else a new tuple / list / dict / ModelOutput of the same structure."""
+    if isinstance(output, torch.Tensor):
+        return tensor
+    leaves, structure = pytree.tree_flatten(output, is_leaf=_is_leaf)
+    first = next(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+    return pytree.tree_unflatten([tensor if i == first else leaf
+                                  for i, leaf in enumerate(leaves)], structure)
 
 
 def _is_container(module: nn.Module) -> bool:
@@ -308,7 +332,7 @@ def _axes_following_lengths(model: nn.Module, example_input, names: dict,
 
         def record(name):
             def hook(module, args, output):
-                output = _one_tensor(output)
+                output = output_tensor(output)
                 if name not in seen and isinstance(output, torch.Tensor):
                     seen[name] = output.shape
             return hook

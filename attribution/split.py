@@ -33,7 +33,8 @@ from torch import nn
 
 from .errors import AttributionError
 from .guards import engine_modes, forward_hooks, leaf_like
-from .layers import neuron_axis, run_logits, run_model, split_axis
+from .layers import (neuron_axis, output_tensor, run_logits, run_model, split_axis,
+                     with_output_tensor)
 from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
 
 
@@ -180,16 +181,16 @@ class HookRunner(LayerRunner):
                     f"Layer {self.name!r} runs more than once per forward pass (a shared "
                     "module); score a module that runs once, e.g. the layer feeding it."
                 )
-            if not isinstance(output, torch.Tensor) or output.dim() < 2:
-                shown = (f"a {type(output).__name__} of {len(output)} values: score the "
-                         "module that makes the one you want"
-                         if isinstance(output, (tuple, list)) else
-                         f"{type(output).__name__}{list(getattr(output, 'shape', []))}")
+            tensor = output_tensor(output)  # a tuple's / ModelOutput's first tensor
+            if tensor is None or tensor.dim() < 2:
+                shown = (f"a {type(output).__name__} holding no tensor" if tensor is None
+                         else f"{type(tensor).__name__}{list(tensor.shape)}")
                 raise AttributionError(
                     f"Layer {self.name!r} has no neuron axis: its output is {shown}. "
                     "Pick a layer from list_layers()."
                 )
-            return replace(output)
+            replaced = replace(tensor)
+            return None if replaced is None else with_output_tensor(output, replaced)
 
         with forward_hooks({self.module: hook}):
             logits = run_logits(self.model, x)
@@ -256,29 +257,56 @@ class _LayerLeafTracer(fx.Tracer):
 def _graph_of(model: nn.Module, name: str, example: Any
               ) -> tuple[fx.Graph, nn.Module, fx.Node]:
     """(one fx graph of the model, the module that owns its submodules and attributes, the
-    node whose value is layer `name`'s output).
+    node whose value is layer `name`'s output, its `output_tensor` for a tuple output).
 
     An eager model is traced with fx, the layer kept as one call_module node; where its
-    forward defeats fx (transformers' models) it is exported with torch.export first (see
-    `_exported`). A GraphModule is used as it is; torch.export's unflattened modules are
+    forward defeats fx (transformers' models), or the graph does not tell which entry of the
+    layer's output is first, it is exported with torch.export first (see `_exported`). A GraphModule is used as it is; torch.export's unflattened modules are
     inlined into one graph (`_inlined`).
     """
-    if not isinstance(getattr(model, "graph", None), fx.Graph):
-        try:
-            graph, owner = _LayerLeafTracer(name).trace(model), model
-        except Exception:  # noqa: BLE001 - fx refuses; torch.export may not
-            owner = _exported(model, example)
-            graph, layer_node = _inlined(owner, name)
-            return graph, owner, layer_node
-    else:
-        graph, owner = getattr(model, "graph"), model
+    if isinstance(getattr(model, "graph", None), fx.Graph):
         if _has_nested_graphs(model):
             graph, layer_node = _inlined(model, name)
-            return graph, owner, layer_node
+            return graph, model, layer_node
+        layer_node = _first_entry(_layer_node(model.graph, name))
+        if layer_node is None:
+            raise ValueError("the graph does not tell which entry of the layer's output is first")
+        return model.graph, model, layer_node
+    try:
+        graph: Optional[fx.Graph] = _LayerLeafTracer(name).trace(model)
+    except Exception:  # noqa: BLE001 - fx refuses; torch.export may not
+        graph = None
+    layer_node = None if graph is None else _first_entry(_layer_node(graph, name))
+    if graph is not None and layer_node is not None:
+        return graph, model, layer_node
+    owner = _exported(model, example)  # an export tells a tuple output's first entry too
+    graph, layer_node = _inlined(owner, name)
+    return graph, owner, layer_node
+
+
+def _layer_node(graph: fx.Graph, name: str) -> fx.Node:
     layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target == name]
     if len(layer_nodes) != 1:
         raise ValueError(f"layer appears {len(layer_nodes)} times in the graph")
-    return graph, owner, layer_nodes[0]
+    return layer_nodes[0]
+
+
+def _first_entry(layer: fx.Node) -> Optional[fx.Node]:
+    """The node of the layer's `output_tensor` (`_agrees` checks it on data): the layer's own
+    node, or where every use of it takes an entry (a tuple or ModelOutput: `out[0]`,
+    `out.last_hidden_state`), that one use, or the lowest of several positions taken
+    (`a, b = layer(x)`); None where the graph does not tell (several names taken)."""
+    takes = [user for user in layer.users if user.op == "call_function"
+             and user.target in (operator.getitem, getattr) and len(user.args) == 2
+             and isinstance(user.args[1], (int, str))]
+    if not takes or len(takes) != len(layer.users):
+        return layer
+    keys = [user.args[1] for user in takes]
+    if len(takes) == 1:
+        return takes[0]
+    if len(set(keys)) == len(keys) and all(isinstance(key, int) for key in keys):
+        return takes[keys.index(min(keys))]
+    return None
 
 
 def _has_nested_graphs(model: nn.Module) -> bool:
@@ -331,15 +359,29 @@ def _inlined(owner: nn.Module, name: str) -> tuple[fx.Graph, fx.Node]:
     if len(outputs) != 1:
         raise ValueError(f"layer appears {len(outputs)} times in the graph")
     value = outputs[0]
-    if isinstance(value, (tuple, list)):  # the tensor among sizes
+    if isinstance(value, (tuple, list)):  # the first tensor (`output_tensor`), among sizes
         tensors = [v for v in value if isinstance(v, fx.Node)
                    and isinstance(v.meta.get("val"), torch.Tensor)]
-        if len(tensors) != 1:
-            raise ValueError("the layer returns several tensors")
-        value = tensors[0]
+        if any(_reads(other, tensors[0]) for other in tensors[1:]):
+            raise ValueError("the layer's other outputs are computed from its first")
+        value = tensors[0] if tensors else None
     if not isinstance(value, fx.Node):
         raise ValueError("the layer returns no tensor")
     return graph, value
+
+
+def _reads(node: fx.Node, source: fx.Node) -> bool:
+    """Is `source` among the nodes `node` is computed from? (a tail recomputing `node` would
+    see `source` replaced, where hooks replace only `source`)"""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current is source:
+            return True
+        if current not in seen:
+            seen.add(current)
+            stack.extend(current.all_input_nodes)
+    return False
 
 
 _EXPORTS: "weakref.WeakKeyDictionary[nn.Module, tuple[Any, nn.Module]]" = (
@@ -702,13 +744,26 @@ def _tail_after(runner: FxRunner, last: fx.Node) -> fx.GraphModule:
 
 
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
-    """Does `runner` reproduce the model's logits, alone and with two stacked variants?"""
-    with torch.no_grad():
+    """Does `runner` reproduce the model's logits, alone and with two stacked variants, and
+    split at the layer's `output_tensor` (of a tuple output, the entry hooks would replace)?"""
+    seen = []
+
+    def keep(module, args, output):
+        tensor = output_tensor(output)
+        if not seen:  # a copy: in-place ops after the layer
+            seen.append(None if tensor is None else tensor.clone())
+
+    with torch.no_grad(), forward_hooks({runner.module: keep}):
         reference = run_logits(model, x)
+    with torch.no_grad():
         z, state, logits = runner.capture(x)
         doubled = runner.tail(torch.cat([z, z]), state, 2)
     tolerance = 1e-4 * (1 + reference.abs().max().item())
-    return (logits.shape == reference.shape and doubled.shape[0] == 2 * x.shape[0]
+    hooked = seen[0] if seen else None
+    return (hooked is not None and z.shape == hooked.shape
+            and torch.allclose(z, hooked, rtol=1e-4, equal_nan=True,
+                               atol=1e-4 * (1 + hooked.abs().max().item()))
+            and logits.shape == reference.shape and doubled.shape[0] == 2 * x.shape[0]
             and torch.allclose(logits, reference, rtol=1e-4, atol=tolerance)
             and torch.allclose(doubled, reference.repeat(2, 1), rtol=1e-4, atol=tolerance))
 

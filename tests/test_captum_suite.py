@@ -97,9 +97,10 @@ test_layer_feature_permutation.py                  N: methods we do not have
 
 Of the 72 cases in the five files we share a quantity with and test_internal_influence.py:
 16 ported, 38 mapped, 18 not applicable. Added beside them: a layer with a tuple output is
-refused for every method; gradient x activation before an in-place ReLU; integrated
-gradients through a softmax (Captum's LIG cases all have linear tails, where it equals
-gradient x activation, so they alone could not tell the two apart).
+scored by its first tensor for every method (Captum's first element); gradient x activation
+before an in-place ReLU; integrated gradients through a softmax (Captum's LIG cases all have
+linear tails, where it equals gradient x activation, so they alone could not tell the two
+apart).
 """
 import pytest
 import torch
@@ -111,6 +112,8 @@ from captum.testing.helpers.basic_models import (
 from torch import nn
 
 from attribution import AttributionError, NamedInputs, neuron_scores
+from attribution.guards import eval_mode
+from attribution.split import FxRunner, runner_for
 from tests.references import replaced_output
 
 
@@ -211,13 +214,28 @@ GRADIENT_X_ACTIVATION = [
 
 @pytest.mark.parametrize("method", ["gradient", "gradient_x_activation", "activation",
                                     "integrated_gradients", "conductance", "ablation"])
-def test_a_layer_with_several_outputs_is_refused(method):
-    """multi_relu returns a tuple (Captum attributes each element); a neuron needs one
-    tensor, so we refuse and the tests above score multi_relu.relu1 / .relu2 instead."""
+def test_a_layer_with_several_outputs_is_scored_by_its_first(method):
+    """multi_relu returns a tuple (relu1's output, relu2's); as a transformers module returning
+    a ModelOutput, it is scored by its first tensor, replaced alone (the second stays): the
+    scores of multi_relu.relu1, which makes that tensor, on the fast split too."""
     model = BasicModel_MultiLayer(multi_input_module=True)
-    with pytest.raises(AttributionError, match="'multi_relu' has no neuron axis: its output "
-                                               "is a tuple of 2 values: score the module"):
-        ours(model, "multi_relu", RELU_INPUT, method)
+    torch.testing.assert_close(ours(model, "multi_relu", RELU_INPUT, method),
+                               ours(model, "multi_relu.relu1", RELU_INPUT, method))
+    with eval_mode(model):
+        runner = runner_for(model, "multi_relu", model.multi_relu, RELU_INPUT)
+    assert isinstance(runner, FxRunner)
+
+
+def test_a_layer_with_several_outputs_gives_captums_first_attribution():
+    """Captum attributes each element of a tuple output; ours is the first's."""
+    model = BasicModel_MultiLayer(multi_input_module=True)
+    x = torch.tensor([[3.0, 4.0, 0.0], [-1.0, 2.0, 5.0], [2.0, -3.0, 1.0]])
+    for target in range(2):
+        first, second = LayerGradientXActivation(model, model.multi_relu).attribute(
+            x, target=target)
+        assert first.shape == second.shape
+        torch.testing.assert_close(ours(model, "multi_relu", x, "gradient_x_activation",
+                                        target), per_neuron(first))
 
 
 @pytest.mark.parametrize("case", GRADIENT_X_ACTIVATION, ids=[c[0] for c in GRADIENT_X_ACTIVATION])
