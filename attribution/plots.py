@@ -146,6 +146,19 @@ def tidy_cluster_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
     return tidy
 
 
+def tidy_every_cluster(per_sample: dict[str, np.ndarray], clusters: Sequence,
+                       reduce: str) -> pd.DataFrame:
+    """Every cluster under every method: `tidy_cluster_scores` rows of each method's
+    `cluster_table`, one after the other.
+
+    Args:
+        per_sample: method -> per-sample scores [N, n].
+        clusters: cluster id per sample [N].
+    """
+    return pd.concat([tidy_cluster_scores(cluster_table(scores, clusters, reduce), method)
+                      for method, scores in per_sample.items()], ignore_index=True)
+
+
 def cluster_table(per_sample: np.ndarray, clusters: Sequence, reduce: str) -> pd.DataFrame:
     """Reduce per-sample scores [N, n] over each cluster: the engine's table layout.
 

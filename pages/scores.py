@@ -103,15 +103,13 @@ wide.columns = [f"{plots.method_label(method)} {value}" for value, method in wid
 ordered = [f"{plots.method_label(m)} {v}" for m in s.methods for v in ("score", "spread")]
 st.dataframe(wide[ordered].sort_values(ordered[0], ascending=False), height=300,
              width="stretch")
-all_clusters = pd.concat([plots.tidy_cluster_scores(
-    plots.cluster_table(per_sample[m], ctx.clusters, s.reduce), m) for m in s.methods],
-    ignore_index=True)
 columns = st.columns(2)
 columns[0].download_button("Download this cluster's table (CSV)",
                            csv_text(summaries).encode(),
                            file_name="neuron_scores_cluster.csv", mime="text/csv",
                            on_click="ignore")
 columns[1].download_button("Download every cluster (CSV)",
-                           csv_text(all_clusters).encode(),
+                           lambda: csv_text(plots.tidy_every_cluster(  # made on a click
+                               per_sample, ctx.clusters, s.reduce)).encode(),
                            file_name="neuron_scores_all_clusters.csv", mime="text/csv",
                            on_click="ignore")

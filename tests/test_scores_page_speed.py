@@ -1,0 +1,57 @@
+"""A redraw of the Scores page does only what it shows: the every-cluster CSV is made when its
+button is clicked (Streamlit's deferred download), not on every sidebar change."""
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.runtime.media_file_manager import MediaFileManager
+
+from attribution import plots
+from tests.test_app import run_app, sidebar_widget
+
+EVERY_CLUSTER = "Download every cluster (CSV)"
+
+
+def test_every_cluster_table_has_each_method_cluster_and_neuron():
+    rng = np.random.default_rng(0)
+    per_sample = {"gradient": rng.normal(size=(12, 3)), "ablation": rng.normal(size=(12, 3))}
+    clusters = np.repeat([0, 1, 2], 4)
+    table = plots.tidy_every_cluster(per_sample, clusters, "mean_abs")
+    assert len(table) == len(per_sample) * 3 * 3
+    assert list(pd.unique(table["method"])) == list(per_sample)
+    for method, scores in per_sample.items():
+        rows = table[table["method"] == method].reset_index(drop=True)
+        pd.testing.assert_frame_equal(rows, plots.tidy_cluster_scores(
+            plots.cluster_table(scores, clusters, "mean_abs"), method))
+    one = table[(table["method"] == "ablation") & (table["cluster"] == 2)
+                & (table["neuron"] == 1)]["score"].item()
+    assert one == pytest.approx(np.abs(per_sample["ablation"][8:, 1]).mean())
+
+
+def test_the_every_cluster_csv_is_made_on_a_click_not_on_each_redraw(monkeypatch):
+    deferred, made = {}, []
+    real_add, real_tidy = MediaFileManager.add_deferred, plots.tidy_every_cluster
+
+    def recording_add(self, callable_, *args, file_name=None, **kwargs):
+        deferred[file_name] = callable_
+        return real_add(self, callable_, *args, file_name=file_name, **kwargs)
+
+    def counted_tidy(*args, **kwargs):
+        made.append(args)
+        return real_tidy(*args, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", recording_add)
+    monkeypatch.setattr(plots, "tidy_every_cluster", counted_tidy)
+    app = run_app()
+    sidebar_widget(app, "w_method").set_value("gradient").run()  # a redraw
+    assert not app.exception
+    assert [b.proto.label for b in app.get("download_button")].count(EVERY_CLUSTER) == 1
+    assert not made  # nothing computed for the button while drawing
+    csv = deferred["neuron_scores_all_clusters.csv"]()  # what a click runs
+    assert len(made) == 1
+    table = pd.read_csv(io.BytesIO(csv))
+    ctx = app.session_state["context"]
+    methods = list(ctx.settings.methods)
+    assert methods[0] == "gradient" and list(pd.unique(table["method"])) == methods
+    assert len(table) == len(methods) * len(np.unique(ctx.clusters)) * ctx.n_neurons
