@@ -8,12 +8,14 @@ because plotly renders a subset of HTML (including links) in text.
 """
 from __future__ import annotations
 
+import functools
 import html
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 CURVE_COLOURS = {"ranked": "#D55E00", "bottom": "#0072B2", "random": "#7A7A7A"}
@@ -89,6 +91,16 @@ def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
     return f"{head} ({METHOD_UNITS.get(method, 'score units')})"
 
 
+@functools.lru_cache(maxsize=None)
+def _white(kinds: tuple[str, ...]) -> go.layout.Template:
+    """plotly_white with the trace defaults of `kinds` only: the same look for a figure of
+    those trace types at half the cost (validating all 24 types' defaults into every figure
+    took ~8 of a heatmap's ~20 ms) and half the JSON."""
+    white = pio.templates["plotly_white"]
+    return go.layout.Template(layout=white.layout, data={kind: white.data[kind]
+                                                         for kind in kinds})
+
+
 def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
             top: int = 56) -> go.Figure:
     heading = dict(text=title, x=0, xanchor="left", font=dict(size=15))
@@ -96,7 +108,8 @@ def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
         heading["subtitle"] = dict(text=subtitle, font=dict(size=12, color="#57606A"))
         top += 18
     fig.update_layout(
-        template="plotly_white", font=FONT, height=height, title=heading,
+        template=_white(tuple(sorted({trace.type for trace in fig.data}))), font=FONT,
+        height=height, title=heading,
         margin=dict(l=70, r=24, t=top, b=56), hoverlabel=dict(font=FONT),
     )
     return fig

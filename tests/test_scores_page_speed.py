@@ -4,6 +4,7 @@ import io
 
 import numpy as np
 import pandas as pd
+import plotly.io as pio
 import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
@@ -55,3 +56,27 @@ def test_the_every_cluster_csv_is_made_on_a_click_not_on_each_redraw(monkeypatch
     methods = list(ctx.settings.methods)
     assert methods[0] == "gradient" and list(pd.unique(table["method"])) == methods
     assert len(table) == len(methods) * len(np.unique(ctx.clusters)) * ctx.n_neurons
+
+
+def test_figures_keep_the_plotly_white_look_with_only_their_own_trace_defaults():
+    white = pio.templates["plotly_white"]
+    rng = np.random.default_rng(1)
+    per_sample, clusters = rng.normal(size=(40, 5)), np.repeat([0, 1], 20)
+    summary = plots.neuron_summary(per_sample[:20], "mean", "gradient")
+    figures = [
+        plots.cluster_heatmap(plots.tidy_cluster_scores(
+            plots.cluster_table(per_sample, clusters, "mean"), "gradient"),
+            method="gradient", reduce="mean"),
+        plots.sample_heatmap(plots.tidy_sample_scores(per_sample[:20], np.arange(20)),
+                             method="gradient", cluster=0),
+        plots.neuron_bars(summary, method="gradient", reduce="mean"),
+        plots.method_bars(summary, reduce="mean"),
+    ]
+    for figure in figures:
+        template, kinds = figure.layout.template, {trace.type for trace in figure.data}
+        assert template.layout == white.layout
+        for kind in kinds:  # the defaults of each trace type drawn, as plotly_white has them
+            assert getattr(template.data, kind) == getattr(white.data, kind), kind
+        carried = {kind for kind, defaults in template.data.to_plotly_json().items()
+                   if defaults}
+        assert carried <= kinds  # and no other type's (half of the figure's JSON)
