@@ -24,7 +24,7 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -131,6 +131,11 @@ class LayerRunner(ABC):
     def is_current(self, module: nn.Module) -> bool:
         """Does the runner still run the model as it is now (the layer is `module`)?"""
         return self.module is module
+
+    def renew(self) -> None:
+        """Forget values computed from the weights: `runner_for` calls it whenever it hands
+        the runner out, so each computation sees the weights as they are (edits in place
+        and through `.data`, which no version counter sees, included)."""
 
     def accepts(self, x: Any) -> bool:
         """Can the runner run inputs like `x` (a batch of any size)?"""
@@ -261,8 +266,9 @@ def _graph_of(model: nn.Module, name: str, example: Any
 
     An eager model is traced with fx, the layer kept as one call_module node; where its
     forward defeats fx (transformers' models), or the graph does not tell which entry of the
-    layer's output is first, it is exported with torch.export first (see `_exported`). A GraphModule is used as it is; torch.export's unflattened modules are
-    inlined into one graph (`_inlined`).
+    layer's output is first, it is exported with torch.export first (see `_exported`). A
+    GraphModule is used as it is; torch.export's unflattened modules are inlined into one
+    graph (`_inlined`).
     """
     if isinstance(getattr(model, "graph", None), fx.Graph):
         if _has_nested_graphs(model):
@@ -371,8 +377,8 @@ def _inlined(owner: nn.Module, name: str) -> tuple[fx.Graph, fx.Node]:
 
 
 def _reads(node: fx.Node, source: fx.Node) -> bool:
-    """Is `source` among the nodes `node` is computed from? (a tail recomputing `node` would
-    see `source` replaced, where hooks replace only `source`)"""
+    """Is `node` computed from `source`? (A tail recomputing `node` would see `source`
+    replaced; hooks replace `source` alone.)"""
     seen, stack = set(), [node]
     while stack:
         current = stack.pop()
@@ -515,6 +521,7 @@ class FxRunner(LayerRunner):
         # the owner of the graphs' targets: held weakly when it is the model itself
         self._export = owner if owner is not model else None
         self._tail_graph, self._prefix = tail_graph, None
+        self._constants: Optional[tuple] = None  # see `_shortcut_constants`
         calls = getattr(owner, "module_call_graph", None)  # torch.export: flat outputs
         self._out_spec = calls[0].signature.out_spec if calls else None
         self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
@@ -561,6 +568,9 @@ class FxRunner(LayerRunner):
         return self._logits(self.back.forward(z if z.is_contiguous() else z.contiguous(),
                                               *saved))
 
+    def renew(self) -> None:
+        self._constants = None
+
     @property
     def owner(self) -> nn.Module:
         """The module whose submodules and attributes the graphs' nodes name."""
@@ -580,7 +590,7 @@ class FxRunner(LayerRunner):
         owner = self.owner
         moved = self._from_neurons(z).clone()  # an in-place op in the chain must keep z
         after = _run_nodes(owner, chain, moved)
-        zeroed = _run_nodes(owner, chain, torch.zeros_like(moved[:1]))
+        zeroed, columns = self._shortcut_constants(moved)
         if affine is None:
             variants = self._from_neurons(_zeroed_variants(
                 self._to_neurons(after), neurons, self._to_neurons(zeroed)))
@@ -588,11 +598,24 @@ class FxRunner(LayerRunner):
             change = (zeroed[0].index_select(0, neurons)[None]
                       - after.index_select(1, neurons))  # [B, K]
             variants = _shifted(_run_nodes(owner, (affine,), after), change,
-                                _columns(owner, affine, zeroed).index_select(0, neurons))
+                                columns.index_select(0, neurons))
         saved, batch = state
         saved = [_repeat_batch(value, batch, len(neurons)) if per_sample else value
                  for value, per_sample in zip(saved, self._per_sample)]
-        return self._logits(rest.forward(variants.contiguous(), *saved))
+        return self._logits(rest(variants.contiguous(), *saved))
+
+    def _shortcut_constants(self, moved: torch.Tensor
+                            ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(the chain's value at zero [1, ...], the affine op's `_columns` [n, m] or None)
+        for z like `moved`, computed once per computation (until `renew`)."""
+        key = (moved.shape[1:], moved.dtype, moved.device)
+        constants = self._constants
+        if constants is None or constants[0] != key:
+            chain, affine, _ = self._prefix
+            zeroed = _run_nodes(self.owner, chain, torch.zeros_like(moved[:1]))
+            columns = None if affine is None else _columns(self.owner, affine, zeroed)
+            self._constants = constants = (key, zeroed, columns)
+        return constants[1], constants[2]
 
     def _logits(self, output):
         if self._out_spec is not None:  # the model's own structure (a ModelOutput, a dict)
@@ -612,8 +635,8 @@ class FxRunner(LayerRunner):
 def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
     """(chain, affine, rest): the runner's tail cut after its longest chain of ops from z
     that act on each neuron alone (chain: their nodes, maybe none), then, for z [B, n], the
-    op after it when it is affine (its node, else None); rest runs what follows (a
-    GraphModule). () when there is neither. The chain is read from the graph (one op after
+    op after it when it is affine (its node, else None); rest runs what follows
+    (`_tail_after`). () when there is neither. The chain is read from the graph (one op after
     another on z, reading only parameters), and each op is checked on `z` [<=2, n, ...]:
     zeroing any neuron before the chain must equal replacing that neuron after it by the
     chain's value at zero; the affine op likewise (`_is_affine`)."""
@@ -641,7 +664,7 @@ def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
                           for value in (after, zeroed, direct)]
             except Exception:  # noqa: BLE001 - an op that cannot run alone ends the chain
                 break
-            candidate = node
+            candidate, candidate_values = node, values
             if any(not isinstance(new, torch.Tensor) or new.shape != old.shape
                    for new, old in zip(values, (after, zeroed, direct))):
                 break
@@ -655,7 +678,7 @@ def _per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
             chain.append(node)
             candidate = None  # it joined the chain
         affine = candidate if candidate is not None and _is_affine(
-            owner, candidate, after, zeroed, direct) else None
+            owner, candidate, after, zeroed, candidate_values) else None
     if affine is None and not chain:
         return ()
     return tuple(chain), affine, _tail_after(runner, affine or chain[-1])
@@ -688,13 +711,14 @@ def _shifted(base: torch.Tensor, change: torch.Tensor, columns: torch.Tensor
 
 
 def _is_affine(owner: nn.Module, node: fx.Node, after: torch.Tensor, zeroed: torch.Tensor,
-               direct: torch.Tensor) -> bool:
-    """Is `node`, on values [B, n] (`after`; `direct`: [n*B, n], neuron k replaced by its
-    `zeroed` value in copy k), affine per neuron: f(copy k) = f(after) + change x column k?"""
-    if after.dim() != 2:
+               values: list) -> bool:
+    """Is `node`, on values [B, n] (`after`), affine per neuron: f(copy k) = f(after) +
+    change x column k, where copy k has neuron k replaced by its `zeroed` value? `values`:
+    f(after), f(zeroed) and f of the n copies ([n*B, ...]), or what the node returned."""
+    base, _, expected = values
+    if after.dim() != 2 or not all(isinstance(value, torch.Tensor) for value in values):
         return False
     try:
-        base, expected = (_run_nodes(owner, (node,), value) for value in (after, direct))
         change = zeroed[0][None] - after  # [B, n]
         predicted = _shifted(base, change, _columns(owner, node, zeroed))
         scale = 1 + float(expected.abs().max())
@@ -722,7 +746,7 @@ def _run_node(owner: nn.Module, node: fx.Node, env: dict) -> Any:
     return node.target(*args, **kwargs)
 
 
-def _tail_after(runner: FxRunner, last: fx.Node) -> fx.GraphModule:
+def _tail_after(runner: FxRunner, last: fx.Node) -> Callable[..., Any]:
     """(value of `last`, live state...) -> output: the runner's tail after node `last` of a
     chain of ops from z (each the only user of the one before)."""
     nodes = list(runner._tail_graph.nodes)
@@ -740,7 +764,11 @@ def _tail_after(runner: FxRunner, last: fx.Node) -> fx.GraphModule:
     needed = {n for node in nodes[cut:] for n in node.all_input_nodes}
     if any(node in needed for node in nodes[:cut - 1] if node.op != "placeholder"):
         raise ValueError("the rest of the tail reads the chain's inner values")
-    return fx.GraphModule(runner.owner, back)
+    if len(back.nodes) == len(placeholders) + 1:  # placeholders and the output: no op
+        output = next(iter(reversed(back.nodes))).args[0]
+        inputs = [n for n in back.nodes if n.op == "placeholder"]
+        return lambda *values: fx.map_arg(output, dict(zip(inputs, values)).__getitem__)
+    return fx.GraphModule(runner.owner, back).forward
 
 
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
@@ -781,6 +809,7 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     with _CACHE_LOCK:
         cached = _CACHE.get(model, {}).get(name)
     if cached is not None and cached.is_current(module) and cached.accepts(x):
+        cached.renew()
         return cached
     path, chosen = split_axis(name)
     runner: LayerRunner
