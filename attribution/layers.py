@@ -270,9 +270,10 @@ def _is_leaf(value: Any) -> bool:
 def output_tensor(output: Any) -> Optional[torch.Tensor]:
     """The tensor a module's output stands for as a layer: the output itself, or the first
     tensor of a tuple, list, dict or ModelOutput (depth first), by convention its main one
-    (MultiheadAttention's attention output, a transformers module's hidden states). This is
-    the tensor a .pt2 exports for that module: torch.export's unflattened modules return the
-    values the model uses, sizes (ints) among them. None when the output holds no tensor."""
+    (MultiheadAttention's attention output, a transformers module's hidden states). Where
+    the model uses that entry, it is the tensor a .pt2 returns for the module: torch.export's
+    unflattened modules return the values the model uses (sizes, ints, among them). None
+    when the output holds no tensor."""
     if isinstance(output, torch.Tensor):
         return output
     leaves = pytree.tree_leaves(output, is_leaf=_is_leaf)

@@ -189,3 +189,28 @@ def test_only_the_first_field_of_a_model_output_is_replaced(untraceable, from_fi
     hidden = model.encoder(x).last_hidden_state
     torch.testing.assert_close(at.neuron_scores(model, "encoder", x, y, "activation"),
                                hidden.mean(1), rtol=1e-5, atol=1e-6)
+
+
+class Counts(nn.Module):
+    """Returns (None, a size): no tensor to score."""
+
+    def forward(self, x):
+        return None, x.shape[1]
+
+
+class CountsThenLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counts, self.fc = Counts(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        _, width = self.counts(x)
+        return self.fc(x[:, :width])
+
+
+def test_a_module_whose_output_holds_no_tensor_is_not_a_layer():
+    model, x = CountsThenLinear().eval(), torch.randn(5, 4)
+    assert [info.name for info in at.list_layers(model, x)] == ["fc"]
+    with pytest.raises(at.AttributionError, match="'counts' has no neuron axis: its output "
+                                                  "is a tuple holding no tensor"):
+        at.neuron_scores(model, "counts", x, torch.zeros(5, dtype=torch.long))
