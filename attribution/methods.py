@@ -12,6 +12,7 @@ of a NaN/inf logit is NaN; a layer no gradient reaches raises AttributionError, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -119,8 +120,9 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
     NaN where the differentiated logit is NaN or inf (its derivative describes no output);
     AttributionError when no gradient can flow from the logits back to z.
     """
+    selected = _selected(logits, targets, repeats)
     try:
-        grad = _backward(logits, z, targets, repeats)
+        grad = _backward(selected, z, targets)
     except RuntimeError as error:
         if "modified by an inplace operation" not in str(error):
             raise
@@ -132,29 +134,33 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
         ) from None
     if grad is None:
         raise _no_gradient_path(batch)
-    return _nan_where_not_finite(grad, _selected(logits, targets, repeats), targets)
+    return _nan_where_not_finite(grad, selected, targets)
 
 
 def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor,
                           targets: Targets) -> torch.Tensor:
     """`values` [(C,) R*B, n, ...] with NaN where the logit they describe, `selected` [R*B]
-    (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output."""
-    broken = ~torch.isfinite(selected.detach())
-    if not broken.any():
+    (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output.
+
+    One reduction decides: the sum of the logits is finite when every one is (a sum that
+    overflows only costs the exact check)."""
+    if math.isfinite(selected.detach().sum()):
         return values
+    broken = ~torch.isfinite(selected.detach())
     broken = broken.T if isinstance(targets, str) else broken
     return values.masked_fill(broken.view(broken.shape + (1,) * (values.dim() - broken.dim())),
                               float("nan"))
 
 
-def _backward(logits: torch.Tensor, z: torch.Tensor, targets: Targets,
-              repeats: int) -> Optional[torch.Tensor]:
-    """The gradient of `_gradients`, or None when the logits do not reach z in the graph."""
-    selected = _selected(logits, targets, repeats)
+def _backward(selected: torch.Tensor, z: torch.Tensor,
+              targets: Targets) -> Optional[torch.Tensor]:
+    """The gradient of `_gradients` from its `_selected` logits, or None when they do not
+    reach z in the graph."""
     if not selected.requires_grad:
         return None
     if not isinstance(targets, str):
         return torch.autograd.grad(selected.sum(), z, allow_unused=True)[0]
+    logits = selected  # [B, C]: "all" selects every logit
     n_classes = logits.shape[1]
     one_hot = torch.eye(n_classes, dtype=logits.dtype, device=logits.device)
     grad_outputs = one_hot[:, None, :].expand(n_classes, *logits.shape)

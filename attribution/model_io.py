@@ -152,15 +152,21 @@ def _tensor(value: Array) -> torch.Tensor:
                            f"{type(value).__name__}.")
 
 
+def float_dtype(model: nn.Module) -> Optional[torch.dtype]:
+    """The dtype of the model's first floating-point parameter (None if it has none); found
+    without walking every parameter, so it costs next to nothing per batch."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
 def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
     """A batch as tensors on `device`; floating-point ones in the model's float dtype."""
     x = named(x)
-    dtypes = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    dtype = float_dtype(model)
 
     def convert(value):
         value = _tensor(value)
         if value.is_floating_point():
-            return value.to(device=device, dtype=dtypes[0] if dtypes else value.dtype)
+            return value.to(device=device, dtype=value.dtype if dtype is None else dtype)
         return value.to(device)
 
     if isinstance(x, NamedInputs):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -24,9 +25,9 @@ _MAX_ELEMENTS_PER_PASS = 1 << 24  # bounds stacked variants (steps, ablated neur
 
 
 def model_device(model: nn.Module) -> torch.device:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    """Where the model's first parameter (or buffer) lives; cpu for a model without any."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def resolve_device(device: Union[str, torch.device]) -> torch.device:
@@ -192,37 +193,40 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     total = n_samples(inputs)
     targets = check_targets(targets, total, inputs)
     device = model_device(model)
-    function = REGISTRY[method].function
+    scoring = REGISTRY[method]
     runner = None
     start = 0
     with eval_mode(model):
         for raw, labels in iter_labelled_batches(inputs, batch_size):
-            x = as_batch_tensor(raw, model, device)
-            if model_io.n_rows(x) == 0:
-                continue
-            if REGISTRY[method].scales_inputs and not model_io.is_floating(x):
-                raise AttributionError(
-                    f"{method} interpolates the inputs from a zero baseline, which {x.dtype} "
-                    "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
-                    "interpolates the layer's output instead.")
-            if runner is None:
-                with engine_modes():  # a runner built under inference_mode fails autograd
+            # the caller's no_grad would zero gradients, autocast round, and a runner built
+            # under inference_mode fails autograd; the caller's modes are back at each yield
+            with engine_modes():
+                x = as_batch_tensor(raw, model, device)
+                rows = model_io.n_rows(x)
+                if rows == 0:
+                    continue
+                if scoring.scales_inputs and not model_io.is_floating(x):
+                    raise AttributionError(
+                        f"{method} interpolates the inputs from a zero baseline, which "
+                        f"{x.dtype} inputs (e.g. token ids) do not allow; use "
+                        "integrated_gradients, which interpolates the layer's output instead.")
+                if runner is None:
                     runner = runner_for(model, name, module, x)
-                if about_layer is not None:
-                    about_layer.update(layer_attrs(runner))
-            rows = model_io.n_rows(x)
-            batch_targets = targets
-            if isinstance(targets, torch.Tensor):
-                if start + rows > targets.shape[0]:
-                    raise AttributionError("There are more samples than targets.")
-                batch_targets = targets[start:start + rows].to(device)
-            elif targets == "labels":
-                batch_targets = batch_labels(labels, rows, device)
-            per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant's size
-            with engine_modes():  # the caller's no_grad would zero gradients, autocast round
-                scores = function(Batch(runner, x, validated_targets(batch_targets, runner),
-                                        n_steps, first_index + start, seed,
-                                        max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
+                    if about_layer is not None:
+                        about_layer.update(layer_attrs(runner))
+                    if isinstance(targets, torch.Tensor):  # every batch's at once
+                        targets = validated_targets(targets, runner).to(device)
+                batch_targets = targets
+                if isinstance(targets, torch.Tensor):
+                    if start + rows > targets.shape[0]:
+                        raise AttributionError("There are more samples than targets.")
+                    batch_targets = targets[start:start + rows]
+                elif targets == "labels":
+                    batch_targets = validated_targets(batch_labels(labels, rows, device), runner)
+                per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant
+                scores = scoring.function(Batch(runner, x, batch_targets, n_steps,
+                                                first_index + start, seed,
+                                                max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
                 scores = scores.detach().to("cpu", torch.float32)
             yield start, scores
             start += rows
@@ -233,14 +237,14 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
 
 
 def validated_targets(targets: Targets, runner) -> Targets:
-    """Check class ids against the model's number of classes."""
-    if not isinstance(targets, torch.Tensor):
+    """Check class ids against the model's number of classes (one reduction)."""
+    if not isinstance(targets, torch.Tensor) or not targets.numel():
         return targets
     n_classes = runner.n_classes
-    if targets.numel() and (targets.min() < 0 or targets.max() >= n_classes):
+    low, high = map(int, torch.aminmax(targets))
+    if low < 0 or high >= n_classes:
         raise AttributionError(f"Target class ids must lie in 0..{n_classes - 1} (the model "
-                               f"has {n_classes} outputs); got {int(targets.min())}.."
-                               f"{int(targets.max())}.")
+                               f"has {n_classes} outputs); got {low}..{high}.")
     return targets
 
 
@@ -280,10 +284,16 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     Returns:
         float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all".
     """
-    parts = [scores for _, scores in score_batches(
-        model, layer, inputs, targets, method, batch_size=batch_size, n_steps=n_steps,
-        progress=progress, seed=seed, device=device)]
-    return torch.cat(parts)
+    batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
+                            n_steps=n_steps, progress=progress, seed=seed, device=device)
+    if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N is known at the end
+        return torch.cat([scores for _, scores in batches])
+    result = None  # written batch by batch: no second copy of every score at the end
+    for start, scores in batches:
+        if result is None:
+            result = scores.new_empty((n_samples(inputs), *scores.shape[1:]))
+        result[start:start + scores.shape[0]] = scores
+    return result
 
 
 def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray, pd.Index]:
