@@ -12,7 +12,8 @@ the mean over the samples whose token at that position is real (padding counts f
 
 Speed: the layer output z is captured once per batch; many masked variants of z then go
 through `LayerRunner.tail` in one stacked pass, so only the part of the network after the
-layer re-runs when torch.fx can split the model. Identical masks (k=0, k=n) run once.
+layer re-runs when torch.fx can split the model. Identical masks (k=0, k=n) run once. On a
+CPU a batch with a large layer output (a wide sequence layer) is captured in row chunks.
 Captured outputs stay in memory between refinement rounds while they fit in `_CACHE_BYTES`;
 otherwise every round reads the inputs again.
 """
@@ -31,7 +32,7 @@ from torch.nn import functional
 from .errors import AttributionError
 from .guards import engine_modes, eval_mode
 from .layers import resolve_layer
-from .model_io import NamedInputs, attention_mask
+from .model_io import NamedInputs, attention_mask, take
 from .scores import (Inputs, as_batch_tensor, batch_labels, check_targets, cluster_codes,
                      find_cluster, iter_labelled_batches, model_device, n_samples, on_device,
                      validated_targets)
@@ -46,6 +47,12 @@ _CACHE_BYTES = 512 << 20
 # float32) is ~3x faster than one huge pass (measured: digits MLP, benchmarks/bench_pruning.py);
 # a GPU wants big passes to amortise kernel launches.
 _ELEMENTS_PER_PASS = {"cpu": 1 << 18, "other": 1 << 24}
+# Samples per capture on a CPU: a batch whose layer output has more elements (16 MiB of float32)
+# is captured in row chunks. Bigger blocks are mapped fresh and page-faulted in on every masked
+# pass, smaller ones the allocator reuses (measured: GPT-2's h.0.mlp.act, 128 sequences x 128
+# tokens x 3072 in one capture, spent 24% of a curve's CPU time in page faults). A GPU's
+# caching allocator needs no split.
+_CPU_ELEMENTS_PER_CAPTURE = 1 << 22
 _FIRST_ROUND = 5  # k points in the first progress update: both ends, the middle, the quarters
 
 CurveProgress = Optional[Callable[[float, pd.DataFrame], object]]
@@ -309,44 +316,55 @@ class _LayerPasses:
     def _read(self):
         start = 0
         for raw, labels in iter_labelled_batches(self.inputs, self.batch_size):
-            x = as_batch_tensor(raw, self.model, self.device)
-            if x.shape[0] == 0:
+            batch = as_batch_tensor(raw, self.model, self.device)
+            if batch.shape[0] == 0:
                 continue
             if self.runner is None:
                 with engine_modes():  # the runner is shared with gradient methods (cache)
-                    self.runner = runner_for(self.model, self.name, self.module, x)
-            stop = start + x.shape[0]
-            with engine_modes(), torch.no_grad():  # not the caller's autocast
-                z, state, logits = self.runner.capture(x)
-            broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + start
-            if len(broken):
-                shown = ", ".join(map(str, broken[:8].tolist())) + (", ..." if len(broken) > 8
-                                                                   else "")
-                raise AttributionError(
-                    f"The model's logits are NaN or inf on sample(s) {shown} before any neuron "
-                    "is removed, so no metric of a pruned model can be measured on them. "
-                    "Leave them out, or fix the model or inputs (at.diagnose lists them all).")
-            if self.targets is None:
-                targets = logits.argmax(1)
-            elif isinstance(self.targets, str):  # "labels"
-                targets = validated_targets(batch_labels(labels, x.shape[0], self.device),
-                                            self.runner)
-            else:
-                if stop > self.targets.shape[0]:
-                    raise AttributionError("There are more samples than targets.")
-                targets = validated_targets(self.targets[start:stop].to(self.device),
-                                            self.runner)
-            if self.groups is None:
-                groups = torch.zeros(x.shape[0], dtype=torch.long, device=self.device)
-            else:
-                if stop > len(self.groups):
-                    raise AttributionError("There are more samples than cluster ids.")
-                groups = torch.as_tensor(self.groups[start:stop], device=self.device)
-            mask = attention_mask(x)
-            real = (mask[:, None, :].to(z.dtype) if mask is not None and z.dim() == 3
-                    and z.shape[-1] == mask.shape[1] else None)
-            yield _Captured(z, state, targets, groups, real)
-            start = stop
+                    self.runner = runner_for(self.model, self.name, self.module, batch)
+            labels = (validated_targets(batch_labels(labels, batch.shape[0], self.device),
+                                        self.runner) if isinstance(self.targets, str) else None)
+            rows = batch.shape[0]
+            if self.device.type == "cpu":
+                rows = max(1, _CPU_ELEMENTS_PER_CAPTURE // max(1, self.runner.layer_size))
+            for begin in range(0, batch.shape[0], rows):
+                x = take(batch, slice(begin, begin + rows))
+                yield self._captured(x, None if labels is None else labels[begin:begin + rows],
+                                     start)
+                start += x.shape[0]
+
+    def _captured(self, x, labels: Optional[torch.Tensor], start: int) -> _Captured:
+        """Capture x [B, ...], rows `start`.. of the inputs; labels [B] for targets="labels"
+        (the y of its (x, y) batch, else None)."""
+        stop = start + x.shape[0]
+        with engine_modes(), torch.no_grad():  # not the caller's autocast
+            z, state, logits = self.runner.capture(x)
+        broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + start
+        if len(broken):
+            shown = ", ".join(map(str, broken[:8].tolist())) + (", ..." if len(broken) > 8
+                                                               else "")
+            raise AttributionError(
+                f"The model's logits are NaN or inf on sample(s) {shown} before any neuron "
+                "is removed, so no metric of a pruned model can be measured on them. "
+                "Leave them out, or fix the model or inputs (at.diagnose lists them all).")
+        if self.targets is None:
+            targets = logits.argmax(1)
+        elif labels is not None:
+            targets = labels
+        else:
+            if stop > self.targets.shape[0]:
+                raise AttributionError("There are more samples than targets.")
+            targets = validated_targets(self.targets[start:stop].to(self.device), self.runner)
+        if self.groups is None:
+            groups = torch.zeros(x.shape[0], dtype=torch.long, device=self.device)
+        else:
+            if stop > len(self.groups):
+                raise AttributionError("There are more samples than cluster ids.")
+            groups = torch.as_tensor(self.groups[start:stop], device=self.device)
+        mask = attention_mask(x)
+        real = (mask[:, None, :].to(z.dtype) if mask is not None and z.dim() == 3
+                and z.shape[-1] == mask.shape[1] else None)
+        return _Captured(z, state, targets, groups, real)
 
 
 def _metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:

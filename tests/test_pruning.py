@@ -212,6 +212,34 @@ def test_zero_ablation_makes_no_float64_copy_of_the_layer_output():
                              ablation=ablation, batch_size=40)
         assert (max(recorded.sizes) >= x.shape[0] * 64) == copies_z, ablation
 
+
+@pytest.mark.parametrize("kind", ["tensor", "loader with labels"])
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_a_wide_layer_is_captured_in_row_chunks_on_a_cpu(monkeypatch, kind, ablation):
+    # one capture of 256 GPT-2 sequences (128 tokens x 3072 at h.0.mlp.act) made blocks that
+    # every masked pass page-faulted in afresh: 24% of the curve's CPU time
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 12), nn.ReLU(), nn.Linear(12, 8), nn.ReLU(),
+                          nn.Linear(8, 3)).eval()
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    inputs = x if kind == "tensor" else DataLoader(TensorDataset(x, y), batch_size=30)
+    targets = y if kind == "tensor" else "labels"
+
+    def curve():
+        return at.pruning_curve(model, "2", inputs, targets, np.arange(8.0), n_random=4,
+                                ablation=ablation, metric="target_logit", batch_size=30)
+
+    whole = curve()
+    monkeypatch.setattr(pruning, "_CPU_ELEMENTS_PER_CAPTURE", 7 * 8)  # 7 rows of 8 neurons
+    rows = []
+    handle = model[0].register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    try:
+        chunked = curve()
+    finally:
+        handle.remove()
+    assert rows == [7, 7, 7, 7, 2]
+    pd.testing.assert_frame_equal(chunked, whole, rtol=1e-6, atol=1e-6)
+
 def test_progress_is_coarse_first_and_streams_final_values():
     model, x, y = build("residual_mlp")
     scores = scores_for(model, "fc2", x, y)
