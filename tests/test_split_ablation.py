@@ -1,0 +1,87 @@
+"""Ablation's shortcut after the layer (`FxRunner.ablate`): the per-neuron ops and the affine
+op after the layer run once per batch, with values computed from the weights once per
+computation; a cached runner must still see every weight edit and module swap."""
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.guards import eval_mode
+from attribution.split import FxRunner, runner_for
+
+from . import references
+from .zoo import randomize_batchnorm
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return randomize_batchnorm(nn.Sequential(
+        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))).eval()
+
+
+def _runner(model, layer, x):
+    with eval_mode(model):
+        return runner_for(model, layer, model.get_submodule(layer), x)
+
+
+def _ablation_and_reference(model, layer, x, y):
+    ours = at.neuron_scores(model, layer, x, y, "ablation", batch_size=7)
+    return ours, references.ablation(model, model.get_submodule(layer), x, y)
+
+
+EDITS = {  # in-place edits a cached runner cannot see by object identity
+    "the affine op's weight through .data (no version bump)":
+        lambda model: model[3].weight.data.mul_(-2),
+    "BatchNorm's running mean through .data": lambda model: model[1].running_mean.data.add_(1),
+    "BatchNorm's bias in place": lambda model: model[1].bias.add_(0.5),
+    "BatchNorm's weight in place": lambda model: model[1].weight.mul_(-1),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS.values(), ids=EDITS.keys())
+def test_scores_follow_weights_edited_between_two_calls(edit):
+    """The same cached runner, with its shortcut (BatchNorm, ReLU, then the Linear's columns),
+    gives the new scores after an edit of the weights it computed its columns from."""
+    model, x, y = _mlp(), torch.randn(20, 6), torch.randint(0, 3, (20,))
+    before, expected = _ablation_and_reference(model, "0", x, y)
+    torch.testing.assert_close(before, expected, rtol=1e-4, atol=1e-5)
+    runner = _runner(model, "0", x)
+    chain, affine, _ = runner._prefix
+    assert isinstance(runner, FxRunner) and len(chain) == 2 and affine is not None
+    with torch.no_grad():
+        edit(model)
+    after, expected = _ablation_and_reference(model, "0", x, y)
+    assert _runner(model, "0", x) is runner  # the cache was used, not a new split
+    torch.testing.assert_close(after, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(after, before, atol=1e-3)
+
+
+@pytest.mark.parametrize("position", [1, 3])
+def test_a_module_swapped_between_calls_is_not_run_by_the_old_runner(position):
+    """Replacing the BatchNorm of the chain or the Linear after it gives a new runner, and
+    the scores of the new module tree."""
+    model, x, y = _mlp(), torch.randn(20, 6), torch.randint(0, 3, (20,))
+    before, _ = _ablation_and_reference(model, "0", x, y)
+    runner = _runner(model, "0", x)
+    torch.manual_seed(1)
+    model[position] = randomize_batchnorm(nn.BatchNorm1d(8), seed=1).eval() if position == 1 \
+        else nn.Linear(8, 3)
+    after, expected = _ablation_and_reference(model, "0", x, y)
+    assert _runner(model, "0", x) is not runner
+    torch.testing.assert_close(after, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(after, before, atol=1e-3)
+
+
+def test_batches_of_other_lengths_in_one_call_use_their_own_zero_values():
+    """A conv layer [B, C, T] with BatchNorm and ReLU after it: the chain's value at zero is
+    [1, C, T], so batches of another length T in the same computation need their own."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(), nn.Linear(4, 3))).eval()
+    batches = [(torch.randn(5, 2, length), torch.randint(0, 3, (5,))) for length in (8, 12, 8)]
+    ours = at.neuron_scores(model, "0", batches, "labels", "ablation")
+    expected = torch.cat([references.ablation(model, model[0], x, y) for x, y in batches])
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+    chain, affine, _ = _runner(model, "0", batches[0][0])._prefix
+    assert len(chain) == 2 and affine is None  # BatchNorm, ReLU; the pooling is not affine
