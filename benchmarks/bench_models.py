@@ -136,7 +136,8 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
     """GPT-2 small's widths (d=768, 12 heads, MLP 3072) at 128 tokens, `n_samples` sequences,
     `n_layer` of its 12 blocks (one keeps the run short: the layer scored, h.0's MLP, is
     GPT-2-small-sized either way) and a 2-class head; every call at the default batch size.
-    Prints each candidate's peak resident memory beside its time."""
+    Prints wall medians of 2 interleaved runs after a warm-up, then each candidate's CPU
+    time and peak resident memory."""
     from transformers import GPT2Config, GPT2ForSequenceClassification
     from tests.models_zoo import Logits
 
@@ -162,7 +163,7 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
     report(f"GPT-2-small-sized MLP layer {layer} (3072 features x 128 tokens), {n_samples} "
            f"sequences, {n_layer} block(s) of d=768 + the classification head",
            interleaved_medians({name: _measured(calls, name, run)
-                                for name, run in candidates.items()}, repeats=1),
+                                for name, run in candidates.items()}, repeats=2),
            "one plain forward+backward")
     floor = statistics.median(seconds for seconds, _ in calls["one plain forward+backward"][1:])
     for name, measured in calls.items():  # the first call of each is the warm-up
