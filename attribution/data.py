@@ -39,11 +39,11 @@ from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, ope
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
 MAX_ID_CHARACTERS = 1000
+"""Longest cluster id accepted (as text every id takes the room of the longest)."""
 KMEANS_RUNS = 4
 """k-means runs from different seeds; the clustering with the lowest inertia is kept."""
 ACTIVATIONS_SHARE = 0.5
 """Share of k-means on activations that `make_clusters` reports for the activation pass."""
-"""Longest cluster id accepted (as text every id takes the room of the longest)."""
 CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
                    "kmeans_activations")
 
