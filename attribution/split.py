@@ -752,18 +752,20 @@ def _tail_after(runner: FxRunner, last: fx.Node) -> Callable[..., Any]:
     nodes = list(runner._tail_graph.nodes)
     cut = nodes.index(last) + 1
     placeholders = [n for n in nodes if n.op == "placeholder"]
+    needed = {n for node in nodes[cut:] for n in node.all_input_nodes}
+    if any(node in needed for node in nodes[:cut - 1]
+           if node.op not in ("placeholder", "get_attr")):
+        raise ValueError("the rest of the tail reads the chain's inner values")
     back = fx.Graph()
     env = {last: back.placeholder("after")}
     env.update({node: back.placeholder(f"live_{i}") for i, node in enumerate(placeholders)
                 if i > 0})
-    for node in nodes[cut:]:
+    shared = [n for n in nodes[:cut] if n.op == "get_attr" and n in needed]  # fx reads a
+    for node in shared + nodes[cut:]:  # parameter once, where the chain first uses it
         if node.op == "output":
             back.output(fx.map_arg(node.args[0], lambda arg: env[arg]))
         elif node not in env:
             env[node] = back.node_copy(node, lambda arg: env[arg])
-    needed = {n for node in nodes[cut:] for n in node.all_input_nodes}
-    if any(node in needed for node in nodes[:cut - 1] if node.op != "placeholder"):
-        raise ValueError("the rest of the tail reads the chain's inner values")
     if len(back.nodes) == len(placeholders) + 1:  # placeholders and the output: no op
         output = next(iter(reversed(back.nodes))).args[0]
         inputs = [n for n in back.nodes if n.op == "placeholder"]

@@ -1,6 +1,8 @@
 """Ablation's shortcut after the layer (`FxRunner.ablate`): the per-neuron ops and the affine
 op after the layer run once per batch, with values computed from the weights once per
 computation; a cached runner must still see every weight edit and module swap."""
+import operator
+
 import pytest
 import torch
 from torch import nn
@@ -85,3 +87,26 @@ def test_batches_of_other_lengths_in_one_call_use_their_own_zero_values():
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
     chain, affine, _ = _runner(model, "0", batches[0][0])._prefix
     assert len(chain) == 2 and affine is None  # BatchNorm, ReLU; the pooling is not affine
+
+
+class SharedScale(nn.Module):
+    """A parameter read by the per-neuron chain (z * scale) and again after the Linear: fx
+    reads it once, before the chain, so the rest of the tail must read it from there."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.scale = nn.Parameter(torch.rand(8) - 0.3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x) * self.scale)) + self.scale.sum()
+
+
+def test_a_parameter_read_in_the_chain_and_after_it():
+    torch.manual_seed(0)
+    model, x, y = SharedScale().eval(), torch.randn(12, 6), torch.randint(0, 3, (12,))
+    ours, expected = _ablation_and_reference(model, "fc1", x, y)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+    chain, affine, _ = _runner(model, "fc1", x)._prefix
+    assert [node.target for node in chain] == [operator.mul, torch.relu]
+    assert affine.target == "fc2"
