@@ -100,5 +100,7 @@ def engine_modes() -> Iterator[None]:
 def autograd_input(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` detached, or an ordinary copy of it when it was made under
     `torch.inference_mode()` (such a tensor cannot be saved for a backward pass)."""
+    if not tensor.is_inference() and not torch.is_inference_mode_enabled():
+        return tensor.detach()
     with torch.inference_mode(False):
         return tensor.clone() if tensor.is_inference() else tensor.detach()

@@ -12,6 +12,7 @@ of a NaN/inf logit is NaN; a layer no gradient reaches raises AttributionError, 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -108,9 +109,9 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
     """Target logits: [R*B] for class ids (repeated over R stacked variants), [R*B, C] for all."""
     if isinstance(targets, str):
         return logits
-    # always a copy: gather saves its index for backward, and the caller's targets may be
-    # inference tensors
-    return logits.gather(1, targets.repeat(repeats)[:, None])[:, 0]
+    # always a copy (cat copies even one part; repeat costs ~5x more): gather saves its
+    # index for backward, and the caller's targets may be inference tensors
+    return logits.gather(1, torch.cat([targets] * repeats)[:, None]).squeeze(1)
 
 
 def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Targets,
@@ -121,8 +122,9 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
     AttributionError when no gradient can flow from the logits back to z.
     """
     selected = _selected(logits, targets, repeats)
+    total = selected.sum()  # what a class-id backward starts from; finite iff they all are
     try:
-        grad = _backward(selected, z, targets)
+        grad = _backward(selected, total, z, targets)
     except RuntimeError as error:
         if "modified by an inplace operation" not in str(error):
             raise
@@ -134,17 +136,18 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
         ) from None
     if grad is None:
         raise _no_gradient_path(batch)
-    return _nan_where_not_finite(grad, selected, targets)
+    return _nan_where_not_finite(grad, selected, targets, total)
 
 
-def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor,
-                          targets: Targets) -> torch.Tensor:
+def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor, targets: Targets,
+                          total: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`values` [(C,) R*B, n, ...] with NaN where the logit they describe, `selected` [R*B]
     (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output.
 
-    One reduction decides: the sum of the logits is finite when every one is (a sum that
-    overflows only costs the exact check)."""
-    if math.isfinite(selected.detach().sum()):
+    One reduction decides, `total` (the sum of `selected`, when already computed): the sum
+    of the logits is finite when every one is (a sum that overflows only costs the exact
+    check)."""
+    if math.isfinite(selected.detach().sum() if total is None else total.detach()):
         return values
     broken = ~torch.isfinite(selected.detach())
     broken = broken.T if isinstance(targets, str) else broken
@@ -152,18 +155,18 @@ def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor,
                               float("nan"))
 
 
-def _backward(selected: torch.Tensor, z: torch.Tensor,
+def _backward(selected: torch.Tensor, total: torch.Tensor, z: torch.Tensor,
               targets: Targets) -> Optional[torch.Tensor]:
-    """The gradient of `_gradients` from its `_selected` logits, or None when they do not
-    reach z in the graph."""
+    """The gradient of `_gradients` from its `_selected` logits (and their sum `total`), or
+    None when they do not reach z in the graph."""
     if not selected.requires_grad:
         return None
     if not isinstance(targets, str):
-        return torch.autograd.grad(selected.sum(), z, allow_unused=True)[0]
+        return torch.autograd.grad(total, z, allow_unused=True)[0]
     logits = selected  # [B, C]: "all" selects every logit
     n_classes = logits.shape[1]
-    one_hot = torch.eye(n_classes, dtype=logits.dtype, device=logits.device)
-    grad_outputs = one_hot[:, None, :].expand(n_classes, *logits.shape)
+    grad_outputs = _one_hot(n_classes, logits.dtype, logits.device)[:, None, :].expand(
+        n_classes, *logits.shape)
     try:
         return torch.autograd.grad(logits, z, grad_outputs, is_grads_batched=True,
                                    allow_unused=True)[0]
@@ -173,6 +176,12 @@ def _backward(selected: torch.Tensor, z: torch.Tensor,
         if all(grad is None for grad in grads):
             return None
         return torch.stack([torch.zeros_like(z) if grad is None else grad for grad in grads])
+
+
+@functools.lru_cache(maxsize=16)
+def _one_hot(n_classes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[C, C] identity, made once per (C, dtype, device): read only (expanded views)."""
+    return torch.eye(n_classes, dtype=dtype, device=device)
 
 
 def _no_gradient_path(batch: Batch) -> AttributionError:

@@ -153,9 +153,14 @@ def _tensor(value: Array) -> torch.Tensor:
 
 
 def float_dtype(model: nn.Module) -> Optional[torch.dtype]:
-    """The dtype of the model's first floating-point parameter (None if it has none); found
-    without walking every parameter, so it costs next to nothing per batch."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    """The dtype of the model's first floating-point parameter (None if it has none), in
+    `model.parameters()` order; stops at the first one, so it costs next to nothing per
+    batch."""
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None and parameter.is_floating_point():
+                return parameter.dtype
+    return None
 
 
 def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
