@@ -674,3 +674,26 @@ def test_list_layers_reports_names_kinds_and_shapes():
         ("relu2", "ReLU", 6, (6, 6, 6)), ("head", "Linear", 4, (4,)),
     ]
     assert _model_state(model)["hooks"] == 0
+
+
+def test_per_batch_work_does_not_list_the_models_parameters():
+    """Was: every batch listed all of the model's parameters to find its float dtype (a cost
+    that grows with the model, paid per batch); facts about the model are read once per call,
+    so one batch or forty list them equally often."""
+    model, x, y = build("residual_mlp")
+    listed = []
+    parameters = model.parameters
+
+    def counted(*args, **kwargs):
+        listed.append(1)
+        return parameters(*args, **kwargs)
+
+    model.parameters = counted
+    counts = []
+    for batch_size in (len(x), 1):
+        listed.clear()
+        scores = at.neuron_scores(model, "fc1", x, y, batch_size=batch_size)
+        counts.append(len(listed))
+    del model.parameters
+    assert counts[0] == counts[1]
+    torch.testing.assert_close(scores, at.neuron_scores(model, "fc1", x, y))

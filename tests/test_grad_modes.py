@@ -17,7 +17,7 @@ from attribution import cli, distributed, split
 from attribution.data import check_data, load_data, predict_classes
 from attribution.loading import load_model
 from attribution.split import FxRunner, HookRunner, runner_for
-from attribution.guards import eval_mode
+from attribution.guards import engine_modes, eval_mode
 
 from .zoo import build
 
@@ -248,3 +248,22 @@ def test_predicted_classes_ignore_the_callers_autocast():
     assert predict_classes(model, inputs).tolist() == [1] * 6
     with torch.autocast("cpu", torch.bfloat16):
         assert predict_classes(model, inputs).tolist() == [1] * 6
+
+
+def test_engine_modes_nested_in_themselves_switch_nothing_and_restore_everything(grad_mode):
+    """score_batches holds the engine's modes for a whole batch, and the runners enter them
+    again inside: the nested entry is free, and a caller's mode set in between still comes
+    back on exit."""
+    with grad_mode():
+        with engine_modes():
+            with engine_modes():
+                assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            with torch.no_grad():
+                with engine_modes():
+                    assert torch.is_grad_enabled()
+                assert not torch.is_grad_enabled()
+            with torch.autocast("cpu"), engine_modes():
+                assert not torch.is_autocast_enabled("cpu")
+            assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+        assert_mode_kept(grad_mode)

@@ -262,3 +262,18 @@ def test_a_logit_that_is_nan_only_at_the_real_input_gives_nan_path_scores(method
                               n_steps=16)
     assert torch.isnan(scores[broken]).all()
     assert torch.isfinite(scores[~broken]).all()
+
+
+@pytest.mark.parametrize("targets", ["labels", "all"])
+def test_finite_logits_whose_sum_overflows_keep_their_gradients(targets):
+    """The NaN/inf check is decided by one sum of the differentiated logits: logits near
+    float32's largest value are finite although their sum is inf, so the exact check runs and
+    must leave every gradient as it is (the bias moves no gradient)."""
+    model, x, y = build("residual_mlp")
+    chosen = y if targets == "labels" else "all"
+    expected = at.neuron_scores(model, "fc2", x, chosen)
+    with torch.no_grad():
+        model.out.bias.fill_(3e38)
+    logits = model(x)
+    assert torch.isfinite(logits).all() and not torch.isfinite(logits.sum())
+    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, chosen), expected)

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
-from attribution.scores import cluster_codes, cluster_statistics, on_device
+from attribution.scores import cluster_codes, cluster_statistics, on_device, score_batches
 from attribution.streaming import NpyRows
 
 from .zoo import build
@@ -169,3 +169,14 @@ def test_unknown_devices_are_refused(case, device, message):
     model, layer, x, y = case
     with pytest.raises(at.AttributionError, match=message):
         at.cluster_scores(model, layer, x, y, clusters_for(len(x)), device=device)
+
+
+def test_out_of_range_targets_are_refused_before_any_batch_is_scored(case):
+    """Was: class ids were checked batch by batch, so the batches before a bad id were scored
+    and handed out first; every id is now checked once, before the first batch."""
+    model, layer, x, y = case
+    bad = y.clone()
+    bad[-1] = 99
+    batches = score_batches(model, layer, x, bad, batch_size=4)
+    with pytest.raises(at.AttributionError, match=r"must lie in 0\.\.\d .*\.\.99\."):
+        next(batches)
