@@ -68,11 +68,7 @@ def check_differentiable(model: nn.Module) -> None:
 
     Runs on every gradient pass (hooks may be added between batches): one walk over the
     modules, and names are gathered only for a message."""
-    if not (_global_hooks("_global_backward_hooks", "_global_backward_pre_hooks") or any(
-            module._backward_hooks or module._backward_pre_hooks
-            or any(t is not None and t.is_inference() for t in module._parameters.values())
-            or any(t is not None and t.is_inference() for t in module._buffers.values())
-            for module in model.modules())):
+    if not _may_be_refused(model):
         return
     made_in_inference = [name for name, tensor in [*model.named_parameters(),
                                                    *model.named_buffers()]
@@ -96,6 +92,21 @@ def check_differentiable(model: nn.Module) -> None:
             "every backward. Remove them first (handle.remove() on the handle the register "
             "call returned; without it, module._backward_hooks.clear()), or use activation "
             "or ablation.")
+
+
+def _may_be_refused(model: nn.Module) -> bool:
+    """Is there any backward hook, or parameter or buffer made under inference mode? Plain
+    loops, stopping at the first: this runs on every gradient pass."""
+    if _global_hooks("_global_backward_hooks", "_global_backward_pre_hooks"):
+        return True
+    for module in model.modules():
+        if module._backward_hooks or module._backward_pre_hooks:
+            return True
+        for tensors in (module._parameters, module._buffers):
+            for tensor in tensors.values():
+                if tensor is not None and tensor.is_inference():
+                    return True
+    return False
 
 
 def _listed(names: list[str], shown: int = 5) -> str:
