@@ -4,7 +4,8 @@ Targets (issue 2): gradient / gradient_x_activation >= 100x faster than a per-sa
 backward-hook loop, >= 2x faster than Captum, <= 3x one plain forward+backward; conductance
 >= 2x faster than Captum's LayerConductance at 32 steps; integrated gradients runs the front
 once per batch; ablation of a late layer >= 3x faster than one hooked forward per neuron;
-targets="all" against a retain_graph loop and a forward+backward per class.
+targets="all" against a retain_graph loop (bare, and keeping its gradients as "all" does) and
+a forward+backward per class.
 """
 import sys
 from pathlib import Path
@@ -81,11 +82,17 @@ def logits_and_layer_output(model, layer, xb):
     return logits, store["z"]
 
 
-def all_classes_retain_graph(model, layer, x):
+def all_classes_retain_graph(model, layer, x, keep=False):
+    """One forward per batch, a retain_graph backward per class; `keep`: the gradients are
+    kept as targets="all" returns them ([N, C, n]), else dropped (the loop's bare cost)."""
+    kept = []
     for xb in batches(x, BATCH):
         logits, z = logits_and_layer_output(model, layer, xb)
-        for c in range(logits.shape[1]):
-            torch.autograd.grad(logits[:, c].sum(), z, retain_graph=True)
+        grads = [torch.autograd.grad(logits[:, c].sum(), z, retain_graph=True)[0]
+                 for c in range(logits.shape[1])]
+        if keep:
+            kept.append(torch.stack(grads, 1))
+    return torch.cat(kept) if keep else None
 
 
 def all_classes_forward_per_class(model, layer, x):
@@ -163,8 +170,10 @@ def main():
                "at.neuron_scores targets='all'": lambda: at.neuron_scores(model, "2", x, "all"),
                "one forward, a retain_graph backward per class":
                    lambda: all_classes_retain_graph(model, hidden, x),
+               "the same, keeping the gradients [N, C, n]":
+                   lambda: all_classes_retain_graph(model, hidden, x, keep=True),
                "a forward+backward per class": lambda: all_classes_forward_per_class(model, hidden, x),
-           }, repeats=3), "at.neuron_scores targets='all'")
+           }, repeats=9), "at.neuron_scores targets='all'")
 
 
 if __name__ == "__main__":
