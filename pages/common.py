@@ -9,6 +9,7 @@ them identify their contents. Pages only draw; every computation is a call into 
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import os
@@ -33,6 +34,12 @@ from attribution.progress import TimeLeft
 from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
                                   cluster_label)
 from attribution.verdict import cluster_composition, describe_mix
+
+# The ~290k objects of the imports above (torch, pandas, plotly) live as long as the server.
+# Streamlit collects garbage fully after every run (runner.postScriptGC): ~70 ms walking them,
+# holding the GIL while the run's last messages wait to be sent. Frozen, they are skipped.
+gc.collect()  # nothing unreachable is frozen
+gc.freeze()
 
 TRUST_CODE = "--trust-code" in sys.argv[1:] or os.environ.get("ATTRIBUTION_TRUST_CODE") == "1"
 """Start-up setting (`streamlit run app.py -- --trust-code`): lets uploads run code. Only for

@@ -1,6 +1,8 @@
 """A redraw of the Scores page does only what it shows: the every-cluster CSV is made when its
 button is clicked (Streamlit's deferred download), not on every sidebar change."""
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -9,6 +11,7 @@ import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
 from attribution import plots
+from tests.conftest import ROOT
 from tests.test_app import run_app, sidebar_widget
 
 EVERY_CLUSTER = "Download every cluster (CSV)"
@@ -80,3 +83,21 @@ def test_figures_keep_the_plotly_white_look_with_only_their_own_trace_defaults()
         carried = {kind for kind, defaults in template.data.to_plotly_json().items()
                    if defaults}
         assert carried <= kinds  # and no other type's (half of the figure's JSON)
+
+
+def test_the_imports_are_left_out_of_the_servers_collection_after_each_run():
+    """Streamlit runs gc.collect(2) after every script run; the app freezes what its imports
+    made, so that collection (holding the GIL while messages wait) walks only what runs made."""
+    code = ("import gc, time\n"
+            "from pages import common\n"
+            "from attribution import plots\n"
+            "tracked = {id(o) for o in gc.get_objects()}\n"
+            "started = time.perf_counter(); gc.collect(2)\n"
+            "print(gc.get_freeze_count(), id(plots.method_colour) in tracked,\n"
+            "      len(tracked), round(1000 * (time.perf_counter() - started), 1))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    frozen, still_tracked, tracked, collect_ms = result.stdout.split()[-4:]
+    assert still_tracked == "False"  # an import-time object: frozen, not walked
+    assert int(frozen) > 10 * int(tracked), result.stdout  # nearly everything is frozen
