@@ -1,6 +1,7 @@
 """Per-sample and per-cluster neuron scores for one layer: the engine's public entry points."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from dataclasses import dataclass, field
@@ -286,14 +287,15 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     """
     batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
                             n_steps=n_steps, progress=progress, seed=seed, device=device)
-    if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N is known at the end
-        return torch.cat([scores for _, scores in batches])
-    result = None  # written batch by batch: no second copy of every score at the end
-    for start, scores in batches:
-        if result is None:
-            result = scores.new_empty((n_samples(inputs), *scores.shape[1:]))
-        result[start:start + scores.shape[0]] = scores
-    return result
+    with contextlib.closing(batches):  # a failure here still restores the model at once
+        if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N known at the end
+            return torch.cat([scores for _, scores in batches])
+        result = None  # written batch by batch: no second copy of every score at the end
+        for start, scores in batches:
+            if result is None:
+                result = scores.new_empty((n_samples(inputs), *scores.shape[1:]))
+            result[start:start + scores.shape[0]] = scores
+        return result
 
 
 def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray, pd.Index]:

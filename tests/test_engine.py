@@ -697,3 +697,25 @@ def test_per_batch_work_does_not_list_the_models_parameters():
     del model.parameters
     assert counts[0] == counts[1]
     torch.testing.assert_close(scores, at.neuron_scores(model, "fc1", x, y))
+
+
+def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
+    """neuron_scores writes each batch into one result tensor; when that fails (no memory
+    for the result), the suspended batches must not keep the model in eval mode for as long
+    as the error's traceback lives."""
+    model, x, y = build("residual_mlp")
+    model.train()
+    counted = []
+    real_n_samples = at.scores.n_samples
+
+    def failing_on_the_result(inputs):
+        counted.append(1)
+        if len(counted) > 1:  # the result's size, asked after the first batch
+            raise RuntimeError("not enough memory for the result")
+        return real_n_samples(inputs)
+
+    monkeypatch.setattr(at.scores, "n_samples", failing_on_the_result)
+    with pytest.raises(RuntimeError, match="not enough memory") as failure:
+        at.neuron_scores(model, "fc1", x, y, batch_size=8)
+    assert failure.value is not None  # the traceback (and its frames) still alive here
+    assert model.training and all(module.training for module in model.modules())
