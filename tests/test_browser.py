@@ -103,17 +103,35 @@ class App:
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
 
+    def ranked_points(self) -> list[int]:
+        """The number of points of each top-k curve on the page, once a curve is drawn (a
+        chart being redrawn is briefly missing from the page)."""
+        return self.page.wait_for_function(
+            f"() => {{ const n = ({RANKED_POINTS})(); return n.length ? n : null; }}",
+            polling=20, timeout=30_000).json_value()
+
     @contextmanager
-    def server_paused(self) -> Iterator[None]:
-        """Freeze the Streamlit server (SIGSTOP) for what the block does in the browser, so a
-        click lands mid-computation however fast the machine is: the browser's message waits
-        in the socket, and the resumed server (SIGCONT) acts on it at its next yield, long
-        before a curve of a second or two ends."""
-        os.kill(self.server.process.pid, signal.SIGSTOP)
+    def server_paused_mid_curve(self) -> Iterator[list[int]]:
+        """Freeze the Streamlit server (SIGSTOP) at the first points of the pruning curve it is
+        computing, for the block: a click there lands mid-curve however fast the machine is
+        (the browser's message waits in the socket, and the resumed server acts on it at its
+        next yield). A demo curve ends 1-2 s after its first points and a busy browser can lag
+        the server by more, so the server runs in 30 ms steps, each followed by a pause in
+        which the browser draws what it was sent. Yields the points then on the page."""
+        pid = self.server.process.pid
+        self.page.get_by_role("button", name="Stop the curve").wait_for(timeout=120_000)
+        deadline = time.monotonic() + 120
+        os.kill(pid, signal.SIGSTOP)
         try:
-            yield
+            while not any(points := self.page.evaluate(RANKED_POINTS)):
+                assert time.monotonic() < deadline, "no curve points within 2 minutes"
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.03)
+                os.kill(pid, signal.SIGSTOP)
+                self.page.wait_for_timeout(250)
+            yield points
         finally:
-            os.kill(self.server.process.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
 
     def screenshot(self, name: str) -> None:
         """The whole page (Streamlit scrolls inside its main block, so grow the window)."""
@@ -286,13 +304,9 @@ def test_pruning_curve_draws_live_and_completes(app):
 
 def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     app.open("/pruning?layer=relu1&random=100")
-    stop = app.page.get_by_role("button", name="Stop the curve")
-    stop.wait_for(timeout=60_000)
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
-                               timeout=60_000)  # stopped with points: their summary shows
-    with app.server_paused():  # the whole curve takes 1-2 s: click before it ends
-        assert max(app.page.evaluate(RANKED_POINTS)) < 33
-        stop.click()
+    with app.server_paused_mid_curve() as points:  # stopped with points: their summary shows
+        assert max(points) < 33
+        app.page.get_by_role("button", name="Stop the curve").click()
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=60_000)
     app.page.get_by_text(re.compile(r"Stopped: the curve shows the \d+ of \d+ k values")).wait_for()
     app.page.get_by_text("In words, from the points computed so far").wait_for()

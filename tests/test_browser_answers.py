@@ -120,10 +120,8 @@ def test_clicking_a_bar_opens_the_neuron_with_its_top_samples_as_images(app):
 
 def test_leaving_the_pruning_page_mid_curve_and_coming_back_resumes(app):
     app.open("/pruning?layer=relu1&random=100")
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
-                               timeout=120_000)
-    with app.server_paused():  # the whole curve takes 1-2 s: leave before it ends
-        seen = max(app.page.evaluate(RANKED_POINTS))
+    with app.server_paused_mid_curve() as points:
+        seen = max(points)
         assert seen < 33, "the curve finished before leaving; nothing to resume"
         app.go_to("Neuron scores")
     app.wait_for_chart("score per cluster")
@@ -162,13 +160,10 @@ def test_layer_names_are_not_cut_off_in_the_sidebar(app):
 
 def test_the_toolbar_stop_leaves_no_frozen_progress_but_the_summary_of_the_points(app):
     app.open("/pruning?layer=relu1&random=100")
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().some(n => n > 0)", polling=20,
-                               timeout=120_000)
-    toolbar_stop = app.page.get_by_role("button", name="Stop", exact=True)
-    with app.server_paused():  # the whole curve takes 1-2 s: stop it before it ends
-        seen = max(app.page.evaluate(RANKED_POINTS))
+    with app.server_paused_mid_curve() as points:
+        seen = max(points)
         assert seen < 33
-        toolbar_stop.click()
+        app.page.get_by_role("button", name="Stop", exact=True).click()  # Streamlit's toolbar
     started = time.monotonic()
     app.page.get_by_role("button", name="Continue the curve").wait_for(timeout=30_000)
     app.page.get_by_text("In words, from the points computed so far").wait_for()
@@ -177,11 +172,12 @@ def test_the_toolbar_stop_leaves_no_frozen_progress_but_the_summary_of_the_point
         time.monotonic() - started
     assert app.page.get_by_test_id("stProgress").count() == 0  # no frozen progress bar
     assert app.page.get_by_role("button", name="Stop the curve").count() == 0  # nor dead button
-    assert seen <= max(app.page.evaluate(RANKED_POINTS)) < 33  # the points computed, kept
+    assert seen <= max(app.ranked_points()) < 33  # the points computed, kept
     app.screenshot("answers-6-toolbar-stopped")
     app.page.get_by_role("button", name="Continue the curve").click()
-    app.page.wait_for_function(f"() => ({RANKED_POINTS})().every(n => n === 33)", polling=50,
-                               timeout=120_000)
+    app.page.wait_for_function(  # [].every(...) is true: a curve must be drawn
+        f"() => {{ const n = ({RANKED_POINTS})(); return n.length && n.every(k => k === 33); }}",
+        polling=50, timeout=120_000)
     app.wait_for_text("Verdict:")
 
 
