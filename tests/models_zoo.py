@@ -2,12 +2,23 @@
 transformers configs (no downloads), and each as the `.pt2` a user would upload."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from .zoo import randomize_batchnorm
 
 VOCABULARY, LENGTH = 50, 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread in a test module that imports this: small convolutions on a shared
+    2-core machine run ~80x slower on 2 threads than 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class BasicBlock(nn.Module):

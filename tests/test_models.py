@@ -11,7 +11,7 @@ from attribution.guards import eval_mode, forward_hooks
 from attribution.split import FxRunner, runner_for
 
 from . import references
-from .models_zoo import ResNet, build_model, exported
+from .models_zoo import ResNet, build_model, exported, one_thread  # noqa: F401 (fixture)
 
 MODELS = ["resnet", "vit", "gpt2", "bert"]
 # a nested layer and a block output of each model, scored against Captum
@@ -19,15 +19,6 @@ SCORED = {"resnet": ["layer2.0.bn2", "layer3.0"], "vit": ["blocks.0.mlp.0", "blo
           "gpt2": ["model.transformer.h.0.mlp.c_fc", "model.transformer.h.1"],
           "bert": ["model.bert.encoder.layer.0.intermediate.dense",
                    "model.bert.encoder.layer.1.output.LayerNorm"]}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small convolutions on a shared 2-core machine run ~80x slower on 2 threads than 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _forms(name, folder):

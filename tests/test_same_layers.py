@@ -14,20 +14,11 @@ from attribution.guards import eval_mode
 from attribution.methods import methods_for
 from attribution.split import FxRunner, HookRunner, runner_for
 
-from .models_zoo import build_model, exported
+from .models_zoo import build_model, exported, one_thread  # noqa: F401 (fixture)
 
 # a layer of each model whose eager output is a tuple (value, None) or a ModelOutput
 TUPLE_LAYERS = {"vit": "blocks.0.attn", "bert": "model.bert.encoder.layer.0.attention.self",
                 "gpt2": "model.transformer"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small convolutions on a shared 2-core machine run far slower on 2 threads than 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=sorted(TUPLE_LAYERS))
