@@ -84,11 +84,11 @@ def method_label(method: str) -> str:
 
 
 def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
-    """e.g. 'gradient score, signed mean (logit per unit activation)'."""
+    """e.g. 'gradient score, signed mean<br>(logit per unit activation)' (two lines)."""
     head = f"{method_label(method)} score"
     if reduce:
         head += f", {REDUCTION_LABELS.get(reduce, reduce)}"
-    return f"{head} ({METHOD_UNITS.get(method, 'score units')})"
+    return f"{head}<br>({METHOD_UNITS.get(method, 'score units')})"  # fits a half-page chart
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,6 +112,7 @@ def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
         height=height, title=heading,
         margin=dict(l=70, r=24, t=top, b=56), hoverlabel=dict(font=FONT),
     )
+    fig.update_xaxes(automargin=True)  # room for a two-line axis title
     return fig
 
 
@@ -358,7 +359,7 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     spacing = "" if n_neurons == len(neuron_order) else \
         f"; {len(neuron_order)} of {n_neurons}, evenly spaced"
     order = REDUCTION_LABELS.get(samples.attrs.get("reduce", "mean"), "signed mean")
-    fig.update_xaxes(title=f"neuron (sorted by cluster {order}, highest first{spacing})",
+    fig.update_xaxes(title=f"neuron<br>sorted by cluster {order}, highest first{spacing}",
                      type="category")
     fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
     shown = len(sample_order)
