@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 
 CURVE_COLOURS = {"ranked": "#D55E00", "bottom": "#0072B2", "random": "#7A7A7A"}
 CURVE_LABELS = {
@@ -92,28 +91,67 @@ def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _white(kinds: tuple[str, ...]) -> go.layout.Template:
+def _white(kinds: tuple[str, ...]) -> dict:
     """plotly_white with the trace defaults of `kinds` only: the same look for a figure of
-    those trace types at half the cost (validating all 24 types' defaults into every figure
-    took ~8 of a heatmap's ~20 ms) and half the JSON."""
+    those trace types at half the JSON (a figure copies it, so the cached dict stays as is)."""
     white = pio.templates["plotly_white"]
-    return go.layout.Template(layout=white.layout, data={kind: white.data[kind]
-                                                         for kind in kinds})
+    defaults = {kind: [trace.to_plotly_json() for trace in white.data[kind]]
+                for kind in kinds if white.data[kind]}  # "image" has none
+    return dict(layout=white.layout.to_plotly_json(), **({"data": defaults} if defaults else {}))
 
 
-def _finish(fig: go.Figure, *, title: str, height: int, subtitle: str = "",
+def _figure(traces: list[dict], layout: dict, *, title: str, height: int, subtitle: str = "",
             top: int = 56) -> go.Figure:
+    """The figure of `traces` (plotly trace dicts, each with its "type") and `layout`, with the
+    look every figure shares: title, font, margins, white theme, x axes with room for a
+    two-line title.
+
+    Built from plain dicts without plotly's per-property validation: setting properties one by
+    one (update_layout, add_trace, make_subplots) took 17-36 ms a figure, most of the server's
+    time in a Scores-page redraw, against under 1 ms. tests/test_plots.py validates every
+    figure against plotly's schema instead."""
     heading = dict(text=title, x=0, xanchor="left", font=dict(size=15))
     if subtitle:
         heading["subtitle"] = dict(text=subtitle, font=dict(size=12, color="#57606A"))
         top += 18
-    fig.update_layout(
-        template=_white(tuple(sorted({trace.type for trace in fig.data}))), font=FONT,
-        height=height, title=heading,
-        margin=dict(l=70, r=24, t=top, b=56), hoverlabel=dict(font=FONT),
-    )
-    fig.update_xaxes(automargin=True)  # room for a two-line axis title
-    return fig
+    layout = dict(layout, template=_white(tuple(sorted({trace["type"] for trace in traces}))),
+                  font=FONT, height=height, title=heading,
+                  margin=dict(l=70, r=24, t=top, b=56), hoverlabel=dict(font=FONT))
+    for axis in [name for name in layout if name.startswith("xaxis")] or ["xaxis"]:
+        layout[axis] = dict(layout.get(axis, {}), automargin=True)
+    return go.Figure(dict(data=traces, layout=layout), _validate=False)
+
+
+def _title(text: str) -> dict:
+    return dict(text=text)
+
+
+def _colour_bar(units: str) -> dict:
+    return dict(title=dict(text=units, side="right"))
+
+
+def _panels(titles: Sequence[str], spacing: float, *,
+            shared_y: bool = False) -> tuple[dict, list[tuple[dict, dict, dict]]]:
+    """One row of panels, as plotly's make_subplots lays them out, in plain dicts: the layout
+    (each panel's axes, its title above it) and per panel (trace anchors {"xaxis": "x2",
+    "yaxis": "y2"}, its x axis, its y axis), the axes being the layout's own dicts to fill in.
+    With `shared_y` every panel follows the first panel's y axis."""
+    count = max(1, len(titles))
+    width = (1 - spacing * (count - 1)) / count
+    layout, panels = {}, []
+    for index in range(count):
+        suffix = str(index + 1) if index else ""
+        left = index * (width + spacing)
+        x_axis = layout[f"xaxis{suffix}"] = dict(anchor=f"y{suffix}", domain=[left, left + width])
+        y_axis = layout[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", domain=[0.0, 1.0])
+        if shared_y and index:
+            y_axis.update(matches="y", showticklabels=False)
+        panels.append((dict(xaxis=f"x{suffix}", yaxis=f"y{suffix}"), x_axis, y_axis))
+    layout["annotations"] = [
+        dict(text=text, x=index * (width + spacing) + width / 2, xref="paper", xanchor="center",
+             y=1.0, yref="paper", yanchor="bottom", showarrow=False, font=dict(size=16))
+        for index, text in enumerate(titles)]
+    return layout, panels
 
 
 def _is_signed(values: Iterable[float]) -> bool:
@@ -138,8 +176,19 @@ def _colour_range(values: np.ndarray, signed: bool) -> dict:
     top = float(np.abs(finite).max()) if finite.size else 1.0
     top = top if top > 0 else 1.0
     if signed:
-        return dict(colorscale=SIGNED_SCALE, zmid=0.0, zmin=-top, zmax=top)
-    return dict(colorscale=MAGNITUDE_SCALE, zmin=0.0, zmax=top)
+        return dict(colorscale=_scale(SIGNED_SCALE), zmid=0.0, zmin=-top, zmax=top)
+    return dict(colorscale=_scale(MAGNITUDE_SCALE), zmin=0.0, zmax=top)
+
+
+@functools.lru_cache(maxsize=None)
+def _named_scale(name: str) -> tuple[tuple[float, str], ...]:
+    return go.Heatmap(colorscale=name).colorscale  # plotly's own reading of the name
+
+
+def _scale(name: str) -> list[list]:
+    """A plotly.py colour scale by name ("RdBu_r") as the [[position, colour], ...] list that
+    plotly.js draws (it knows no "_r" names, and its own "RdBu" differs)."""
+    return [list(stop) for stop in _named_scale(name)]
 
 
 # --- tidy frames -------------------------------------------------------------------------
@@ -264,42 +313,58 @@ def rank_correlations(scores: pd.DataFrame) -> pd.DataFrame:
 _MOST_GAPPED = 64  # cells per row above which a 1 px gap would hide narrow cells
 
 
-def _clickable_cells(fig: go.Figure) -> go.Figure:
-    """Make the cells of `fig`'s heatmap (its first trace) clickable: an invisible marker at
-    each cell centre carries the cell's x, y and hover text. Plotly selects scatter points but
-    not heatmap cells, so a click on a cell (Streamlit's on_select) arrives as that point."""
-    heat = fig.data[0]
-    z = np.asarray(heat.z, dtype=float)
+def _grid(tidy: pd.DataFrame, rows: str, columns: str,
+          values: str) -> tuple[list, list, np.ndarray]:
+    """A tidy frame as a grid: the row labels and column labels in order of first appearance
+    and the values [rows, columns] (NaN where a pair has no row). Several times faster than
+    DataFrame.pivot_table, which a redraw called per heatmap; a pair given twice is refused
+    rather than averaged."""
+    row_codes, row_labels = pd.factorize(tidy[rows], sort=False, use_na_sentinel=False)
+    column_codes, column_labels = pd.factorize(tidy[columns], sort=False,
+                                               use_na_sentinel=False)
+    if len(np.unique(row_codes * len(column_labels) + column_codes)) != len(tidy):
+        raise ValueError(f"more than one {values} for a ({rows}, {columns}) pair")
+    grid = np.full((len(row_labels), len(column_labels)), np.nan)
+    grid[row_codes, column_codes] = tidy[values].to_numpy(dtype=float)
+    return row_labels.tolist(), column_labels.tolist(), grid
+
+
+def _clickable_cells(traces: list[dict], layout: dict) -> None:
+    """Make the cells of the heatmap `traces[0]` clickable: an invisible marker at each cell
+    centre carries the cell's x, y and hover text. Plotly selects scatter points but not
+    heatmap cells, so a click on a cell (Streamlit's on_select) arrives as that point."""
+    heat = traces[0]
+    z = np.asarray(heat["z"], dtype=float)
     xs, ys = np.meshgrid(np.arange(z.shape[1]), np.arange(z.shape[0]))
-    extra = np.asarray(heat.customdata) if heat.customdata is not None else None
-    custom = np.stack([z.ravel()] + ([] if extra is None else [extra.ravel()]), axis=1)
-    template = heat.hovertemplate.replace("%{customdata}", "%{customdata[1]}") \
+    extra = heat.get("customdata")
+    custom = np.stack([z.ravel()] + ([] if extra is None else [np.asarray(extra).ravel()]),
+                      axis=1)
+    template = heat["hovertemplate"].replace("%{customdata}", "%{customdata[1]}") \
         .replace("%{z", "%{customdata[0]")
     invisible = dict(marker=dict(opacity=0))
-    fig.add_trace(go.Scatter(
-        x=np.asarray(heat.x, dtype=object)[xs.ravel()],
-        y=np.asarray(heat.y, dtype=object)[ys.ravel()], mode="markers",
+    traces.append(dict(
+        type="scatter", x=np.asarray(heat["x"], dtype=object)[xs.ravel()],
+        y=np.asarray(heat["y"], dtype=object)[ys.ravel()], mode="markers",
         marker=dict(size=12, opacity=0, symbol="square"), customdata=custom,
         hovertemplate=template, showlegend=False, selected=invisible, unselected=invisible))
-    heat.hoverinfo = "skip"  # the markers show the same text
-    fig.update_layout(hoverdistance=-1)
-    return fig
+    heat["hoverinfo"] = "skip"  # the markers show the same text
+    layout["hoverdistance"] = -1
 
 
-def _clickable_columns(fig: go.Figure) -> go.Figure:
-    """Make the columns of `fig`'s heatmap (its first trace) clickable with one invisible
-    marker per column, for heatmaps whose click needs only the column (x). The heatmap keeps
-    its own per-cell hover text; hovering by x ("x" hover mode) puts the column's marker under
-    every point of the column, so a click there selects it. One marker per cell would cost
-    the browser a drawn point per cell (3200 for 200 samples x 16 neurons: ~100 ms a redraw)."""
-    heat = fig.data[0]
+def _clickable_columns(traces: list[dict], layout: dict) -> None:
+    """Make the columns of the heatmap `traces[0]` clickable with one invisible marker per
+    column, for heatmaps whose click needs only the column (x). The heatmap keeps its own
+    per-cell hover text; hovering by x ("x" hover mode) puts the column's marker under every
+    point of the column, so a click there selects it. One marker per cell would cost the
+    browser a drawn point per cell (3200 for 200 samples x 16 neurons: ~100 ms a redraw)."""
+    heat = traces[0]
     invisible = dict(marker=dict(opacity=0))
-    fig.add_trace(go.Scatter(
-        x=list(heat.x), y=[heat.y[0]] * len(heat.x) if len(heat.y) else [], mode="markers",
+    traces.append(dict(
+        type="scatter", x=list(heat["x"]),
+        y=[heat["y"][0]] * len(heat["x"]) if len(heat["y"]) else [], mode="markers",
         marker=dict(size=12, opacity=0, symbol="square"), hoverinfo="none", showlegend=False,
         selected=invisible, unselected=invisible))
-    fig.update_layout(hovermode="x")
-    return fig
+    layout["hovermode"] = "x"
 
 
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
@@ -310,29 +375,25 @@ def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
         scores: rows (cluster, neuron, score, n) for one method.
         highlight: a cluster id to mark with a frame, or None.
     """
-    clusters = list(pd.unique(scores["cluster"]))
-    wide = scores.pivot_table(index="cluster", columns="neuron", values="score",
-                              sort=False, dropna=False).reindex(clusters)
+    clusters, neurons, z = _grid(scores, "cluster", "neuron", "score")
     sizes = scores.drop_duplicates("cluster").set_index("cluster")["n"].reindex(clusters)
-    z = wide.to_numpy(dtype=float)
-    labels = [plain(c) for c in clusters]
-    custom = np.repeat(sizes.to_numpy()[:, None], z.shape[1], axis=1)
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[int(c) for c in wide.columns], y=labels, customdata=custom,
-        colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
+    traces = [dict(
+        type="heatmap", z=z, x=[int(c) for c in neurons], y=[plain(c) for c in clusters],
+        customdata=np.repeat(sizes.to_numpy()[:, None], z.shape[1], axis=1),
+        colorbar=_colour_bar(METHOD_UNITS.get(method, "score")),
         hovertemplate="cluster %{y}<br>neuron %{x}<br>score %{z:.4g}"
                       "<br>n = %{customdata} samples<extra></extra>",
         xgap=1 if z.shape[1] <= _MOST_GAPPED else 0, ygap=1 if z.shape[0] <= _MOST_GAPPED else 0,
-        **_colour_range(z, _is_signed(z.ravel())),
-    ))
+        **_colour_range(z, _is_signed(z.ravel())))]
+    layout = dict(xaxis=dict(title=_title("neuron (index in the layer)")),
+                  yaxis=dict(title=_title("cluster"), type="category", autorange="reversed"))
     if highlight is not None and highlight in clusters:
         row = clusters.index(highlight)
-        fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5,
-                      y1=row + 0.5, line=dict(color="#111111", width=2))
-    fig.update_xaxes(title="neuron (index in the layer)")
-    fig.update_yaxes(title="cluster", type="category", autorange="reversed")
+        layout["shapes"] = [dict(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5,
+                                 y1=row + 0.5, line=dict(color="#111111", width=2))]
+    _clickable_cells(traces, layout)
     title = f"{method_label(method)} score per cluster ({REDUCTION_LABELS.get(reduce, reduce)})"
-    return _finish(_clickable_cells(fig), title=title, height=max(280, 90 + 26 * len(clusters)))
+    return _figure(traces, layout, title=title, height=max(280, 90 + 26 * len(clusters)))
 
 
 def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
@@ -343,36 +404,36 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
         samples: rows (sample, neuron, score) in display order (see `tidy_sample_scores`).
         n_total: the cluster's size before downsampling, for the title.
     """
-    sample_order = list(pd.unique(samples["sample"]))
-    neuron_order = list(pd.unique(samples["neuron"]))
-    wide = samples.pivot_table(index="sample", columns="neuron", values="score",
-                               sort=False).reindex(index=sample_order, columns=neuron_order)
-    z = wide.to_numpy(dtype=float)
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[str(n) for n in neuron_order], y=[str(s) for s in sample_order],
-        colorbar=dict(title=dict(text=METHOD_UNITS.get(method, "score"), side="right")),
+    sample_order, neuron_order, z = _grid(samples, "sample", "neuron", "score")
+    traces = [dict(
+        type="heatmap", z=z, x=[str(n) for n in neuron_order], y=[str(s) for s in sample_order],
+        colorbar=_colour_bar(METHOD_UNITS.get(method, "score")),
         hovertemplate="sample %{y} (row in the data)<br>neuron %{x}<br>score %{z:.4g}"
                       "<extra></extra>",
-        **_colour_range(z, _is_signed(z.ravel())),
-    ))
+        **_colour_range(z, _is_signed(z.ravel())))]
     n_neurons = samples.attrs.get("n_neurons", len(neuron_order))
     spacing = "" if n_neurons == len(neuron_order) else \
         f"; {len(neuron_order)} of {n_neurons}, evenly spaced"
     order = REDUCTION_LABELS.get(samples.attrs.get("reduce", "mean"), "signed mean")
-    fig.update_xaxes(title=f"neuron<br>sorted by cluster {order}, highest first{spacing}",
-                     type="category")
-    fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
     shown = len(sample_order)
     count = f"{shown} samples" if not n_total or n_total == shown else \
         f"{shown} of {n_total} samples, evenly spaced"
-    fig.update_yaxes(title=f"sample ({count})")
-    return _finish(_clickable_columns(fig), title=f"Each sample of cluster {plain(cluster)}",
-                   height=420)
+    layout = dict(
+        xaxis=dict(title=_title(f"neuron<br>sorted by cluster {order}, highest first{spacing}"),
+                   type="category"),
+        yaxis=dict(title=_title(f"sample ({count})"), type="category", showticklabels=False,
+                   autorange="reversed"))
+    _clickable_columns(traces, layout)
+    return _figure(traces, layout, title=f"Each sample of cluster {plain(cluster)}", height=420)
 
 
 def _bar_frame(summary: pd.DataFrame, top_n: int, bottom: bool) -> pd.DataFrame:
     ordered = summary.sort_values("score", ascending=bottom, kind="stable")
     return ordered.head(top_n)
+
+
+def _spread_whiskers(spread: pd.Series) -> dict:
+    return dict(type="data", array=spread.to_numpy(), color="#444444", thickness=1)
 
 
 def neuron_bars(summary: pd.DataFrame, *, method: str, reduce: str, top_n: int = 15,
@@ -384,19 +445,19 @@ def neuron_bars(summary: pd.DataFrame, *, method: str, reduce: str, top_n: int =
         bottom: show the lowest-scored neurons instead of the highest.
     """
     shown = _bar_frame(summary, top_n, bottom)
-    fig = go.Figure(go.Bar(
-        x=shown["score"], y=[f"neuron {n}" for n in shown["neuron"]], orientation="h",
-        marker_color=method_colour(method),
-        error_x=dict(type="data", array=shown["spread"], color="#444444", thickness=1),
+    traces = [dict(
+        type="bar", x=shown["score"].to_numpy(), y=[f"neuron {n}" for n in shown["neuron"]],
+        orientation="h", marker=dict(color=method_colour(method)),
+        error_x=_spread_whiskers(shown["spread"]),
         customdata=np.stack([shown["spread"], shown["n"]], axis=1),
         hovertemplate="%{y}<br>score %{x:.4g} ± %{customdata[0]:.3g}"
-                      "<br>n = %{customdata[1]} samples<extra></extra>",
-    ))
-    fig.update_yaxes(autorange="reversed", title=None)
-    fig.update_xaxes(title=score_axis_title(method, reduce), zeroline=True,
-                     zerolinecolor="#333333")
+                      "<br>n = %{customdata[1]} samples<extra></extra>")]
+    layout = dict(yaxis=dict(autorange="reversed"),
+                  xaxis=dict(title=_title(score_axis_title(method, reduce)), zeroline=True,
+                             zerolinecolor="#333333"))
     which = "Lowest" if bottom else "Highest"
-    return _finish(fig, title=f"{which} {len(shown)} neurons by {method_label(method)} score",
+    return _figure(traces, layout,
+                   title=f"{which} {len(shown)} neurons by {method_label(method)} score",
                    height=max(300, 80 + 24 * len(shown)))
 
 
@@ -407,20 +468,20 @@ def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.
         summaries: rows (method, neuron, score, spread, n) for one cluster.
     """
     methods = list(pd.unique(summaries["method"]))
-    fig = make_subplots(rows=1, cols=max(1, len(methods)), horizontal_spacing=0.08,
-                        subplot_titles=[method_label(m) for m in methods])
-    for column, method in enumerate(methods, start=1):
+    layout, panels = _panels([method_label(m) for m in methods], spacing=0.08)
+    traces = []
+    for method, (anchor, x_axis, y_axis) in zip(methods, panels):
         shown = _bar_frame(summaries[summaries["method"] == method], top_n, bottom=False)
-        fig.add_trace(go.Bar(
-            x=shown["score"], y=[f"neuron {n}" for n in shown["neuron"]], orientation="h",
-            marker_color=method_colour(method), name=method_label(method), showlegend=False,
-            error_x=dict(type="data", array=shown["spread"], color="#444444", thickness=1),
+        traces.append(dict(
+            type="bar", x=shown["score"].to_numpy(), y=[f"neuron {n}" for n in shown["neuron"]],
+            orientation="h", marker=dict(color=method_colour(method)), name=method_label(method),
+            showlegend=False, error_x=_spread_whiskers(shown["spread"]),
             hovertemplate="%{y}<br>score %{x:.4g}<extra>" + method_label(method) + "</extra>",
-        ), row=1, col=column)
-        fig.update_yaxes(autorange="reversed", row=1, col=column)
-        fig.update_xaxes(title=METHOD_UNITS.get(method, "score"), row=1, col=column)
-    return _finish(fig, title=f"Top {top_n} neurons under each method "
-                              f"({REDUCTION_LABELS.get(reduce, reduce)})",
+            **anchor))
+        y_axis["autorange"] = "reversed"
+        x_axis["title"] = _title(METHOD_UNITS.get(method, "score"))
+    return _figure(traces, layout, title=f"Top {top_n} neurons under each method "
+                                         f"({REDUCTION_LABELS.get(reduce, reduce)})",
                    height=max(340, 120 + 24 * top_n), top=84)
 
 
@@ -436,37 +497,37 @@ def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accur
     """
     subsets = list(pd.unique(curves["subset"])) or ["cluster"]
     titles = titles or {}
-    fig = make_subplots(rows=1, cols=len(subsets), shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[titles.get(s, s) for s in subsets])
-    for column, subset in enumerate(subsets, start=1):
+    layout, panels = _panels([titles.get(s, s) for s in subsets], spacing=0.05, shared_y=True)
+    traces = []
+    for subset, (anchor, x_axis, _) in zip(subsets, panels):
         part = curves[curves["subset"] == subset].sort_values("k")
-        first = column == 1
+        first = anchor["xaxis"] == "x"
         band = part.dropna(subset=["random_lo", "random_hi"])
-        fig.add_trace(go.Scatter(x=band["k"], y=band["random_hi"], mode="lines",
-                                 line=dict(width=0), hoverinfo="skip", showlegend=False,
-                                 legendgroup="random"), row=1, col=column)
-        fig.add_trace(go.Scatter(x=band["k"], y=band["random_lo"], mode="lines",
-                                 line=dict(width=0), fill="tonexty", fillcolor=RANDOM_BAND_FILL,
-                                 hoverinfo="skip", showlegend=False, legendgroup="random"),
-                      row=1, col=column)
+        traces.append(dict(type="scatter", x=band["k"].to_numpy(),
+                           y=band["random_hi"].to_numpy(), mode="lines", line=dict(width=0),
+                           hoverinfo="skip", showlegend=False, legendgroup="random", **anchor))
+        traces.append(dict(type="scatter", x=band["k"].to_numpy(),
+                           y=band["random_lo"].to_numpy(), mode="lines", line=dict(width=0),
+                           fill="tonexty", fillcolor=RANDOM_BAND_FILL, hoverinfo="skip",
+                           showlegend=False, legendgroup="random", **anchor))
         for kind, column_name in (("random", "random_mean"), ("bottom", "bottom"),
                                   ("ranked", "ranked")):
             line = part.dropna(subset=[column_name])
-            fig.add_trace(go.Scatter(
-                x=line["k"], y=line[column_name], mode="lines+markers" if len(line) < 3 else "lines",
+            traces.append(dict(
+                type="scatter", x=line["k"].to_numpy(), y=line[column_name].to_numpy(),
+                mode="lines+markers" if len(line) < 3 else "lines",
                 name=CURVE_LABELS[kind], legendgroup=kind, showlegend=first,
                 line=dict(color=CURVE_COLOURS[kind], width=2.5 if kind == "ranked" else 2,
                           dash="dash" if kind == "random" else "solid"),
                 hovertemplate="k = %{x}<br>%{y:.3g}<extra>" + CURVE_LABELS[kind] + "</extra>",
-            ), row=1, col=column)
-        fig.update_xaxes(title="neurons removed (k)", range=[0, n_neurons], row=1, col=column)
-    y_axis = dict(title=METRIC_AXES.get(metric, metric))
+                **anchor))
+        x_axis.update(title=_title("neurons removed (k)"), range=[0, n_neurons])
+    layout["yaxis"]["title"] = _title(METRIC_AXES.get(metric, metric))
     if metric == "accuracy":
-        y_axis.update(range=[0, 1.02], tickformat=".0%")
-    fig.update_yaxes(**y_axis, row=1, col=1)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0,
-                                  traceorder="reversed"))
-    return _finish(fig, title="What happens when neurons are removed", height=460, top=84)
+        layout["yaxis"].update(range=[0, 1.02], tickformat=".0%")
+    layout["legend"] = dict(orientation="h", yanchor="top", y=-0.2, x=0, traceorder="reversed")
+    return _figure(traces, layout, title="What happens when neurons are removed", height=460,
+                   top=84)
 
 
 def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
@@ -484,27 +545,32 @@ def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
         low, high = low - 0.5, high + 0.5
     counts, edges = np.histogram(scores, bins=bins, range=(low, high))
     centres = (edges[:-1] + edges[1:]) / 2
-    colours = [NEGATIVE_COLOUR if c < 0 else POSITIVE_COLOUR for c in centres]
-    fig = go.Figure(go.Bar(
-        x=centres, y=counts, width=edges[1] - edges[0], marker_color=colours,
-        marker_line_width=0,
+    traces = [dict(
+        type="bar", x=centres, y=counts, width=edges[1] - edges[0],
+        marker=dict(color=[NEGATIVE_COLOUR if c < 0 else POSITIVE_COLOUR for c in centres],
+                    line=dict(width=0)),
         customdata=np.stack([edges[:-1], edges[1:]], axis=1),
         hovertemplate="score %{customdata[0]:.3g} … %{customdata[1]:.3g}"
-                      "<br>%{y} samples<extra></extra>",
-    ))
+                      "<br>%{y} samples<extra></extra>")]
     mean = float(scores.mean()) if scores.size else 0.0
     mean_abs = float(np.abs(scores).mean()) if scores.size else 0.0
-    fig.add_vline(x=0, line=dict(color="#222222", width=1))
-    fig.add_vline(x=mean, line=dict(color=CURVE_COLOURS["ranked"], width=2, dash="dash"))
-    fig.add_annotation(x=mean, y=1, yref="paper", yanchor="top", xanchor="left", xshift=4,
-                       text=f"mean {mean:.3g}", showarrow=False,
-                       font=dict(color=CURVE_COLOURS["ranked"]))
-    fig.update_xaxes(title=score_axis_title(method))
-    fig.update_yaxes(title="samples (count)")
+    layout = dict(
+        shapes=[_vertical_line(0, dict(color="#222222", width=1)),
+                _vertical_line(mean, dict(color=CURVE_COLOURS["ranked"], width=2, dash="dash"))],
+        annotations=[dict(x=mean, y=1, yref="paper", yanchor="top", xanchor="left", xshift=4,
+                          text=f"mean {mean:.3g}", showarrow=False,
+                          font=dict(color=CURVE_COLOURS["ranked"]))],
+        xaxis=dict(title=_title(score_axis_title(method))),
+        yaxis=dict(title=_title("samples (count)")))
     ratio = abs(mean) / mean_abs if mean_abs > 0 else float("nan")
-    return _finish(fig, title=f"Neuron {neuron}: each sample's score",
+    return _figure(traces, layout, title=f"Neuron {neuron}: each sample's score",
                    subtitle=f"|mean| / mean |·| = {ratio:.2f} (near 0: signs cancel)",
                    height=380)
+
+
+def _vertical_line(x: float, line: dict) -> dict:
+    """A line at `x` across the plot's height (plotly's add_vline)."""
+    return dict(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="y domain", line=line)
 
 
 def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
@@ -513,20 +579,17 @@ def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
     Args:
         correlations: rows (method_a, method_b, rho) as from `rank_correlations`.
     """
-    methods = list(pd.unique(correlations["method_a"]))
-    wide = correlations.pivot_table(index="method_a", columns="method_b", values="rho",
-                                    sort=False, dropna=False).reindex(index=methods,
-                                                                      columns=methods)
+    methods, others, rho = _grid(correlations, "method_a", "method_b", "rho")
+    if methods != others:  # every ordered pair: the same methods both ways
+        raise ValueError(f"correlations pair {methods} with {others}")
     labels = [method_label(m) for m in methods]
-    fig = go.Figure(go.Heatmap(
-        z=wide.to_numpy(dtype=float), x=labels, y=labels, colorscale=SIGNED_SCALE, zmid=0,
-        zmin=-1, zmax=1, texttemplate="%{z:.2f}", textfont=dict(size=11), xgap=2, ygap=2,
-        colorbar=dict(title=dict(text="Spearman ρ", side="right")),
-        hovertemplate="%{y} vs %{x}<br>ρ = %{z:.3f}<extra></extra>",
-    ))
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(tickangle=-30)
-    return _finish(fig, title="Do the methods rank neurons alike? (Spearman ρ)",
+    traces = [dict(
+        type="heatmap", z=rho, x=labels, y=labels,
+        colorscale=_scale(SIGNED_SCALE), zmid=0, zmin=-1, zmax=1, texttemplate="%{z:.2f}",
+        textfont=dict(size=11), xgap=2, ygap=2, colorbar=_colour_bar("Spearman ρ"),
+        hovertemplate="%{y} vs %{x}<br>ρ = %{z:.3f}<extra></extra>")]
+    layout = dict(yaxis=dict(autorange="reversed"), xaxis=dict(tickangle=-30))
+    return _figure(traces, layout, title="Do the methods rank neurons alike? (Spearman ρ)",
                    height=max(340, 150 + 44 * len(methods)))
 
 
@@ -537,14 +600,15 @@ def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
         mix: rows (name, count, share) of one cluster, largest share first
             (`attribution.verdict.cluster_composition`).
     """
-    fig = go.Figure(go.Bar(
-        x=mix["share"], y=[plain(name) for name in mix["name"]], orientation="h",
-        marker_color=CURVE_COLOURS["bottom"], customdata=mix["count"],
-        hovertemplate="%{y}: %{x:.0%} (%{customdata} samples)<extra></extra>",
-    ))
-    fig.update_yaxes(autorange="reversed", type="category", title="class")
-    fig.update_xaxes(title="share of the cluster's samples", tickformat=".0%", range=[0, 1])
-    return _finish(fig, title=f"What cluster {plain(cluster)} mixes",
+    traces = [dict(
+        type="bar", x=mix["share"].to_numpy(), y=[plain(name) for name in mix["name"]],
+        orientation="h", marker=dict(color=CURVE_COLOURS["bottom"]),
+        customdata=mix["count"].to_numpy(),
+        hovertemplate="%{y}: %{x:.0%} (%{customdata} samples)<extra></extra>")]
+    layout = dict(yaxis=dict(autorange="reversed", type="category", title=_title("class")),
+                  xaxis=dict(title=_title("share of the cluster's samples"), tickformat=".0%",
+                             range=[0, 1]))
+    return _figure(traces, layout, title=f"What cluster {plain(cluster)} mixes",
                    height=max(220, 90 + 22 * len(mix)))
 
 
@@ -559,26 +623,27 @@ def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
         samples: rows (score, activation, in_cluster), one per sample
             (`attribution.neuron.NeuronView.samples`).
     """
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=[f"{method_label(method)} score", "activation"])
-    groups = [("cluster", samples["in_cluster"].to_numpy(dtype=bool),
-               f"cluster {plain(cluster)}"), ("rest", ~samples["in_cluster"].to_numpy(dtype=bool),
-                                              "rest of the data")]
-    for column, value in enumerate(("score", "activation"), start=1):
+    layout, panels = _panels([f"{method_label(method)} score", "activation"], spacing=0.1)
+    in_cluster = samples["in_cluster"].to_numpy(dtype=bool)
+    groups = [("cluster", in_cluster, f"cluster {plain(cluster)}"),
+              ("rest", ~in_cluster, "rest of the data")]
+    traces = []
+    for value, (anchor, x_axis, _) in zip(("score", "activation"), panels):
         for subset, rows, name in groups:
             if not rows.any():
                 continue
-            fig.add_trace(go.Histogram(
-                x=samples.loc[rows, value], name=f"{name} ({int(rows.sum())})",
-                histnorm="probability", opacity=0.6, nbinsx=40, legendgroup=subset,
-                showlegend=column == 1, marker_color=SUBSET_COLOURS[subset],
+            traces.append(dict(
+                type="histogram", x=samples.loc[rows, value].to_numpy(),
+                name=f"{name} ({int(rows.sum())})", histnorm="probability", opacity=0.6,
+                nbinsx=40, legendgroup=subset, showlegend=value == "score",
+                marker=dict(color=SUBSET_COLOURS[subset]),
                 hovertemplate=f"{value} %{{x}}<br>%{{y:.1%}} of the samples<extra>"
-                              f"{name}</extra>"), row=1, col=column)
-        fig.update_xaxes(title=score_axis_title(method) if value == "score"
-                         else "layer output (mean over positions)", row=1, col=column)
-    fig.update_yaxes(title="share of the samples", tickformat=".0%", row=1, col=1)
-    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.25, x=0))
-    return _finish(fig, title=f"Neuron {neuron}: each sample's score and activation",
+                              f"{name}</extra>", **anchor))
+        x_axis["title"] = _title(score_axis_title(method) if value == "score"
+                                 else "layer output (mean over positions)")
+    layout["yaxis"].update(title=_title("share of the samples"), tickformat=".0%")
+    layout.update(barmode="overlay", legend=dict(orientation="h", y=-0.25, x=0))
+    return _figure(traces, layout, title=f"Neuron {neuron}: each sample's score and activation",
                    height=380, top=84)
 
 
@@ -635,23 +700,21 @@ def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
                     np.asarray(example["positions"], dtype=np.float64), (height, breadth))
             captions.append(dict(x=x + (breadth - 1) / 2, y=y - 0.5, text=_caption(example),
                                  showarrow=False, yanchor="bottom", font=dict(size=10)))
-    if rgb:
-        fig = go.Figure(go.Image(z=mosaic.astype(np.uint8), hoverinfo="skip"))
-    else:
-        fig = go.Figure(go.Heatmap(z=mosaic, colorscale="Greys", showscale=False,
-                                   hoverinfo="skip"))
+    traces = [dict(type="image", z=mosaic.astype(np.uint8), hoverinfo="skip") if rgb else
+              dict(type="heatmap", z=mosaic, colorscale=_scale("Greys"), showscale=False,
+                   hoverinfo="skip")]
     if maps:
-        fig.add_trace(go.Heatmap(
-            z=overlay, zmin=-top, zmax=top, opacity=0.6, showscale=False,
+        traces.append(dict(
+            type="heatmap", z=overlay, zmin=-top, zmax=top, opacity=0.6, showscale=False,
             colorscale=[[0, NEGATIVE_COLOUR], [0.5, "rgba(255,255,255,0)"],
                         [1, POSITIVE_COLOUR]],
             hovertemplate="neuron output %{z:.3g}<extra></extra>"))
-    fig.update_layout(annotations=captions)
-    fig.update_xaxes(visible=False, constrain="domain")
-    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", constrain="domain")
+    layout = dict(annotations=captions, xaxis=dict(visible=False, constrain="domain"),
+                  yaxis=dict(visible=False, autorange="reversed", scaleanchor="x",
+                             constrain="domain"))
     overlay_words = "; colour: the channel's output at each position (red > 0 > blue)" \
         if maps else ""
-    return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most (top) "
+    return _figure(traces, layout, title=f"Neuron {neuron}: the samples that activate it most (top) "
                               f"and least (bottom)",
                    subtitle=f"sample number · label · activation{overlay_words}",
                    height=150 + 170 * len(sides), top=90)
@@ -696,16 +759,18 @@ def example_values(examples: pd.DataFrame, *, neuron: int,
         bar, what = "value", "feature values"
     columns = list(feature_names) if feature_names is not None and not per_token \
         else [str(i) for i in range(colour.shape[1])]
-    fig = go.Figure(go.Heatmap(
-        z=colour, x=[plain(c) for c in columns], y=rows, text=text,
-        texttemplate="%{text}" if per_token else None,
-        colorbar=dict(title=dict(text=bar, side="right")),
+    heat = dict(
+        type="heatmap", z=colour, x=[plain(c) for c in columns], y=rows,
+        colorbar=_colour_bar(bar),
         hovertemplate=("%{text} at position %{x}<br>" + bar + " %{z:.3g}" if per_token else
                        "%{x} = %{z:.4g}") + "<br>%{y}<extra></extra>",
-        **_colour_range(colour, _is_signed(colour[np.isfinite(colour)].ravel()))))
-    fig.update_yaxes(type="category", autorange="reversed")
-    fig.update_xaxes(type="category", title="position (token)" if per_token else "feature")
-    return _finish(fig, title=f"Neuron {neuron}: the samples that activate it most and "
+        **_colour_range(colour, _is_signed(colour[np.isfinite(colour)].ravel())))
+    if per_token:
+        heat.update(text=text, texttemplate="%{text}")
+    layout = dict(yaxis=dict(type="category", autorange="reversed"),
+                  xaxis=dict(type="category",
+                             title=_title("position (token)" if per_token else "feature")))
+    return _figure([heat], layout, title=f"Neuron {neuron}: the samples that activate it most and "
                               f"least ({what})", height=max(300, 110 + 22 * len(rows)))
 
 

@@ -1,6 +1,10 @@
 """The shared figures: tidy frames in, plotly figures out; colours, scales, escaping."""
+import json
+
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 import torch
 from torch import nn
@@ -339,3 +343,81 @@ def test_heatmap_cells_are_clickable_points_with_the_cells_hover_text():
     assert samples.layout.hovermode == "x" and columns.hoverinfo == "none"
     assert heat.hoverinfo != "skip" and "%{z:.4g}" in heat.hovertemplate
     assert columns.marker.opacity == 0 and columns.selected.marker.opacity == 0
+
+
+# --- figures built without plotly's validation are still what plotly would read -----------
+
+def _every_figure() -> dict[str, go.Figure]:
+    """Each figure builder on small inputs, signed and not, one panel and several."""
+    rng = np.random.default_rng(3)
+    signed, magnitude = rng.normal(size=(30, 5)), rng.random((30, 5))
+    clusters = np.array(["a", "<b>b</b>", "c"] * 10)
+    summaries = pd.concat([plots.neuron_summary(signed[:10], "mean", "gradient"),
+                           plots.neuron_summary(magnitude[:10], "mean_abs", "ablation")],
+                          ignore_index=True)
+    curves = pd.DataFrame([dict(subset=subset, k=k, ranked=1 - k / 5, bottom=1 - k / 9,
+                                random_mean=1 - k / 7, random_lo=np.nan if k == 2 else 0.5,
+                                random_hi=np.nan if k == 2 else 0.9)
+                           for subset in ("cluster", "rest") for k in range(6)])
+    samples = pd.DataFrame({"score": [1.0, -1.0, 0.5], "activation": [2.0, 0.0, 1.0],
+                            "in_cluster": [True, False, True]})
+    images = [np.full((1, 6, 6), float(i)) + np.eye(6) for i in range(3)]
+    tokens = _examples([np.array([5, 9, 2])] * 3, [None] * 3).assign(
+        tokens=[["a", "<b>", "c"], ["d"], ["e", "f"]],
+        token_scores=[np.array([1.0, -2, 3]), np.array([0.5]), np.array([0.1, 0.2])])
+    figures = {}
+    for name, per_sample in (("signed", signed), ("magnitude", magnitude)):
+        tidy = plots.tidy_cluster_scores(plots.cluster_table(per_sample, clusters, "mean"),
+                                         "gradient")
+        figures[f"cluster heatmap, {name}"] = plots.cluster_heatmap(
+            tidy, method="gradient", reduce="mean", highlight="c")
+        figures[f"sample heatmap, {name}"] = plots.sample_heatmap(
+            plots.tidy_sample_scores(per_sample[:10], np.arange(10)), method="gradient",
+            cluster="<i>a</i>", n_total=12)
+    figures.update({
+        "neuron bars": plots.neuron_bars(summaries[:5], method="gradient", reduce="mean"),
+        "method bars": plots.method_bars(summaries, reduce="mean", top_n=3),
+        "pruning, two panels": plots.pruning_figure(curves, n_neurons=5,
+                                                    titles={"cluster": "<b>7</b>"}),
+        "pruning, first points": plots.pruning_figure(curves[curves["k"] < 2], n_neurons=5,
+                                                      metric="loss"),
+        "score histogram": plots.score_histogram(samples, method="gradient", neuron=1),
+        "rank correlations": plots.rank_correlation_heatmap(plots.rank_correlations(summaries)),
+        "class mix": plots.class_mix_bars(pd.DataFrame({"name": ["six", "<b>8</b>"],
+                                                        "count": [3, 1], "share": [.75, .25]}),
+                                          cluster=2),
+        "neuron distributions": plots.neuron_distributions(samples, method="gradient",
+                                                           neuron=3, cluster="x"),
+        "example images with maps": plots.example_images(
+            _examples(images, [np.ones((2, 2))] * 3), neuron=5),
+        "example images, colour": plots.example_images(
+            _examples([rng.random((3, 4, 4))] * 3, [None] * 3), neuron=1),
+        "example tokens": plots.example_values(tokens, neuron=2, method="gradient"),
+        "example token ids": plots.example_values(
+            _examples([np.array([5, 9, 2])] * 3, [np.array([0.5, -1.0, 2.0])] * 3), neuron=2),
+        "example features": plots.example_values(
+            _examples([np.array([0.1, 0.2])] * 3, [None] * 3), neuron=2,
+            feature_names=["<b>a</b>", "b"]),
+    })
+    return figures
+
+
+@pytest.mark.parametrize("name", list(_every_figure()))
+def test_every_figure_is_valid_plotly_and_exactly_what_plotly_would_send(name):
+    """Figures are built from dicts without plotly's validation (for speed): validating one
+    now must raise on nothing (an unknown or ill-typed property raises ValueError) and change
+    nothing plotly.js receives (e.g. a plotly.py-only colour scale name like "RdBu_r")."""
+    figure = _every_figure()[name]
+    validated = go.Figure(figure.to_dict())
+    as_sent = [json.dumps(json.loads(pio.to_json(f, validate=False)), sort_keys=True)
+               for f in (figure, validated)]
+    assert as_sent[0] == as_sent[1]
+
+
+def test_a_grid_keeps_first_appearance_order_and_holes_and_refuses_a_pair_twice():
+    tidy = pd.DataFrame({"row": ["b", "a", "b"], "column": [2, 1, 1], "value": [1., 2., 3.]})
+    rows, columns, grid = plots._grid(tidy, "row", "column", "value")
+    assert rows == ["b", "a"] and columns == [2, 1]
+    np.testing.assert_array_equal(grid, [[1.0, 3.0], [np.nan, 2.0]])
+    with pytest.raises(ValueError, match="more than one value"):
+        plots._grid(pd.concat([tidy, tidy[:1]]), "row", "column", "value")

@@ -83,7 +83,8 @@ def test_user_strings_are_escaped(content):
                    settings={EVIL: EVIL}, facts={"model": EVIL}, findings=[evil_finding],
                    layers=pd.DataFrame({"layer": [EVIL], "type": ["Linear"], "neurons": [3],
                                         "output shape": ["3"]}),
-                   cluster_scores=content.cluster_scores.assign(cluster=EVIL))
+                   cluster_scores=content.cluster_scores.replace(
+                       {"cluster": {content.cluster_scores["cluster"].iloc[0]: EVIL}}))
     page = report.render_report(evil)
     assert "<script>alert" not in page
     # title twice, setting name and value, fact, finding message and hint, layer table,
