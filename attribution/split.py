@@ -35,7 +35,7 @@ from .errors import AttributionError
 from .guards import engine_modes, forward_hooks, leaf_like
 from .layers import (neuron_axis, output_tensor, run_logits, run_model, split_axis,
                      with_output_tensor)
-from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat
+from .model_io import NamedInputs, call, logits_of, n_rows, output_key, repeat, take
 
 
 def _repeat_batch(value: Any, batch: int, repeats: int) -> Any:
@@ -118,7 +118,7 @@ class LayerRunner(ABC):
     """Base of the runners; holds the model weakly so the runner cache never keeps it alive.
 
     `n_classes` and `layer_size` (elements of one sample's layer output) are set by
-    `runner_for` from the first batch it checks the runner on.
+    `runner_for` from the rows it checks the runner on.
     """
 
     n_classes: int
@@ -784,9 +784,28 @@ def _tail_after(runner: FxRunner, last: fx.Node) -> Callable[..., Any]:
     return fx.GraphModule(runner.owner, back).forward
 
 
+CHECK_ROWS = 4
+"""How many rows of the first batch `runner_for` checks a split on (`check_rows`)."""
+
+
+def check_rows(x: Any) -> Any:
+    """`CHECK_ROWS` rows of the batch x [N, ...] (of every named input alike), spread from
+    its first row to its last, as padding and lengths vary over a batch; x itself when it
+    has no more. A split right on them is right on the batch: a graph runs the same ops on
+    any batch (fx and torch.export refuse data-dependent control flow; a graph specialized
+    to the batch's size fails on fewer rows), and the engine runs the model in eval mode
+    (BatchNorm on its running statistics, no Dropout). Two rows or more tell a per-sample
+    output from one shared by the batch."""
+    rows = n_rows(x)
+    if rows <= CHECK_ROWS:
+        return x
+    return take(x, torch.linspace(0, rows - 1, CHECK_ROWS).round().long())
+
+
 def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
-    """Does `runner` reproduce the model's logits, alone and with two stacked variants, and
-    split at the layer's `output_tensor` (of a tuple output, the entry hooks would replace)?"""
+    """Does `runner` reproduce the model's logits on x (`check_rows` of a batch), alone and
+    with two stacked variants, and split at the layer's `output_tensor` (of a tuple output,
+    the entry hooks would replace)?"""
     seen = []
 
     def keep(module, args, output):
@@ -809,12 +828,28 @@ def _agrees(runner: LayerRunner, model: nn.Module, x: torch.Tensor) -> bool:
             and torch.allclose(doubled, reference.repeat(2, 1), rtol=1e-4, atol=tolerance))
 
 
+def _fastest_runner(model: nn.Module, path: str, module: nn.Module, x: Any, rows: Any
+                    ) -> LayerRunner:
+    """An `FxRunner` split at the input shapes of the batch x, where it agrees with the
+    model on `rows` (`check_rows(x)`), else a `HookRunner`."""
+    try:
+        runner = FxRunner(model, path, module, x)  # an export sees the batch's own size
+        if _agrees(runner, model, rows):
+            return runner
+    except AttributionError:
+        raise
+    except Exception:  # noqa: BLE001 - untraceable (data-dependent control flow, ...): hooks
+        pass
+    return HookRunner(model, path, module)
+
+
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, dict[str, LayerRunner]]" = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()
 
 
 def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) -> LayerRunner:
-    """The fastest runner that reproduces the model on `x` (cached per model and layer).
+    """The fastest runner that reproduces the model on `x` (cached per model and layer),
+    checked on `check_rows(x)`: the check costs a few rows, not a batch.
 
     `name` is a layer spec of `layers.resolve_layer`: "name" (the neuron axis found from the
     data, `layers.neuron_axis`) or "name:axis" (chosen). Call inside `eval_mode(model)`.
@@ -825,26 +860,25 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
         cached.renew()
         return cached
     path, chosen = split_axis(name)
-    runner: LayerRunner
+    rows = check_rows(x)
     try:
-        runner = FxRunner(model, path, module, x)
-        if not _agrees(runner, model, x):
-            runner = HookRunner(model, path, module)
+        runner = _fastest_runner(model, path, module, x, rows)
+        with torch.no_grad():
+            z, _, logits = runner.capture(rows)  # a HookRunner raises "runs twice" here
     except AttributionError:
+        if rows is not x:  # where the model fails on the rows, its message names the batch
+            with torch.no_grad():
+                run_model(model, x)
         raise
-    except Exception:  # untraceable forward (data-dependent control flow, ...): use hooks
-        runner = HookRunner(model, path, module)
-    with torch.no_grad():
-        z, _, logits = runner.capture(x)  # a HookRunner raises "runs twice" here
     if z.dim() < 2:
         raise AttributionError(
             f"Layer {path!r} has no neuron axis: its output has shape {list(z.shape)}. "
             "Pick a layer from list_layers()."
         )
-    if z.shape[0] != n_rows(x):
+    if z.shape[0] != n_rows(rows):
         raise AttributionError(
             f"Layer {path!r} has no output per sample: its output has shape "
-            f"{list(z.shape)} for {n_rows(x)} samples (e.g. position embeddings shared by "
+            f"{list(z.shape)} for {n_rows(rows)} samples (e.g. position embeddings shared by "
             "the batch). Pick a layer from list_layers().")
     if chosen is not None:
         if not -z.dim() < chosen < z.dim() or chosen % z.dim() == 0:
@@ -853,7 +887,7 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
                 f"{list(z.shape)} (batch = dim 0); choose 1..{z.dim() - 1}.")
         runner.axis, runner.axis_rule = chosen % z.dim(), "chosen"
     elif z.dim() > 2:  # positions too: which axis holds the neurons is read from the data
-        runner.axis, runner.axis_rule = neuron_axis(model, path, x)
+        runner.axis, runner.axis_rule = neuron_axis(model, path, rows)
     runner.n_classes, runner.layer_size = logits.shape[1], z[0].numel()
     with _CACHE_LOCK:
         _CACHE.setdefault(model, {})[name] = runner
