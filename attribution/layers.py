@@ -50,6 +50,8 @@ class LayerInfo:
         neuron_axis: the output dim of the neurons (batch = dim 0); the other dims are
             positions (a conv's pixels, a sequence's tokens), over which scores are pooled.
         axis_rule: how the axis was found, a key of `AXIS_RULES`.
+        output_entry: how the layer's tensor is taken from the module's output, as Python
+            indexing (`output_entry`): "" for a tensor, "[0]" for a tuple.
     """
 
     name: str
@@ -58,6 +60,7 @@ class LayerInfo:
     shape: tuple[int, ...]
     neuron_axis: int = 1
     axis_rule: str = "only axis"
+    output_entry: str = ""
 
     @property
     def positions(self) -> tuple[int, ...]:
@@ -176,6 +179,7 @@ def _survey(model: nn.Module, example_input) -> _Survey:
     names = {module: name for name, module in model.named_modules() if name}
     calls: dict[str, int] = {}
     shapes: dict[str, torch.Size] = {}  # the first output of each module
+    entries: dict[str, str] = {}  # where in it the tensor is (`output_entry`)
     feeders: dict[str, str] = {}  # module -> the module whose output was its first input
     claims: dict[str, list[str]] = {}  # producer -> containers passing its output on
     passing: set[str] = set()  # modules returning their input unchanged
@@ -183,12 +187,13 @@ def _survey(model: nn.Module, example_input) -> _Survey:
     produced: dict[int, tuple[torch.Tensor, int, str]] = {}
 
     def record(name):
-        def hook(module, args, output):
+        def hook(module, args, returned):
             calls[name] = calls.get(name, 0) + 1
-            output = output_tensor(output)
+            output = output_tensor(returned)
             if (calls[name] > 1 or not isinstance(output, torch.Tensor) or output.dim() < 2
                     or output.shape[0] != rows):  # e.g. position embeddings [1, T, F]
                 return None
+            entries[name] = output_entry(returned)
             first_input = args[0] if args else None
             source = produced.get(id(first_input)) if isinstance(first_input, torch.Tensor) else None
             if source is not None and source[1] == first_input._version:
@@ -217,7 +222,7 @@ def _survey(model: nn.Module, example_input) -> _Survey:
         axis, rule = _neuron_axis(shape, followed.get(name, set()), module,
                                   layers.get(feeders.get(name, "")), list(layers.values()))
         layers[name] = LayerInfo(name, module_kind(name, module), int(shape[axis]),
-                                 tuple(int(s) for s in shape[1:]), axis, rule)
+                                 tuple(int(s) for s in shape[1:]), axis, rule, entries[name])
     _axes_from_users(layers, feeders)
     once = {name for name in layers if calls.get(name) == 1 and name not in passing}
     owners = [name for name in layers if name in once and not any(
@@ -278,6 +283,16 @@ def output_tensor(output: Any) -> Optional[torch.Tensor]:
         return output
     leaves = pytree.tree_leaves(output, is_leaf=_is_leaf)
     return next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+
+
+def output_entry(output: Any) -> str:
+    """Where `output_tensor` takes its tensor from a module's output, as Python indexing: ""
+    for a tensor, e.g. "[0]" for a tuple, "['last_hidden_state']" for a ModelOutput."""
+    if isinstance(output, torch.Tensor):
+        return ""
+    entries, _ = pytree.tree_flatten_with_path(output, is_leaf=_is_leaf)
+    return next((pytree.keystr(path) for path, leaf in entries
+                 if isinstance(leaf, torch.Tensor)), "")
 
 
 def with_output_tensor(output: Any, tensor: torch.Tensor) -> Any:

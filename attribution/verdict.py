@@ -23,6 +23,7 @@ import torch
 
 from . import model_io
 from .diagnose import SEVERITIES, Finding
+from .layers import LayerInfo
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
@@ -266,28 +267,37 @@ def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.nd
     return buffer.getvalue()
 
 
-def expected_loop(layer: str, method: str, file_name: str = "cluster_check.npz") -> str:
-    """A short, correct per-sample loop for `method` on `layer`, reading `check_package`'s
-    file and saving the [m, n] scores the check compares (Python source)."""
+def expected_loop(layer: LayerInfo, method: str, file_name: str = "cluster_check.npz") -> str:
+    """A short, correct per-sample loop for `method` on `layer` (of `list_layers`, with the
+    neuron axis the scores use), reading `check_package`'s file and saving the [m, n] scores
+    the check compares (Python source). Where the module returns a tuple or ModelOutput, the
+    hook takes the layer's tensor from it; where the neurons are not at dim 1, the loop
+    moves them there."""
     score = SCORE_LINES.get(method, f"<your {method} score of each neuron, shape [n]>")
+    entry, axis = layer.output_entry, layer.neuron_axis
+    taken = "" if not entry else (
+        f"    # {layer.kind} returns several values: the layer is out{entry}\n")
+    moved = "" if axis == 1 else (
+        f"    z, grad = z.movedim({axis}, 1), grad.movedim({axis}, 1)  # neurons (dim {axis}) "
+        "to dim 1\n")
     return f'''import numpy as np
 import torch
 
 pack = np.load("{file_name}")
 x, targets = torch.from_numpy(pack["inputs"]), torch.from_numpy(pack["targets"])
-layer = model.get_submodule({layer!r})
+layer = model.get_submodule({layer.name!r})
 model.eval()
 rows = []
 for i in range(len(x)):                      # one sample per pass: x[i:i + 1]
     captured = {{}}
-    handle = layer.register_forward_hook(lambda m, args, out: captured.update(z=out))
+{taken}    handle = layer.register_forward_hook(lambda m, args, out: captured.update(z=out{entry}))
     try:
         model.zero_grad()                    # no gradient left from the last sample
         logits = model(x[i:i + 1])
         z = captured["z"]
-        grad, = torch.autograd.grad(logits[0, targets[i]], z)  # dF/dz, [1, n, ...]
+        grad, = torch.autograd.grad(logits[0, targets[i]], z)  # dF/dz, shaped like z
     finally:
         handle.remove()                      # never leave a hook behind
-    rows.append(({score}).detach())
+{moved}    rows.append(({score}).detach())
 np.save("my_scores.npy", torch.stack(rows).numpy())  # [samples, neurons], in file order
 '''

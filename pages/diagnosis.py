@@ -59,7 +59,7 @@ with st.expander("Check your own gradient code", icon=":material/bug_report:"):
         targets = torch.from_numpy(ctx.predictions()[ctx.focus])
     labels = None if ctx.ws.data.labels is None else \
         ctx.ws.data.labels[torch.from_numpy(ctx.focus)]
-    st.code(expected_loop(s.layer, s.method), language="python")
+    st.code(expected_loop(ctx.layer_info, s.method), language="python")
     st.download_button("Download what the check needs (.npz: inputs, targets, labels, "
                        "sample ids)",
                        check_package(ctx.focus_inputs(), targets, ctx.focus.nonzero()[0],

@@ -3,12 +3,13 @@ remedies that address the cause, on models whose health is known by construction
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import attribution as at
 from attribution.diagnose import CAPTURE_PATTERNS, CHECKS
-from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES, Finding,
-                                 Remedy, check_name, check_package, cluster_composition,
-                                 describe_mix, expected_loop, verdict)
+from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES, SCORE_LINES,
+                                 Finding, Remedy, check_name, check_package,
+                                 cluster_composition, describe_mix, expected_loop, verdict)
 
 from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                             seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
@@ -137,6 +138,11 @@ def test_a_mixed_kmeans_cluster_of_the_demo_is_described_by_its_classes():
                        dataset.labels.unique())
 
 
+def layer_of(model: nn.Module, x: torch.Tensor, name: str) -> at.LayerInfo:
+    """Layer `name` as the dashboard lists it (`list_layers`)."""
+    return next(info for info in at.list_layers(model, x) if info.name == name)
+
+
 @pytest.mark.parametrize("method", ["gradient", "gradient_x_activation", "activation"])
 def test_the_loop_shown_to_the_user_matches_the_engine_on_the_downloaded_package(
         method, tmp_path, monkeypatch):
@@ -144,7 +150,9 @@ def test_the_loop_shown_to_the_user_matches_the_engine_on_the_downloaded_package
     ids = np.arange(100, 100 + len(x))
     (tmp_path / "cluster_check.npz").write_bytes(check_package(x, y, ids, labels=y))
     monkeypatch.chdir(tmp_path)
-    exec(expected_loop("fc", method), {"model": model})  # the snippet as the page shows it
+    loop = expected_loop(layer_of(model, x, "fc"), method)
+    assert "captured.update(z=out))" in loop and "movedim" not in loop  # a tensor: as simple
+    exec(loop, {"model": model})  # the snippet as the page shows it
     user = np.load(tmp_path / "my_scores.npy")
     assert user.shape == (len(x), WIDTH)
     findings = {f.code: f for f in at.diagnose(model, "fc", x, y, method, user_scores=user)}
@@ -152,3 +160,71 @@ def test_the_loop_shown_to_the_user_matches_the_engine_on_the_downloaded_package
     package = np.load(tmp_path / "cluster_check.npz")
     assert package["sample_ids"].tolist() == ids.tolist()
     assert package["targets"].tolist() == package["labels"].tolist() == y.tolist()
+
+
+def test_output_entry_indexes_the_tensor_output_tensor_takes():
+    """`output_entry` as Python code, applied to the output, gives `output_tensor`'s tensor:
+    nested tuples and lists, dicts and ModelOutputs with empty fields, a plain tensor."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    from attribution.layers import output_entry, output_tensor
+
+    a, b = torch.ones(2, 3), torch.zeros(2, 4)
+    outputs = [a, (a, b), [None, (b, a)], {"sizes": 3, "hidden": b, "other": a},
+               BaseModelOutputWithPooling(last_hidden_state=None, pooler_output=b)]
+    for output in outputs:
+        assert eval("output" + output_entry(output)) is output_tensor(output)
+    assert [output_entry(output) for output in outputs[:3]] == ["", "[0]", "[1][0]"]
+
+
+class AttentionBlock(nn.Module):
+    """h + attention(h) [N, T, 8], returned as a ModelOutput with the attention weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, h, *_):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        attended, weights = self.attention(h, h, h)
+        return BaseModelOutput(last_hidden_state=h + attended, attentions=weights)
+
+
+class AttentionNet(nn.Module):
+    """Token features [N, T, 4] -> Linear -> `attention` (a module returning a tuple or a
+    ModelOutput, its first entry [N, T, 8]) -> tanh, mean over tokens -> 3 logits."""
+
+    def __init__(self, attention: nn.Module):
+        super().__init__()
+        self.embed, self.attention, self.head = nn.Linear(4, 8), attention, nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        return self.head(torch.tanh(self.attention(h, h, h)[0]).mean(1))
+
+
+ATTENTION = {"tuple (MultiheadAttention)": (lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+                                             "[0]"),
+             "ModelOutput": (AttentionBlock, "['last_hidden_state']")}
+
+
+@pytest.mark.parametrize("method", list(SCORE_LINES))
+@pytest.mark.parametrize("make, entry", ATTENTION.values(), ids=ATTENTION.keys())
+def test_the_loop_takes_the_layer_from_a_tuple_or_model_output_and_its_features_axis(
+        make, entry, method, tmp_path, monkeypatch):
+    """A layer whose module returns several values, its neurons along dim 2 (features of
+    tokens): the snippet, run as the user would copy it, gives the engine's scores."""
+    torch.manual_seed(0)
+    model, x = AttentionNet(make()).eval(), torch.randn(6, 5, 4)
+    y = torch.randint(0, 3, (len(x),))
+    layer = layer_of(model, x, "attention")
+    assert (layer.output_entry, layer.neuron_axis, layer.n_neurons) == (entry, 2, 8)
+    (tmp_path / "cluster_check.npz").write_bytes(check_package(x, y, np.arange(len(x))))
+    monkeypatch.chdir(tmp_path)
+    loop = expected_loop(layer, method)
+    assert f"captured.update(z=out{entry}))" in loop and "movedim(2, 1)" in loop
+    exec(loop, {"model": model})
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "my_scores.npy")),
+                               at.neuron_scores(model, layer.spec, x, y, method),
+                               rtol=1e-4, atol=1e-5)
