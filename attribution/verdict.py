@@ -254,10 +254,8 @@ def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.nd
     Returns:
         .npz bytes with arrays inputs, targets, sample_ids (and labels).
     """
-    named = model_io.named(inputs)
-    arrays = {**({name: value.detach().cpu().numpy() for name, value in named.items()}
-                 if isinstance(named, model_io.NamedInputs)  # named inputs under their names
-                 else {"inputs": inputs.detach().cpu().numpy()}),
+    arrays = {**{name: value.detach().cpu().numpy()
+                 for name, value in _stored_inputs(inputs).items()},
               "targets": targets.detach().cpu().numpy().astype(np.int64),
               "sample_ids": np.asarray(sample_ids, dtype=np.int64)}
     if labels is not None:
@@ -267,33 +265,56 @@ def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.nd
     return buffer.getvalue()
 
 
-def expected_loop(layer: LayerInfo, method: str, file_name: str = "cluster_check.npz") -> str:
+def _stored_inputs(inputs) -> dict:
+    """The inputs under the names `check_package` stores them by: named inputs (a
+    transformers model's input_ids, attention_mask) under their own, a tensor as "inputs"."""
+    named = model_io.named(inputs)
+    return dict(named.items()) if isinstance(named, model_io.NamedInputs) else {"inputs": inputs}
+
+
+def expected_loop(layer: LayerInfo, method: str, inputs=None,
+                  file_name: str = "cluster_check.npz") -> str:
     """A short, correct per-sample loop for `method` on `layer` (of `list_layers`, with the
-    neuron axis the scores use), reading `check_package`'s file and saving the [m, n] scores
-    the check compares (Python source). Where the module returns a tuple or ModelOutput, the
-    hook takes the layer's tensor from it; where the neurons are not at dim 1, the loop
-    moves them there."""
+    neuron axis the scores use), reading `check_package`'s file of `inputs` (None: one
+    tensor) and saving the [m, n] scores the check compares (Python source). Where the
+    module returns a tuple or ModelOutput, the hook takes the layer's tensor from it; where
+    the neurons are not at dim 1, the loop moves them there; named inputs are passed by
+    name, a transformers model's logits taken from its output, and where there is an
+    attention mask only real tokens count (as in the engine)."""
     score = SCORE_LINES.get(method, f"<your {method} score of each neuron, shape [n]>")
+    names = tuple(_stored_inputs(inputs))
+    if names == ("inputs",):
+        load = 'x, targets = torch.from_numpy(pack["inputs"]), torch.from_numpy(pack["targets"])'
+        run = "logits = model(x[i:i + 1])"
+    else:
+        load = (f"x = {{name: torch.from_numpy(pack[name]) for name in {names!r}}}\n"
+                'targets = torch.from_numpy(pack["targets"])')
+        run = ("output = model(**{name: value[i:i + 1] for name, value in x.items()})\n"
+               '        logits = output.logits if hasattr(output, "logits") else output')
     entry, axis = layer.output_entry, layer.neuron_axis
     taken = "" if not entry else (
         f"    # {layer.kind} returns several values: the layer is out{entry}\n")
     moved = "" if axis == 1 else (
         f"    z, grad = z.movedim({axis}, 1), grad.movedim({axis}, 1)  # neurons (dim {axis}) "
         "to dim 1\n")
+    if model_io.attention_mask(inputs) is not None and len(layer.positions) == 1:
+        real = f"    real = x[{model_io.MASK_NAME!r}][i] > 0"
+        moved += (f"{real:<45}# padding does not count\n"
+                  "    z, grad = z[..., real], grad[..., real]\n")
     return f'''import numpy as np
 import torch
 
 pack = np.load("{file_name}")
-x, targets = torch.from_numpy(pack["inputs"]), torch.from_numpy(pack["targets"])
+{load}
 layer = model.get_submodule({layer.name!r})
 model.eval()
 rows = []
-for i in range(len(x)):                      # one sample per pass: x[i:i + 1]
+for i in range(len(targets)):                # one sample per pass: x[i:i + 1]
     captured = {{}}
 {taken}    handle = layer.register_forward_hook(lambda m, args, out: captured.update(z=out{entry}))
     try:
         model.zero_grad()                    # no gradient left from the last sample
-        logits = model(x[i:i + 1])
+        {run}
         z = captured["z"]
         grad, = torch.autograd.grad(logits[0, targets[i]], z)  # dF/dz, shaped like z
     finally:

@@ -59,10 +59,11 @@ with st.expander("Check your own gradient code", icon=":material/bug_report:"):
         targets = torch.from_numpy(ctx.predictions()[ctx.focus])
     labels = None if ctx.ws.data.labels is None else \
         ctx.ws.data.labels[torch.from_numpy(ctx.focus)]
-    st.code(expected_loop(ctx.layer_info, s.method), language="python")
+    focus_inputs = ctx.focus_inputs()
+    st.code(expected_loop(ctx.layer_info, s.method, focus_inputs), language="python")
     st.download_button("Download what the check needs (.npz: inputs, targets, labels, "
                        "sample ids)",
-                       check_package(ctx.focus_inputs(), targets, ctx.focus.nonzero()[0],
+                       check_package(focus_inputs, targets, ctx.focus.nonzero()[0],
                                      labels),
                        file_name="cluster_check.npz", mime="application/octet-stream",
                        on_click="ignore")

@@ -228,3 +228,49 @@ def test_the_loop_takes_the_layer_from_a_tuple_or_model_output_and_its_features_
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "my_scores.npy")),
                                at.neuron_scores(model, layer.spec, x, y, method),
                                rtol=1e-4, atol=1e-5)
+
+
+def transformers_classifier(kind: str) -> nn.Module:
+    """A small GPT-2 or BERT sequence classifier (3 classes, vocabulary of 40), as
+    `attribution.huggingface` loads one (no key/value cache)."""
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=2,
+                                         n_positions=32, num_labels=3, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=1, use_cache=False)
+        return transformers.GPT2ForSequenceClassification(config).eval()
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=24,
+                                     max_position_embeddings=32, num_labels=3, pad_token_id=0)
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+TRANSFORMERS_LAYERS = {  # a layer whose module returns several values, its entry
+    "gpt2": ("transformer", "['last_hidden_state']"),  # GPT2Model: a ModelOutput
+    "bert": ("bert.encoder.layer.0.attention.self", "[0]")}  # BertSelfAttention: a tuple
+
+
+@pytest.mark.parametrize("method", list(SCORE_LINES))
+@pytest.mark.parametrize("kind", list(TRANSFORMERS_LAYERS))
+def test_the_loop_on_a_transformers_layer_with_named_inputs_and_padding(
+        kind, method, tmp_path, monkeypatch):
+    """GPT2Model (a ModelOutput) / BertSelfAttention (a tuple), features along dim 2, in a
+    classifier fed input_ids and an attention mask with padding, returning a ModelOutput:
+    the snippet for the package of those named inputs gives the engine's scores (padding
+    left out of the mean of `activation`)."""
+    model = transformers_classifier(kind)
+    lengths = torch.tensor([7, 3, 5, 7, 2])
+    mask = (torch.arange(7)[None] < lengths[:, None]).long()
+    x = {"input_ids": torch.randint(2, 40, (5, 7)) * mask, "attention_mask": mask}
+    y = torch.randint(0, 3, (5,))
+    name, entry = TRANSFORMERS_LAYERS[kind]
+    layer = layer_of(model, x, name)
+    assert (layer.output_entry, layer.neuron_axis) == (entry, 2)
+    (tmp_path / "cluster_check.npz").write_bytes(check_package(x, y, np.arange(5)))
+    monkeypatch.chdir(tmp_path)
+    exec(expected_loop(layer, method, x), {"model": model})
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "my_scores.npy")),
+                               at.neuron_scores(model, layer.spec, x, y, method),
+                               rtol=1e-4, atol=1e-5)
