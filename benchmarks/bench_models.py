@@ -3,7 +3,8 @@
 Issue 11: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
 net gradient x activation and conductance at parity with Captum (both at the forward+backward
 floor); a GPT-2-small-sized MLP layer (3072 features, 128 tokens): gradient, gradient x
-activation and a 20-order pruning curve beside one plain forward+backward; exact ablation of
+activation and a 20-order pruning curve beside one plain forward+backward, and its first
+call (export and the split's check included) beside a warm one; exact ablation of
 the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
 neuron, first call included. One CPU thread (the machine is shared; two threads ran small
 convolutions ~80x slower under load). Run: .venv/bin/python benchmarks/bench_models.py [part]
@@ -140,16 +141,7 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
     GPT-2-small-sized either way) and a 2-class head; every call at the default batch size.
     Prints wall medians of 2 interleaved runs after a warm-up, then each candidate's CPU
     time and peak resident memory."""
-    from transformers import GPT2Config, GPT2ForSequenceClassification
-    from tests.models_zoo import Logits
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, n_inner=3072, vocab_size=1000,
-                        n_positions=128, bos_token_id=999, eos_token_id=999, pad_token_id=0,
-                        num_labels=2)
-    model = Logits(GPT2ForSequenceClassification(config)).eval()
-    ids, y = torch.randint(1, 1000, (n_samples, 128)), torch.randint(0, 2, (n_samples,))
-    layer = "model.transformer.h.0.mlp.act"
+    model, ids, y, layer = _gpt2_small(n_samples, n_layer)
     scores = at.neuron_scores(model, layer, ids, y, "gradient_x_activation")
     assert scores.shape == (n_samples, 3072)
     ks = np.linspace(0, 3072, 5).round().astype(int)
@@ -172,6 +164,37 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
         seconds = statistics.median(seconds for seconds, _ in measured[1:])
         print(f"  {name:<48} {seconds * 1000:10.1f} ms CPU {seconds / floor:5.2f}x, "
               f"peak resident memory {max(mib for _, mib in measured):6.0f} MiB")
+
+
+def _gpt2_small(n_samples: int, n_layer: int = 1):
+    """(model, token ids [n_samples, 128], targets, the layer scored): GPT-2 small's widths,
+    `n_layer` blocks, a 2-class head."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+    from tests.models_zoo import Logits
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, n_inner=3072, vocab_size=1000,
+                        n_positions=128, bos_token_id=999, eos_token_id=999, pad_token_id=0,
+                        num_labels=2)
+    model = Logits(GPT2ForSequenceClassification(config)).eval()
+    ids, y = torch.randint(1, 1000, (n_samples, 128)), torch.randint(0, 2, (n_samples,))
+    return model, ids, y, "model.transformer.h.0.mlp.act"
+
+
+def first_call_against_warm(n_samples: int = 256):
+    """The GPT-2-small-sized MLP layer: a first gradient x activation call (a fresh copy of
+    the model, copied before the clock starts: torch.export and the split's check included)
+    against a warm one, interleaved, medians of 3."""
+    model, ids, y, layer = _gpt2_small(n_samples)
+    fresh = iter([copy.deepcopy(model) for _ in range(4)])  # + the warm-up
+    report(f"GPT-2-small-sized MLP layer {layer}, {n_samples} sequences x 128 tokens, "
+           "gradient_x_activation: first call against a warm call",
+           interleaved_medians({
+               "first call": lambda: at.neuron_scores(next(fresh), layer, ids, y,
+                                                      "gradient_x_activation"),
+               "warm call": lambda: at.neuron_scores(model, layer, ids, y,
+                                                     "gradient_x_activation"),
+           }, repeats=3), "warm call")
 
 
 def _embedding_backward(model, ids, y):
@@ -206,7 +229,8 @@ def _measured(calls: dict[str, list[tuple[float, float]]], name: str, run):
 
 
 PARTS = {"ablation": ablation_of_the_last_hidden_layer, "pt2": pt2_against_eager,
-         "captum": resnet18_against_captum, "gpt2": gpt2_small_mlp}
+         "captum": resnet18_against_captum, "gpt2": gpt2_small_mlp,
+         "first": first_call_against_warm}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
