@@ -41,6 +41,16 @@ CONTENTION = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 CHART_WITH_TITLE = """([part, exact]) => [...document.querySelectorAll('.js-plotly-plot')]
     .some(e => { const t = (e.layout && e.layout.title && e.layout.title.text) || '';
                  return exact ? t.startsWith(part) : t.includes(part); })"""
+CHART_DRAWS = """() => { window.chartDraws = []; const seen = new WeakSet();
+    const watch = () => document.querySelectorAll('.js-plotly-plot').forEach(chart => {
+        if (seen.has(chart) || !chart.on) return;
+        seen.add(chart);
+        for (const kind of ['plotly_beforeplot', 'plotly_afterplot'])
+            chart.on(kind, () => window.chartDraws.push(kind)); });
+    new MutationObserver(watch).observe(document.body, {subtree: true, childList: true});
+    watch(); }"""
+CHART_WIDTHS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .map(e => e.layout && e.layout.width ? e._fullLayout.width : 0)"""
 RANKED_POINTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
     .filter(e => ((e.layout && e.layout.title && e.layout.title.text) || '')
                  .includes('neurons are removed'))
@@ -276,6 +286,29 @@ def test_changing_method_or_cluster_redraws_quickly(app):
     BROWSER_TIMINGS["redraw after changing the cluster"] = cluster_redraw
     assert "method=ablation" in app.page.url and "cluster=7" in app.page.url
     assert within_budget(method_redraw, REDRAW_S) and within_budget(cluster_redraw, REDRAW_S)
+
+
+def test_a_redraw_plots_each_chart_once_and_the_charts_follow_the_window(app):
+    """Streamlit's frontend calls Plotly.react twice on each new chart: at plotly's own size,
+    then with the column's width. pages.common.drawn_once makes the second call a restyle
+    rather than a second full plot (plotly_beforeplot). The watch starts inside a chart's
+    first plot (plotly.js gives the chart `on` there), so any plotly_beforeplot it sees is a
+    second full plot; a chart has had its second call once its layout has a width."""
+    app.open()
+    app.wait_for_chart("Each sample of cluster 0")
+    app.page.wait_for_timeout(1000)
+    app.page.evaluate(CHART_DRAWS)
+    app.choose("Cluster", "7 (seven)")
+    app.wait_for_chart("Each sample of cluster 7 (seven)")
+    app.page.wait_for_function(f"() => {{ const w = ({CHART_WIDTHS})(); "
+                               "return w.length === 4 && w.every(Boolean); }", timeout=60_000)
+    app.page.wait_for_timeout(300)
+    draws = app.page.evaluate("() => window.chartDraws")
+    assert draws.count("plotly_afterplot") >= 4 and "plotly_beforeplot" not in draws, draws
+    wide = app.page.evaluate(CHART_WIDTHS)
+    app.page.set_viewport_size({"width": 1100, "height": 1000})
+    app.page.wait_for_function(f"(wide) => ({CHART_WIDTHS})().every((w, i) => w && w < wide[i])",
+                               arg=wide, timeout=30_000)
 
 
 def test_pruning_curve_draws_live_and_completes(app):
