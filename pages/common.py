@@ -712,7 +712,7 @@ def require_entrypoint() -> None:
 
 # ------------------------------------------------------------------ small drawing helpers
 
-def chart(figure: go.Figure, key: Optional[str] = None,
+def chart(figure: go.Figure | dict, key: Optional[str] = None,
           on_click: Optional[Callable[[], None]] = None) -> None:
     """Draw a plotly figure the same way on every page (the figure's own colours).
     `on_click` runs when the user clicks a point; the selection is then in
@@ -736,11 +736,13 @@ _ITEM_DEFAULTS = {"annotations": "annotationdefaults", "shapes": "shapedefaults"
                   "sliders": "sliderdefaults", "updatemenus": "updatemenudefaults"}
 
 
-def drawn_once(figure: go.Figure, clickable: bool = False) -> go.Figure:
-    """`figure` as Streamlit's frontend draws in one pass: its template applied (layout,
-    axes, items and per-type trace defaults, as plotly.js applies them), arrays as lists,
-    a fixed layout.datarevision and, when `clickable`, the frontend's click modes."""
-    spec = _plain(figure.to_dict())
+def drawn_once(figure: go.Figure | dict, clickable: bool = False) -> go.Figure | dict:
+    """`figure` (a plotly figure or its dict, left as it is) as Streamlit's frontend draws in
+    one pass: its template applied (layout, axes, items and per-type trace defaults, as
+    plotly.js applies them), arrays as lists, a fixed layout.datarevision and, when
+    `clickable`, the frontend's click modes."""
+    spec = _plain(figure if isinstance(figure, dict) else figure.to_dict())
+    spec.setdefault("layout", {}), spec.setdefault("data", [])
     layout = spec["layout"]
     categories = _category_axes(spec["data"])
     if categories is None:  # grid defaults it cannot tell: sent as it is (drawn twice)
@@ -843,7 +845,8 @@ def _items(entries: list, named: list, default: dict) -> list:
 
 
 def _plain(value: Any) -> Any:
-    """`value` (a figure's dict) with plotly.py's typed-array specs decoded to lists."""
+    """`value` (a figure's dict, copied) with its arrays (numpy, pandas or plotly.py's
+    typed-array specs) as lists and plotly objects as dicts."""
     if isinstance(value, dict):
         if "bdata" in value and "dtype" in value:
             array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
@@ -852,9 +855,9 @@ def _plain(value: Any) -> Any:
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
+    if hasattr(value, "to_plotly_json"):  # a plotly object inside a dict
+        return _plain(value.to_plotly_json())
+    return value.tolist() if hasattr(value, "tolist") else value  # numpy, pandas
 
 
 def show_error(message: object, before: str = "", after: str = "") -> None:

@@ -99,3 +99,13 @@ def test_a_template_fills_items_axes_and_traces_as_plotly_does(plotly_page):
                                  dict(templateitemname="missing", text="hidden"),
                                  dict(text="plain", x=1, y=1)])), _validate=False)
     assert _full(plotly_page, drawn_once(figure)) == _full(plotly_page, figure)
+
+
+def test_a_figure_given_as_a_dict_is_sent_the_same_and_left_as_it_is():
+    figure = FIGURES["neuron bars"]
+    as_dict = figure.to_dict()
+    as_dict["data"] = [go.Bar(as_dict["data"][0]), *as_dict["data"][1:]]  # objects inside too
+    before = pio.to_json(as_dict, validate=False)
+    sent = [json.loads(pio.to_json(drawn_once(f, clickable=True), validate=False))
+            for f in (figure, as_dict)]
+    assert sent[0] == sent[1] and pio.to_json(as_dict, validate=False) == before
