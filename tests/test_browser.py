@@ -51,6 +51,8 @@ CHART_DRAWS = """() => { window.chartDraws = []; const seen = new WeakSet();
     watch(); }"""
 CHART_WIDTHS = """() => [...document.querySelectorAll('.js-plotly-plot')]
     .map(e => e.layout && e.layout.width ? e._fullLayout.width : 0)"""
+CLICK_CLOCK = """() => { window.lastClick = null;
+    document.addEventListener('click', () => { window.lastClick = performance.now(); }, true); }"""
 RANKED_POINTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
     .filter(e => ((e.layout && e.layout.title && e.layout.title.text) || '')
                  .includes('neurons are removed'))
@@ -82,6 +84,19 @@ class App:
                        timeout_s: float = 60) -> None:
         self.page.wait_for_function(CHART_WITH_TITLE, arg=[title_part, exact],
                                     timeout=timeout_s * 1000, polling=20)
+
+    def seconds_since_click_to_charts(self, *title_parts: str) -> float:
+        """Seconds from the page's last click event to charts titled with each of `title_parts`
+        (a title starts with it) being drawn, timed in the page by its own clock after
+        `start_click_clock`: Playwright's click (actionability checks, ~60 ms here) is left
+        out."""
+        every = " && ".join(f"({CHART_WITH_TITLE})([{part!r}, true])" for part in title_parts)
+        return self.page.wait_for_function(
+            f"() => window.lastClick !== null && {every} && performance.now() - window.lastClick",
+            polling="raf", timeout=60_000).json_value() / 1000
+
+    def start_click_clock(self) -> None:
+        self.page.evaluate(CLICK_CLOCK)
 
     def chart_titles(self) -> list[str]:
         return self.page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
@@ -274,16 +289,27 @@ def test_cold_start_opens_the_demo_with_charts(app, server):
 
 
 def test_changing_method_or_cluster_redraws_quickly(app):
+    """From the click on the sidebar choice to the charts it changes drawn: after a method
+    change the cluster heatmap and the bars under the new method; after a cluster change the
+    samples heatmap of the new cluster (the third chart; the fourth is drawn in the same
+    frame). Timed in the page from its click event; the driver's own wall time, Playwright's
+    click included, is reported beside it."""
     app.open()
-    app.wait_for_chart("score per cluster")
+    app.wait_for_chart("Each sample of cluster 0")
+    app.start_click_clock()
     started = app.choose("Method", "ablation")
-    app.wait_for_chart("ablation score per cluster", exact=True)
-    method_redraw = time.monotonic() - started
+    method_redraw = app.seconds_since_click_to_charts("ablation score per cluster",
+                                                      "Highest 16 neurons by ablation score")
+    method_wall = time.monotonic() - started
     started = app.choose("Cluster", "7 (seven)")
-    app.wait_for_chart("Each sample of cluster 7 (seven)")
-    cluster_redraw = time.monotonic() - started
-    BROWSER_TIMINGS["redraw after changing the method"] = method_redraw
-    BROWSER_TIMINGS["redraw after changing the cluster"] = cluster_redraw
+    cluster_redraw = app.seconds_since_click_to_charts("Each sample of cluster 7 (seven)")
+    cluster_wall = time.monotonic() - started
+    BROWSER_TIMINGS["redraw after changing the method (click to both charts, in the page)"] = \
+        method_redraw
+    BROWSER_TIMINGS["redraw after changing the cluster (click to the third chart, in the page)"] \
+        = cluster_redraw
+    BROWSER_TIMINGS["the same two, the test driver's wall time (its click included)"] = \
+        max(method_wall, cluster_wall)
     assert "method=ablation" in app.page.url and "cluster=7" in app.page.url
     assert within_budget(method_redraw, REDRAW_S) and within_budget(cluster_redraw, REDRAW_S)
 
