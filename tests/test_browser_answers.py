@@ -42,10 +42,11 @@ def test_cold_start_to_the_first_heatmap(app, server):
     app.wait_for_chart("score per cluster")
     BROWSER_TIMINGS["answers: cold start to the first heatmap (from `streamlit run`)"] = \
         seconds = time.monotonic() - server.started
-    started = app.choose("Method", "gradient")
-    app.wait_for_chart("gradient score per cluster", exact=True)
-    BROWSER_TIMINGS["answers: redraw after a sidebar change (method)"] = redraw = \
-        time.monotonic() - started
+    app.start_click_clock()  # the first redraw, while the cold page may still be drawing
+    app.choose("Method", "gradient")
+    BROWSER_TIMINGS["answers: first redraw after the cold start (method, click to both charts, "
+                     "in the page)"] = redraw = app.seconds_since_click_to_charts(
+        "gradient score per cluster", "Highest 16 neurons by gradient score")
     assert within_budget(seconds, COLD_HEATMAP_S * 2)  # the 5 s goal, with a loaded 2-core box
     assert within_budget(redraw, REDRAW_S)
 
