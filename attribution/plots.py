@@ -65,6 +65,9 @@ MAGNITUDE_SCALE = "Viridis"      # for scores that cannot be negative
 NEGATIVE_COLOUR, POSITIVE_COLOUR = "#2166AC", "#B2182B"  # the ends of SIGNED_SCALE
 _FALLBACK_COLOURS = ("#555555", "#882255", "#661100", "#6699CC", "#888888")
 FONT = dict(family="Inter, system-ui, -apple-system, Segoe UI, sans-serif", size=13)
+MOST_HEATMAP_NEURONS = 128  # columns a heatmap shows: ~7 px each in the page; above that
+# cells are narrower than a pixel and the cluster heatmap's clickable cells (one marker each)
+# cost the browser ~30 ms per 1,000 a redraw (10 clusters x 3072 neurons: ~3 s)
 
 
 def plain(text: object) -> str:
@@ -267,7 +270,8 @@ def _evenly_spaced(order: np.ndarray, most: int) -> np.ndarray:
 
 
 def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *, reduce: str = "mean",
-                       max_samples: int = 200, max_neurons: int = 128) -> pd.DataFrame:
+                       max_samples: int = 200,
+                       max_neurons: int = MOST_HEATMAP_NEURONS) -> pd.DataFrame:
     """One cluster's samples x neurons as rows (sample, neuron, score), sorted for reading.
 
     Neurons are ordered by their cluster score under `reduce` ("mean" or "mean_abs", highest
@@ -367,25 +371,45 @@ def _clickable_columns(traces: list[dict], layout: dict) -> None:
     layout["hovermode"] = "x"
 
 
+def _strongest_of_each_row(z: np.ndarray, most: int) -> np.ndarray:
+    """Up to `most` column positions of z [rows, columns]: each row's largest |value| first,
+    then each row's second largest, and so on (NaN last), so every row's strongest columns
+    are among them."""
+    magnitude = np.nan_to_num(np.abs(z), nan=-1.0)
+    by_rank = np.argsort(-magnitude, axis=1, kind="stable").T.ravel()  # rank 1 of each row, ...
+    return pd.unique(by_rank)[:most]
+
+
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
                     highlight: object = None) -> go.Figure:
-    """Clusters x neurons heatmap.
+    """Clusters x neurons heatmap; above `MOST_HEATMAP_NEURONS` neurons, that many columns:
+    each cluster's largest |score| in turn (the axis title says so), in layer order.
 
     Args:
         scores: rows (cluster, neuron, score, n) for one method.
         highlight: a cluster id to mark with a frame, or None.
     """
     clusters, neurons, z = _grid(scores, "cluster", "neuron", "score")
+    n_neurons = len(neurons)
+    axis = dict(title=_title("neuron (index in the layer)"))
+    columns = [int(n) for n in neurons]
+    if n_neurons > MOST_HEATMAP_NEURONS:  # each cluster's strongest neurons, in layer order
+        kept = _strongest_of_each_row(z, MOST_HEATMAP_NEURONS)
+        kept = kept[np.argsort(np.asarray(columns)[kept], kind="stable")]
+        z, columns = z[:, kept], [str(columns[i]) for i in kept]  # labels side by side
+        axis = dict(type="category", title=_title(
+            f"neuron (index in the layer; {len(kept)} of {n_neurons}: "
+            "each cluster's largest |score|)"))
     sizes = scores.drop_duplicates("cluster").set_index("cluster")["n"].reindex(clusters)
     traces = [dict(
-        type="heatmap", z=z, x=[int(c) for c in neurons], y=[plain(c) for c in clusters],
+        type="heatmap", z=z, x=columns, y=[plain(c) for c in clusters],
         customdata=np.repeat(sizes.to_numpy()[:, None], z.shape[1], axis=1),
         colorbar=_colour_bar(METHOD_UNITS.get(method, "score")),
         hovertemplate="cluster %{y}<br>neuron %{x}<br>score %{z:.4g}"
                       "<br>n = %{customdata} samples<extra></extra>",
         xgap=1 if z.shape[1] <= _MOST_GAPPED else 0, ygap=1 if z.shape[0] <= _MOST_GAPPED else 0,
         **_colour_range(z, _is_signed(z.ravel())))]
-    layout = dict(xaxis=dict(title=_title("neuron (index in the layer)")),
+    layout = dict(xaxis=axis,
                   yaxis=dict(title=_title("cluster"), type="category", autorange="reversed"))
     if highlight is not None and highlight in clusters:
         row = clusters.index(highlight)

@@ -198,6 +198,38 @@ def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
     assert narrow.xgap == 1
 
 
+def test_a_wide_layers_cluster_heatmap_shows_each_clusters_strongest_neurons_and_says_so():
+    """10 clusters x 3072 neurons (a transformer MLP): one clickable marker per cell was 30,720
+    points for the browser (~3 s a redraw) in cells narrower than a pixel."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(10, 3072))
+    strongest = {c: 300 * c + 7 for c in range(10)}  # each cluster's own, one of them negative
+    for c, neuron in strongest.items():
+        z[c, neuron] = 40.0 if c else -50.0
+    z[4, 9] = np.nan  # a cluster whose scores are not finite there: never preferred
+    tidy = pd.DataFrame({"cluster": np.repeat([f"c{c}" for c in range(10)], 3072),
+                         "neuron": np.tile(np.arange(3072), 10), "score": z.ravel(), "n": 5})
+    figure = plots.cluster_heatmap(tidy, method="gradient", reduce="mean", highlight="c3")
+    heat, cells = figure.data
+    shown = [int(x) for x in heat.x]
+    assert len(shown) == plots.MOST_HEATMAP_NEURONS == 128 and shown == sorted(set(shown))
+    assert set(strongest.values()) <= set(shown)  # the largest |score| of every cluster
+    ranks = np.argsort(-np.abs(np.nan_to_num(z, nan=0)), axis=1)[:, :12]
+    assert set(ranks.ravel()) <= set(shown)  # and the next ones, cluster by cluster
+    assert 9 not in shown
+    np.testing.assert_array_equal(np.asarray(heat.z, dtype=float), z[:, shown])
+    assert heat.zmin == -50.0 and heat.zmax == 50.0  # the layer's range, not just the shown
+    assert figure.layout.xaxis.type == "category"  # kept neurons side by side, none stretched
+    assert "128 of 3072: each cluster's largest |score|" in figure.layout.xaxis.title.text
+    assert len(cells.x) == 10 * 128  # a marker per drawn cell, no more
+    from attribution.neuron import neuron_from_point  # noqa: PLC0415
+    clicked = {"x": cells.x[5 * 128 + 3], "y": cells.y[5 * 128 + 3]}
+    assert clicked["y"] == "c5" and neuron_from_point(clicked) == shown[3]
+    narrow = plots.cluster_heatmap(tidy[tidy["neuron"] < 16], method="gradient", reduce="mean")
+    assert list(narrow.data[0].x) == list(range(16)) and narrow.layout.xaxis.type is None
+    assert narrow.layout.xaxis.title.text == "neuron (index in the layer)"
+
+
 def test_neuron_summary_spread_is_across_samples():
     per_sample = np.array([[1.0, -1.0], [3.0, 1.0]])
     signed = plots.neuron_summary(per_sample, "mean", "gradient")
