@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
 import pytest
+import torch
+from torch import nn
 
+from attribution.demo import DEMO_DIR
 from tests.conftest import BROWSER_TIMINGS
 from tests.test_browser import (RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401 (fixtures)
                                 server, within_budget)
@@ -199,6 +203,54 @@ def test_clicking_a_cluster_heatmap_cell_opens_that_neuron_of_that_cluster(app):
         time.monotonic() - started
     address = app.page.evaluate("location.href")
     assert f"neuron={neuron}" in address and f"cluster={cluster.split()[0]}" in address
+    sidebar = app.page.get_by_test_id("stSidebar")
+    assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(
+        cluster)
+
+
+def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neuron(app, tmp_path):
+    """A 3072-wide layer (a transformer MLP's width) with 10 clusters: the cluster heatmap
+    shows 128 of its neurons, so a redraw no longer makes the browser draw 30,720 click
+    markers (~3.5 s), and a click on a cell still opens that neuron of that cluster."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(64, 3072))
+    model.add_module("relu1", nn.ReLU())
+    model.add_module("out", nn.Linear(3072, 10))
+    digits = np.load(DEMO_DIR / "digits.npz")
+    program = torch.export.export(model.eval(), (torch.tensor(digits["inputs"][:8]),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "wide_mlp.pt2")
+    np.savez(tmp_path / "wide_digits.npz", inputs=digits["inputs"], labels=digits["labels"],
+             class_names=digits["class_names"])  # no clusters: one per label
+    app.open("/data")
+    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
+    app.upload("Model file", tmp_path / "wide_mlp.pt2")
+    app.upload("Data file", tmp_path / "wide_digits.npz")
+    app.page.get_by_text("wide_mlp.pt2 + wide_digits.npz").wait_for(timeout=60_000)
+    app.choose("Layer", "fc1")
+    app.page.wait_for_url(re.compile("[?&]layer=fc1(&|$)"), timeout=60_000)
+    app.go_to("Neuron scores")
+    app.wait_for_chart("Each sample of cluster", timeout_s=120)
+    app.page.wait_for_timeout(1000)
+    app.start_click_clock()
+    app.choose("Cluster", "7 (seven)")
+    redraw = app.seconds_since_click_to_charts("Each sample of cluster 7 (seven)")
+    BROWSER_TIMINGS["answers: Scores redraw after a cluster change (3072-wide layer)"] = redraw
+    assert within_budget(redraw, REDRAW_S), redraw
+    chart = app.page.locator(".js-plotly-plot").filter(has_text="score per cluster").first
+    assert "128 of 3072" in chart.evaluate("plot => plot.layout.xaxis.title.text")
+    chart.evaluate("plot => plot.on('plotly_click', event => "
+                   "{ window.clickedCell = [event.points[0].x, event.points[0].y]; })")
+    area = chart.locator(".nsewdrag").first.bounding_box()
+    app.page.mouse.click(area["x"] + area["width"] * 0.61, area["y"] + area["height"] * 0.55)
+    neuron, cluster = app.page.wait_for_function("() => window.clickedCell", timeout=10_000,
+                                                 polling=20).json_value()
+    app.page.wait_for_function(HEADING, arg=f"Neuron {neuron} of fc1", timeout=60_000,
+                               polling=20)
+    address = app.page.evaluate("location.href")
+    assert f"neuron={neuron}" in address and f"cluster={cluster.split()[0]}" in address
+    assert not cluster.startswith("7")  # the clicked row's cluster, not the one in focus
     sidebar = app.page.get_by_test_id("stSidebar")
     assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(
         cluster)
