@@ -11,6 +11,7 @@ from torch import nn
 
 import attribution as at
 from attribution import plots
+from attribution.neuron import neuron_from_point
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +223,6 @@ def test_a_wide_layers_cluster_heatmap_shows_each_clusters_strongest_neurons_and
     assert figure.layout.xaxis.type == "category"  # kept neurons side by side, none stretched
     assert "128 of 3072: each cluster's largest |score|" in figure.layout.xaxis.title.text
     assert len(cells.x) == 10 * 128  # a marker per drawn cell, no more
-    from attribution.neuron import neuron_from_point  # noqa: PLC0415
     clicked = {"x": cells.x[5 * 128 + 3], "y": cells.y[5 * 128 + 3]}
     assert clicked["y"] == "c5" and neuron_from_point(clicked) == shown[3]
     narrow = plots.cluster_heatmap(tidy[tidy["neuron"] < 16], method="gradient", reduce="mean")
