@@ -53,8 +53,8 @@ if unusable.any():
                icon=":material/warning:")
 
 table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
+table.index = table.index.map(ctx.cluster_label)  # once a cluster, not once a cell
 tidy = plots.tidy_cluster_scores(table, s.method)
-tidy["cluster"] = tidy["cluster"].map(ctx.cluster_label)
 common.chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
                                    highlight=focus_label), key="cluster_heatmap",
              on_click=lambda: open_clicked("cluster_heatmap"))
