@@ -104,12 +104,12 @@ ordered = [f"{plots.method_label(m)} {v}" for m in s.methods for v in ("score", 
 st.dataframe(wide[ordered].sort_values(ordered[0], ascending=False), height=300,
              width="stretch")
 columns = st.columns(2)
-columns[0].download_button("Download this cluster's table (CSV)",
-                           csv_text(summaries).encode(),
+columns[0].download_button("Download this cluster's table (CSV)",  # both made on a click
+                           lambda: csv_text(summaries).encode(),
                            file_name="neuron_scores_cluster.csv", mime="text/csv",
                            on_click="ignore")
 columns[1].download_button("Download every cluster (CSV)",
-                           lambda: csv_text(plots.tidy_every_cluster(  # made on a click
+                           lambda: csv_text(plots.tidy_every_cluster(
                                per_sample, ctx.clusters, s.reduce)).encode(),
                            file_name="neuron_scores_all_clusters.csv", mime="text/csv",
                            on_click="ignore")
