@@ -739,8 +739,9 @@ def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
                              constrain="domain"))
     overlay_words = "; colour: the channel's output at each position (red > 0 > blue)" \
         if maps else ""
-    return _figure(traces, layout, title=f"Neuron {neuron}: the samples that activate it most (top) "
-                              f"and least (bottom)",
+    return _figure(traces, layout,
+                   title=f"Neuron {neuron}: the samples that activate it most (top) and least "
+                         "(bottom)",
                    subtitle=f"sample number · label · activation{overlay_words}",
                    height=150 + 170 * len(sides), top=90)
 
@@ -795,8 +796,9 @@ def example_values(examples: pd.DataFrame, *, neuron: int,
     layout = dict(yaxis=dict(type="category", autorange="reversed"),
                   xaxis=dict(type="category",
                              title=_title("position (token)" if per_token else "feature")))
-    return _figure([heat], layout, title=f"Neuron {neuron}: the samples that activate it most and "
-                              f"least ({what})", height=max(300, 110 + 22 * len(rows)))
+    return _figure([heat], layout,
+                   title=f"Neuron {neuron}: the samples that activate it most and least ({what})",
+                   height=max(300, 110 + 22 * len(rows)))
 
 
 # --- tables as the app and the report show them --------------------------------------------
