@@ -44,10 +44,10 @@ if "session_started" not in st.session_state:
     # A session's first run: draw a placeholder chart before importing torch and loading the
     # model, so the browser fetches the chart library while the server works.
     st.session_state["session_started"] = True
-    placeholder = go.Figure(layout=dict(
-        height=160, xaxis_visible=False, yaxis_visible=False, template="plotly_white",
+    placeholder = go.Figure(dict(layout=dict(  # unvalidated, no template: ~0.1 s sooner
+        height=160, template={}, xaxis=dict(visible=False), yaxis=dict(visible=False),
         annotations=[dict(text="Loading the model and scoring neurons…", showarrow=False,
-                          font=dict(size=16, color="#57606A"))]))
+                          font=dict(size=16, color="#57606A"))])), _validate=False)
     loading.plotly_chart(placeholder, theme=None, config={"staticPlot": True})
 
 from pages import common  # noqa: E402  (imports torch: after the placeholder is on its way)
