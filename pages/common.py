@@ -741,7 +741,10 @@ def drawn_once(figure: go.Figure | dict, clickable: bool = False) -> go.Figure |
     one pass: its template applied (layout, axes, items and per-type trace defaults, as
     plotly.js applies them), arrays as lists, a fixed layout.datarevision and, when
     `clickable`, the frontend's click modes."""
-    spec = _plain(figure if isinstance(figure, dict) else figure.to_dict())
+    # the figure's own objects, not to_dict(): that encodes each array as base64 for _plain
+    # to decode again
+    spec = _plain(figure if isinstance(figure, dict) else
+                  dict(data=list(figure.data), layout=figure.layout))
     layout = spec.setdefault("layout", {})
     spec.setdefault("data", [])
     categories = _category_axes(spec["data"])
