@@ -669,7 +669,9 @@ def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
         x_axis["title"] = _title(score_axis_title(method) if value == "score"
                                  else "layer output (mean over positions)")
     layout["yaxis"].update(title=_title("share of the samples"), tickformat=".0%")
-    layout.update(barmode="overlay", legend=dict(orientation="h", y=-0.25, x=0))
+    layout["yaxis2"]["tickformat"] = ".0%"  # the same share in both panels
+    layout.update(barmode="overlay",  # above the panels: below, the two-line x titles
+                  legend=dict(orientation="h", yanchor="bottom", y=1.1, xanchor="right", x=1))
     return _figure(traces, layout, title=f"Neuron {neuron}: each sample's score and activation",
                    height=380, top=84)
 

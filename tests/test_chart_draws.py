@@ -109,3 +109,30 @@ def test_a_figure_given_as_a_dict_is_sent_the_same_and_left_as_it_is():
     sent = [json.loads(pio.to_json(drawn_once(f, clickable=True), validate=False))
             for f in (figure, as_dict)]
     assert sent[0] == sent[1] and pio.to_json(as_dict, validate=False) == before
+
+
+OVERLAPS = """async (spec) => {
+    const div = document.createElement('div');
+    div.style.width = '900px';  // a full-width chart of the Neuron and Pruning pages
+    document.body.appendChild(div);
+    await Plotly.newPlot(div, spec.data, spec.layout);
+    const box = e => e.getBoundingClientRect();
+    const legend = div.querySelector('.legend');
+    const titles = [...div.querySelectorAll('[class*="xtitle"] text, [class*="ytitle"] text')];
+    const hit = legend && titles.filter(t => { const a = box(legend), b = box(t);
+        return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom; })
+        .map(t => t.textContent);
+    Plotly.purge(div);
+    div.remove();
+    return legend ? hit : null;
+}"""
+
+
+@pytest.mark.parametrize("name", [name for name, figure in FIGURES.items()
+                                  if any(trace.showlegend is not False for trace in figure.data
+                                         if trace.name)])
+def test_a_legend_below_the_plot_leaves_the_axis_titles_clear(plotly_page, name):
+    """The score axis's title has two lines (its units below): the Neuron page's legend sat
+    on the second line ("(logits)")."""
+    hit = plotly_page.evaluate(OVERLAPS, json.loads(pio.to_json(FIGURES[name], validate=False)))
+    assert hit == [], hit
