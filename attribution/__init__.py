@@ -6,21 +6,21 @@
     at.cluster_scores(model, "fc2", inputs, targets, clusters, reduce="mean_abs")
 """
 from .errors import AttributionError
-from .layers import LayerInfo, list_layers
-from .methods import METHODS, methods_for
-from .scores import REDUCTIONS, cluster_scores, neuron_scores
-from .pruning import cluster_pruning_curves, curve_summary, pruning_curve
-from .oracle import oracle_agreement
-from .diagnose import Finding, diagnose
-from .architectures import Architecture, parse_architecture
-from .loading import LoadedModel, load_model
-from .data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
-                   make_clusters, predict_classes)
-from .demo import DEMOS, demo_files, load_demo
-from .model_io import NamedInputs, select_output
-from .tokens import TOKEN_METHODS, token_scores
-from .streaming import NpyRows
-from . import distributed
+from .engine.layers import LayerInfo, list_layers
+from .methods.registry import METHODS, methods_for
+from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores
+from .analyses.pruning import cluster_pruning_curves, curve_summary, pruning_curve
+from .analyses.oracle import oracle_agreement
+from .analyses.diagnose import Finding, diagnose
+from .inputs.architectures import Architecture, parse_architecture
+from .inputs.loading import LoadedModel, load_model
+from .inputs.data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
+                          make_clusters, predict_classes)
+from .inputs.demo import DEMOS, demo_files, load_demo
+from .engine.model_io import NamedInputs, select_output
+from .methods.tokens import TOKEN_METHODS, token_scores
+from .inputs.streaming import NpyRows
+from .analyses import distributed
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",

@@ -33,20 +33,21 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import data as data_module
-from . import distributed, plots
-from .diagnose import diagnose
+from .inputs import data as data_module
+from .analyses import distributed
+from .presentation import plots
+from .analyses.diagnose import diagnose
 from .errors import AttributionError
-from .layers import resolve_layer
-from .limits import DEFAULT_LIMITS, MB, Limits
-from .loading import LoadedModel, load_model, sniff
-from .methods import METHODS
-from .pruning import ABLATIONS, METRICS, curve_summary
-from .analysis import AnalysisSettings, scoring_targets
-from .report import collect_report, csv_text, render_report, report_csvs
-from .scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
-from .split import LAYER_KEYS
-from .streaming import NpyRows
+from .engine.layers import resolve_layer
+from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
+from .inputs.loading import LoadedModel, load_model, sniff
+from .methods.registry import METHODS
+from .analyses.pruning import ABLATIONS, METRICS, curve_summary
+from .analyses.settings import AnalysisSettings, scoring_targets
+from .presentation.report import collect_report, csv_text, render_report, report_csvs
+from .methods.scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
+from .engine.runners import LAYER_KEYS
+from .inputs.streaming import NpyRows
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 CLUSTER_SOURCES = data_module.CLUSTER_SOURCES + ("none",)
@@ -370,7 +371,7 @@ def _small_npy(path: Path, what: str) -> np.ndarray:
 
 
 def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarray:
-    """Cluster ids [N] from `--clusters` (see `attribution.data.make_clusters`)."""
+    """Cluster ids [N] from `--clusters` (see `attribution.inputs.data.make_clusters`)."""
     source = args.clusters
     if source is None:
         source = ("provided" if problem.provided_clusters is not None

@@ -16,9 +16,9 @@ import torch  # noqa: E402
 from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
 
 import attribution as at  # noqa: E402
-from attribution.guards import eval_mode  # noqa: E402
-from attribution.methods import REGISTRY, Batch  # noqa: E402
-from attribution.split import HookRunner, runner_for  # noqa: E402
+from attribution.engine.guards import eval_mode  # noqa: E402
+from attribution.methods.registry import REGISTRY, Batch  # noqa: E402
+from attribution.engine.runners import HookRunner, runner_for  # noqa: E402
 from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
 
 BATCH = 256

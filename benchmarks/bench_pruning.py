@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import attribution as at  # noqa: E402
-from attribution.demo import load_demo  # noqa: E402
-from attribution.pruning import random_orders  # noqa: E402
+from attribution.inputs.demo import load_demo  # noqa: E402
+from attribution.analyses.pruning import random_orders  # noqa: E402
 from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
 
 BATCH = 256

@@ -24,7 +24,7 @@ import torch
 from playwright.sync_api import sync_playwright
 from torch import nn
 
-from attribution.demo import DEMO_DIR
+from attribution.inputs.demo import DEMO_DIR
 from tests.conftest import ROOT
 from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, App, Server, _free_port, _tab,
                                 _wait_until_healthy)

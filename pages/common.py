@@ -28,14 +28,14 @@ import streamlit as st
 import torch
 
 import attribution as at
-from attribution import plots
-from attribution.data import Dataset, check_data, load_data, make_clusters, predict_classes
-from attribution.demo import DEMO_DIR, DEMOS, load_demo
-from attribution.loading import LoadedModel, load_model
+from attribution.presentation import plots
+from attribution.inputs.data import Dataset, check_data, load_data, make_clusters, predict_classes
+from attribution.inputs.demo import DEMO_DIR, DEMOS, load_demo
+from attribution.inputs.loading import LoadedModel, load_model
 from attribution.progress import TimeLeft
-from attribution.analysis import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
-                                  cluster_label)
-from attribution.verdict import cluster_composition, describe_mix
+from attribution.analyses.settings import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
+                                           cluster_label)
+from attribution.analyses.verdict import cluster_composition, describe_mix
 
 # The ~290k objects of the imports above (torch, pandas, plotly) live as long as the server.
 # Streamlit collects garbage fully after every run (runner.postScriptGC): ~70 ms walking them,
@@ -67,7 +67,8 @@ URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_b
             "w_batch": "batch", "w_metric": "metric", "w_random": "random",
             "w_neuron": "neuron", "w_axis": "axis"}
 CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
-"""`attribution.verdict.Remedy.choice` -> the sidebar widget it changes (`apply_choice`)."""
+"""`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
+(`apply_choice`)."""
 NEURON_CHOICE = "neuron_choice"  # session state: the neuron the Neuron page opens
 NEURON_PAGE = "pages/neuron.py"
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)

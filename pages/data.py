@@ -5,9 +5,9 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution import watchdog
-from attribution.demo import demo_files
-from attribution.report import layers_frame, model_facts
+from attribution.inputs.untrusted import watchdog
+from attribution.inputs.demo import demo_files
+from attribution.presentation.report import layers_frame, model_facts
 from pages import common
 
 common.require_entrypoint()

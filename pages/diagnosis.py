@@ -7,11 +7,11 @@ import streamlit as st
 import torch
 
 import attribution as at
-from attribution import plots
-from attribution.data import load_data
-from attribution.pruning import spaced_ks
-from attribution.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
-                                 cluster_composition, expected_loop, verdict)
+from attribution.presentation import plots
+from attribution.inputs.data import load_data
+from attribution.analyses.pruning import spaced_ks
+from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
+                                          cluster_composition, expected_loop, verdict)
 from pages import common
 
 common.require_entrypoint()

@@ -9,7 +9,7 @@ import streamlit as st
 
 import attribution as at
 from attribution.progress import TimeLeft
-from attribution.report import assemble, model_facts, render_report, report_csvs
+from attribution.presentation.report import assemble, model_facts, render_report, report_csvs
 from pages import common
 
 common.require_entrypoint()

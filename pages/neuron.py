@@ -4,8 +4,8 @@ responds to (its activations, and the samples that drive it most and least, draw
 they are). Opened by clicking a bar or heatmap cell on the Scores page, or by a link."""
 import streamlit as st
 
-from attribution import plots
-from attribution.neuron import neuron_view
+from attribution.presentation import plots
+from attribution.analyses.neuron import neuron_view
 from pages import common
 
 common.require_entrypoint()

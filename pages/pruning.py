@@ -10,9 +10,9 @@ import time
 import streamlit as st
 
 import attribution as at
-from attribution import plots
+from attribution.presentation import plots
 from attribution.progress import TimeLeft
-from attribution.report import curve_sentences
+from attribution.presentation.report import curve_sentences
 from pages import common
 
 common.require_entrypoint()

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attribution import plots
-from attribution.report import csv_text
-from attribution.neuron import neuron_from_point
+from attribution.presentation import plots
+from attribution.presentation.report import csv_text
+from attribution.analyses.neuron import neuron_from_point
 from pages import common
 
 common.require_entrypoint()

@@ -23,11 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attribution import huggingface  # noqa: E402
-from attribution.architectures import parse_architecture  # noqa: E402
-from attribution.demo import (DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES,  # noqa: E402
-                              SANITY_FEATURES, TEXT_CLASSES, TEXT_VOCABULARY, DigitsCNN,
-                              DigitsMLP, SanityModel, sanity_data, text_data)
+from attribution.inputs import huggingface  # noqa: E402
+from attribution.inputs.architectures import parse_architecture  # noqa: E402
+from attribution.inputs.demo import (  # noqa: E402
+    DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES, SANITY_FEATURES, TEXT_CLASSES,
+    TEXT_VOCABULARY, DigitsCNN, DigitsMLP, SanityModel, sanity_data, text_data)
 
 SEED = 0
 MLP_ARCHITECTURE = {"kind": "mlp", "input_shape": [64], "hidden": [32, 16], "n_classes": 10,

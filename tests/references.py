@@ -3,7 +3,7 @@ import contextlib
 
 import torch
 
-from attribution.methods import gauss_legendre
+from attribution.methods.registry import gauss_legendre
 
 
 @contextlib.contextmanager

@@ -13,10 +13,11 @@ from streamlit.testing.v1 import AppTest
 from torch import nn
 
 import attribution as at
-from attribution import analysis, plots
-from attribution.demo import DEMO_DIR, load_demo
-from attribution.pruning import METRICS, spaced_ks
-from attribution.report import collect_report
+from attribution.analyses import settings as analysis
+from attribution.presentation import plots
+from attribution.inputs.demo import DEMO_DIR, load_demo
+from attribution.analyses.pruning import METRICS, spaced_ks
+from attribution.presentation.report import collect_report
 from pages import common
 from tests.conftest import ROOT
 from tests.zoo import token_files

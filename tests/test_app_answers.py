@@ -6,12 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from attribution import plots
-from attribution.neuron import neuron_view
-from attribution.verdict import CHECK_NAMES, verdict
+from attribution.presentation import plots
+from attribution.analyses.neuron import neuron_view
+from attribution.analyses.verdict import CHECK_NAMES, verdict
 from pages import common
 import attribution as at
-from attribution import analysis
+from attribution.analyses import settings as analysis
 from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget,
                             stall_after_first_points, upload, values)
 from tests.zoo import token_files

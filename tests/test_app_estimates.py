@@ -10,7 +10,7 @@ from streamlit.delta_generator import DeltaGenerator
 from torch import nn
 
 import attribution as at
-from attribution import analysis
+from attribution.analyses import settings as analysis
 from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
 from pages import common
 from tests.test_app import assert_clean, run_app

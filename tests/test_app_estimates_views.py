@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution import neuron as neuron_module
-from attribution.data import KMEANS_RUNS
+from attribution.analyses import neuron as neuron_module
+from attribution.inputs.data import KMEANS_RUNS
 from pages import common
 from tests.test_app import run_app, sidebar_widget
 from tests.test_app_estimates import (ESTIMATE, assert_no_line_left, drawn,  # noqa: F401

@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from torch import nn
 
 import attribution as at
-from attribution.demo import DEMO_DIR, load_demo
+from attribution.inputs.demo import DEMO_DIR, load_demo
 from tests.conftest import BROWSER_TIMINGS, ROOT
 
 pytestmark = pytest.mark.browser

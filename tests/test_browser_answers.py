@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from attribution.demo import DEMO_DIR
+from attribution.inputs.demo import DEMO_DIR
 from tests.conftest import BROWSER_TIMINGS
 from tests.test_browser import (RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401 (fixtures)
                                 server, within_budget)

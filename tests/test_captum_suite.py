@@ -112,8 +112,8 @@ from captum.testing.helpers.basic_models import (
 from torch import nn
 
 from attribution import AttributionError, NamedInputs, neuron_scores
-from attribution.guards import eval_mode
-from attribution.split import FxRunner, runner_for
+from attribution.engine.guards import eval_mode
+from attribution.engine.runners import FxRunner, runner_for
 from tests.references import replaced_output
 
 

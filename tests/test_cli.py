@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import attribution as at
-from attribution import cli, distributed, pruning
-from attribution.data import check_data, load_data
-from attribution.loading import load_model
+from attribution import cli
+from attribution.analyses import distributed
+from attribution.analyses import pruning
+from attribution.inputs.data import check_data, load_data
+from attribution.inputs.loading import load_model
 
 from .zoo import token_files
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.loading import LoadedModel
+from attribution.inputs.loading import LoadedModel
 
 INPUTS = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]],
                   dtype=np.float32)
@@ -270,7 +270,7 @@ def test_kmeans_on_conv_activations_uses_channel_means():
     model = nn.Sequential(conv, nn.Flatten(), nn.Linear(2 * 2 * 2, 2))
     images = torch.cat([torch.full((5, 1, 2, 2), -3.0), torch.full((5, 1, 2, 2), 3.0)])
     images += torch.linspace(0, 0.1, 10).view(10, 1, 1, 1)
-    activations = at.data.layer_activations(model, "0", images, batch_size=4)
+    activations = at.inputs.data.layer_activations(model, "0", images, batch_size=4)
     assert activations.shape == (10, 2)
     torch.testing.assert_close(activations[:, 0], images.flatten(1).mean(1))
     ids = at.make_clusters("kmeans_activations", at.Dataset(inputs=images), model, layer="0",

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attribution as at
-from attribution.demo import DEMO_DIR, DEMO_FILES, DigitsMLP
+from attribution.inputs.demo import DEMO_DIR, DEMO_FILES, DigitsMLP
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCURACY_FLOOR = {"digits_mlp": 0.93, "digits_cnn": 0.93, "sanity": 0.97, "text": 0.9}

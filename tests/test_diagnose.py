@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.diagnose import CHECKS, SEVERITIES
+from attribution.analyses.diagnose import CHECKS, SEVERITIES
 
 from . import references
 from .zoo import build

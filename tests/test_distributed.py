@@ -15,8 +15,10 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import attribution as at
-from attribution import cli, distributed, pruning
-from attribution.streaming import NpyRows
+from attribution import cli
+from attribution.analyses import distributed
+from attribution.analyses import pruning
+from attribution.inputs.streaming import NpyRows
 
 from .zoo import build
 

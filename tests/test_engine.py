@@ -9,9 +9,9 @@ from captum.attr import LayerActivation, LayerConductance, LayerGradientXActivat
 from torch import nn
 
 import attribution as at
-from attribution.split import FxRunner, HookRunner, runner_for
-from attribution.guards import eval_mode
-from attribution.methods import gauss_legendre
+from attribution.engine.runners import FxRunner, HookRunner, runner_for
+from attribution.engine.guards import eval_mode
+from attribution.methods.registry import gauss_legendre
 
 from . import references
 from .zoo import SequenceNet, ThreeBranchNet, TokenNet, UntraceableSequenceNet, build
@@ -706,7 +706,7 @@ def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
     model, x, y = build("residual_mlp")
     model.train()
     counted = []
-    real_n_samples = at.scores.n_samples
+    real_n_samples = at.methods.scores.n_samples
 
     def failing_on_the_result(inputs):
         counted.append(1)

@@ -13,11 +13,13 @@ from captum.attr import LayerGradientXActivation
 from captum.testing.helpers.basic_models import BasicModel_MultiLayer
 
 import attribution as at
-from attribution import cli, distributed, split
-from attribution.data import check_data, load_data, predict_classes
-from attribution.loading import load_model
-from attribution.split import FxRunner, HookRunner, runner_for
-from attribution.guards import engine_modes, eval_mode
+from attribution import cli
+from attribution.analyses import distributed
+from attribution.engine.runners import select as runner_selection
+from attribution.inputs.data import check_data, load_data, predict_classes
+from attribution.inputs.loading import load_model
+from attribution.engine.runners import FxRunner, HookRunner, runner_for
+from attribution.engine.guards import engine_modes, eval_mode
 
 from .zoo import build
 
@@ -49,7 +51,7 @@ def runner_kind(request, monkeypatch):
     if request.param == "hooks":
         def untraceable(*args):
             raise TypeError("fx is switched off for this test")
-        monkeypatch.setattr(split, "FxRunner", untraceable)
+        monkeypatch.setattr(runner_selection, "FxRunner", untraceable)
     return RUNNERS[request.param]
 
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import attribution as at
-from attribution import export_guard
-from attribution.limits import Limits
+from attribution.inputs.untrusted import export_guard
+from attribution.inputs.untrusted.limits import Limits
 
 B = torch.export.Dim("batch")
 
@@ -603,7 +603,7 @@ BUDGET_VECTORS = {
 RUNNER = r"""
 import json, resource, sys, time, pickle
 import attribution as at
-from attribution.export_guard import check_export_archive
+from attribution.inputs.untrusted.export_guard import check_export_archive
 cases = pickle.load(open(sys.argv[1], "rb"))
 at.load_model(cases.pop("warm-up")[0], sandbox=False)
 def peak():
@@ -795,7 +795,8 @@ def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_p
                                                                     monkeypatch):
     """The sympy payload uploaded in the app: one message, nothing runs, and a rerun does not
     load the file again (counted: the guard in this process and the watchdog's first run)."""
-    from attribution import loading, watchdog
+    from attribution.inputs import loading
+    from attribution.inputs.untrusted import watchdog
     from tests.test_app import OCTET, assert_clean, demo_bytes, run_app, upload
 
     checked = []

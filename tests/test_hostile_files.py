@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution import watchdog
-from attribution.demo import DEMO_DIR
-from attribution.limits import DEFAULT_LIMITS, Limits
+from attribution.inputs.untrusted import watchdog
+from attribution.inputs.demo import DEMO_DIR
+from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.conftest import ROOT
 
 GiB = 2 ** 30
@@ -375,8 +375,8 @@ MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message
 RUNNER = r"""
 import json, sys, time
 import attribution as at
-from attribution import watchdog
-from attribution.demo import DEMO_DIR
+from attribution.inputs.untrusted import watchdog
+from attribution.inputs.demo import DEMO_DIR
 
 def rss(field):
     with open("/proc/self/status") as status:
@@ -498,7 +498,7 @@ def test_a_lying_entry_is_stopped_after_its_declared_size(monkeypatch):
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(at.loading.zlib, "decompressobj", Counting)
+    monkeypatch.setattr(at.inputs.loading.zlib, "decompressobj", Counting)
     with pytest.raises(at.AttributionError, match="more than the"):
         at.load_data(lying_zip_header())
     assert sum(produced) <= 2 * 2 ** 20
@@ -519,14 +519,14 @@ def test_memory_exhaustion_becomes_a_message_with_the_size(monkeypatch):
     def exhausted(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000,)")
 
-    monkeypatch.setattr(at.data.np, "frombuffer", exhausted)
+    monkeypatch.setattr(at.inputs.data.np, "frombuffer", exhausted)
     with pytest.raises(at.AttributionError, match="ran out of memory.*7.45 GiB"):
         at.load_data(npz(inputs=np.zeros((3, 4), np.float32)))
 
 
 def test_shared_references_are_counted_as_reached_but_walked_once():
     shared = [1.0] * 1000
-    nodes, size = at.loading.pickled_size([shared] * 1000, DEFAULT_LIMITS)
+    nodes, size = at.inputs.loading.pickled_size([shared] * 1000, DEFAULT_LIMITS)
     assert nodes == 1 + 1000 * 1001 and size == 1000 * 1000 * 8
     data = saved({"inputs": [[float(i)] * 3 for i in range(4)], "labels": [0, 1, 0, 1]})
     assert at.load_data(data).inputs.shape == (4, 3)

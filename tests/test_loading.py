@@ -14,7 +14,7 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 import attribution as at
-from attribution.architectures import parse_architecture
+from attribution.inputs.architectures import parse_architecture
 
 from .zoo import token_files
 

@@ -7,8 +7,8 @@ from torch import nn
 
 import attribution as at
 from attribution.errors import AttributionError
-from attribution.guards import eval_mode, forward_hooks
-from attribution.split import FxRunner, runner_for
+from attribution.engine.guards import eval_mode, forward_hooks
+from attribution.engine.runners import FxRunner, runner_for
 
 from . import references
 from .models_zoo import ResNet, build_model, exported, one_thread  # noqa: F401 (fixture)
@@ -258,7 +258,7 @@ def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
 def test_an_exported_eager_model_sees_its_weights_change_in_place():
     """The export that puts a transformers model on the fast split holds the model's own
     tensors: no second copy of the weights, and no stale scores after an in-place edit."""
-    from attribution.split import _EXPORTS
+    from attribution.engine.runners.fx_graph import _EXPORTS
 
     model, x, y = build_model("gpt2", n=4)
     layer = "model.transformer.h.1.mlp.c_fc"

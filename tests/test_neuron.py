@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.neuron import INPUT_KINDS, input_kind, neuron_from_point, neuron_view
+from attribution.analyses.neuron import INPUT_KINDS, input_kind, neuron_from_point, neuron_view
 
 
 class Doubler(nn.Module):

@@ -6,7 +6,7 @@ from scipy import stats
 from torch import nn
 
 import attribution as at
-from attribution.oracle import ORACLE_COLUMNS, agreement
+from attribution.analyses.oracle import ORACLE_COLUMNS, agreement
 
 from .zoo import build
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution import plots
-from attribution.neuron import neuron_from_point
+from attribution.presentation import plots
+from attribution.analyses.neuron import neuron_from_point
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_neuron_bars_top_and_bottom_with_error_bars():
     bottom = plots.neuron_bars(summary, method="gradient", reduce="mean", top_n=2,
                                bottom=True).data[0]
     assert list(bottom.y) == ["neuron 1", "neuron 4"]
-    assert top.marker.color == plots.METHOD_COLOURS["gradient"]
+    assert top.marker.color == plots.method_colour("gradient")
 
 
 def test_axis_titles_carry_units():
@@ -104,8 +104,8 @@ def test_method_bars_one_panel_and_one_colour_per_method():
     summaries = pd.concat([_summary([1.0, 2.0, 3.0], "gradient"),
                            _summary([3.0, 2.0, 1.0], "activation")])
     figure = plots.method_bars(summaries, reduce="mean", top_n=2)
-    assert [t.marker.color for t in figure.data] == [plots.METHOD_COLOURS["gradient"],
-                                                     plots.METHOD_COLOURS["activation"]]
+    assert [t.marker.color for t in figure.data] == [plots.method_colour("gradient"),
+                                                     plots.method_colour("activation")]
     assert list(figure.data[0].y) == ["neuron 2", "neuron 1"]
     assert list(figure.data[1].y) == ["neuron 0", "neuron 1"]
     assert figure.data[0].xaxis != figure.data[1].xaxis
@@ -344,7 +344,7 @@ def test_oracle_table_uses_the_apps_words_and_rounding():
 
 
 def test_the_reports_tables_use_the_apps_words():
-    from attribution import report
+    from attribution.presentation import report
 
     loaded, dataset = at.load_demo("digits_mlp")
     settings = report.AnalysisSettings(layer="relu2", cluster=3, n_random=5)

@@ -10,8 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
-from attribution import pruning
-from attribution.pruning import CURVE_COLUMNS, refinement_rounds, spaced_ks
+from attribution.analyses import pruning
+from attribution.analyses.pruning import CURVE_COLUMNS, refinement_rounds, spaced_ks
 
 from . import references
 from .zoo import build

@@ -12,9 +12,11 @@ import torch
 from plotly.offline import get_plotlyjs
 
 import attribution as at
-from attribution import analysis, plots, report
-from attribution.demo import load_demo
-from attribution.diagnose import Finding
+from attribution.analyses import settings as analysis
+from attribution.presentation import plots
+from attribution.presentation import report
+from attribution.inputs.demo import load_demo
+from attribution.analyses.diagnose import Finding
 
 SETTINGS = report.AnalysisSettings(layer="relu2", method="gradient_x_activation",
                                    compare=("gradient",), cluster=3, n_random=5)

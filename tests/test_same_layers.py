@@ -10,9 +10,9 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import attribution as at
-from attribution.guards import eval_mode
-from attribution.methods import methods_for
-from attribution.split import FxRunner, HookRunner, runner_for
+from attribution.engine.guards import eval_mode
+from attribution.methods.registry import methods_for
+from attribution.engine.runners import FxRunner, HookRunner, runner_for
 
 from .models_zoo import build_model, exported, one_thread  # noqa: F401 (fixture)
 

@@ -11,7 +11,7 @@ import plotly.io as pio
 import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
-from attribution import plots
+from attribution.presentation import plots
 from pages import common
 from tests.conftest import ROOT
 from tests.test_app import run_app, sidebar_widget
@@ -38,7 +38,7 @@ def test_every_cluster_table_has_each_method_cluster_and_neuron():
 def test_the_csvs_are_made_on_a_click_not_on_each_redraw(monkeypatch):
     """Both downloads are Streamlit's deferred ones: a redraw makes neither table nor CSV
     (the cluster's table of a 3072-wide layer took ~30 ms a redraw as CSV)."""
-    from attribution import report  # noqa: PLC0415
+    from attribution.presentation import report  # noqa: PLC0415
 
     deferred, made, written = {}, [], []
     real_add, real_tidy, real_csv = (MediaFileManager.add_deferred, plots.tidy_every_cluster,

@@ -8,9 +8,9 @@ from captum.testing.helpers.basic_models import BasicModel_MultiLayer
 from torch import nn
 
 import attribution as at
-from attribution import split
-from attribution.guards import eval_mode
-from attribution.split import FxRunner, HookRunner, runner_for
+from attribution.engine.runners import select as runner_selection
+from attribution.engine.guards import eval_mode
+from attribution.engine.runners import FxRunner, HookRunner, runner_for
 
 from .zoo import ResidualMLP, build
 
@@ -143,7 +143,7 @@ def test_forward_hooks_on_submodules_and_pre_hooks_count_the_same_on_both_runner
             if name == "hooks":
                 runner = HookRunner(model, "fc1", model.fc1)
                 runner.n_classes, runner.layer_size = 3, 16
-                split._CACHE[model]["fc1"] = runner
+                runner_selection._CACHE[model]["fc1"] = runner
         results[name] = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
                          for method in at.METHODS}
     for method in at.METHODS:
@@ -166,7 +166,7 @@ def test_backward_hooks_are_refused_for_gradients_on_both_runners(register, runn
         with eval_mode(model):
             runner = HookRunner(model, "fc1", model.fc1)
             runner.n_classes, runner.layer_size = 3, 16
-            split._CACHE[model]["fc1"] = runner
+            runner_selection._CACHE[model]["fc1"] = runner
     handle = register(model)
     try:
         for method in GRADIENT_METHODS:

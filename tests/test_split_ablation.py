@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.guards import eval_mode
-from attribution.split import FxRunner, runner_for
+from attribution.engine.guards import eval_mode
+from attribution.engine.runners import FxRunner, runner_for
 
 from . import references
 from .zoo import randomize_batchnorm

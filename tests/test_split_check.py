@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.guards import eval_mode
-from attribution.layers import output_tensor, run_logits
-from attribution.model_io import NamedInputs, n_rows
-from attribution.split import CHECK_ROWS, FxRunner, HookRunner, check_rows, runner_for
+from attribution.engine.guards import eval_mode
+from attribution.engine.layers import output_tensor, run_logits
+from attribution.engine.model_io import NamedInputs, n_rows
+from attribution.engine.runners import CHECK_ROWS, FxRunner, HookRunner, check_rows, runner_for
 
 from .zoo import build
 

@@ -6,8 +6,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
-from attribution.scores import cluster_codes, cluster_statistics, on_device, score_batches
-from attribution.streaming import NpyRows
+from attribution.methods.scores import cluster_codes, cluster_statistics, on_device, score_batches
+from attribution.inputs.streaming import NpyRows
 
 from .zoo import build
 

@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution import cli, distributed, huggingface
-from attribution import demo as demo_module
-from attribution.data import check_data, load_data
-from attribution.methods import gauss_legendre
-from attribution.model_io import NamedInputs, logits_of, select_output
+from attribution import cli
+from attribution.analyses import distributed
+from attribution.inputs import huggingface
+from attribution.inputs import demo as demo_module
+from attribution.inputs.data import check_data, load_data
+from attribution.methods.registry import gauss_legendre
+from attribution.engine.model_io import NamedInputs, logits_of, select_output
 
 from .references import replaced_output
 
@@ -583,7 +585,7 @@ def test_token_scores_add_up_to_the_sample_scores(text_demo):
 def test_the_dashboard_takes_a_zipped_folder_and_a_text_table():
     from streamlit.testing.v1 import AppTest
 
-    from attribution.demo import DEMO_FILES
+    from attribution.inputs.demo import DEMO_FILES
 
     folder = next(f for f in DEMO_FILES if f.name == "text_classifier")
     texts, labels, _ = demo_module.text_data(40, seed=7)

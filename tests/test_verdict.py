@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.diagnose import CAPTURE_PATTERNS, CHECKS
-from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES, SCORE_LINES,
-                                 Finding, Remedy, check_name, check_package,
-                                 cluster_composition, describe_mix, expected_loop, verdict)
+from attribution.analyses.diagnose import CAPTURE_PATTERNS, CHECKS
+from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES,
+                                          SCORE_LINES, Finding, Remedy, check_name,
+                                          check_package, cluster_composition, describe_mix,
+                                          expected_loop, verdict)
 
 from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                             seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
@@ -167,7 +168,7 @@ def test_output_entry_indexes_the_tensor_output_tensor_takes():
     nested tuples and lists, dicts and ModelOutputs with empty fields, a plain tensor."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    from attribution.layers import output_entry, output_tensor
+    from attribution.engine.layers import output_entry, output_tensor
 
     a, b = torch.ones(2, 3), torch.zeros(2, 4)
     outputs = [a, (a, b), [None, (b, a)], {"sizes": 3, "hidden": b, "other": a},
@@ -232,7 +233,7 @@ def test_the_loop_takes_the_layer_from_a_tuple_or_model_output_and_its_features_
 
 def transformers_classifier(kind: str) -> nn.Module:
     """A small GPT-2 or BERT sequence classifier (3 classes, vocabulary of 40), as
-    `attribution.huggingface` loads one (no key/value cache)."""
+    `attribution.inputs.huggingface` loads one (no key/value cache)."""
     import transformers
 
     torch.manual_seed(0)

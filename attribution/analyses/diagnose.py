@@ -1,0 +1,659 @@
+"""The degeneracy check: do a layer's neuron scores carry information, and is one's own
+gradient code right?
+
+`diagnose` returns one `Finding` per check (severity "ok", "warning" or "problem"). With
+several clusters every check runs on each and reports the worst. Value measured; thresholds:
+
+- non_finite: share of the analysed samples whose logits or scores are NaN/inf (named in the
+  message). Problem if > 0 (the other checks are then skipped).
+- constant_scores: (max - min) / max |s| of the cluster scores. Problem if <= 1e3 float32 eps
+  (every neuron equal to float32 resolution).
+- tiny_scores: largest neuron effect / logit scale (std of all logits). Problem if <= 1e3
+  float32 eps (float32 rounding of the logits); warning if < 0.01 / n_neurons (under 1% of
+  an equal share of the logit scale).
+- sign_cancellation: median over neurons of |mean s| / mean |s|. With samples of equal
+  magnitude and a share p of one sign this is |2p - 1|: warning if < 0.5 (the minority sign
+  carries > 25% of the magnitude), problem if < 0.2 (> 40%). Only reduce="mean" averages signs.
+- dead_neurons: share of neurons dead on the cluster. Warning if a neuron is dead on every
+  sample analysed (the model never uses it), problem if >= 50% (most of the ranking is ties).
+- not_better_than_random: share of random orders whose pruning-curve area the ranking beats.
+  A random ranking is one more random order, so this share is uniform for it: warning if
+  < 0.95, problem if < 0.5 (no better than a typical random order).
+- disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle. Warning if
+  < 0.6 (below activation's 0.56 in Molchanov et al. 2017), problem if < 0.3 (weight
+  magnitude's 0.27 there; random is 0).
+- suspicious_gradient_capture: relative error of the user's scores vs the engine's. Problem if
+  > 1e-3 (float32 reassociation differences stay far below); known bug patterns are named.
+
+A neuron is dead on a set of samples when its output is exactly 0 on all of them (a post-ReLU
+layer) or the gradient of every class's logit is exactly 0 on all of them (a pre-activation
+that never turns on, or a layer whose effect a zero weight after it removes, such as a
+BatchNorm gamma initialised to 0; the other logits of an output layer are not dead). The
+finding says which: output 0, or an output with no gradient, and the zero weights after the
+layer. Messages name settings in the API's words (reduce='mean_abs', target_logit) and
+`Finding.words(screen=True)` in the dashboard's (mean |·|, target logit).
+"Effect" in tiny_scores is in logit units: the score itself for gradient_x_activation,
+integrated_gradients, conductance and ablation; |gradient| x mean |activation| for gradient;
+activation and random have no logit units and are checked against float precision only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..engine import model_io
+from ..errors import AttributionError
+from ..engine.guards import engine_modes, eval_mode
+from ..engine.layers import resolve_layer, run_logits
+from .oracle import rank_correlation
+from ..methods.registry import method_label
+from .settings import METRIC_LABELS, REDUCTION_LABELS
+from .pruning import curve_summary, pruning_curve, spaced_ks
+from ..methods.scores import (Inputs, as_batch_tensor, check_method, check_reduce, cluster_codes,
+                              find_cluster, iter_labelled_batches, model_device, neuron_scores,
+                              on_device, score_batches)
+
+SEVERITIES = ("ok", "warning", "problem")
+CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
+          "not_better_than_random", "disagrees_with_ablation", "suspicious_gradient_capture")
+PRECISION = 1e3 * float(np.finfo(np.float32).eps)  # ~1.2e-4: float32 rounding, with headroom
+CANCELLATION_WARNING, CANCELLATION_PROBLEM = 0.5, 0.2
+SHARE_WARNING = 0.01
+DEAD_PROBLEM = 0.5
+BEATEN_OK, BEATEN_WARNING = 0.95, 0.5
+ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
+CAPTURE_TOLERANCE = 1e-3
+CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
+                    "unknown")
+PATTERN_TOLERANCE = 1e-2  # how closely a known bug's signature must fit
+_LOGIT_UNIT_METHODS = ("gradient_x_activation", "integrated_gradients", "conductance", "ablation")
+_MAX_CURVE_POINTS = 32
+
+FindingsProgress = Optional[Callable[[float, list], object]]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's verdict.
+
+    Attributes:
+        code: which check (one of `CHECKS`).
+        severity: "ok", "warning" or "problem".
+        message: one sentence saying what was measured and what it means.
+        value: the measured number (see the module's table).
+        hint: what to do instead ("" when nothing needs doing).
+        pattern: for a failed suspicious_gradient_capture, the bug its signature fits (one
+            of `CAPTURE_PATTERNS`); "" otherwise.
+    """
+
+    code: str
+    severity: str
+    message: str
+    value: float
+    hint: str = ""
+    pattern: str = ""
+    screen_message: str = ""
+    screen_hint: str = ""
+
+    def words(self, screen: bool) -> tuple[str, str]:
+        """(message, hint) in the dashboard's words ("mean |·|", "target logit") when
+        `screen`, else in the API's (reduce='mean_abs', target_logit) as in `message`/`hint`."""
+        if screen:
+            return self.screen_message or self.message, self.screen_hint or self.hint
+        return self.message, self.hint
+
+
+_TERM = re.compile(r"«(\w+)=([^»]+)»")  # «setting=value» in a finding's text
+
+
+def _term(setting: str, value: str, screen: bool) -> str:
+    """One setting's value as the API writes it, or as the dashboard shows it."""
+    if not screen:
+        return f"{setting}={value!r}" if setting in ("reduce", "metric") else value
+    if setting == "reduce":
+        return REDUCTION_LABELS.get(value, value)
+    if setting == "metric":
+        return METRIC_LABELS.get(value, value)
+    if setting == "method":
+        return method_label(value)
+    return value.replace("_", " ")  # a check's code
+
+
+def _finding(code: str, severity: str, message: str, value: float, hint: str = "",
+             pattern: str = "") -> Finding:
+    """A Finding whose text may name settings as «setting=value» (reduce, metric, method,
+    check): written in API words in message/hint and in screen words beside them."""
+    def say(text: str, screen: bool) -> str:
+        return _TERM.sub(lambda m: _term(m.group(1), m.group(2), screen), text)
+
+    return Finding(code, severity, say(message, False), value, say(hint, False), pattern,
+                   say(message, True), say(hint, True))
+
+
+@dataclass
+class _Evidence:
+    """Per-sample measurements [m, n] of one cluster's m samples, and what follows from them."""
+
+    name: object
+    x: torch.Tensor
+    targets: Optional[torch.Tensor]
+    scores: np.ndarray
+    cluster_score: np.ndarray
+    gradients: np.ndarray
+    activations: np.ndarray
+    effects: np.ndarray
+    logit_scale: float
+    reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
+
+
+def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = "gradient",
+             clusters=None, *, cluster=None, reduce: str = "mean", user_scores=None,
+             metric: str = "target_logit", ablation: str = "zero", n_random: int = 20,
+             seed: int = 0, batch_size: int = 256, n_steps: int = 32,
+             progress: FindingsProgress = None, device=None) -> list[Finding]:
+    """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
+
+    Args:
+        model: classifier returning logits [N, n_classes]; left exactly as it was found.
+        layer: dotted module name or the module itself.
+        inputs: [N, ...] tensor or array, or an iterable of batches (held in memory here).
+        targets: LongTensor [N], None (the predicted class) or "labels" (y of (x, y) batches).
+        method: the scoring method under test (one of `METHODS`).
+        clusters: 1-D array of cluster ids [N]; None = all samples form one cluster.
+        cluster: check only this cluster; None = check every cluster, report the worst.
+        reduce: how per-sample scores become the cluster score ("mean", "mean_abs", "std").
+        user_scores: optional scores from one's own code for the same method and samples
+            (the analysed ones: the cluster's when `cluster` is given, whose rows are also
+            taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
+            cluster score [n] (compared with the signed mean).
+        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random.
+        batch_size, n_steps, device: as in `neuron_scores`.
+        progress: called as progress(fraction, findings_so_far); may raise to stop.
+    Returns:
+        One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
+        user_scores is given; only non_finite when the logits or scores are not finite.
+    """
+    check_method(method)
+    check_reduce(reduce)
+    model = on_device(model, device)
+    x, targets = _materialise(model, inputs, targets, batch_size)
+    names, codes = _analysed(clusters, cluster, x.shape[0])
+    sample_ids = np.flatnonzero(codes >= 0)  # the analysed samples' positions in the inputs
+    if cluster is not None:
+        keep = torch.from_numpy(codes >= 0)
+        if isinstance(user_scores, torch.Tensor):
+            user_scores = user_scores.detach().cpu().numpy()
+        if user_scores is not None and np.ndim(user_scores) == 2 and len(user_scores) == len(keep):
+            user_scores = np.asarray(user_scores)[codes >= 0]  # every sample's rows given
+        x = x[keep]
+        targets = targets[keep] if targets is not None else None
+        codes = codes[codes >= 0]
+
+    def report(fraction: float, findings: list) -> None:
+        if progress is not None:
+            progress(fraction, list(findings))
+
+    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
+    scores = neuron_scores(model, layer, x, targets, method,  # from the first batch on
+                           progress=lambda fraction: report(0.2 * fraction, []),
+                           **options).numpy()
+    logits = _logits(model, x, batch_size)
+    report(0.2, [])
+    if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):
+        finding = _non_finite(scores, logits.numpy(), sample_ids)
+        report(1.0, [finding])
+        return [finding]
+    gradients = (scores if method == "gradient"
+                 else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
+    activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
+    effects = (scores if method == "ablation"
+               else neuron_scores(model, layer, x, targets, "ablation", **options).numpy())
+    reach = _reach(model, layer, x, gradients, activations, codes, options)
+    report(0.4, [])
+
+    groups = []
+    for index, name in enumerate(names):
+        rows = np.flatnonzero(codes == index)
+        part = torch.from_numpy(rows)
+        group_scores = scores[rows]
+        groups.append(_Evidence(
+            name, x[part], targets[part] if targets is not None else None, group_scores,
+            _reduce(group_scores, reduce), gradients[rows], activations[rows], effects[rows],
+            float(logits[part].double().std()) if len(rows) else 0.0, reach[rows]))
+    labelled = len(groups) > 1
+    everywhere_dead = _dead(reach, activations)
+    findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
+    findings.append(_worst([_constant(g) for g in groups], groups, labelled))
+    findings.append(_worst([_tiny(g, method) for g in groups], groups, labelled))
+    findings.append(_worst([_cancellation(g, reduce) for g in groups], groups, labelled))
+    zeroed = _zero_weights_after(model, layer)
+    findings.append(_worst([_dead_neurons(g, everywhere_dead, zeroed) for g in groups], groups,
+                           labelled))
+    report(0.5, findings)
+    curve_checks = []
+    for position, group in enumerate(groups):
+        curve_checks.append(_random_baseline(model, layer, group, metric, ablation, n_random,
+                                             seed, batch_size))
+        report(0.5 + 0.4 * (position + 1) / len(groups), findings)
+    findings.append(_worst(curve_checks, groups, labelled))
+    findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
+    if user_scores is not None:
+        findings.append(_capture(user_scores, scores, method))
+    report(1.0, findings)
+    return findings
+
+
+# ------------------------------------------------------------------------------ inputs
+
+def _materialise(model, inputs: Inputs, targets, batch_size: int):
+    """(x [N, ...] on the model's device, targets LongTensor [N] or None)."""
+    if isinstance(targets, str) and targets not in ("labels",):
+        raise AttributionError("diagnose needs one target per sample: pass a LongTensor of "
+                               "class ids, None (the predicted class) or 'labels'.")
+    device = model_device(model)
+    xs, ys = [], []
+    for raw, labels in iter_labelled_batches(inputs, batch_size):
+        xs.append(as_batch_tensor(raw, model, device))
+        ys.append(labels)
+    if not xs or sum(part.shape[0] for part in xs) == 0:
+        raise AttributionError("There are no samples to diagnose (the inputs are empty).")
+    x = model_io.cat(xs)
+    if isinstance(targets, str):
+        if any(y is None for y in ys):
+            raise AttributionError("targets='labels' reads y from (x, y) batches, but these "
+                                   "batches carry no labels; pass a LongTensor [N] or None.")
+        targets = torch.cat([torch.as_tensor(np.asarray(y)) for y in ys]).long()
+    if targets is not None:
+        if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
+                or targets.is_floating_point() or targets.dtype == torch.bool):
+            raise AttributionError("targets must be a LongTensor [N] of class ids, None (the "
+                                   "predicted class) or 'labels'.")
+        if targets.shape[0] != x.shape[0]:
+            raise AttributionError(f"targets has {targets.shape[0]} entries but there are "
+                                   f"{x.shape[0]} samples.")
+        targets = targets.long()
+    return x, targets
+
+
+def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
+    """(cluster names, codes [N]: index into names, -1 = not analysed)."""
+    if clusters is None:
+        if cluster is not None:
+            raise AttributionError("cluster= needs clusters= (one cluster id per sample).")
+        return ["all"], np.zeros(total, dtype=np.int64)
+    codes, ids = cluster_codes(clusters, total)
+    if cluster is None:
+        return list(ids), codes
+    cluster = find_cluster(cluster, ids)
+    return [cluster], np.where(codes == ids.get_loc(cluster), 0, -1)
+
+
+def _logits(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    with eval_mode(model), engine_modes(), torch.no_grad():
+        return torch.cat([run_logits(model, x[i:i + batch_size]).float().cpu()
+                          for i in range(0, x.shape[0], batch_size)])
+
+
+def _reduce(scores: np.ndarray, reduce: str) -> np.ndarray:
+    if reduce == "mean":
+        return scores.mean(0)
+    if reduce == "mean_abs":
+        return np.abs(scores).mean(0)
+    return scores.std(0, ddof=1) if scores.shape[0] > 1 else np.full(scores.shape[1], np.nan)
+
+
+def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,
+           activations: np.ndarray, codes: np.ndarray, options: dict) -> np.ndarray:
+    """[m, n] sum over classes of |dF_c/dz|. Computed only when the target's gradient is 0
+    on all of a cluster's samples while the output is not (e.g. the other logits of an
+    output layer for a one-class cluster); otherwise |target gradient| decides the same."""
+    reach = np.abs(gradients)
+    if any(((gradients[codes == code] == 0).all(0) & (activations[codes == code] != 0).any(0)
+            ).any() for code in np.unique(codes)):
+        for start, part in score_batches(model, layer, x, "all", "gradient", **options):
+            reach[start:start + len(part)] = part.abs().sum(1).numpy()
+    return reach
+
+
+def _zero_weights_after(model: nn.Module, layer) -> list[str]:
+    """Weights after `layer` (in module order) that are exactly 0 on whole channels, e.g.
+    "bn3.weight (64 of 64 channels)": a BatchNorm gamma initialised to 0 (timm's
+    zero_init_last) removes what flows through it, so the layers before it get no gradient."""
+    name = resolve_layer(model, layer)[0].split(":")[0]
+    found, after = [], False
+    for module_name, module in model.named_modules():
+        if module_name == name:
+            after = True
+            continue
+        weight = getattr(module, "weight", None)
+        if not after or not isinstance(weight, torch.Tensor) or weight.numel() == 0 \
+                or not weight.dtype.is_floating_point:
+            continue
+        zero = (weight.detach().reshape(weight.shape[0], -1) == 0).all(1)
+        if zero.any():
+            found.append(f"{module_name}.weight ({int(zero.sum())} of {zero.numel()} channels)")
+    return found
+
+
+def _dead(reach: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """[n] bool: output exactly 0 on every sample, or no class's logit depends on it on any
+    sample (a pre-activation that never turns on)."""
+    return (activations == 0).all(0) | (reach == 0).all(0)
+
+
+# ------------------------------------------------------------------------------ checks
+# Each check returns (Finding for one cluster, badness); `_worst` keeps the worst cluster.
+
+def _non_finite(scores: np.ndarray, logits: np.ndarray, sample_ids: np.ndarray) -> Finding:
+    """Name the samples whose logits [m, C] or scores [m, ...] are NaN/inf; `sample_ids` [m]
+    are their positions in the inputs."""
+    bad_logits = ~np.isfinite(logits).all(1)
+    bad_scores = ~np.isfinite(scores.reshape(len(scores), -1)).all(1)
+    parts = []
+    if bad_logits.any():
+        parts.append("The model's logits are NaN or inf on "
+                     + _neuron_list(sample_ids[bad_logits], noun="sample"))
+    if bad_scores.any():
+        parts.append(f"{float((~np.isfinite(scores)).mean()):.1%} of the per-sample scores are "
+                     f"NaN or inf ({_neuron_list(sample_ids[bad_scores], noun='sample')})")
+    return Finding(
+        "non_finite", "problem",
+        "; ".join(parts) + ", so no ranking can be trusted (the other checks were skipped).",
+        float((bad_logits | bad_scores).mean()),
+        "Check the model on these samples (weights, inputs, a log of 0, an overflow) and that "
+        "the inputs are scaled as in training, or leave the samples out.")
+
+
+def _constant(group: _Evidence) -> tuple[Finding, float]:
+    values = group.cluster_score
+    scale = float(np.abs(values).max())
+    spread = float(np.ptp(values)) / scale if scale > 0 else 0.0
+    if spread <= PRECISION:
+        return _finding(
+            "constant_scores", "problem",
+            f"Every neuron gets the same score ({values[0]:.3g}), so the ranking carries no "
+            "information and pruning order is arbitrary.", spread,
+            "Check that the layer's output varies between neurons and samples; try "
+            "«method=gradient_x_activation» or «method=ablation»."), -spread
+    return Finding("constant_scores", "ok",
+                   f"Scores vary across neurons (spread {spread:.2g} of the largest).",
+                   spread), -spread
+
+
+def _tiny(group: _Evidence, method: str) -> tuple[Finding, float]:
+    n_neurons = group.cluster_score.shape[0]
+    magnitude = np.abs(group.cluster_score)
+    if method in _LOGIT_UNIT_METHODS or method == "gradient":
+        effect = magnitude * (np.abs(group.activations).mean(0) if method == "gradient" else 1.0)
+        largest = float(np.nanmax(effect)) if effect.size else 0.0
+        scale = group.logit_scale
+        value = largest / scale if scale > 0 else (0.0 if largest == 0 else np.inf)
+        described = (f"the largest neuron effect is {largest:.3g} logits, {value:.2g} of the "
+                     f"logit scale ({scale:.3g})")
+        warn_below = SHARE_WARNING / n_neurons
+    else:
+        largest = float(np.nanmax(magnitude))
+        typical = float(np.abs(group.scores).mean(0).max())
+        value = largest / typical if typical > 0 else 0.0
+        described = (f"the largest cluster score is {value:.2g} of the largest per-sample "
+                     "magnitude")
+        warn_below = 0.0
+    if value <= PRECISION:
+        return _finding(
+            "tiny_scores", "problem",
+            f"Scores are at float32 rounding level: {described}, so their order is noise.",
+            value, "Average magnitudes («reduce=mean_abs») or use "
+            "«method=gradient_x_activation»; if the logits do not depend on this layer, pick "
+            "a layer that feeds them."), -value
+    if value < warn_below:
+        return _finding(
+            "tiny_scores", "warning",
+            f"Scores are small: {described}, under 1% of an equal share per neuron.",
+            value, "Small gradients are not a bug by themselves; compare "
+            "«method=gradient_x_activation» (logit units) and check "
+            "«check=sign_cancellation»."), -value
+    return Finding("tiny_scores", "ok", f"Scores are well above float precision: {described}.",
+                   value), -value
+
+
+def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
+    magnitude = np.abs(group.scores).mean(0)
+    active = magnitude > 0
+    if not active.any():
+        return Finding("sign_cancellation", "ok", "No neuron has a nonzero score, so nothing "
+                       "can cancel (see constant_scores).", float("nan")), 0.0
+    ratio = float(np.median(np.abs(group.scores.mean(0))[active] / magnitude[active]))
+    kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons)")
+    if reduce != "mean":
+        return _finding("sign_cancellation", "ok",
+                        f"«reduce={reduce}» does not average signs ({kept} with "
+                        "«reduce=mean»).", ratio), -ratio
+    hint = ("Use «reduce=mean_abs» or «method=gradient_x_activation», or split the cluster "
+            "into smaller, more homogeneous ones (e.g. one class each).")
+    if ratio < CANCELLATION_PROBLEM:
+        return _finding("sign_cancellation", "problem",
+                       f"Signed averaging cancels: {kept}, because per-sample scores disagree "
+                       "in sign; this is why average gradients look tiny.", ratio, hint), -ratio
+    if ratio < CANCELLATION_WARNING:
+        return _finding("sign_cancellation", "warning",
+                        f"Signed averaging partly cancels: {kept}.", ratio, hint), -ratio
+    return Finding("sign_cancellation", "ok", f"Signs agree across samples: {kept}.",
+                   ratio), -ratio
+
+
+def _what_is_zero(dead: np.ndarray, activations: np.ndarray, zeroed: list[str]) -> str:
+    """Which of the `dead` [n] neurons output exactly 0, and which have an output but no
+    gradient (something after the layer removes them: a closed ReLU, a zero weight)."""
+    silent = np.flatnonzero(dead & (activations == 0).all(0))
+    unreached = np.flatnonzero(dead & ~(activations == 0).all(0))
+    parts = []
+    if silent.size:
+        parts.append(f"{_neuron_list(silent)} {'outputs' if silent.size == 1 else 'output'} "
+                     "exactly 0")
+    if unreached.size:
+        where = ("a zero weight after this layer: " + ", ".join(zeroed[:3]) if zeroed else
+                 "e.g. a ReLU after this layer that never turns on for them")
+        one = unreached.size == 1
+        parts.append(f"{_neuron_list(unreached)} {'has' if one else 'have'} a nonzero output, "
+                     "but the gradient of every logit with respect to "
+                     f"{'it' if one else 'them'} is exactly 0 on every sample: something after "
+                     f"this layer removes {'it' if one else 'them'} ({where})")
+    return "; ".join(parts)
+
+
+def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
+                  zeroed: list[str]) -> tuple[Finding, float]:
+    dead = _dead(group.reach, group.activations)
+    share = float(dead.mean())
+    never_used = dead & everywhere_dead
+    hint = ("Their scores are exactly 0 and tie, so their order is arbitrary; exclude them, or "
+            "check the biases, initialisation or zero weights that switched them off.")
+    if share >= DEAD_PROBLEM:
+        return Finding("dead_neurons", "problem",
+                       f"{dead.sum()} of {dead.size} neurons are dead on these samples, so "
+                       "most of the ranking is ties: "
+                       f"{_what_is_zero(dead, group.activations, zeroed)}.", share,
+                       hint), share
+    if never_used.any():
+        return Finding("dead_neurons", "warning",
+                       f"{never_used.sum()} of {dead.size} neurons are dead on every sample: "
+                       f"{_what_is_zero(never_used, group.activations, zeroed)}.",
+                       share, hint), share
+    listed = _neuron_list(np.flatnonzero(dead))
+    if dead.any():
+        return Finding("dead_neurons", "ok",
+                       f"{dead.sum()} of {dead.size} neurons are silent on this cluster only "
+                       f"({listed}); they work on other samples.", share), share
+    return Finding("dead_neurons", "ok", "No neuron is dead on these samples.", share), share
+
+
+def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
+                     batch_size) -> tuple[Finding, float]:
+    n_neurons = group.cluster_score.shape[0]
+    ks = spaced_ks(n_neurons, _MAX_CURVE_POINTS)
+    curve = pruning_curve(model, layer, group.x, group.targets,
+                          np.nan_to_num(group.cluster_score, nan=0.0), ks=ks,
+                          n_random=n_random, seed=seed, ablation=ablation, metric=metric,
+                          batch_size=batch_size)
+    beaten = float(curve_summary(curve)["fraction_random_beaten"].iloc[0])
+    interior = curve[(curve["k"] > 0) & (curve["k"] < n_neurons)]
+    within = ((interior["ranked"] >= interior["random_lo"])
+              & (interior["ranked"] <= interior["random_hi"]))
+    inside = float(within.mean()) if len(interior) else 1.0
+    measured = (f"removing the top-ranked neurons beats {beaten:.0%} of {n_random} random "
+                f"orders («metric={metric}», area under the curve) and stays inside the 5-95% "
+                f"random band at {inside:.0%} of k")
+    hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
+            "for signed gradients see «check=sign_cancellation».")
+    if beaten < BEATEN_WARNING:
+        return _finding("not_better_than_random", "problem",
+                       f"The ranking is no better than random: {measured}.", beaten,
+                       hint), -beaten
+    if beaten < BEATEN_OK:
+        return _finding("not_better_than_random", "warning",
+                       f"The ranking is only weakly better than random: {measured}.", beaten,
+                       hint), -beaten
+    return _finding("not_better_than_random", "ok", f"The ranking beats random: {measured}.",
+                   beaten), -beaten
+
+
+def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
+    oracle = group.effects.mean(0)
+    signed = reduce == "mean"
+    scores = group.cluster_score if signed else np.abs(group.cluster_score)
+    rho = rank_correlation("spearman", scores, oracle if signed else np.abs(oracle))
+    convention = "signed" if signed else "absolute-value"
+    measured = (f"Spearman {rho:.2f} ({convention}) with the exact single-neuron ablation "
+                "effect on the target logit")
+    hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
+            "«method=ablation» itself; see the oracle table.")
+    if np.isnan(rho):
+        return _finding("disagrees_with_ablation", "problem",
+                       "The ranking or the ablation effects are constant, so they cannot agree.",
+                       rho, hint), np.inf
+    if rho < ORACLE_WARNING:
+        return _finding("disagrees_with_ablation", "problem",
+                       f"The scores barely track what removing a neuron does: {measured}.",
+                       rho, hint), -rho
+    if rho < ORACLE_OK:
+        return _finding("disagrees_with_ablation", "warning",
+                       f"The scores only loosely track what removing a neuron does: {measured}.",
+                       rho, hint), -rho
+    return Finding("disagrees_with_ablation", "ok", f"The scores track ablation: {measured}.",
+                   rho), -rho
+
+
+def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
+           labelled: bool) -> Finding:
+    """The worst cluster's finding (by severity, then badness), naming it among several."""
+    rank = {severity: position for position, severity in enumerate(SEVERITIES)}
+    position = max(range(len(results)),
+                   key=lambda i: (rank[results[i][0].severity], results[i][1]))
+    finding = results[position][0]
+    if not labelled:
+        return finding
+    flagged = sum(result[0].severity != "ok" for result in results)
+    prefix = f"Cluster {groups[position].name!r}"
+    if flagged:
+        prefix += f" (worst of {flagged} flagged out of {len(results)} clusters)"
+    else:
+        prefix += f" (least good of {len(results)} clusters, all ok)"
+    return replace(finding, message=f"{prefix}: {finding.message}",
+                   screen_message=f"{prefix}: {finding.words(screen=True)[0]}")
+
+
+def _neuron_list(indices: np.ndarray, shown: int = 8, noun: str = "neuron") -> str:
+    listed = ", ".join(str(int(i)) for i in indices[:shown])
+    more = f", ... ({len(indices) - shown} more)" if len(indices) > shown else ""
+    return f"{noun}{'s' if len(indices) != 1 else ''} {listed}{more}"
+
+
+# ------------------------------------------------------------------ the user's own scores
+
+def _capture(user_scores, engine: np.ndarray, method: str) -> Finding:
+    """Compare one's own per-sample [m, n] (or [k, m, n], or cluster [n]) scores with ours."""
+    if isinstance(user_scores, torch.Tensor):
+        user_scores = user_scores.detach().cpu().numpy()
+    user = np.asarray(user_scores, dtype=np.float64)
+    n_samples_, n_neurons = engine.shape
+    if user.ndim == 3:
+        user = user.reshape(-1, user.shape[-1])
+    if user.ndim not in (1, 2) or user.shape[-1] != n_neurons:
+        raise AttributionError(f"user_scores must be per-sample [{n_samples_}, {n_neurons}] or "
+                               f"one cluster score [{n_neurons}]; got shape "
+                               f"{list(np.shape(user_scores))}.")
+    hint = ("Compute one sample per pass (inputs[i].unsqueeze(0)), clear gradients before each "
+            "backward, register hooks inside try/finally and remove them, or use "
+            "at.neuron_scores.")
+    code = "suspicious_gradient_capture"
+    if user.ndim == 2 and user.shape[0] != n_samples_:
+        repeats, leftover = divmod(user.shape[0], n_samples_)
+        if leftover or repeats == 0:
+            raise AttributionError(f"user_scores has {user.shape[0]} rows but {n_samples_} "
+                                   "samples were analysed; pass one row per sample, in order "
+                                   "(for one cluster: its samples' rows, or every sample's).")
+        if repeats == n_samples_:
+            pattern = "whole_batch"
+            message = (f"Your array has {n_samples_} x {n_samples_} rows: every backward "
+                       "captured the whole batch's gradient [1, B, n], i.e. the loop feeds "
+                       "inputs.unsqueeze(0) instead of inputs[i].unsqueeze(0).")
+        else:
+            pattern = "stale_hooks"
+            message = (f"Your array has {repeats}x as many rows as samples: each backward "
+                       f"appended {repeats} rows, i.e. hooks registered by earlier calls are "
+                       "still attached (never removed) or the list kept rows from earlier "
+                       "calls.")
+        return Finding(code, "problem", message, float(repeats), hint, pattern)
+    if not np.isfinite(user).all():
+        return Finding(code, "problem", "Your scores contain NaN or inf where the engine's are "
+                       "finite.", float("inf"), hint, "non_finite")
+    reference = engine.astype(np.float64) if user.ndim == 2 else engine.mean(0)
+    error = _relative(user, reference)
+    if error <= CAPTURE_TOLERANCE:
+        return Finding(code, "ok", f"Your {method} scores match the engine's (relative "
+                       f"difference {error:.1e}).", error)
+    pattern, message = _explain(user, engine.astype(np.float64), reference, error, method)
+    return Finding(code, "problem", message, error, hint, pattern)
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    norm = np.linalg.norm(b)
+    difference = np.linalg.norm(a - b)
+    return float(difference / norm) if norm > 0 else (0.0 if difference == 0 else np.inf)
+
+
+def _explain(user: np.ndarray, engine: np.ndarray, reference: np.ndarray, error: float,
+             method: str) -> tuple[str, str]:
+    """(pattern, message): the bug whose signature fits the difference, if one does."""
+    denominator = float((reference * reference).sum())
+    scale = float((user * reference).sum()) / denominator if denominator > 0 else 0.0
+    if scale != 0 and _relative(user, scale * reference) <= PATTERN_TOLERANCE:
+        batch = round(1 / scale)
+        if batch >= 2 and abs(1 / scale - batch) <= PATTERN_TOLERANCE * batch:
+            return "whole_batch", (
+                f"Your scores are the engine's divided by {batch}: each pass fed a batch of "
+                f"{batch} samples (inputs.unsqueeze(0) instead of inputs[i].unsqueeze(0)), so "
+                "the hook captured [1, B, n] and averaging over it divided by B.")
+        return "scaled", f"Your scores are {scale:.3g} x the engine's {method} scores."
+    cumulative = np.cumsum(engine, axis=0)
+    if user.ndim == 2 and user.shape[0] > 1:
+        if _relative(np.diff(user, axis=0), engine[1:]) <= PATTERN_TOLERANCE:
+            return "accumulating", (
+                "Your row i is the sum of the engine's rows 0..i: gradients accumulate across "
+                "backward calls (.grad is never zeroed between samples).")
+        spread = np.ptp(user, axis=0).max()
+        if spread <= PRECISION * np.abs(user).max() and np.ptp(engine, axis=0).max() > 0:
+            return "whole_batch", ("Every row of your array is the same, while the engine's "
+                                   "differ per sample: one gradient was captured for the "
+                                   "whole batch.")
+    elif user.ndim == 1 and _relative(user, cumulative.mean(0)) <= PATTERN_TOLERANCE:
+        return "accumulating", (
+            "Your cluster score is the mean of running sums of the engine's per-sample "
+            "scores: gradients accumulate across backward calls (.grad is never zeroed).")
+    return "unknown", (f"Your scores differ from the engine's {method} scores by {error:.0%} "
+                       "(relative); no known bug pattern fits, so compare one sample by hand.")

@@ -1,0 +1,237 @@
+"""One neuron up close: how much it matters for a cluster and what it responds to.
+
+    view = neuron_view(model, "relu2", inputs, targets, scores, activations, in_cluster, 7)
+    view.samples   # per-sample score and activation, cluster vs rest
+    view.removal   # accuracy and target logit with the neuron removed alone, cluster and rest
+    view.examples  # the samples that drive it most and least, with the neuron's map over them
+
+The samples that "drive" a neuron are those with its highest and lowest activation (its
+output, averaged over positions for conv channels and sequences), over all samples. For a
+layer with positions (a conv channel [H', W'], a sequence [T]) each example also carries the
+neuron's output at every position: the map drawn over an image, the per-token values of a
+token sequence; for token ids and a method with a value per token (`TOKEN_METHODS`), each
+example carries its tokens and their scores (`attribution.methods.tokens.token_scores`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..errors import AttributionError
+from ..engine.guards import eval_mode
+from ..engine.layers import resolve_layer
+from ..methods.scores import Progress, model_device
+from ..engine.runners import runner_for
+from ..methods.tokens import TOKEN_METHODS, token_scores
+
+INPUT_KINDS = ("image", "tokens", "table", "other")
+REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)
+_POINT_NEURON = re.compile(r"^neuron (\d+)$")
+
+
+@dataclass(frozen=True)
+class NeuronView:
+    """What the neuron view shows for one neuron.
+
+    Attributes:
+        layer, neuron: which neuron.
+        input_kind: how the inputs are drawn (one of `INPUT_KINDS`).
+        samples: rows (sample, score, activation, in_cluster), one per sample [N].
+        removal: rows (subset, metric, intact, removed, change): "accuracy" and
+            "target_logit" of the cluster (and the rest) with the neuron removed alone.
+        examples: rows (sample, rank, side, activation, score, in_cluster, label,
+            input, positions, tokens, token_scores): side "most" or "least"; `input` the
+            sample's input array (image [C, H, W], token ids [T], features [F]); `positions`
+            the neuron's output at each position ([H', W'] or [T]) or None for a layer
+            without positions; `tokens` (str [T']) and `token_scores` [T'] the sample's real
+            tokens and the method's score at each, or None.
+    """
+
+    layer: str
+    neuron: int
+    input_kind: str
+    samples: pd.DataFrame
+    removal: pd.DataFrame
+    examples: pd.DataFrame
+
+
+def input_kind(inputs: torch.Tensor) -> str:
+    """"image" for [N, C, H, W] with 1, 3 or 4 channels, "tokens" for integer ids, "table"
+    for [N, F] features, else "other"."""
+    if not inputs.is_floating_point():
+        return "tokens"
+    if inputs.dim() == 4 and inputs.shape[1] in (1, 3, 4):
+        return "image"
+    if inputs.dim() == 2:
+        return "table"
+    return "other"
+
+
+def neuron_from_point(point: dict) -> Optional[int]:
+    """The neuron of a clicked chart point: a bar labelled "neuron 7" (y) or a heatmap cell
+    whose x is the neuron index; None when the point names none."""
+    label = point.get("y")
+    if isinstance(label, str) and _POINT_NEURON.match(label):
+        return int(_POINT_NEURON.match(label).group(1))
+    x = point.get("x")
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return int(x)
+    if isinstance(x, str) and x.isdigit():
+        return int(x)
+    return None
+
+
+def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional[torch.Tensor],
+                scores: np.ndarray, activations: np.ndarray, in_cluster: np.ndarray,
+                neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
+                method: Optional[str] = None, tokens: Optional[np.ndarray] = None,
+                batch_size: int = 256, progress: Progress = None) -> NeuronView:
+    """Everything the neuron view draws for `neuron` of `layer`.
+
+    Args:
+        model: classifier returning logits [N, n_classes]; left exactly as it was found.
+        layer: dotted module name or the module itself.
+        inputs: every sample [N, ...] (a tensor held in memory).
+        targets: class per sample whose logit is measured [N], or None (the predicted class).
+        scores: per-sample scores of the method in use [N, n_neurons].
+        activations: per-sample activations [N, n_neurons] (the engine's `activation` score).
+        in_cluster: bool [N], the cluster in focus.
+        neuron: index in 0..n_neurons-1.
+        labels: true class per sample [N] for the examples' captions, or None.
+        n_examples: samples shown on each side (most, least).
+        method: the method of `scores`, for per-token scores of token ids (None: none).
+        tokens: str [N, T], the token text at each position, or None (ids are shown).
+        progress: called with the fraction done after each batch of the removal pass, and
+            with 1.0 when the view is complete.
+    Returns:
+        A `NeuronView`.
+    """
+    scores, activations = np.asarray(scores), np.asarray(activations)
+    in_cluster = np.asarray(in_cluster, dtype=bool)
+    n_samples, n_neurons = scores.shape
+    if activations.shape != scores.shape or in_cluster.shape != (n_samples,) \
+            or inputs.shape[0] != n_samples:
+        raise AttributionError(f"scores {list(scores.shape)}, activations "
+                               f"{list(activations.shape)}, in_cluster {list(in_cluster.shape)} "
+                               f"and inputs {list(inputs.shape[:1])} must describe the same "
+                               "samples and neurons.")
+    if isinstance(neuron, bool) or not isinstance(neuron, (int, np.integer)) \
+            or not 0 <= neuron < n_neurons:
+        raise AttributionError(f"Neuron {neuron!r} is not in this layer (0..{n_neurons - 1}).")
+    neuron = int(neuron)
+    name, _ = resolve_layer(model, layer)
+    samples = pd.DataFrame({"sample": np.arange(n_samples), "score": scores[:, neuron],
+                            "activation": activations[:, neuron], "in_cluster": in_cluster})
+    removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size,
+                       None if progress is None else lambda f: progress(REMOVAL_SHARE * f))
+    examples = _examples(model, name, inputs, samples, labels, neuron, n_examples)
+    examples["tokens"], examples["token_scores"] = None, None
+    if input_kind(inputs) == "tokens" and method in TOKEN_METHODS \
+            and examples["positions"].notna().all():
+        _add_token_scores(examples, model, name, inputs, targets, neuron, method, tokens)
+    if progress is not None:
+        progress(1.0)
+    return NeuronView(name, neuron, input_kind(inputs), samples, removal, examples)
+
+
+def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Tensor,
+                      targets: Optional[torch.Tensor], neuron: int, method: str,
+                      tokens: Optional[np.ndarray]) -> None:
+    """Fill the examples' tokens and token_scores columns (in place)."""
+    chosen = examples["sample"].to_numpy()
+    index = torch.tensor(chosen, dtype=torch.long)  # pandas hands out a read-only view
+    table = token_scores(model, name, inputs[index], neuron,
+                         None if targets is None else targets[index], method=method,
+                         tokens=None if tokens is None else np.asarray(tokens)[chosen])
+    parts = dict(tuple(table.groupby("sample")))
+    examples["tokens"] = [parts[i]["token"].tolist() if i in parts else [] for i in
+                          range(len(chosen))]
+    examples["token_scores"] = [parts[i]["score"].to_numpy() if i in parts else np.zeros(0)
+                                for i in range(len(chosen))]
+
+
+def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Tensor],
+             in_cluster: np.ndarray, neuron: int, batch_size: int,
+             progress: Progress = None) -> pd.DataFrame:
+    """Accuracy and mean target logit per subset, intact and with `neuron`'s output set to 0
+    (the pruning curves' zero ablation at k=1): one capture and one tail pass per batch."""
+    _, module = resolve_layer(model, name)
+    device = model_device(model)
+    intact, removed = [], []
+    with eval_mode(model):
+        runner = None
+        for start in range(0, inputs.shape[0], batch_size):
+            x = inputs[start:start + batch_size].to(device)
+            if runner is None:  # made with autograd on: the runner cache serves every method
+                runner = runner_for(model, name, module, x)
+            with torch.no_grad():
+                z, state, logits = runner.capture(x)
+                z = z.clone()
+                z[:, neuron] = 0
+                intact.append(logits.float().cpu())
+                removed.append(runner.tail(z, state, 1).float().cpu())
+            if progress is not None:
+                progress(min(1.0, (start + batch_size) / inputs.shape[0]))
+    intact, removed = torch.cat(intact), torch.cat(removed)
+    wanted = intact.argmax(1) if targets is None else targets.cpu()
+    subsets = [("cluster", in_cluster)] + ([("rest", ~in_cluster)] if not in_cluster.all()
+                                           else [])
+    rows = []
+    for metric in ("accuracy", "target_logit"):
+        for subset, rows_of in subsets:
+            mask = torch.from_numpy(rows_of)
+            before, after = (_metric(logits[mask], wanted[mask], metric)
+                             for logits in (intact, removed))
+            rows.append({"subset": subset, "metric": metric, "intact": before,
+                         "removed": after, "change": after - before})
+    return pd.DataFrame(rows)
+
+
+def _metric(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> float:
+    if metric == "accuracy":
+        return float((logits.argmax(1) == targets).double().mean())
+    return float(logits.gather(1, targets[:, None]).double().mean())
+
+
+def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,
+              labels: Optional[torch.Tensor], neuron: int, n_examples: int) -> pd.DataFrame:
+    order = np.argsort(-samples["activation"].to_numpy(), kind="stable")
+    shown = min(n_examples, len(order) // 2) or min(n_examples, len(order))
+    most, least = order[:shown], order[::-1][:shown]
+    chosen = np.concatenate([most, least])
+    positions = _positions(model, name, inputs[torch.from_numpy(chosen)], neuron)
+    rows = []
+    for position, (sample, side) in enumerate(zip(chosen, ["most"] * len(most)
+                                                  + ["least"] * len(least))):
+        rows.append({
+            "sample": int(sample), "rank": position % max(1, len(most)) + 1, "side": side,
+            "activation": float(samples["activation"].iloc[sample]),
+            "score": float(samples["score"].iloc[sample]),
+            "in_cluster": bool(samples["in_cluster"].iloc[sample]),
+            "label": None if labels is None else int(labels[sample]),
+            "input": inputs[sample].detach().cpu().numpy(),
+            "positions": None if positions is None else positions[position],
+        })
+    return pd.DataFrame(rows)
+
+
+def _positions(model: nn.Module, name: str, x: torch.Tensor, neuron: int) -> Optional[Any]:
+    """The neuron's output at each position for samples x: [B, H', W'] or [B, T] as numpy,
+    or None when the layer has no positions ([B, n])."""
+    if x.shape[0] == 0:
+        return None
+    _, module = resolve_layer(model, name)
+    with eval_mode(model):
+        x = x.to(model_device(model))
+        runner = runner_for(model, name, module, x)
+        with torch.no_grad():
+            z, _, _ = runner.capture(x)  # [B, n, ...]: the neurons at dim 1
+    if z.dim() <= 2:
+        return None
+    return z[:, neuron].detach().float().cpu().numpy()

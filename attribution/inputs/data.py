@@ -1,0 +1,825 @@
+"""A user's data: loading it from a path or upload, checking it against a model, and the
+cluster ids that group its samples.
+
+Accepted files (detected from content):
+- `.npz` / `.pt` (a tensor, a dict of arrays/tensors, or an (inputs, labels[, clusters])
+  tuple; read with `allow_pickle=False` / `torch.load(weights_only=True)`): inputs of any shape
+  [N, ...] under "inputs" (or x, X, data, images, features), optional "labels" (y, targets,
+  target), "clusters" (cluster), "cluster_names" (names indexed by integer cluster ids),
+  "feature_names" and "class_names";
+- `.npy`: inputs only;
+- `.csv` / `.parquet`: one row per sample; a label column (label, labels, target, y, class),
+  an optional cluster column (cluster, clusters, group) and numeric feature columns (all the
+  others unless `features=` names them).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import reprlib
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..engine import model_io
+from ..errors import AttributionError, out_of_memory, reading
+from ..engine.guards import engine_modes, eval_mode
+from ..engine.model_io import NamedInputs
+from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
+from ..engine.layers import run_logits
+from ..methods.scores import Progress, model_device, neuron_scores
+from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
+                      pickled_size, read_source, sniff, zip_kind)
+
+MAX_ROWS = 200_000
+"""Default limit on samples held in memory (`max_rows=` overrides it per call)."""
+MAX_ID_CHARACTERS = 1000
+"""Longest cluster id accepted (as text every id takes the room of the longest)."""
+KMEANS_RUNS = 4
+"""k-means runs from different seeds; the clustering with the lowest inertia is kept."""
+ACTIVATIONS_SHARE = 0.5
+"""Share of k-means on activations that `make_clusters` reports for the activation pass."""
+CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
+                   "kmeans_activations")
+
+_INPUT_KEYS = ("inputs", "x", "X", "data", "images", "features")
+_LABEL_KEYS = ("labels", "label", "y", "targets", "target", "class")
+_CLUSTER_KEYS = ("clusters", "cluster", "group")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Samples for scoring, checked on construction.
+
+    Attributes:
+        inputs: float32 tensor [N, ...] (N >= 1), finite; int64 when given as an int64
+            tensor, and made int64 by `check_data` for a model of integer inputs (token ids).
+            Named inputs (a dict such as input_ids and attention_mask [N, T]) become
+            `model_io.NamedInputs` of int64 / float32 tensors.
+        labels: int64 tensor [N] of class ids >= 0, or None.
+        clusters: 1-D array [N] of cluster ids (ints or strings), or None.
+        feature_names: one name per feature of [N, F] inputs, or None.
+        class_names: one name per class, or None.
+        tokens: str array [N, T], the token at each position of sequence inputs ("" at
+            padding), for display; or None.
+        reshaped_from: the per-sample shape the data had before `check_data` reshaped it to
+            the model's input (e.g. (64,) for a CSV of 64 pixels), or None.
+    """
+
+    inputs: Union[torch.Tensor, NamedInputs]
+    labels: Optional[torch.Tensor] = None
+    clusters: Optional[np.ndarray] = None
+    feature_names: Optional[tuple[str, ...]] = None
+    class_names: Optional[tuple[str, ...]] = None
+    tokens: Optional[np.ndarray] = None
+    reshaped_from: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self):
+        if isinstance(self.inputs, (Mapping, NamedInputs)):
+            inputs = NamedInputs({name: _as_inputs(value, keep_integers=True)
+                                  for name, value in self.inputs.items()})
+            for value in inputs.values():
+                _check_finite(value, None)
+        else:
+            inputs = _as_inputs(self.inputs)
+            _check_finite(inputs, self.feature_names)
+        n = inputs.shape[0]
+        tokens = None if self.tokens is None else _as_tokens(self.tokens, inputs)
+        labels = None if self.labels is None else as_labels(self.labels, n)
+        clusters = None if self.clusters is None else _as_clusters(self.clusters, n)
+        feature_names = None if self.feature_names is None else tuple(
+            str(name) for name in self.feature_names)
+        if feature_names is not None and (inputs.dim() != 2
+                                          or len(feature_names) != inputs.shape[1]):
+            raise AttributionError(f"There are {len(feature_names)} feature names for inputs "
+                                   f"of shape {list(inputs.shape)}; give one per column.")
+        class_names = None if self.class_names is None else tuple(
+            str(name) for name in self.class_names)
+        for field, value in (("inputs", inputs), ("labels", labels), ("clusters", clusters),
+                             ("feature_names", feature_names), ("class_names", class_names),
+                             ("tokens", tokens)):
+            object.__setattr__(self, field, value)
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+
+def _numpy(value: Any, what: str) -> np.ndarray:
+    """`value` (array, tensor, nested lists) as a NumPy array."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        return (tensor.double() if tensor.dtype in (torch.float16, torch.bfloat16)
+                else tensor).numpy()
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise AttributionError(f"The {what} must form a rectangular array ({error}).") from None
+
+
+def _as_tokens(value: Any, inputs: Any) -> np.ndarray:
+    """Tokens [N, T] (str) for sequence inputs whose ids are [N, T]."""
+    tokens = np.asarray(value).astype(str)
+    ids = inputs[model_io.TEXT_INPUT] if isinstance(inputs, NamedInputs) \
+        and model_io.TEXT_INPUT in inputs else inputs
+    if ids is None or not isinstance(ids, torch.Tensor) or tokens.shape != tuple(ids.shape):
+        raise AttributionError(f"tokens must be text [N, T], one per position of the token "
+                               f"ids; got shape {list(tokens.shape)} for ids of shape "
+                               f"{list(getattr(ids, 'shape', []))}.")
+    return tokens
+
+
+def _as_inputs(value: Any, keep_integers: bool = False) -> torch.Tensor:
+    """Inputs as a tensor: float32, or int64 where given as int64 (any integers with
+    `keep_integers`, e.g. token ids and attention masks)."""
+    array = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    if not isinstance(array, torch.Tensor):
+        array = _numpy(array, "inputs")
+        if array.dtype.kind not in "biuf":
+            raise AttributionError(f"Inputs must be numbers; got values of type {array.dtype} "
+                                   "(text or mixed columns?).")
+        integers = keep_integers and array.dtype.kind in "biu"
+        array = torch.tensor(array, dtype=torch.int64 if integers else torch.float32)
+    elif keep_integers and not array.is_floating_point() and not array.is_complex():
+        array = array.to(torch.int64)
+    if array.is_complex():
+        raise AttributionError("Inputs must be real numbers, not complex.")
+    if array.dim() < 2 or array.shape[0] == 0 or array[0].numel() == 0:
+        raise AttributionError(f"Inputs must have shape [N, ...] with N >= 1 samples and at "
+                               f"least one value each; got {list(array.shape)}. For a single "
+                               "feature use shape [N, 1].")
+    return array if array.dtype == torch.int64 else array.to(torch.float32)
+
+
+def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) -> None:
+    finite = torch.isfinite(inputs).reshape(inputs.shape[0], -1)
+    if bool(finite.all()):
+        return
+    bad_rows = (~finite).any(dim=1).nonzero().flatten()
+    row = int(bad_rows[0])
+    column = int((~finite[row]).nonzero()[0])
+    where = (f"column {feature_names[column]!r}" if feature_names is not None
+             and column < len(feature_names) else f"value {column}")
+    raise AttributionError(f"{len(bad_rows)} sample(s) contain NaN or infinite values (first: "
+                           f"row {row}, {where}). Drop or impute them before loading.")
+
+
+def as_labels(value: Any, n: int) -> torch.Tensor:
+    array = _numpy(value, "labels")
+    if array.ndim != 1 or len(array) != n:
+        raise AttributionError(f"Labels must be a 1-D array with one class id per sample ({n}); "
+                               f"got shape {list(array.shape)}.")
+    if array.dtype.kind == "b":
+        array = array.astype(np.int64)
+    if array.dtype.kind in "OUS":
+        numeric = pd.to_numeric(pd.Series(array), errors="coerce").to_numpy()
+        if np.isnan(numeric.astype(np.float64)).any():
+            example = _plain(next(v for v, x in zip(array, numeric) if x != x))
+            raise AttributionError(f"Labels must be integer class ids; found "
+                                   f"{reprlib.repr(example)}. Map class names to ids 0..C-1 "
+                                   "first.")
+        array = numeric
+    if array.dtype.kind == "f":
+        if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
+            example = _plain(next(v for v in array if not (math.isfinite(v) and v == round(v))))
+            raise AttributionError(f"Labels must be integer class ids; found "
+                                   f"{reprlib.repr(example)}.")
+    if array.dtype.kind not in "iuf":
+        raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
+    if len(array) and float(np.abs(array).max()) >= 2 ** 62:  # beyond int64: no class id
+        raise AttributionError(f"Labels must be class ids 0..C-1; found {_plain(array.max())}.")
+    labels = torch.from_numpy(array.astype(np.int64))
+    if labels.min() < 0:
+        raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
+    return labels
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value, so messages show 1.5 rather than np.float64(1.5)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _as_clusters(value: Any, n: int) -> np.ndarray:
+    array = _numpy(value, "cluster ids")
+    if array.ndim != 1 or len(array) != n:
+        raise AttributionError(f"Clusters must be a 1-D array with one id per sample ({n}); "
+                               f"got shape {list(array.shape)}.")
+    if pd.isna(pd.Series(array, dtype=object)).any():
+        raise AttributionError("Some samples have no cluster id (empty/NaN); give every sample "
+                               "a cluster.")
+    if array.dtype.kind == "f" and np.equal(np.round(array), array).all():
+        array = array.astype(np.int64)
+    if array.dtype.kind in "OUS":  # as text, each id takes the length of the longest
+        longest = (array.dtype.itemsize // array.dtype.alignment if array.dtype.kind != "O"
+                   else max(len(str(value)) for value in array))
+        if longest > MAX_ID_CHARACTERS:
+            raise AttributionError(f"Cluster ids are names of at most {MAX_ID_CHARACTERS} "
+                                   f"characters; one has {longest}. Use short cluster names.")
+    if array.dtype.kind == "O":
+        array = array.astype(str)
+    return array
+
+
+# ---------------------------------------------------------------- loading
+
+def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
+              label: Optional[str] = None, cluster: Optional[str] = None,
+              max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
+              limits: Optional[Limits] = None, tokenizer: Any = None) -> Dataset:
+    """Load samples from a path or bytes; the format is detected from the content.
+
+    Args:
+        source: .npz, .npy, .pt, .csv or .parquet; a path, bytes or a binary file object.
+        features: the inputs key (.npz/.pt) or the feature columns (.csv/.parquet);
+            detected when None (every other column, but for the row index that pandas'
+            `to_csv` writes by default: a first column without a header, of distinct
+            integers).
+        label: the labels key or column; detected when None ("" for none).
+        cluster: the cluster key or column; detected when None ("" for none).
+        max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
+        max_rows: sample limit (default MAX_ROWS); larger data goes through the streaming
+            path (an iterable of batches or a memory-mapped .npy passed to the scores).
+        limits: decoding budgets (default `limits.DEFAULT_LIMITS`: 2 GB decoded, 100k
+            columns), checked before memory is allocated.
+        tokenizer: a text model's `LoadedModel.tokenizer`: a .csv/.parquet text column
+            (`features`, else the one text column) becomes input_ids and attention_mask,
+            with the tokens kept (`Dataset.tokens`).
+    Returns:
+        Dataset.
+    """
+    data, name = read_source(source, max_bytes=max_bytes, what="data")
+    limit = MAX_ROWS if max_rows is None else max_rows
+    limits = limits or DEFAULT_LIMITS
+    try:
+        return _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
+    except MemoryError as error:
+        raise out_of_memory(name, error) from None
+
+
+def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
+               limits: Limits, tokenizer: Any = None) -> Dataset:
+    kind = sniff(data)
+    if kind == "zip":
+        archive = open_zip(data, limits)
+        kind = zip_kind(archive)
+        if kind == "npz":
+            arrays = {}
+            for entry in archive.infolist():
+                with reading(f"{entry.filename} in the .npz could not be read"), \
+                        archive.open(entry) as stream:
+                    arrays[entry.filename[:-4]] = _read_npy(stream, entry.file_size,
+                                                            entry.filename, limit, limits)
+            return _from_arrays(arrays, features, label, cluster)
+    if kind == "npy":
+        return Dataset(inputs=_read_npy(io.BytesIO(data), len(data), name, limit, limits))
+    if kind in ("torch.save", "pickle"):
+        return _from_torch(data, features, label, cluster, limit, limits)
+    if kind == "parquet":
+        return _from_frame(_read_parquet(data, limit, limits), features, label, cluster,
+                           tokenizer, limits)
+    if kind == "text":
+        return _from_frame(_read_csv(data, limit, limits), features, label, cluster,
+                           tokenizer, limits)
+    raise AttributionError(f"{name} is {describe_kind(kind)}, not a data file. Upload .npz, .npy, "
+                           ".pt, .csv or .parquet (see demo/README.md for the layouts).")
+
+
+def _too_many_rows(n: int, limit: int) -> AttributionError:
+    return AttributionError(
+        f"The data has {n} samples, over the in-memory limit of {limit}. Use a sample of it "
+        "here, raise max_rows on your own machine, or score it in batches from the command "
+        "line (a memory-mapped .npy or a DataLoader streams through the scores).")
+
+
+_NPY_KINDS = {"c": "complex numbers", "M": "dates (datetime64)", "m": "durations (timedelta64)",
+              "V": "structured records", "O": "Python objects (dtype=object)"}
+
+
+def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
+              ) -> np.ndarray:
+    """One .npy array of `size` bytes from `stream`: its header's dtype, shape and byte count
+    checked against the limits and the size before anything is allocated; big-endian data
+    is converted to the machine's order."""
+    with reading(f"{name} is not a valid .npy array"):
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(
+            np.lib.format.read_magic(stream))
+        if read_header is None:
+            raise AttributionError(f"{name} uses an unsupported .npy format version; save it "
+                                   "again with numpy.save.")
+        shape, fortran, dtype = read_header(stream)
+        header_size = stream.tell()
+    if dtype.kind in _NPY_KINDS or dtype.hasobject:
+        raise AttributionError(f"{name} holds {_NPY_KINDS.get(dtype.kind, _NPY_KINDS['O'])}, "
+                               "which this tool does not read; save numbers (e.g. "
+                               "array.astype(np.float32)), or names as np.array(names, "
+                               "dtype=str).")
+    count = math.prod(shape)
+    if count * dtype.itemsize != size - header_size:
+        raise AttributionError(f"{name} is truncated or damaged: its header declares "
+                               f"{list(shape)} {dtype} but the data has {size - header_size} "
+                               "bytes.")
+    if count * dtype.itemsize > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(f"{name} holds", f"{count * dtype.itemsize / MB:,.0f} MB",
+                                           f"{limits.max_decoded_bytes / MB:,.0f} MB",
+                                           "max_decoded_bytes"))
+    if shape and shape[0] > limit:
+        raise _too_many_rows(shape[0], limit)
+    body = bytearray(count * dtype.itemsize)
+    with reading(f"{name} is truncated or damaged"):
+        filled = stream.readinto(body)
+        while filled < len(body):
+            more = stream.readinto(memoryview(body)[filled:])
+            if not more:
+                raise AttributionError(f"{name} is truncated: it ends after {filled} of "
+                                       f"{len(body)} bytes of data.")
+            filled += more
+    array = np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    if not dtype.isnative:
+        array = array.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return array
+
+
+def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
+    check_pickle_size(data, limits)
+    with reading("This .pt file could not be read as plain tensors (files with pickled "
+                  "Python objects are refused; save tensors, lists or a dict of them)"):
+        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    pickled_size(loaded, limits)
+    if isinstance(loaded, torch.Tensor):
+        loaded = {"inputs": loaded}
+    elif isinstance(loaded, (tuple, list)) and 1 <= len(loaded) <= 3:
+        loaded = dict(zip(("inputs", "labels", "clusters"), loaded))
+    if not isinstance(loaded, dict):
+        raise AttributionError(f"This .pt file holds a {type(loaded).__name__}; save a tensor "
+                               "of inputs, an (inputs, labels) tuple or a dict of tensors.")
+    arrays = {}
+    for key, value in loaded.items():
+        array = _numpy(value, f"array {key!r}")
+        if array.ndim and array.shape[0] > limit:
+            raise _too_many_rows(array.shape[0], limit)
+        arrays[str(key)] = array
+    return _from_arrays(arrays, features, label, cluster)
+
+
+def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: str,
+          required: bool) -> Optional[str]:
+    if wanted == "":
+        return None
+    if wanted is not None:
+        if wanted not in arrays:
+            raise AttributionError(f"There is no {what} {wanted!r}; available: "
+                                   f"{', '.join(map(str, arrays))}.")
+        return wanted
+    found = next((key for key in candidates if key in arrays), None)
+    if found is None and required:
+        raise AttributionError(f"Could not find the {what}: name it one of "
+                               f"{', '.join(candidates)} or choose it explicitly; available: "
+                               f"{', '.join(map(str, arrays))}.")
+    return found
+
+
+def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dataset:
+    named = _named_input_keys(arrays, features)
+    inputs_key = None if named else _pick(arrays, features, _INPUT_KEYS, "inputs array",
+                                          required=len(arrays) != 1)
+    if inputs_key is None and not named:
+        inputs_key = next(iter(arrays))
+    label_key = _pick(arrays, label, _LABEL_KEYS, "labels array", required=False)
+    cluster_key = _pick(arrays, cluster, _CLUSTER_KEYS, "clusters array", required=False)
+    clusters = arrays[cluster_key] if cluster_key else None
+    if clusters is not None and "cluster_names" in arrays:
+        names = np.asarray(arrays["cluster_names"]).astype(str)
+        ids = np.asarray(clusters)
+        if ids.dtype.kind not in "iu" or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(names):
+            raise AttributionError(f"cluster_names has {len(names)} names, so clusters must be "
+                                   f"integer ids 0..{len(names) - 1}.")
+        clusters = names[ids]
+
+    def names_of(key: str):
+        return None if key not in arrays else [str(v) for v in np.asarray(arrays[key]).ravel()]
+
+    return Dataset(inputs={key: arrays[key] for key in named} if named else arrays[inputs_key],
+                   labels=arrays[label_key] if label_key else None, clusters=clusters,
+                   feature_names=names_of("feature_names"), class_names=names_of("class_names"),
+                   tokens=arrays.get("tokens"))
+
+
+def _named_input_keys(arrays: dict, features) -> list[str]:
+    """The arrays that are named model inputs: those listed in `features` (a list), else
+    transformers' text inputs (input_ids, attention_mask, token_type_ids) when the data
+    has input_ids and no plain inputs array; [] for one plain inputs array."""
+    if features is not None and not isinstance(features, str):
+        missing = [key for key in features if key not in arrays]
+        if missing or not features:
+            raise AttributionError(f"There is no array {', '.join(map(repr, missing))}; "
+                                   f"available: {', '.join(map(str, arrays))}.")
+        return list(features)
+    if features is None and model_io.TEXT_INPUT in arrays \
+            and not any(key in arrays for key in _INPUT_KEYS):
+        return [key for key in model_io.TEXT_INPUTS if key in arrays]
+    return []
+
+
+def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
+    _check_table_size(_csv_columns(data, limits), min(data.count(b"\n") + 1, limit + 1), limits)
+    with reading("The text file could not be read as a comma-separated table"):
+        frame = pd.read_csv(io.BytesIO(data), nrows=limit + 1)
+    if len(frame) > limit:
+        raise _too_many_rows(len(frame), limit)
+    if all(_is_number(column) for column in frame.columns):
+        raise AttributionError("The CSV needs a header row naming its columns (e.g. "
+                               "pixel_0,...,pixel_63,label); the first row holds numbers.")
+    return frame
+
+
+def _csv_columns(data: bytes, limits: Limits) -> int:
+    """Columns of a CSV's header line (read alone; quoted commas counted only when the quick
+    count is over the limit, which is when it matters)."""
+    end = data.find(b"\n")
+    header = data if end < 0 else data[:end]
+    rough = header.count(b",") + 1
+    if rough <= limits.max_features or b'"' not in header:
+        return rough
+    with reading("The CSV header line could not be read"):
+        return len(next(csv.reader([header.decode("utf-8", "replace")]), []))
+
+
+def _check_table_size(columns: int, rows: int, limits: Limits) -> None:
+    """Refuse a table over the column budget, or whose values would decode (as float64)
+    to more than the byte budget."""
+    if columns > limits.max_features:
+        raise AttributionError(over_budget("The table has", f"{columns:,} columns",
+                                           f"{limits.max_features:,}", "max_features"))
+    if rows * columns * 8 > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(
+            "The table decodes to", f"{rows:,} rows x {columns:,} columns = "
+            f"{rows * columns * 8 / MB:,.0f} MB", f"{limits.max_decoded_bytes / MB:,.0f} MB",
+            "max_decoded_bytes"))
+
+
+def _is_saved_index(frame: pd.DataFrame, column: str) -> bool:
+    """The row index pandas writes by default (`to_csv` without index=False): a first
+    column without a header, of distinct integers."""
+    return (column == frame.columns[0] and column.startswith("Unnamed: ")
+            and pd.api.types.is_integer_dtype(frame[column]) and frame[column].is_unique)
+
+
+def _is_number(text: Any) -> bool:
+    try:
+        float(str(text))
+        return True
+    except ValueError:
+        return False
+
+
+def _check_text_cells(frame: pd.DataFrame, limits: Limits) -> None:
+    """Refuse a text column whose longest cell, as long as every row (the room NumPy text
+    arrays and Arrow's row selections reserve), exceeds the decoded budget."""
+    for column in frame.columns:
+        series = frame[column]
+        if pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
+            continue
+        values = (series.cat.categories if isinstance(series.dtype, pd.CategoricalDtype)
+                  else series).astype(str)
+        longest = int(values.str.len().max()) if len(values) else 0
+        if longest * len(frame) > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                f"Column {column[:40]!r} has a cell of {longest:,} characters; at that width "
+                f"its {len(frame):,} rows take", f"{longest * len(frame) / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+
+
+def _is_text(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return any(check(arrow_type) for check in (pa.types.is_string, pa.types.is_binary,
+                                               pa.types.is_large_string,
+                                               pa.types.is_large_binary))
+
+
+def _read_parquet(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
+    """The table, its decoded size checked from the file's metadata before any column is
+    read, and text columns' decoded size computed from their dictionaries (read as pandas
+    categoricals, never decoded row by row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    with reading("The Parquet file is damaged or truncated"):
+        metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+        if metadata.num_rows > limit:
+            raise _too_many_rows(metadata.num_rows, limit)
+        _check_table_size(metadata.num_columns, metadata.num_rows, limits)
+        if metadata.num_row_groups > limits.max_row_groups:
+            raise AttributionError(over_budget(
+                "The Parquet file is written in", f"{metadata.num_row_groups:,} row groups",
+                f"{limits.max_row_groups:,}", "max_row_groups")
+                + " Or write it again with pandas' to_parquet, which writes one.")
+        schema = pq.ParquetFile(io.BytesIO(data)).schema_arrow
+        nested = [field for field in schema if pa.types.is_nested(field.type)]
+        if nested:  # one value per cell, so the row count bounds every column
+            raise AttributionError(f"Column {nested[0].name[:40]!r} holds {nested[0].type}; a "
+                                   "table holds one number or name per cell.")
+        decoded = sum(metadata.row_group(group).total_byte_size
+                      for group in range(metadata.num_row_groups))
+        if decoded > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The Parquet table decodes to", f"{decoded / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        text = [field.name for field in schema if _is_text(
+            field.type.value_type if pa.types.is_dictionary(field.type) else field.type)]
+        table = pq.ParquetFile(io.BytesIO(data), read_dictionary=text).read()
+        for name in text:  # dictionary-encoded: a short value may stand for a long one
+            for part in table.column(name).chunks:
+                if pa.types.is_dictionary(part.type) and len(part):
+                    lengths = pc.binary_length(part.dictionary)
+                    decoded += 64 * len(part) + (pc.sum(pc.take(lengths, part.indices))
+                                                 .as_py() or 0)
+        if decoded > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The Parquet table's text decodes to", f"{decoded / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        return table.to_pandas()  # text columns stay categorical: no copy per row
+
+
+def _from_frame(frame: pd.DataFrame, features, label, cluster, tokenizer: Any = None,
+                limits: Limits = DEFAULT_LIMITS) -> Dataset:
+    if frame.empty:
+        raise AttributionError("The table has no rows.")
+    frame.columns = [str(c) for c in frame.columns]
+    _check_text_cells(frame, limits)
+    columns = {c: c for c in frame.columns}
+    lower = {c.lower(): c for c in frame.columns}
+    label_column = _pick(columns, label, [lower[k] for k in _LABEL_KEYS if k in lower],
+                         "label column", required=False)
+    cluster_column = _pick(columns, cluster, [lower[k] for k in _CLUSTER_KEYS if k in lower],
+                           "cluster column", required=False)
+    if tokenizer is not None:
+        return _tokenized(frame, features, label_column, cluster_column, tokenizer)
+    if features is None:
+        feature_columns = [c for c in frame.columns if c not in (label_column, cluster_column)
+                           and not _is_saved_index(frame, c)]
+        text = [c for c in feature_columns if not pd.api.types.is_numeric_dtype(frame[c])]
+        if text:
+            raise AttributionError(
+                f"Columns {', '.join(text[:5])} are not numeric. Name the label and cluster "
+                "columns 'label' and 'cluster' (found by those names) and drop other text "
+                "columns, or choose the columns: features=, label=, cluster= in Python, "
+                "--features, --label-key, --cluster-key on the command line.")
+    else:
+        feature_columns = [features] if isinstance(features, str) else list(features)
+        missing = [c for c in feature_columns if c not in columns]
+        if missing:
+            raise AttributionError(f"Feature columns not found: {', '.join(map(str, missing))}.")
+    if not feature_columns:
+        raise AttributionError("The table has no feature columns.")
+    values = frame[feature_columns]
+    if not all(pd.api.types.is_numeric_dtype(values[c]) for c in feature_columns):
+        raise AttributionError("Feature columns must hold numbers.")
+    return Dataset(inputs=values.to_numpy(dtype=np.float32, na_value=np.nan),
+                   labels=frame[label_column].to_numpy() if label_column else None,
+                   clusters=frame[cluster_column].to_numpy() if cluster_column else None,
+                   feature_names=feature_columns)
+
+
+def _tokenized(frame: pd.DataFrame, features, label_column, cluster_column,
+               tokenizer: Any) -> Dataset:
+    """A table's text column through a model's tokenizer: named inputs and their tokens."""
+    if features is not None:
+        columns = [features] if isinstance(features, str) else list(features)
+    else:
+        columns = [c for c in frame.columns if c not in (label_column, cluster_column)
+                   and not pd.api.types.is_numeric_dtype(frame[c])]
+    if len(columns) != 1 or columns[0] not in frame.columns:
+        raise AttributionError(
+            f"Tokenizing needs exactly one text column; found {columns or 'none'}. Choose it "
+            "with features= in Python or --features on the command line.")
+    texts = frame[columns[0]]
+    if texts.isna().any():
+        raise AttributionError(f"Text column {columns[0]!r} has empty cells (row "
+                               f"{int(np.flatnonzero(texts.isna())[0])}); fill or drop them.")
+    inputs, tokens = tokenizer.encode(texts.astype(str).tolist())
+    return Dataset(inputs=inputs,
+                   labels=frame[label_column].to_numpy() if label_column else None,
+                   clusters=frame[cluster_column].to_numpy() if cluster_column else None,
+                   tokens=tokens)
+
+
+# ---------------------------------------------------------------- checks against a model
+
+def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
+    """Check `dataset` against `model` before any scoring; returns it shaped for the model.
+
+    Inputs of the right size but flattened (e.g. a CSV of 64 pixels for a [1, 8, 8] model) are
+    reshaped; for a model of integer inputs (token ids) they become integers. Raises AttributionError for a wrong feature count/shape, labels outside
+    0..n_classes-1, or provided clusters with fewer than 2 samples.
+    """
+    inputs = dataset.inputs
+    reshaped_from = dataset.reshaped_from
+    expected = tuple(model.input_shape)
+    if model.input_names or isinstance(inputs, NamedInputs):
+        inputs = _named_for(inputs, model)
+    elif tuple(inputs.shape[1:]) != expected:
+        if inputs[0].numel() != math.prod(expected):
+            columns = (f" ({inputs.shape[1]} feature columns)" if inputs.dim() == 2 else "")
+            raise AttributionError(
+                f"The model expects each sample to have shape {list(expected)} "
+                f"({math.prod(expected)} values); the data has {list(inputs.shape[1:])}"
+                f"{columns}. Check the feature columns / input array.")
+        reshaped_from = tuple(inputs.shape[1:])
+        inputs = inputs.reshape((inputs.shape[0],) + expected)
+    if isinstance(inputs, NamedInputs):
+        pass  # checked name by name in _named_for
+    elif not model.input_dtype.is_floating_point:
+        inputs = _as_ids(inputs, model.input_dtype)
+    elif not inputs.is_floating_point():
+        inputs = inputs.to(torch.float32)
+    if dataset.labels is not None and int(dataset.labels.max()) >= model.n_classes:
+        bad = dataset.labels[dataset.labels >= model.n_classes]
+        raise AttributionError(f"{len(bad)} label(s) are outside the model's classes "
+                               f"0..{model.n_classes - 1} (e.g. {int(bad[0])}). Check the label "
+                               "column and that the data belongs to this model.")
+    if dataset.clusters is not None:
+        check_clusters(dataset.clusters, remedy="Merge them with others in the data's cluster "
+                                                "ids, or leave the cluster ids out.")
+    class_names = dataset.class_names
+    if class_names is None or len(class_names) != model.n_classes:
+        class_names = model.class_names
+    feature_names = dataset.feature_names if isinstance(inputs, torch.Tensor) \
+        and inputs.dim() == 2 else None
+    return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names,
+                   reshaped_from=reshaped_from)
+
+
+def _named_for(inputs, model: LoadedModel) -> NamedInputs:
+    """Named inputs checked against a model called with keywords (one plain array becomes
+    its first input, e.g. input_ids)."""
+    if not model.input_names:
+        raise AttributionError(
+            f"The data holds named inputs ({', '.join(inputs.keys())}) but the model takes one "
+            "tensor; choose the inputs array (features= / --features).")
+    if not isinstance(inputs, NamedInputs):
+        inputs = NamedInputs({model.input_names[0]: inputs})
+    unknown = [name for name in inputs.keys() if name not in model.input_names]
+    if unknown or model.input_names[0] not in inputs:
+        raise AttributionError(
+            f"The model takes the inputs {', '.join(model.input_names)} (at least "
+            f"{model.input_names[0]}); the data has {', '.join(inputs.keys())}. Name the "
+            "arrays after the model's inputs, or choose them (features= / --input-names).")
+    checked = {}
+    for name, value in inputs.items():
+        if value.dim() != 1 + len(model.input_shape):
+            raise AttributionError(
+                f"Input {name!r} has shape {list(value.shape)}; the model expects "
+                f"[N, {', '.join(['...'] * len(model.input_shape))}] like its example "
+                f"[N, {', '.join(map(str, model.input_shape))}].")
+        if model.input_dtype.is_floating_point:
+            checked[name] = value.to(torch.float32)
+        else:
+            checked[name] = _as_ids(value, model.input_dtype)
+    return NamedInputs(checked)
+
+
+def _as_ids(inputs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inputs as the integer ids (e.g. token ids) that a model of `dtype` inputs takes."""
+    bad = (inputs != inputs.round()) | (inputs.abs() >= 2 ** 24)  # float32 holds ints < 2**24
+    if bool(bad.any()):
+        row = int(bad.reshape(len(inputs), -1).any(1).nonzero()[0])
+        raise AttributionError(f"The model takes integer inputs ({dtype}, e.g. token ids); "
+                               f"sample {row} holds values that are not whole numbers below "
+                               "2**24.")
+    return inputs.to(dtype)
+
+
+def check_clusters(clusters: Any, *, min_size: int = 2,
+                   remedy: str = "Merge them, choose fewer k-means clusters or another "
+                                 "cluster source.") -> None:
+    """Raise when there are no samples or some cluster has fewer than `min_size` samples;
+    the message ends with `remedy`."""
+    ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
+    if len(ids) == 0:
+        raise AttributionError("There are no samples to put in clusters.")
+    small = [f"{reprlib.repr(_plain(cluster))} ({count})"
+             for cluster, count in zip(ids, counts) if count < min_size]
+    if small:
+        raise AttributionError(
+            f"Clusters need at least {min_size} samples each; too small: "
+            f"{', '.join(small[:8])}{' ...' if len(small) > 8 else ''}. {remedy}")
+
+
+# ---------------------------------------------------------------- predictions and clusters
+
+def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Module:
+    if model is None:
+        raise AttributionError(f"Cluster source {source!r} needs the model.")
+    return model.module if isinstance(model, LoadedModel) else model
+
+
+def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, *,
+                    batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched);
+    `progress(fraction)` after each batch."""
+    module = _module(model, "predicted")
+    device = model_device(module)
+    parts, total = [], inputs.shape[0]
+    with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
+        for start in range(0, total, batch_size):
+            batch = model_io.to_model(inputs[start:start + batch_size], module, device)
+            parts.append(run_logits(module, batch).argmax(dim=1).cpu())
+            if progress is not None:
+                progress(min(1.0, (start + batch_size) / total))
+    return torch.cat(parts)
+
+
+def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
+                      *, batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+    """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space
+    (the engine's `activation` score). `progress(fraction)` after each batch."""
+    return neuron_scores(_module(model, "kmeans_activations"), layer, inputs,
+                         method="activation", batch_size=batch_size, progress=progress)
+
+
+def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
+                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
+                  batch_size: int = 256, progress: Progress = None) -> np.ndarray:
+    """One cluster id per sample, [N].
+
+    Args:
+        source: "provided" (the data's cluster column/array), "label" (true class id),
+            "predicted" (predicted class id), "correctness" ("correct"/"misclassified"),
+            "kmeans_inputs" or "kmeans_activations" (ids 0..k-1; the latter on `layer`'s
+            outputs, conv channels averaged over space).
+        dataset: the samples (after `check_data` when a model is involved).
+        model: needed for "predicted", "correctness" and "kmeans_activations".
+        layer: dotted layer name for "kmeans_activations".
+        k: number of k-means clusters, 2..N.
+        seed: k-means seed; the same seed gives the same clusters.
+        progress: called with the fraction done after each batch of the model's passes and
+            each k-means run (of `KMEANS_RUNS`); None for sources that compute nothing.
+    Returns:
+        np.ndarray [N]: int64 ids, or strings for "provided" string ids and "correctness".
+    """
+    if source not in CLUSTER_SOURCES:
+        raise AttributionError(f"Unknown cluster source {source!r}; use one of "
+                               f"{', '.join(CLUSTER_SOURCES)}.")
+    if source == "provided":
+        if dataset.clusters is None:
+            raise AttributionError("This data has no cluster ids; add a 'cluster' column/array "
+                                   "or choose another cluster source.")
+        return dataset.clusters
+    if source in ("label", "correctness") and dataset.labels is None:
+        raise AttributionError(f"Cluster source {source!r} needs labels; this data has none.")
+    if source == "label":
+        return dataset.labels.numpy().copy()
+    if source == "predicted":
+        return predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
+                               progress=progress).numpy()
+    if source == "correctness":
+        predicted = predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
+                                    progress=progress)
+        return np.where((predicted == dataset.labels).numpy(), "correct", "misclassified")
+    if source == "kmeans_activations":
+        if layer is None:
+            raise AttributionError("k-means on activations needs a layer; pick one from "
+                                   "list_layers().")
+        points = layer_activations(
+            _module(model, source), layer, dataset.inputs, batch_size=batch_size,
+            progress=None if progress is None else lambda f: progress(ACTIVATIONS_SHARE * f))
+        done = ACTIVATIONS_SHARE
+    else:
+        points, done = model_io.flat(dataset.inputs), 0.0
+    return _kmeans(points.double().numpy(), k, seed, None if progress is None else
+                   lambda f: progress(done + (1.0 - done) * f))
+
+
+def _kmeans(points: np.ndarray, k: Optional[int], seed: int,
+            progress: Progress = None) -> np.ndarray:
+    """Cluster ids int64 [N] of points [N, d]: the best of KMEANS_RUNS k-means runs, each
+    seeded from `seed`; `progress(fraction)` after each run."""
+    from sklearn.cluster import KMeans
+
+    n = points.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 2 <= k <= n:
+        raise AttributionError(f"k-means needs an integer k from 2 to the number of samples "
+                               f"({n}); got {k!r}.")
+    distinct = len(np.unique(points, axis=0))
+    if distinct < 2:
+        raise AttributionError("k-means cannot split these samples: they are all identical "
+                               "(here). Choose another cluster source.")
+    if distinct < k:
+        raise AttributionError(f"k-means cannot make {k} clusters: there are only {distinct} "
+                               f"distinct samples; choose k <= {distinct}.")
+    best = None
+    for run, run_seed in enumerate(np.random.RandomState(seed).randint(2 ** 31 - 1,
+                                                                       size=KMEANS_RUNS)):
+        fit = KMeans(n_clusters=int(k), n_init=1, random_state=int(run_seed)).fit(points)
+        if best is None or fit.inertia_ < best.inertia_:
+            best = fit
+        if progress is not None:
+            progress((run + 1) / KMEANS_RUNS)
+    return best.labels_.astype(np.int64)

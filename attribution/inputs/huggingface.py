@@ -1,0 +1,346 @@
+"""Hugging Face `save_pretrained` folders, loaded without running any code they carry.
+
+A folder holds `config.json`, `model.safetensors` and maybe tokenizer files; it arrives as a
+directory path, as its files uploaded together ({file name: bytes}), or as a zip of them.
+
+Threat model: the files come from anyone. transformers can run code from a checkpoint in
+three ways, all closed here: (1) `auto_map` / custom classes in config.json make
+`trust_remote_code` import Python shipped with the model: any config naming code is refused,
+and the class is looked up by name only in transformers' own tables of sequence- and
+image-classification models (`architectures` must be the class those tables name for the
+config's `model_type`; an unknown `model_type` is refused); (2) pickled weights
+(`pytorch_model.bin`, `*.pt`, `*.ckpt`) run code when unpickled: only `model.safetensors`
+(a data format) is read, and a folder with only pickled weights is refused; (3)
+`quantization_config` pulls in optional backends: refused. Size budgets come before any
+memory is spent: config.json and tokenizer.json sizes, every integer in the config, and the
+parameter count of the model built on the meta device (no storage) against
+`Limits.max_parameters`. Tokenizers are read with `tokenizers.Tokenizer.from_str` (the Rust
+tokenizer's JSON; no Python); slow tokenizers (sentencepiece / vocab files with code) are not.
+"""
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import AttributionError
+from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
+from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack")
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_CONFIG_INTEGER = 1 << 24
+"""Largest integer a config may hold (vocabulary, widths, positions): far above real models,
+far below what a crafted config would need to exhaust memory in one dimension."""
+MAX_LAYERS = 256
+EXAMPLE_LENGTH = 8
+"""Tokens per sample of the example batch (the layer list shows T = 8 positions)."""
+_CODE_KEYS = ("auto_map", "custom_pipelines", "trust_remote_code", "quantization_config")
+
+Files = Mapping[str, bytes]
+FolderSource = Union[str, os.PathLike, bytes, Files]
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """A fast tokenizer read from tokenizer.json: texts -> named inputs and their tokens.
+
+    Attributes:
+        tokenizer: a `tokenizers.Tokenizer`.
+        pad_id: id written at padded positions (the config's pad_token_id, else 0).
+        max_length: most tokens per text (the model's positions).
+    """
+
+    tokenizer: Any
+    pad_id: int
+    max_length: int
+
+    def encode(self, texts: Sequence[str]) -> tuple[NamedInputs, np.ndarray]:
+        """(input_ids and attention_mask [N, T] int64, tokens [N, T] str, "" at padding);
+        T is the longest text, at most `max_length` (longer texts are cut there)."""
+        encodings = self.tokenizer.encode_batch([str(text) for text in texts])
+        length = max(1, min(self.max_length, max((len(e.ids) for e in encodings), default=1)))
+        ids = np.full((len(encodings), length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), length), dtype=np.int64)
+        tokens = np.full((len(encodings), length), "", dtype=object)
+        for row, encoding in enumerate(encodings):
+            count = min(length, len(encoding.ids))
+            ids[row, :count] = encoding.ids[:count]
+            mask[row, :count] = 1
+            tokens[row, :count] = encoding.tokens[:count]
+        return (NamedInputs({"input_ids": torch.from_numpy(ids),
+                             MASK_NAME: torch.from_numpy(mask)}), tokens.astype(str))
+
+
+def is_folder(source: Any) -> bool:
+    """Is `source` a save_pretrained folder: a directory, uploaded files or a zip with a
+    config.json?"""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).is_dir()
+    if isinstance(source, Mapping):
+        return CONFIG in {Path(name).name for name in source}
+    if isinstance(source, (bytes, bytearray)) and bytes(source[:4]) == b"PK\x03\x04":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(io.BytesIO(bytes(source))) as archive:
+                return any(Path(name).name == CONFIG for name in archive.namelist())
+        except zipfile.BadZipFile:
+            return False
+    return False
+
+
+def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
+    """File name -> bytes of the folder's top-level files (only those this module reads)."""
+    wanted = (CONFIG, WEIGHTS, TOKENIZER)
+    if isinstance(source, (str, os.PathLike)):
+        folder = Path(source)
+        names = [path.name for path in folder.iterdir() if path.is_file()]
+        files = {}
+        for name in wanted:
+            path = folder / name
+            if path.is_file():
+                _check_size(name, path.stat().st_size, limits)
+                files[name] = path.read_bytes()
+        return {**{name: b"" for name in names if name not in files}, **files}
+    if isinstance(source, Mapping):
+        files = {Path(name).name: bytes(data) for name, data in source.items()}
+    else:
+        from .loading import open_zip
+
+        archive = open_zip(bytes(source), limits)
+        files = {}
+        for entry in archive.infolist():
+            name = Path(entry.filename).name
+            if name in wanted:
+                _check_size(name, entry.file_size, limits)
+                files[name] = archive.read(entry)
+            elif name:
+                files[name] = b""
+    for name in wanted:
+        if name in files:
+            _check_size(name, len(files[name]), limits)
+    return files
+
+
+def _check_size(name: str, size: int, limits: Limits) -> None:
+    limit = {CONFIG: MAX_CONFIG_BYTES, TOKENIZER: MAX_TOKENIZER_BYTES}.get(
+        name, limits.max_decoded_bytes)
+    if size > limit:
+        raise AttributionError(f"{name} is {size:,} bytes, over the limit of {limit:,} for "
+                               "that file of a Hugging Face folder.")
+
+
+def read_config(text: bytes) -> dict:
+    """config.json as a dict, refused when it names code or holds oversized numbers."""
+    try:
+        config = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise AttributionError(f"config.json is not valid JSON ({error}).") from None
+    if not isinstance(config, dict):
+        raise AttributionError("config.json must hold a JSON object.")
+    named_code = [key for key in _CODE_KEYS if key in config]
+    if named_code:
+        raise AttributionError(
+            f"config.json sets {', '.join(named_code)}: it asks to run code shipped with the "
+            "model (or optional quantization backends). Only transformers' own architectures "
+            "are loaded here; save the model with a built-in class (e.g. "
+            "BertForSequenceClassification) and without custom code.")
+    _check_numbers(config)
+    return config
+
+
+def _check_numbers(value: Any, key: str = "") -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        limit = MAX_LAYERS if "layer" in key.lower() else MAX_CONFIG_INTEGER
+        if not -MAX_CONFIG_INTEGER <= value <= limit:
+            raise AttributionError(f"config.json sets {key} = {value}, over the limit of "
+                                   f"{limit:,}; such a model cannot be loaded here.")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _check_numbers(item, str(name))
+    elif isinstance(value, list):
+        if len(value) > MAX_CONFIG_INTEGER:
+            raise AttributionError(f"config.json holds a list of {len(value):,} values.")
+        for item in value:
+            _check_numbers(item, key)
+
+
+def allowed_classes() -> dict[str, tuple[str, str]]:
+    """model_type -> (class name, task) of every sequence- and image-classification model
+    that transformers itself defines."""
+    from transformers.models.auto import modeling_auto
+
+    allowed = {}
+    for task, table in (("image", modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
+                        ("text", modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)):
+        for model_type, names in table.items():
+            for name in (names,) if isinstance(names, str) else tuple(names):
+                allowed.setdefault(model_type, (name, task))
+    return allowed
+
+
+def model_class(config: dict) -> tuple[type, Any, str]:
+    """(transformers class, its config object, "text" or "image") for a checked config."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    allowed = allowed_classes()
+    if not isinstance(model_type, str) or model_type not in allowed \
+            or model_type not in CONFIG_MAPPING:
+        raise AttributionError(
+            f"config.json has model_type {model_type!r}, which is not one of transformers' "
+            "built-in sequence or image classification models (e.g. bert, gpt2, distilbert, "
+            "roberta, vit). Other model types are not loaded here.")
+    expected, task = allowed[model_type]
+    architectures = config.get("architectures") or [expected]
+    if not isinstance(architectures, list) or architectures[0] != expected:
+        raise AttributionError(
+            f"config.json names the architecture {architectures!r}; for model_type "
+            f"{model_type!r} only {expected} (transformers' own classifier) is loaded here.")
+    try:
+        config_object = CONFIG_MAPPING[model_type].from_dict(config)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        raise AttributionError(f"config.json does not describe a valid {model_type} model "
+                               f"({type(error).__name__}: {error}).") from None
+    return getattr(transformers, expected), config_object, task
+
+
+def _parameter_count(cls: type, config: Any) -> int:
+    """Parameters of the model, counted on the meta device (no memory is allocated)."""
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception as error:  # a config transformers itself cannot build
+        raise AttributionError(f"transformers cannot build {cls.__name__} from this "
+                               f"config.json ({type(error).__name__}: {error}).") from None
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = None,
+                limits: Optional[Limits] = None, output: OutputKey = None):
+    """Load a save_pretrained folder of a sequence or image classifier.
+
+    Args:
+        source: a directory, {file name: bytes} of its files, or the bytes of a zip of them.
+        class_names: one name per class; default: the config's id2label when it is not
+            transformers' placeholder LABEL_i.
+        limits: budgets (default `limits.DEFAULT_LIMITS`).
+        output: where the logits are in the output (default: `.logits`).
+    Returns:
+        LoadedModel in eval mode, called with named inputs (input_ids, attention_mask,
+        token_type_ids as the class takes them; or pixel_values), with `tokenizer` set
+        when the folder has a tokenizer.json.
+    """
+    from .loading import checked_model, load_safetensors
+
+    limits = limits or DEFAULT_LIMITS
+    files = _files(source, limits)
+    if CONFIG not in files:
+        raise AttributionError("This folder has no config.json; it is not a Hugging Face "
+                               "save_pretrained folder.")
+    config = read_config(files[CONFIG])
+    if WEIGHTS not in files:
+        pickled = [name for name in files if name.endswith(PICKLED_WEIGHTS)]
+        raise AttributionError(
+            ("The folder's weights are pickled (" + ", ".join(pickled) + "); unpickling can "
+             "run code, so only model.safetensors is read. " if pickled else
+             "The folder has no model.safetensors. ")
+            + "Save the model with model.save_pretrained(folder) (safetensors is the default) "
+            "or convert the weights with safetensors.torch.save_file.")
+    cls, config_object, task = model_class(config)
+    count = _parameter_count(cls, config_object)
+    if count > limits.max_parameters:
+        raise AttributionError(over_budget("This config.json describes a model of",
+                                           f"{count:,} parameters",
+                                           f"{limits.max_parameters:,}", "max_parameters"))
+    if hasattr(config_object, "use_cache"):
+        config_object.use_cache = False  # no key/value cache: one pass per batch
+    load_safetensors(files[WEIGHTS], limits)  # the tensors checked before transformers reads
+    module = _from_weights(cls, config_object, files[WEIGHTS])
+    example = _example(module, config_object, task)
+    names = class_names if class_names is not None else _label_names(config_object)
+    loaded = checked_model(module, example, "Hugging Face", names, output=output)
+    encoder = _encoder(files.get(TOKENIZER), config_object) if task == "text" else None
+    return replace(loaded, tokenizer=encoder) if encoder is not None else loaded
+
+
+def _from_weights(cls: type, config: Any, weights: bytes) -> nn.Module:
+    """`cls.from_pretrained` on a private folder holding only these safetensors weights:
+    transformers renames its older checkpoints' keys (ViT's encoder.layer -> layers) and
+    ties weights as for any checkpoint; local files only, safetensors only, float32."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / WEIGHTS).write_bytes(weights)
+        try:
+            module, info = cls.from_pretrained(folder, config=config, local_files_only=True,
+                                               use_safetensors=True, dtype=torch.float32,
+                                               output_loading_info=True)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise AttributionError(f"model.safetensors does not fit this config.json "
+                                   f"({reason}).") from None
+    missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
+    if missing:  # transformers would fill them with random numbers
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise AttributionError(f"model.safetensors lacks {len(missing)} weight(s) of "
+                               f"{cls.__name__} ({shown}); save the model again with "
+                               "save_pretrained.")
+    return module.eval()
+
+
+def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:
+    """Two samples of the inputs the class takes (ids of 1, a mask of ones)."""
+    if task == "image":
+        size = getattr(config, "image_size", None)
+        size = (size, size) if isinstance(size, int) else tuple(size or ())
+        channels = getattr(config, "num_channels", 3)
+        if len(size) != 2:
+            raise AttributionError("config.json gives no image_size for this image model.")
+        return NamedInputs({"pixel_values": torch.zeros((2, channels) + size)})
+    accepted = inspect.signature(module.forward).parameters
+    length = min(EXAMPLE_LENGTH, int(getattr(config, "max_position_embeddings", None)
+                                     or getattr(config, "n_positions", None) or EXAMPLE_LENGTH))
+    ids = torch.ones((2, length), dtype=torch.long)
+    return NamedInputs({name: ids if name != "token_type_ids" else torch.zeros_like(ids)
+                        for name in TEXT_INPUTS if name in accepted})
+
+
+def _label_names(config: Any) -> Optional[list[str]]:
+    labels = getattr(config, "id2label", None) or {}
+    names = [str(labels.get(i, labels.get(str(i), ""))) for i in range(len(labels))]
+    if not names or all(name == f"LABEL_{i}" for i, name in enumerate(names)):
+        return None
+    return names
+
+
+def _encoder(text: Optional[bytes], config: Any) -> Optional[TextEncoder]:
+    if not text:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(text.decode("utf-8"))
+    except Exception as error:  # the Rust parser's own errors
+        raise AttributionError(f"tokenizer.json could not be read ({error}).") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    pad_id = getattr(config, "pad_token_id", None)
+    length = int(getattr(config, "max_position_embeddings", None)
+                 or getattr(config, "n_positions", None) or 512)
+    return TextEncoder(tokenizer, int(pad_id) if pad_id is not None else 0, length)

@@ -1,0 +1,291 @@
+"""The first load and run of an untrusted model, in a child process with a time and memory budget.
+
+Threat: a model file can be small and still legal yet ruinous to run: a 10 KB .pt2 whose graph
+allocates a 12000x12000 matrix per call, an endless `while_loop`, a state dict whose
+architecture convolves a 4096x4096 image through many layers. Parsing budgets cannot see that;
+only running it does. `load_model` therefore loads and probes (batches of 1 and 3 samples)
+an uploaded model first in a child process, and loads it itself only after the child
+succeeded. Budget (`Limits`, defaults):
+- time: `first_run_seconds` (5 s) of wall-clock time from the child's start, after which it
+  is killed (SIGKILL), backed by RLIMIT_CPU; the child runs one intra-op thread, so a compute
+  bomb holds at most one core;
+- memory: `first_run_memory_bytes` (1000 MB) of address space above the child's start
+  (RLIMIT_AS), so an allocation past it fails inside the child;
+- at most one first run at a time (others wait), so uploads cannot multiply the budget.
+
+Mechanism: a checking server (`python -P -m attribution.inputs.untrusted.watchdog`, started
+once per process
+with subprocess, i.e. a fresh interpreter: never a fork of a threaded Streamlit server, and
+no re-import of the caller's `__main__` as multiprocessing's spawn would do) imports torch
+and this package once, then forks one child per check from its single thread. Overhead:
+starting the server imports torch and torch.export's loader by loading the shipped demo
+.pt2 (3-13 s on a busy 2-core machine, once per process; `warm_up()` starts it early); each
+check then costs a fork plus loading the model twice (child and parent), about 0.1-0.5 s
+for small models. Requests go to the server as pickles
+written by this process; answers come back as JSON, so a compromised child cannot make the
+parent unpickle anything. POSIX only (fork, setrlimit).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ...errors import AttributionError
+from .limits import MB, Limits
+
+START_SECONDS = 120.0
+"""How long the server may take to import torch before a check gives up."""
+_MESSAGE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the child reported: `message` is None when the model loaded and ran."""
+
+    message: Optional[str]
+    n_classes: Optional[int]
+    seconds: float
+    peak_bytes: int
+
+
+def first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+    """Load `model` and run batches of 1 and 3 samples in a child within `limits`.
+
+    Args:
+        model: the model file's bytes.
+        limits: the budgets (`first_run_seconds`, `first_run_memory_bytes`, and the decoding
+            budgets the child's `load_model` applies).
+        options: further `load_model` arguments (architecture: a description, not code;
+            example_input, class_names, ...), picklable.
+    Returns:
+        the child's Verdict: its message says why the model was refused, or is None.
+    """
+    return _SERVER.check({"model": model, "limits": limits, "options": options}, limits)
+
+
+def check_first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+    """`first_run`, raising AttributionError with the child's message on refusal."""
+    verdict = first_run(model, limits=limits, **options)
+    if verdict.message is not None:
+        raise AttributionError(verdict.message)
+    return verdict
+
+
+def warm_up() -> None:
+    """Start the checking server now (it imports torch in the background)."""
+    with _SERVER.lock:
+        _SERVER.running()
+
+
+# ------------------------------------------------------------------ the parent's side
+
+class _Server:
+    """The checking server process; one conversation at a time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: Optional[subprocess.Popen] = None
+        self.ready = False
+        self.buffer = b""
+
+    def running(self) -> subprocess.Popen:
+        if self.process is None or self.process.poll() is not None:
+            root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "attribution.inputs.untrusted.watchdog"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, env=env, cwd=root, close_fds=True)
+            self.ready, self.buffer = False, b""
+        return self.process
+
+    def check(self, request: dict, limits: Limits) -> Verdict:
+        with self.lock:
+            process = self.running()
+            try:
+                if not self.ready:
+                    self._line(process, START_SECONDS)
+                    self.ready = True
+                payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+                process.stdin.write(len(payload).to_bytes(8, "little") + payload)
+                process.stdin.flush()
+                answer = self._line(process, limits.first_run_seconds + START_SECONDS)
+            except (OSError, ValueError, TimeoutError) as error:
+                self.stop()
+                raise AttributionError(f"The model could not be checked: the checking process "
+                                       f"failed ({type(error).__name__}: {error}). Try again; "
+                                       "if it keeps failing, report it.") from None
+            except BaseException:  # interrupted mid-conversation: start afresh next time
+                self.stop()
+                raise
+        return Verdict(answer.get("message"), answer.get("n_classes"),
+                       float(answer.get("seconds", 0.0)), int(answer.get("peak_bytes", 0)))
+
+    def _line(self, process: subprocess.Popen, timeout: float) -> dict:
+        """The server's next JSON line, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        descriptor = process.stdout.fileno()
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer within {timeout:.0f} s")
+            readable, _, _ = select.select([descriptor], [], [], remaining)
+            if readable:
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    raise OSError(f"the server exited with code {process.wait()}")
+                self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+_SERVER = _Server()
+
+
+# ------------------------------------------------------------------ the server and its children
+
+def _serve() -> None:
+    """Read length-prefixed pickled requests on stdin; answer each with one JSON line."""
+    import torch
+
+    from ..demo import DEMO_DIR
+    from ..loading import load_model
+
+    torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
+    warm = DEMO_DIR / "digits_mlp.pt2"
+    if warm.is_file():  # imports torch.export's lazily loaded internals once, for every child
+        load_model(warm, sandbox=False)
+    folder = DEMO_DIR / "text_classifier"
+    if folder.is_dir():  # and transformers (seconds to import) for Hugging Face folders
+        load_model(folder, sandbox=False)
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    answers.write(b'{"ready": true}\n')
+    answers.flush()
+    while True:
+        header = requests.read(8)
+        if len(header) < 8:
+            return
+        request = pickle.loads(requests.read(int.from_bytes(header, "little")))
+        answers.write(json.dumps(_run_child(request)).encode() + b"\n")
+        answers.flush()
+
+
+def _run_child(request: dict) -> dict:
+    """Fork a child that loads and probes the model; kill it when over time."""
+    limits: Limits = request["limits"]
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            report = _child(request)
+        except BaseException as error:  # noqa: BLE001 (anything the model does is reported)
+            report = {"message": _failure(error, limits)}
+        data = json.dumps(report).encode()
+        while data:
+            data = data[os.write(write_end, data):]
+        os._exit(0)
+    os.close(write_end)
+    chunks, timed_out = [], False
+    while True:
+        remaining = started + limits.first_run_seconds - time.monotonic()
+        readable = select.select([read_end], [], [], max(remaining, 0))[0]
+        if not readable:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            break
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status, usage = os.wait4(pid, 0)
+    os.close(read_end)
+    seconds = time.monotonic() - started
+    peak = usage.ru_maxrss * 1024
+    measured = {"seconds": seconds, "peak_bytes": peak}
+    if timed_out or os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+        return dict(measured, message=(
+            f"The model did not load and run a batch of 3 samples within "
+            f"{limits.first_run_seconds:g} s, the time budget of a first run; it was "
+            "stopped. Check its size and its loops; for a genuinely slow model, load it on "
+            "your own machine (sandbox=False, or a path) or raise "
+            "Limits(first_run_seconds=...)."))
+    if os.WIFSIGNALED(status) or not chunks:
+        return dict(measured, message=(
+            f"The model crashed while loading or running its first batch (signal "
+            f"{os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'none'}); this file cannot "
+            "be used here."))
+    report = json.loads(b"".join(chunks))
+    message = report.get("message")
+    return dict(measured, message=None if message is None else str(message)[:_MESSAGE_CHARS],
+                n_classes=report.get("n_classes"))
+
+
+def _child(request: dict) -> dict:
+    """In the forked child: set the budget, load and probe; the report."""
+    limits: Limits = request["limits"]
+    address_space = _address_space()
+    if address_space is not None:
+        ceiling = address_space + limits.first_run_memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+    cpu = math.ceil(limits.first_run_seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    import torch
+
+    from ..loading import load_model
+
+    torch.set_num_threads(1)
+    loaded = load_model(request["model"], limits=limits, sandbox=False, **request["options"])
+    return {"n_classes": loaded.n_classes}
+
+
+def _failure(error: BaseException, limits: Limits) -> str:
+    """The message for an exception in the child."""
+    text = str(error)
+    if isinstance(error, MemoryError) or "can't allocate memory" in text or \
+            "out of memory" in text:
+        return (f"The model needed more than {limits.first_run_memory_bytes / MB:,.0f} MB, "
+                "the memory budget of a first run, to load and run a batch of 3 samples; it "
+                "was stopped. For a genuinely large model, load it on your own machine "
+                "(sandbox=False, or a path) or raise Limits(first_run_memory_bytes=...).")
+    if isinstance(error, AttributionError):
+        return text
+    first = text.strip().splitlines()[0][:300] if text.strip() else ""
+    return (f"The model failed while loading or running its first batch "
+            f"({type(error).__name__}{': ' + first if first else ''}).")
+
+
+def _address_space() -> Optional[int]:
+    """This process's virtual memory size in bytes (Linux), or None where unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+if __name__ == "__main__":
+    _serve()

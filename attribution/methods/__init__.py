@@ -1,0 +1,9 @@
+"""Scoring methods: one registry behind one signature, and the passes that run them.
+
+`registry` holds every method (`register` adds one: a function plus one decorator line);
+`scores` runs a method over a dataset (`neuron_scores`, `cluster_scores`); `tokens` scores
+each token of a sequence.
+"""
+from .registry import METHODS, REGISTRY, Batch, Method, methods_for, register
+
+__all__ = ["METHODS", "REGISTRY", "Batch", "Method", "methods_for", "register"]

@@ -1,0 +1,389 @@
+"""The registry of neuron-scoring methods: one signature, one decorator line per method.
+
+A method maps one batch to per-neuron scores: [B, n_neurons], or [B, n_classes, n_neurons]
+when `batch.targets == "all"`. For conv layers a neuron is a channel: per-position scores are
+summed over spatial positions (the effect of the whole channel), except `activation`, which
+is averaged; `ablation` zeroes the whole channel. Sequences likewise: a neuron is a feature at
+every token; with an attention mask only real tokens are summed or averaged, and `ablation`
+zeroes the feature at every position (padding included: a model that masks padding ignores it).
+
+Methods run under `guards.engine_modes` (autograd on whatever the caller's mode). A gradient
+of a NaN/inf logit is NaN; a layer no gradient reaches raises AttributionError, never zeros.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+import numpy as np
+import torch
+
+from ..engine import model_io
+from ..errors import AttributionError
+from ..engine.runners import LayerRunner
+
+Targets = Union[torch.Tensor, str, None]  # LongTensor [B], "all", or None (= predicted class)
+
+
+@dataclass
+class Batch:
+    """What a method sees: the runner for the layer and one batch of work.
+
+    Attributes:
+        runner: runs the model around the layer.
+        x: inputs [B, ...] on the model's device (a tensor or `model_io.NamedInputs`).
+        targets: LongTensor [B], None (predicted class) or "all".
+        n_steps: integration steps for path methods.
+        start: index of the batch's first sample in the whole dataset.
+        seed: seed for the `random` method.
+        max_rows: rows per stacked pass when variants are batched.
+    """
+
+    runner: LayerRunner
+    x: torch.Tensor
+    targets: Targets
+    n_steps: int
+    start: int
+    seed: int
+    max_rows: int
+
+
+ScoringFunction = Callable[[Batch], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A scoring method and the facts every view of it reads.
+
+    Attributes:
+        name: the registry key.
+        function: Batch -> scores (see the module docstring).
+        summary: one line on what it computes.
+        label: how figures, tables and menus name it.
+        units: the units of its scores (axis titles, colour bars).
+        colour: its colour where methods are drawn side by side.
+        scales_inputs: it interpolates the inputs themselves, so it needs floating-point
+            inputs (not token ids).
+    """
+
+    name: str
+    function: ScoringFunction
+    summary: str
+    label: str
+    units: str
+    colour: str
+    scales_inputs: bool = False
+
+
+REGISTRY: dict[str, Method] = {}
+
+_FALLBACK_COLOURS = ("#555555", "#882255", "#661100", "#6699CC", "#888888")
+
+
+def colour_from_name(name: str) -> str:
+    """One of a fixed set of colours, picked from the name (a method that gives none)."""
+    return _FALLBACK_COLOURS[sum(map(ord, name)) % len(_FALLBACK_COLOURS)]
+
+
+def register(name: str, summary: str, *, label: Optional[str] = None,
+             units: str = "arbitrary units", colour: Optional[str] = None,
+             scales_inputs: bool = False) -> Callable[[ScoringFunction], ScoringFunction]:
+    """Add a scoring function to the registry under `name`; `label` defaults to the name,
+    `colour` to one of a fixed set picked from the name."""
+    def add(function: ScoringFunction) -> ScoringFunction:
+        REGISTRY[name] = Method(
+            name, function, summary, label=label or name, units=units,
+            colour=colour or colour_from_name(name),
+            scales_inputs=scales_inputs)
+        return function
+    return add
+
+
+def method_label(method: str) -> str:
+    """How views name `method` (the registry's label; an unknown name as it is)."""
+    entry = REGISTRY.get(method)
+    return entry.label if entry is not None else method
+
+
+def _reduce_spatial(scores: torch.Tensor, neuron_dim: int, how: str,
+                    mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Collapse the dims after `neuron_dim`: positions of a conv channel or tokens of a
+    sequence ([B, (C,) n, ...] -> [B, (C,) n]). With an attention mask [B, T] and one
+    position dim of size T only the real tokens count (sum, or mean over them), so padding
+    changes no score."""
+    if scores.dim() <= neuron_dim + 1:
+        return scores
+    dims = tuple(range(neuron_dim + 1, scores.dim()))
+    if mask is not None and len(dims) == 1 and scores.shape[-1] == mask.shape[1]:
+        weights = mask.to(scores.dtype).view(
+            (mask.shape[0],) + (1,) * (scores.dim() - 2) + (mask.shape[1],))
+        total = (scores * weights).sum(-1)
+        return total if how == "sum" else total / weights.sum(-1).clamp_min(1)
+    return scores.sum(dims) if how == "sum" else scores.mean(dims)
+
+
+def _mask(batch: "Batch") -> Optional[torch.Tensor]:
+    """The batch's attention mask [B, T] (1 = real token), or None."""
+    return model_io.attention_mask(batch.x)
+
+
+def _resolve_targets(targets: Targets, logits: torch.Tensor) -> Targets:
+    """LongTensor [B] or "all"; None becomes the predicted class."""
+    if targets is None:
+        return logits.argmax(1)
+    return targets
+
+
+def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch.Tensor:
+    """Target logits: [R*B] for class ids (repeated over R stacked variants), [R*B, C] for all."""
+    if isinstance(targets, str):
+        return logits
+    # always a copy (cat copies even one part; repeat costs ~5x more): gather saves its
+    # index for backward, and the caller's targets may be inference tensors
+    return logits.gather(1, torch.cat([targets] * repeats)[:, None]).squeeze(1)
+
+
+def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Targets,
+               repeats: int = 1) -> torch.Tensor:
+    """dF/dz: [R*B, n, ...] for class ids, [C, R*B, n, ...] for "all" (batched over classes).
+
+    NaN where the differentiated logit is NaN or inf (its derivative describes no output);
+    AttributionError when no gradient can flow from the logits back to z.
+    """
+    selected = _selected(logits, targets, repeats)
+    total = selected.sum()  # what a class-id backward starts from; finite iff they all are
+    try:
+        grad = _backward(selected, total, z, targets)
+    except RuntimeError as error:
+        if "modified by an inplace operation" not in str(error):
+            raise
+        raise AttributionError(
+            "The model cannot be differentiated after this layer: an in-place operation "
+            "overwrites a value its own backward pass needs (e.g. x.mul_() after "
+            "relu(x, inplace=True)), so plain autograd on the model fails too. Make that "
+            f"operation out of place, or use a method without gradients (ablation). ({error})"
+        ) from None
+    if grad is None:
+        raise _no_gradient_path(batch)
+    return _nan_where_not_finite(grad, selected, targets, total)
+
+
+def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor, targets: Targets,
+                          total: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`values` [(C,) R*B, n, ...] with NaN where the logit they describe, `selected` [R*B]
+    (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output.
+
+    One reduction decides, `total` (the sum of `selected`, when already computed): the sum
+    of the logits is finite when every one is (a sum that overflows only costs the exact
+    check)."""
+    if math.isfinite(selected.detach().sum() if total is None else total.detach()):
+        return values
+    broken = ~torch.isfinite(selected.detach())
+    broken = broken.T if isinstance(targets, str) else broken
+    return values.masked_fill(broken.view(broken.shape + (1,) * (values.dim() - broken.dim())),
+                              float("nan"))
+
+
+def _backward(selected: torch.Tensor, total: torch.Tensor, z: torch.Tensor,
+              targets: Targets) -> Optional[torch.Tensor]:
+    """The gradient of `_gradients` from its `_selected` logits (and their sum `total`), or
+    None when they do not reach z in the graph."""
+    if not selected.requires_grad:
+        return None
+    if not isinstance(targets, str):
+        return torch.autograd.grad(total, z, allow_unused=True)[0]
+    logits = selected  # [B, C]: "all" selects every logit
+    n_classes = logits.shape[1]
+    grad_outputs = _one_hot(n_classes, logits.dtype, logits.device)[:, None, :].expand(
+        n_classes, *logits.shape)
+    try:
+        return torch.autograd.grad(logits, z, grad_outputs, is_grads_batched=True,
+                                   allow_unused=True)[0]
+    except RuntimeError:  # an op without a batching rule: one backward per class, one forward
+        grads = [torch.autograd.grad(logits[:, c].sum(), z, retain_graph=c < n_classes - 1,
+                                     allow_unused=True)[0] for c in range(n_classes)]
+        if all(grad is None for grad in grads):
+            return None
+        return torch.stack([torch.zeros_like(z) if grad is None else grad for grad in grads])
+
+
+@functools.lru_cache(maxsize=16)
+def _one_hot(n_classes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[C, C] identity, made once per (C, dtype, device): read only (expanded views)."""
+    return torch.eye(n_classes, dtype=dtype, device=device)
+
+
+def _no_gradient_path(batch: Batch) -> AttributionError:
+    """Why no gradient reaches the layer, told apart by zeroing the layer's whole output."""
+    runner = batch.runner
+    with torch.no_grad():
+        z, state, logits = runner.capture(batch.x)
+        zeroed = runner.tail(torch.zeros_like(z), state, 1)
+    change = float((zeroed - logits).abs().nan_to_num(nan=float("inf")).max())
+    if change > 0:
+        return AttributionError(
+            f"No gradient flows from the logits back to layer {runner.name!r}, yet zeroing "
+            f"its output moves them (by up to {change:.3g}): the model cuts the graph after "
+            "this layer (.detach(), torch.no_grad() or a NumPy round trip in forward), so "
+            "every gradient would read 0. Remove the cut, or use ablation or activation.")
+    return AttributionError(
+        f"The logits do not depend on layer {runner.name!r}: zeroing its output changes "
+        "none of them and no gradient reaches it (its output is computed but not used for "
+        "the logits), so every score would be 0. Pick a layer that feeds the logits "
+        "(list_layers).")
+
+
+def gauss_legendre(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [n], alphas [n]) of Gauss-Legendre quadrature on [0, 1], alphas ascending."""
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    return (torch.tensor(0.5 * weights, dtype=torch.float32, device=device),
+            torch.tensor(0.5 * (nodes + 1), dtype=torch.float32, device=device))
+
+
+def _classes_first(grad: torch.Tensor, targets: Targets) -> torch.Tensor:
+    """[C, B, ...] -> [B, C, ...] for "all"; unchanged otherwise."""
+    return grad.movedim(0, 1) if isinstance(targets, str) else grad
+
+
+def _with_class_axis(z: torch.Tensor, targets: Targets) -> torch.Tensor:
+    return z.unsqueeze(1) if isinstance(targets, str) else z
+
+
+def _neuron_dim(targets: Targets) -> int:
+    return 2 if isinstance(targets, str) else 1
+
+
+@register("gradient", "dF/dz: gradient of the target logit w.r.t. the layer output",
+          units="logit per unit activation", colour="#332288")
+def gradient(batch: Batch) -> torch.Tensor:
+    z, logits = batch.runner.forward_with_leaf(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
+    return _reduce_spatial(grad, _neuron_dim(targets), "sum", _mask(batch))
+
+
+@register("activation", "z: the layer output itself (averaged over positions for conv)",
+          units="activation units", colour="#117733")
+def activation(batch: Batch) -> torch.Tensor:
+    z, _, logits = batch.runner.capture(batch.x)
+    scores = _reduce_spatial(z, 1, "mean", _mask(batch))
+    if isinstance(batch.targets, str):
+        scores = scores.unsqueeze(1).expand(-1, logits.shape[1], -1)
+    return scores
+
+
+@register("gradient_x_activation", "z * dF/dz: first-order Taylor estimate of removing a neuron",
+          label="gradient × activation", units="logits",
+          colour="#44AA99")
+def gradient_x_activation(batch: Batch) -> torch.Tensor:
+    z, logits = batch.runner.forward_with_leaf(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
+    return _reduce_spatial(_with_class_axis(z.detach(), targets) * grad,
+                           _neuron_dim(targets), "sum", _mask(batch))
+
+
+def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
+    per_pass = max(1, max_rows // max(rows_per_step, 1))
+    for begin in range(0, n_steps, per_pass):
+        yield slice(begin, min(n_steps, begin + per_pass))
+
+
+@register("integrated_gradients",
+          "z * integral of dF/dz along 0 -> z (zero baseline at the layer)",
+          label="integrated gradients", units="logits", colour="#88CCEE")
+def integrated_gradients(batch: Batch) -> torch.Tensor:
+    runner = batch.runner
+    z, state, logits = runner.capture(batch.x)  # the front runs once per batch
+    targets = _resolve_targets(batch.targets, logits)
+    weights, alphas = gauss_legendre(batch.n_steps, z.device)
+    n_rows = z.shape[0]
+    total = None
+    for steps in _step_chunks(batch.n_steps, n_rows, batch.max_rows):
+        shape = (-1,) + (1,) * z.dim()
+        scaled = (alphas[steps].view(shape) * z.unsqueeze(0)).flatten(0, 1)
+        scaled = scaled.to(z.dtype).requires_grad_(True)  # a half-precision model stays half
+        repeats = alphas[steps].numel()
+        step_logits = runner.tail(scaled, state, repeats)  # score_batches turned autograd on
+        grad = _gradients(batch, step_logits, scaled, targets, repeats)
+        grad = grad.unflatten(-z.dim(), (repeats, n_rows))  # [(C,) S, B, n, ...]
+        moved = grad.movedim(-z.dim() - 1, 0)  # [S, (C,) B, n, ...]
+        weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
+        total = weighted if total is None else total + weighted
+    total = _nan_where_not_finite(total, _selected(logits, targets), targets)  # alpha = 1 too
+    attribution = _with_class_axis(z, targets) * _classes_first(total, targets)
+    return _reduce_spatial(attribution, _neuron_dim(targets), "sum", _mask(batch))
+
+
+@register("conductance",
+          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)",
+          units="logits", colour="#999933",
+          scales_inputs=True)
+def conductance(batch: Batch) -> torch.Tensor:
+    runner, x = batch.runner, batch.x
+    real_logits = runner.capture(x)[2]  # the quadrature's steps never reach alpha = 1
+    targets = _resolve_targets(batch.targets, real_logits)
+    n = model_io.n_rows(x)
+    _, alphas = gauss_legendre(batch.n_steps + 1, model_io.device_of(x))
+    scaled = model_io.interpolate(x, alphas)  # [(S+1)*B, ...]
+    evals, grads = [], []
+    for steps in _step_chunks(batch.n_steps + 1, n, batch.max_rows):
+        part = model_io.take(scaled, slice(steps.start * n, steps.stop * n))
+        z, logits = runner.forward_with_leaf(part)
+        grads.append(_gradients(batch, logits, z, targets, steps.stop - steps.start).detach())
+        evals.append(z.detach())
+    z_all = torch.cat(evals)  # [(S+1)*B, n, ...]
+    grad_all = torch.cat(grads, dim=1 if isinstance(targets, str) else 0)
+    z_steps = z_all.unflatten(0, (batch.n_steps + 1, n))
+    grad_steps = grad_all.unflatten(-z_all.dim(), (batch.n_steps + 1, n))  # [(C,) S+1, B, ...]
+    difference = z_steps[1:] - z_steps[:-1]  # [S, B, n, ...]
+    if isinstance(targets, str):
+        attribution = (difference.unsqueeze(0) * grad_steps[:, :-1]).sum(1)  # [C, B, n, ...]
+    else:
+        attribution = (difference * grad_steps[:-1]).sum(0)
+    attribution = _nan_where_not_finite(attribution, _selected(real_logits, targets), targets)
+    return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum",
+                           _mask(batch))
+
+
+@register("ablation", "F(x) - F(x with neuron zeroed): exact, one neuron at a time",
+          units="logit drop", colour="#CC6677")
+def ablation(batch: Batch) -> torch.Tensor:
+    runner = batch.runner
+    z, state, logits = runner.capture(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    n_rows, n_neurons = z.shape[0], z.shape[1]
+    base = _selected(logits, targets)  # [B] or [B, C]
+    effects = []
+    with torch.no_grad():
+        for chunk in _step_chunks(n_neurons, n_rows, batch.max_rows):
+            neurons = torch.arange(chunk.start, chunk.stop, device=z.device)
+            ablated = _selected(runner.ablate(z, state, neurons), targets, len(neurons))
+            effects.append(base.unsqueeze(0) - ablated.unflatten(0, (len(neurons), n_rows)))
+    effect = torch.cat(effects)  # [n, B] or [n, B, C]
+    return effect.movedim(0, -1)  # [B, n] or [B, C, n]
+
+
+@register("random", "seeded uniform noise: the baseline every ranking must beat",
+          label="random (baseline)", units="arbitrary units",
+          colour="#AA4499")
+def random(batch: Batch) -> torch.Tensor:
+    z, _, logits = batch.runner.capture(batch.x)
+    shape = (logits.shape[1], z.shape[1]) if isinstance(batch.targets, str) else (z.shape[1],)
+    rows = []
+    for index in range(batch.start, batch.start + z.shape[0]):  # per-sample seeds: batch-size free
+        generator = torch.Generator().manual_seed(batch.seed * 1_000_003 + index)
+        rows.append(torch.rand(shape, generator=generator, dtype=torch.float32))
+    return torch.stack(rows).to(z.device)
+
+
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def methods_for(input_dtype: torch.dtype) -> tuple[str, ...]:
+    """The methods that can score inputs of `input_dtype` (integer ids: all but those that
+    interpolate the inputs)."""
+    return tuple(name for name in METHODS
+                 if input_dtype.is_floating_point or not REGISTRY[name].scales_inputs)

@@ -1,0 +1,89 @@
+"""The package's layers, read from its imports (`ast`): no module imports a layer above its own,
+and nothing in it imports streamlit.
+
+Layers, low to high: core (errors, progress) < engine < methods < inputs < analyses <
+presentation < front ends (cli, __main__, the package's __init__). A module may import its own
+layer and the layers below; imports inside functions count too.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "attribution"
+LAYERS = ("core", "engine", "methods", "inputs", "analyses", "presentation", "front")
+CORE = {"attribution.errors", "attribution.progress"}
+
+
+def _module_name(path: Path) -> str:
+    parts = ("attribution",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    if module in CORE:
+        return LAYERS.index("core")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS):  # inside a subpackage
+        return LAYERS.index(parts[1])
+    if len(parts) == 2 and parts[1] in ("engine", "methods", "inputs", "analyses", "presentation"):
+        return LAYERS.index(parts[1])
+    return LAYERS.index("front")
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> list[str]:
+    """The project modules a `from ... import ...` statement in `module` reads."""
+    if node.level:
+        package = module.split(".")
+        if not MODULES[module].name == "__init__.py":
+            package = package[:-1]
+        base = package[:len(package) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not target.startswith("attribution"):
+        return []
+    found = []
+    for alias in node.names:
+        candidate = f"{target}.{alias.name}"
+        found.append(candidate if candidate in MODULES else target)
+    return found
+
+
+def imports_of(module: str) -> set[str]:
+    """Project modules `module` imports, anywhere in its body, and external top-level names."""
+    tree = ast.parse(MODULES[module].read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.update(_resolve(module, node))
+            if not node.level and node.module:
+                found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name if alias.name.startswith("attribution")
+                         else alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+GRAPH = {module: {name for name in imports_of(module) if name in MODULES and name != module}
+         for module in MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_layer_above_its_own(module):
+    above = sorted(name for name in GRAPH[module] if layer_of(name) > layer_of(module))
+    assert not above, f"{module} ({LAYERS[layer_of(module)]}) imports {above}"
+
+
+def test_the_package_never_imports_streamlit():
+    users = sorted(m for m in MODULES if "streamlit" in imports_of(m))
+    assert not users, f"{users} import streamlit"
+
+
+def test_the_layer_rule_sees_a_violation():
+    """The checker itself: an engine module importing an analysis is reported."""
+    assert layer_of("attribution.engine.layers") < layer_of("attribution.analyses.pruning")
+    assert layer_of("attribution.errors") == 0 and layer_of("attribution.cli") == len(LAYERS) - 1
