@@ -382,9 +382,9 @@ def rss(field):
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
 
-verdicts = []
+reports = []
 check = watchdog._SERVER.check
-watchdog._SERVER.check = lambda *args: verdicts.append(check(*args)) or verdicts[-1]
+watchdog._SERVER.check = lambda *args: reports.append(check(*args)) or reports[-1]
 at.load_model((DEMO_DIR / "digits_mlp.pt2").read_bytes())  # starts the checking server
 server = watchdog._SERVER.process.pid
 with open(f"/proc/{server}/status") as status:
@@ -393,7 +393,7 @@ results = {}
 for case in json.load(sys.stdin):
     data = open(case["file"], "rb").read()
     architecture = open(case["architecture"], "rb").read() if case["architecture"] else None
-    verdicts.clear()
+    reports.clear()
     open("/proc/self/clear_refs", "w").write("5")
     before, start = rss("VmRSS"), time.perf_counter()
     try:
@@ -405,9 +405,9 @@ for case in json.load(sys.stdin):
     except Exception as error:
         outcome = {"error": type(error).__name__, "message": str(error)}
     outcome.update(seconds=time.perf_counter() - start, extra_bytes=rss("VmHWM") - before,
-                   child_extra_bytes=max([v.peak_bytes - server_rss for v in verdicts],
+                   child_extra_bytes=max([r.peak_bytes - server_rss for r in reports],
                                          default=0),
-                   child_seconds=max([v.seconds for v in verdicts], default=0.0))
+                   child_seconds=max([r.seconds for r in reports], default=0.0))
     results[case["name"]] = outcome
 print(json.dumps(results))
 """
@@ -544,23 +544,23 @@ def test_legitimate_files_near_real_sizes_still_load():
 def test_the_watchdog_stops_a_slow_model_at_its_time_budget():
     model, architecture = conv_bomb()
     limits = Limits(first_run_seconds=1.0)
-    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                 limits=limits)
-    assert "within 1 s" in verdict.message
-    assert 1.0 <= verdict.seconds < 3.0
+    report = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
+                                limits=limits)
+    assert "within 1 s" in report.message
+    assert 1.0 <= report.seconds < 3.0
 
 
 def test_the_watchdog_stops_a_model_at_its_memory_budget():
     model, architecture = conv_memory_bomb()
-    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                 limits=DEFAULT_LIMITS)
-    assert verdict.message is not None and "memory budget" in verdict.message, verdict
+    report = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
+                                limits=DEFAULT_LIMITS)
+    assert report.message is not None and "memory budget" in report.message, report
 
 
 def test_the_watchdog_passes_a_good_model_and_reports_its_classes():
-    verdict = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(),
-                                 limits=DEFAULT_LIMITS)
-    assert verdict.message is None and verdict.n_classes == 10
+    report = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(),
+                                limits=DEFAULT_LIMITS)
+    assert report.message is None and report.n_classes == 10
 
 
 def test_sandbox_is_on_for_bytes_and_off_for_paths(monkeypatch, tmp_path):
@@ -609,8 +609,8 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
 
     watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), limits=DEFAULT_LIMITS)
     model, architecture = conv_bomb()
-    verdicts = []
-    check = threading.Thread(target=lambda: verdicts.append(watchdog.first_run(
+    reports = []
+    check = threading.Thread(target=lambda: reports.append(watchdog.first_run(
         model, architecture=at.parse_architecture(architecture), limits=DEFAULT_LIMITS)))
     check.start()
     time.sleep(0.5)
@@ -622,5 +622,5 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     meanwhile = time.perf_counter() - start
     assert check.is_alive()  # the bomb was still being checked
     check.join()
-    assert "time budget" in verdicts[0].message
+    assert "time budget" in reports[0].message
     assert meanwhile < 2.5

@@ -51,7 +51,7 @@ _MESSAGE_CHARS = 2000
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FirstRunReport:
     """What the child reported: `message` is None when the model loaded and ran."""
 
     message: Optional[str]
@@ -60,7 +60,7 @@ class Verdict:
     peak_bytes: int
 
 
-def first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+def first_run(model: bytes, *, limits: Limits, **options: Any) -> FirstRunReport:
     """Load `model` and run batches of 1 and 3 samples in a child within `limits`.
 
     Args:
@@ -70,17 +70,17 @@ def first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
         options: further `load_model` arguments (architecture: a description, not code;
             example_input, class_names, ...), picklable.
     Returns:
-        the child's Verdict: its message says why the model was refused, or is None.
+        the child's FirstRunReport: its message says why the model was refused, or is None.
     """
     return _SERVER.check({"model": model, "limits": limits, "options": options}, limits)
 
 
-def check_first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+def check_first_run(model: bytes, *, limits: Limits, **options: Any) -> FirstRunReport:
     """`first_run`, raising AttributionError with the child's message on refusal."""
-    verdict = first_run(model, limits=limits, **options)
-    if verdict.message is not None:
-        raise AttributionError(verdict.message)
-    return verdict
+    report = first_run(model, limits=limits, **options)
+    if report.message is not None:
+        raise AttributionError(report.message)
+    return report
 
 
 def warm_up() -> None:
@@ -112,7 +112,7 @@ class _Server:
             self.ready, self.buffer = False, b""
         return self.process
 
-    def check(self, request: dict, limits: Limits) -> Verdict:
+    def check(self, request: dict, limits: Limits) -> FirstRunReport:
         with self.lock:
             process = self.running()
             try:
@@ -131,8 +131,9 @@ class _Server:
             except BaseException:  # interrupted mid-conversation: start afresh next time
                 self.stop()
                 raise
-        return Verdict(answer.get("message"), answer.get("n_classes"),
-                       float(answer.get("seconds", 0.0)), int(answer.get("peak_bytes", 0)))
+        return FirstRunReport(answer.get("message"), answer.get("n_classes"),
+                              float(answer.get("seconds", 0.0)),
+                              int(answer.get("peak_bytes", 0)))
 
     def _line(self, process: subprocess.Popen, timeout: float) -> dict:
         """The server's next JSON line, within `timeout` seconds."""
