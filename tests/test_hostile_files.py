@@ -498,7 +498,7 @@ def test_a_lying_entry_is_stopped_after_its_declared_size(monkeypatch):
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(at.inputs.loading.zlib, "decompressobj", Counting)
+    monkeypatch.setattr(at.inputs.untrusted.files.zlib, "decompressobj", Counting)
     with pytest.raises(at.AttributionError, match="more than the"):
         at.load_data(lying_zip_header())
     assert sum(produced) <= 2 * 2 ** 20
@@ -526,7 +526,7 @@ def test_memory_exhaustion_becomes_a_message_with_the_size(monkeypatch):
 
 def test_shared_references_are_counted_as_reached_but_walked_once():
     shared = [1.0] * 1000
-    nodes, size = at.inputs.loading.pickled_size([shared] * 1000, DEFAULT_LIMITS)
+    nodes, size = at.inputs.untrusted.pickles.pickled_size([shared] * 1000, DEFAULT_LIMITS)
     assert nodes == 1 + 1000 * 1001 and size == 1000 * 1000 * 8
     data = saved({"inputs": [[float(i)] * 3 for i in range(4)], "labels": [0, 1, 0, 1]})
     assert at.load_data(data).inputs.shape == (4, 3)

@@ -33,8 +33,9 @@ from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from ..engine.layers import run_logits
 from ..methods.scores import Progress, model_device, neuron_scores
-from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
-                      pickled_size, read_source, sniff, zip_kind)
+from .loaded import LoadedModel
+from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
+from .untrusted.pickles import check_pickle_size, pickled_size
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -240,7 +241,7 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
             integers).
         label: the labels key or column; detected when None ("" for none).
         cluster: the cluster key or column; detected when None ("" for none).
-        max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
+        max_bytes: file size limit (default `limits.MAX_UPLOAD_BYTES`).
         max_rows: sample limit (default MAX_ROWS); larger data goes through the streaming
             path (an iterable of batches or a memory-mapped .npy passed to the scores).
         limits: decoding budgets (default `limits.DEFAULT_LIMITS`: 2 GB decoded, 100k

@@ -33,8 +33,11 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
+from .untrusted.files import open_zip
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
+from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
+from .loaded import LoadedModel, checked_model
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -119,8 +122,6 @@ def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
     if isinstance(source, Mapping):
         files = {Path(name).name: bytes(data) for name, data in source.items()}
     else:
-        from .loading import open_zip
-
         archive = open_zip(bytes(source), limits)
         files = {}
         for entry in archive.infolist():
@@ -234,7 +235,7 @@ def _parameter_count(cls: type, config: Any) -> int:
 
 
 def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = None,
-                limits: Optional[Limits] = None, output: OutputKey = None):
+                limits: Optional[Limits] = None, output: OutputKey = None) -> LoadedModel:
     """Load a save_pretrained folder of a sequence or image classifier.
 
     Args:
@@ -248,8 +249,6 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         token_type_ids as the class takes them; or pixel_values), with `tokenizer` set
         when the folder has a tokenizer.json.
     """
-    from .loading import checked_model, load_safetensors
-
     limits = limits or DEFAULT_LIMITS
     files = _files(source, limits)
     if CONFIG not in files:
