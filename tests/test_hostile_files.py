@@ -28,6 +28,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.untrusted import watchdog
 from attribution.inputs.demo import DEMO_DIR
+from attribution.inputs.loading import FIRST_RUN
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.conftest import ROOT
 
@@ -544,21 +545,21 @@ def test_legitimate_files_near_real_sizes_still_load():
 def test_the_watchdog_stops_a_slow_model_at_its_time_budget():
     model, architecture = conv_bomb()
     limits = Limits(first_run_seconds=1.0)
-    report = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                limits=limits)
+    report = watchdog.first_run(model, FIRST_RUN, limits=limits,
+                                architecture=at.parse_architecture(architecture))
     assert "within 1 s" in report.message
     assert 1.0 <= report.seconds < 3.0
 
 
 def test_the_watchdog_stops_a_model_at_its_memory_budget():
     model, architecture = conv_memory_bomb()
-    report = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                limits=DEFAULT_LIMITS)
+    report = watchdog.first_run(model, FIRST_RUN, limits=DEFAULT_LIMITS,
+                                architecture=at.parse_architecture(architecture))
     assert report.message is not None and "memory budget" in report.message, report
 
 
 def test_the_watchdog_passes_a_good_model_and_reports_its_classes():
-    report = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(),
+    report = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
                                 limits=DEFAULT_LIMITS)
     assert report.message is None and report.n_classes == 10
 
@@ -607,11 +608,13 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     import threading
     import time
 
-    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), limits=DEFAULT_LIMITS)
+    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
+                       limits=DEFAULT_LIMITS)
     model, architecture = conv_bomb()
     reports = []
     check = threading.Thread(target=lambda: reports.append(watchdog.first_run(
-        model, architecture=at.parse_architecture(architecture), limits=DEFAULT_LIMITS)))
+        model, FIRST_RUN, architecture=at.parse_architecture(architecture),
+        limits=DEFAULT_LIMITS)))
     check.start()
     time.sleep(0.5)
     start = time.perf_counter()

@@ -10,12 +10,13 @@ The format is recognised from the content, not the file name:
 - TorchScript archives are refused with the re-export recipe (ScriptModules cannot be hooked).
 
 Safety: with `trust_code=False` (the default, and the only mode a remote visitor gets) no
-input file can run code. Pickles are read with `torch.load(weights_only=True)`, PyTorch's
-restricted unpickler that rebuilds tensors and plain containers only; safetensors and JSON/YAML
-(`yaml.safe_load`) are data formats; uploaded Python is never executed.
-
-A `.pt2` is checked by `attribution.inputs.untrusted.export_guard` (the security boundary,
-with its threat model) before `torch.export.load` reads it.
+input file can run code. Every byte is read through `attribution.inputs.untrusted` (the
+security boundary; its docstring indexes the threat model): pickles with PyTorch's
+weights-only unpickler (`untrusted.pickles`), which rebuilds tensors and plain containers
+only; safetensors and JSON/YAML (`yaml.safe_load`) are data formats; uploaded Python is
+never executed. A `.pt2` is checked by `untrusted.export_guard` before `torch.export.load`
+reads it, and an upload's first load and run happen in the watchdog's child
+(`untrusted.watchdog`, running `FIRST_RUN`) before this process loads it.
 """
 from __future__ import annotations
 
@@ -37,11 +38,31 @@ from ..errors import AttributionError, out_of_memory, reading
 from ..engine.model_io import NamedInputs, OutputKey
 from . import huggingface
 from .loaded import LoadedModel, checked_model
+from .shipped import DEMO_DIR
+from .untrusted import watchdog
 from .untrusted.export_guard import EXPORT_RECIPE, check_export_archive
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.limits import DEFAULT_LIMITS, Limits
 from .untrusted.pickles import torch_load
 from .untrusted.tensors import checked_state, load_safetensors
+
+FIRST_RUN = watchdog.Loader(f"{__name__}:_load_in_child", warm_files=(
+    str(DEMO_DIR / "digits_mlp.pt2"), str(DEMO_DIR / "text_classifier")))
+"""What the watchdog's child runs for an upload: `load_model` without a sandbox of its own;
+its server loads the demo's .pt2 (torch.export's lazily loaded internals) and Hugging Face
+folder (transformers, seconds to import) once before forking children."""
+
+
+def _load_in_child(source: Any, **options: Any) -> LoadedModel:
+    """`load_model` in the watchdog's child, which is the sandbox."""
+    return load_model(source, sandbox=False, **options)
+
+
+def warm_up() -> None:
+    """Start the watchdog's checking server for uploads now (it imports torch in the
+    background), e.g. while a visitor chooses files."""
+    watchdog.warm_up(FIRST_RUN)
+
 
 # ---------------------------------------------------------------- torch.export archives
 
@@ -276,10 +297,8 @@ def load_model(source: Source, *, architecture: Any = None,
     """
     if huggingface.is_folder(source):  # a save_pretrained folder, its files or their zip
         if isinstance(source, (bytes, bytearray)) and sandbox is not False:  # an upload
-            from .untrusted.watchdog import check_first_run
-
-            check_first_run(bytes(source), class_names=class_names,
-                            limits=limits or DEFAULT_LIMITS, output=output)
+            watchdog.check_first_run(bytes(source), FIRST_RUN, limits=limits or DEFAULT_LIMITS,
+                                     class_names=class_names, output=output)
         return huggingface.load_folder(source, class_names=class_names, limits=limits,
                                        output=output)
     data, name = read_source(source, max_bytes=max_bytes, what="model")
@@ -289,12 +308,11 @@ def load_model(source: Source, *, architecture: Any = None,
     try:
         kind = _model_kind(data, name, architecture, limits)
         if sandbox and not trust_code and not isinstance(architecture, nn.Module):
-            from .untrusted.watchdog import check_first_run
-
             if architecture is not None and not _is_python_file(architecture, trust_code):
                 architecture = _description(architecture, trust_code, limits)
-            check_first_run(data, architecture=architecture, example_input=example_input,
-                            class_names=class_names, limits=limits, output=output)
+            watchdog.check_first_run(data, FIRST_RUN, limits=limits, architecture=architecture,
+                                     example_input=example_input, class_names=class_names,
+                                     output=output)
         return _load(data, kind, architecture, example_input, class_names, trust_code,
                      limits, output)
     except MemoryError as error:

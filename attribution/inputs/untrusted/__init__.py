@@ -20,7 +20,8 @@ Each module guards against one kind of harm (its docstring details it):
 - `export_guard`: a `.pt2` (torch.export archive) is checked deny-by-default before
   `torch.export.load` reads it: known operators only, no custom classes or code.
 - `watchdog`: an uploaded model's first load and run happen in a child process with a time
-  and memory budget.
+  and memory budget (the jail runs the loader its caller names; it imports no loader).
 
-The loaders in `attribution.inputs` read files only through these checks.
+Modules here import only `attribution.errors` and each other. The loaders in
+`attribution.inputs` read files only through these checks.
 """
