@@ -3,10 +3,10 @@ cluster ids that group its samples.
 
 Accepted files (detected from content):
 - `.npz` / `.pt` (a tensor, a dict of arrays/tensors, or an (inputs, labels[, clusters])
-  tuple; read with `allow_pickle=False` / `torch.load(weights_only=True)`): inputs of any shape
-  [N, ...] under "inputs" (or x, X, data, images, features), optional "labels" (y, targets,
-  target), "clusters" (cluster), "cluster_names" (names indexed by integer cluster ids),
-  "feature_names" and "class_names";
+  tuple; read with `allow_pickle=False` / the weights-only `untrusted.pickles.unpickle`):
+  inputs of any shape [N, ...] under "inputs" (or x, X, data, images, features), optional
+  "labels" (y, targets, target), "clusters" (cluster), "cluster_names" (names indexed by
+  integer cluster ids), "feature_names" and "class_names";
 - `.npy`: inputs only;
 - `.csv` / `.parquet`: one row per sample; a label column (label, labels, target, y, class),
   an optional cluster column (cluster, clusters, group) and numeric feature columns (all the
@@ -35,7 +35,7 @@ from ..engine.layers import run_logits
 from ..methods.scores import Progress, model_device, neuron_scores
 from .loaded import LoadedModel
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
-from .untrusted.pickles import check_pickle_size, pickled_size
+from .untrusted.pickles import pickled_size, unpickle
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -346,10 +346,9 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
 
 
 def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
-    check_pickle_size(data, limits)
-    with reading("This .pt file could not be read as plain tensors (files with pickled "
-                  "Python objects are refused; save tensors, lists or a dict of them)"):
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    loaded = unpickle(data, limits, what="This .pt file", remedy=(
+        "Save tensors, or lists, tuples or a dict of them, e.g. torch.save({'inputs': "
+        "torch.tensor(x), 'labels': torch.tensor(y)}, path)."))
     pickled_size(loaded, limits)
     if isinstance(loaded, torch.Tensor):
         loaded = {"inputs": loaded}

@@ -43,7 +43,7 @@ from .untrusted import watchdog
 from .untrusted.export_guard import EXPORT_RECIPE, check_export_archive
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.limits import DEFAULT_LIMITS, Limits
-from .untrusted.pickles import torch_load
+from .untrusted.pickles import unpickle
 from .untrusted.tensors import checked_state, load_safetensors
 
 FIRST_RUN = watchdog.Loader(f"{__name__}:_load_in_child", warm_files=(
@@ -354,7 +354,8 @@ def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
         state = _state_dict_of(load_safetensors(data, limits), limits)
         source_format = "safetensors"
     else:
-        loaded = torch_load(data, trust_code, limits)
+        loaded = unpickle(data, limits, what="This checkpoint", remedy=_PICKLE_REMEDY,
+                          trust_code=trust_code)
         if isinstance(loaded, nn.Module):
             module, source_format = loaded, "pickled module"
         else:
@@ -370,6 +371,13 @@ def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
         example = _guess_example(module)
     module.eval()
     return checked_model(module, example, source_format, class_names, stored_names, output)
+
+
+_PICKLE_REMEDY = (
+    "A whole model saved with torch.save(model) is such a file: save only the weights "
+    "(torch.save(model.state_dict(), 'weights.pt')) and describe the architecture, or export "
+    f"the model, which needs no code to load:\n{EXPORT_RECIPE}\nOn your own machine, for a "
+    "file you made yourself, trust_code=True loads it.")
 
 
 def _torchscript_error() -> AttributionError:

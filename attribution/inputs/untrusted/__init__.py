@@ -12,9 +12,9 @@ Each module guards against one kind of harm (its docstring details it):
   claimed by a file name (`sniff` reads the content), zip bombs and crafted archives
   (`open_zip`: entry count and declared sizes first, then each entry inflated once and
   refused as soon as it lies about its size or CRC).
-- `pickles`: code execution by unpickling (`torch_load`: weights only, unless the caller's
-  own `trust_code`); slow pickles (`check_pickle_size`); pickle laughs and self-containing
-  lists (`pickled_size`).
+- `pickles`: code execution by unpickling (`unpickle`, the one `torch.load` of the
+  package: weights only, one policy text, unless the caller's own `trust_code`); slow
+  pickles (`check_pickle_size`); pickle laughs and self-containing lists (`pickled_size`).
 - `tensors`: tensors that are not dense real CPU numbers (`check_tensor`), and state dicts
   that expand when converted to float32 (`checked_state`); safetensors read through both.
 - `export_guard`: a `.pt2` (torch.export archive) is checked deny-by-default before

@@ -1,15 +1,17 @@
-"""Pickles (torch.save files): the one place where this package unpickles a model's bytes.
+"""Pickles (torch.save files): the one place where this package unpickles bytes.
 
 Threats: unpickling runs code named in the file (`torch.save(model)` pickles a class to
 import and call); PyTorch's safe unpickler reads about 1-3 s per MB of pickle, so a small
 file of many tiny tensors or long lists takes minutes; a pickle of shared references (pickle
 laughs) or of a list that contains itself expands without bound when converted.
 
-`torch_load` reads a checkpoint with PyTorch's weights-only unpickler after its pickle's size
-is checked against `Limits.max_pickle_bytes` (`check_pickle_size`), and unpickles anything
-only with `trust_code` (your own file, on your own machine; never an upload). `pickled_size`
-counts an unpickled value's values and bytes, shared references as often as reached, before
-it is converted.
+Policy (`unpickle`): without `trust_code`, only PyTorch's weights-only unpickler
+(`torch.load(weights_only=True, map_location="cpu")`) runs, after the pickle's size is
+checked against `Limits.max_pickle_bytes` (`check_pickle_size`); a file naming any other
+Python object is refused with `WEIGHTS_ONLY`, one text for every caller. `trust_code=True`
+(your own file, on your own machine; never an upload) unpickles anything. `pickled_size`
+counts an unpickled value's values and bytes, shared references as often as reached,
+before it is converted.
 """
 from __future__ import annotations
 
@@ -22,10 +24,53 @@ from typing import Any, Optional
 import torch
 
 from ...errors import AttributionError, reading
-from .export_guard import EXPORT_RECIPE
 from .files import sniff
 from .limits import MB, Limits, over_budget
 from .tensors import check_tensor
+
+WEIGHTS_ONLY = ("Unpickling Python objects can run arbitrary code, so only tensors, numbers, "
+                "strings and lists, tuples and dicts of them are read here (PyTorch's "
+                "weights-only unpickler).")
+"""The policy, in the words of every refusal of a pickled object."""
+
+
+def unpickle(data: bytes, limits: Limits, *, what: str, remedy: str = "",
+             trust_code: bool = False) -> Any:
+    """The value of a torch.save file's bytes, tensors on the CPU.
+
+    Args:
+        data: the file.
+        limits: `max_pickle_bytes` bounds the pickle (unless `trust_code`).
+        what: the file in messages, e.g. "This checkpoint".
+        remedy: what to save instead, appended to a refusal of pickled objects.
+        trust_code: unpickle anything (runs code the file names): your own files only.
+    Raises:
+        AttributionError: the pickle is over budget, damaged, or (without `trust_code`)
+        names a Python object other than tensors and plain containers.
+    """
+    if trust_code:
+        with reading(f"{what} could not be unpickled with trust_code=True (it is damaged, or "
+                     "a class it needs is not importable here)"):
+            return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    check_pickle_size(data, limits)
+    with reading(f"{what} is damaged or not a PyTorch file"):
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as error:
+            raise _refusal(str(error), what, remedy) from None
+
+
+def _refusal(text: str, what: str, remedy: str) -> AttributionError:
+    """The refusal of a weights-only load that failed with `text`: the policy when the file
+    names Python objects, else the file is damaged."""
+    if "Unsupported global" in text or "GLOBAL" in text:
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", text)))
+        return AttributionError(f"{what} contains pickled Python objects"
+                                + (f" ({', '.join(found)})" if found else "")
+                                + f". {WEIGHTS_ONLY}" + (f" {remedy}" if remedy else ""))
+    detail = text.split("WeightsUnpickler error:", 1)[-1].strip() or text.strip()
+    return AttributionError(f"{what} is damaged or not a PyTorch file "
+                            f"({detail.splitlines()[0][:200] if detail else 'no detail'}).")
 
 
 def check_pickle_size(data: bytes, limits: Limits) -> None:
@@ -42,36 +87,6 @@ def check_pickle_size(data: bytes, limits: Limits) -> None:
             f"{limits.max_pickle_bytes / MB:,.1f} MB", "max_pickle_bytes")
             + " Such a pickle holds many small tensors or long Python lists: save a few "
             "large tensors instead, e.g. torch.save({'inputs': torch.tensor(x)}, path).")
-
-
-def torch_load(data: bytes, trust_code: bool, limits: Limits) -> Any:
-    """Unpickle a torch.save file: weights only, or anything when `trust_code`."""
-    if not trust_code:
-        check_pickle_size(data, limits)
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as error:
-        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", str(error))))
-        if "Unsupported global" not in str(error) and "GLOBAL" not in str(error):
-            raise AttributionError(f"The checkpoint is damaged or not a PyTorch file "
-                                   f"({str(error).splitlines()[0][:200]}).") from None
-        if not trust_code:
-            raise AttributionError(
-                "This checkpoint contains pickled Python objects"
-                + (f" ({', '.join(found)})" if found else "")
-                + ", e.g. a whole model saved with torch.save(model). Unpickling it can run "
-                "arbitrary code, so it is refused here. Either save only the weights "
-                "(torch.save(model.state_dict(), 'weights.pt')) and describe the architecture, "
-                f"or export the model, which needs no code to load:\n{EXPORT_RECIPE}\n"
-                "On your own machine, for a file you made yourself, trust_code=True loads it."
-            ) from None
-    except Exception as error:
-        raise AttributionError(f"The checkpoint could not be read; it is damaged or not a "
-                               f"PyTorch file ({type(error).__name__}: "
-                               f"{str(error).strip()[:200]}).") from None
-    with reading("The checkpoint could not be unpickled even with trust_code=True "
-                  "(a class it needs may not be importable here)"):
-        return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)
