@@ -179,27 +179,27 @@ def as_labels(value: Any, n: int) -> torch.Tensor:
     if array.dtype.kind in "OUS":
         numeric = pd.to_numeric(pd.Series(array), errors="coerce").to_numpy()
         if np.isnan(numeric.astype(np.float64)).any():
-            example = _plain(next(v for v, x in zip(array, numeric) if x != x))
+            example = _scalar(next(v for v, x in zip(array, numeric) if x != x))
             raise AttributionError(f"Labels must be integer class ids; found "
                                    f"{reprlib.repr(example)}. Map class names to ids 0..C-1 "
                                    "first.")
         array = numeric
     if array.dtype.kind == "f":
         if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
-            example = _plain(next(v for v in array if not (math.isfinite(v) and v == round(v))))
+            example = _scalar(next(v for v in array if not (math.isfinite(v) and v == round(v))))
             raise AttributionError(f"Labels must be integer class ids; found "
                                    f"{reprlib.repr(example)}.")
     if array.dtype.kind not in "iuf":
         raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
     if len(array) and float(np.abs(array).max()) >= 2 ** 62:  # beyond int64: no class id
-        raise AttributionError(f"Labels must be class ids 0..C-1; found {_plain(array.max())}.")
+        raise AttributionError(f"Labels must be class ids 0..C-1; found {_scalar(array.max())}.")
     labels = torch.from_numpy(array.astype(np.int64))
     if labels.min() < 0:
         raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
     return labels
 
 
-def _plain(value: Any) -> Any:
+def _scalar(value: Any) -> Any:
     """A NumPy scalar as the Python value, so messages show 1.5 rather than np.float64(1.5)."""
     return value.item() if isinstance(value, np.generic) else value
 
@@ -704,7 +704,7 @@ def check_clusters(clusters: Any, *, min_size: int = 2,
     ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
     if len(ids) == 0:
         raise AttributionError("There are no samples to put in clusters.")
-    small = [f"{reprlib.repr(_plain(cluster))} ({count})"
+    small = [f"{reprlib.repr(_scalar(cluster))} ({count})"
              for cluster, count in zip(ids, counts) if count < min_size]
     if small:
         raise AttributionError(

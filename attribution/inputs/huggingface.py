@@ -24,6 +24,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
-from .untrusted.files import open_zip
+from .untrusted.files import open_zip, sniff
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
 from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
@@ -95,9 +96,7 @@ def is_folder(source: Any) -> bool:
         return Path(source).is_dir()
     if isinstance(source, Mapping):
         return CONFIG in {Path(name).name for name in source}
-    if isinstance(source, (bytes, bytearray)) and bytes(source[:4]) == b"PK\x03\x04":
-        import zipfile
-
+    if isinstance(source, (bytes, bytearray)) and sniff(bytes(source[:4])) == "zip":
         try:
             with zipfile.ZipFile(io.BytesIO(bytes(source))) as archive:
                 return any(Path(name).name == CONFIG for name in archive.namelist())

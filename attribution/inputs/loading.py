@@ -35,7 +35,7 @@ from torch import nn
 
 from .architectures import Architecture, is_description, parse_architecture
 from ..errors import AttributionError, out_of_memory, reading
-from ..engine.model_io import NamedInputs, OutputKey
+from ..engine.model_io import NamedInputs, OutputKey, shape_text
 from . import huggingface
 from .loaded import LoadedModel, checked_model
 from .shipped import DEMO_DIR
@@ -128,10 +128,6 @@ def _state_dict_of(obj: Any, limits: Limits) -> dict[str, torch.Tensor]:
     return checked_state(state, limits)
 
 
-def _shape_text(tensor: torch.Tensor) -> str:
-    return str(list(tensor.shape))
-
-
 def _fill(module: nn.Module, state: dict[str, torch.Tensor], hint: str = "") -> None:
     """Load `state` into `module`, or say exactly which keys and shapes differ."""
     expected = module.state_dict()
@@ -140,7 +136,7 @@ def _fill(module: nn.Module, state: dict[str, torch.Tensor], hint: str = "") -> 
     different = [k for k in expected if k in state and expected[k].shape != state[k].shape]
     if missing or unexpected or different:
         def listing(keys: Sequence[str], source: dict) -> str:
-            shown = ", ".join(f"{k} {_shape_text(source[k])}" for k in keys[:6])
+            shown = ", ".join(f"{k} {shape_text(source[k])}" for k in keys[:6])
             return shown + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
 
         parts = []
@@ -150,7 +146,7 @@ def _fill(module: nn.Module, state: dict[str, torch.Tensor], hint: str = "") -> 
             parts.append(f"in the file but not in the architecture: {listing(unexpected, state)}")
         if different:
             parts.append("different shapes: " + ", ".join(
-                f"{k} file {_shape_text(state[k])} vs architecture {_shape_text(expected[k])}"
+                f"{k} file {shape_text(state[k])} vs architecture {shape_text(expected[k])}"
                 for k in different[:6]))
         raise AttributionError("The state dict does not match the architecture; "
                                + "; ".join(parts) + "." + hint)
@@ -182,7 +178,7 @@ def _module_for_state(state: dict[str, torch.Tensor], architecture: Any, trust_c
                       limits: Limits) -> tuple[nn.Module, Optional[Architecture]]:
     """Build the architecture and load the state dict into it."""
     if architecture is None:
-        listing = ", ".join(f"{k} {_shape_text(v)}" for k, v in list(state.items())[:4])
+        listing = ", ".join(f"{k} {shape_text(v)}" for k, v in list(state.items())[:4])
         raise AttributionError(
             f"This file is a state dict (weights only: {len(state)} tensors, e.g. {listing}). "
             "Also give its architecture: a JSON/YAML description (see "
