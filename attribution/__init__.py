@@ -13,7 +13,8 @@ from .analyses.pruning import cluster_pruning_curves, curve_summary, pruning_cur
 from .analyses.oracle import oracle_agreement
 from .analyses.diagnose import Finding, diagnose
 from .inputs.architectures import Architecture, parse_architecture
-from .inputs.loading import LoadedModel, load_model
+from .inputs.loaded import LoadedModel
+from .inputs.loading import load_model
 from .inputs.data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
                           make_clusters, predict_classes)
 from .inputs.demo import DEMOS, demo_files, load_demo

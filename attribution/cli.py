@@ -40,7 +40,9 @@ from .analyses.diagnose import diagnose
 from .errors import AttributionError
 from .engine.layers import resolve_layer
 from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
-from .inputs.loading import LoadedModel, load_model, sniff
+from .inputs.loaded import LoadedModel
+from .inputs.loading import load_model
+from .inputs.untrusted.files import sniff
 from .methods.registry import METHODS
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary
 from .analyses.settings import AnalysisSettings, scoring_targets

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution.inputs.untrusted import watchdog
+from attribution.inputs import loading
 from attribution.inputs.demo import demo_files
 from attribution.presentation.report import layers_frame, model_facts
 from pages import common
@@ -17,7 +17,7 @@ ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else
 DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
 
 st.title("Model & data")
-watchdog.warm_up()  # the checker of uploaded models starts while files are chosen
+loading.warm_up()  # the checker of uploaded models starts while files are chosen
 
 st.subheader("Upload your own")
 st.markdown(

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.inputs.loading import LoadedModel
+from attribution.inputs.loaded import LoadedModel
 
 INPUTS = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]],
                   dtype=np.float32)
@@ -171,7 +171,7 @@ def test_size_and_row_limits_are_configurable(monkeypatch):
     monkeypatch.setattr(at.inputs.data, "MAX_ROWS", 3)
     with pytest.raises(at.AttributionError, match="limit of 3"):
         at.load_data(data)
-    monkeypatch.setattr(at.inputs.loading, "MAX_UPLOAD_BYTES", 100)
+    monkeypatch.setattr(at.inputs.untrusted.files, "MAX_UPLOAD_BYTES", 100)
     with pytest.raises(at.AttributionError, match="MiB limit"):
         at.load_data(data)
 

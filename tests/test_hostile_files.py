@@ -28,6 +28,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.untrusted import watchdog
 from attribution.inputs.demo import DEMO_DIR
+from attribution.inputs.loading import FIRST_RUN
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.conftest import ROOT
 
@@ -382,9 +383,9 @@ def rss(field):
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
 
-verdicts = []
+reports = []
 check = watchdog._SERVER.check
-watchdog._SERVER.check = lambda *args: verdicts.append(check(*args)) or verdicts[-1]
+watchdog._SERVER.check = lambda *args: reports.append(check(*args)) or reports[-1]
 at.load_model((DEMO_DIR / "digits_mlp.pt2").read_bytes())  # starts the checking server
 server = watchdog._SERVER.process.pid
 with open(f"/proc/{server}/status") as status:
@@ -393,7 +394,7 @@ results = {}
 for case in json.load(sys.stdin):
     data = open(case["file"], "rb").read()
     architecture = open(case["architecture"], "rb").read() if case["architecture"] else None
-    verdicts.clear()
+    reports.clear()
     open("/proc/self/clear_refs", "w").write("5")
     before, start = rss("VmRSS"), time.perf_counter()
     try:
@@ -405,9 +406,9 @@ for case in json.load(sys.stdin):
     except Exception as error:
         outcome = {"error": type(error).__name__, "message": str(error)}
     outcome.update(seconds=time.perf_counter() - start, extra_bytes=rss("VmHWM") - before,
-                   child_extra_bytes=max([v.peak_bytes - server_rss for v in verdicts],
+                   child_extra_bytes=max([r.peak_bytes - server_rss for r in reports],
                                          default=0),
-                   child_seconds=max([v.seconds for v in verdicts], default=0.0))
+                   child_seconds=max([r.seconds for r in reports], default=0.0))
     results[case["name"]] = outcome
 print(json.dumps(results))
 """
@@ -498,7 +499,7 @@ def test_a_lying_entry_is_stopped_after_its_declared_size(monkeypatch):
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(at.inputs.loading.zlib, "decompressobj", Counting)
+    monkeypatch.setattr(at.inputs.untrusted.files.zlib, "decompressobj", Counting)
     with pytest.raises(at.AttributionError, match="more than the"):
         at.load_data(lying_zip_header())
     assert sum(produced) <= 2 * 2 ** 20
@@ -526,7 +527,7 @@ def test_memory_exhaustion_becomes_a_message_with_the_size(monkeypatch):
 
 def test_shared_references_are_counted_as_reached_but_walked_once():
     shared = [1.0] * 1000
-    nodes, size = at.inputs.loading.pickled_size([shared] * 1000, DEFAULT_LIMITS)
+    nodes, size = at.inputs.untrusted.pickles.pickled_size([shared] * 1000, DEFAULT_LIMITS)
     assert nodes == 1 + 1000 * 1001 and size == 1000 * 1000 * 8
     data = saved({"inputs": [[float(i)] * 3 for i in range(4)], "labels": [0, 1, 0, 1]})
     assert at.load_data(data).inputs.shape == (4, 3)
@@ -544,23 +545,23 @@ def test_legitimate_files_near_real_sizes_still_load():
 def test_the_watchdog_stops_a_slow_model_at_its_time_budget():
     model, architecture = conv_bomb()
     limits = Limits(first_run_seconds=1.0)
-    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                 limits=limits)
-    assert "within 1 s" in verdict.message
-    assert 1.0 <= verdict.seconds < 3.0
+    report = watchdog.first_run(model, FIRST_RUN, limits=limits,
+                                architecture=at.parse_architecture(architecture))
+    assert "within 1 s" in report.message
+    assert 1.0 <= report.seconds < 3.0
 
 
 def test_the_watchdog_stops_a_model_at_its_memory_budget():
     model, architecture = conv_memory_bomb()
-    verdict = watchdog.first_run(model, architecture=at.parse_architecture(architecture),
-                                 limits=DEFAULT_LIMITS)
-    assert verdict.message is not None and "memory budget" in verdict.message, verdict
+    report = watchdog.first_run(model, FIRST_RUN, limits=DEFAULT_LIMITS,
+                                architecture=at.parse_architecture(architecture))
+    assert report.message is not None and "memory budget" in report.message, report
 
 
 def test_the_watchdog_passes_a_good_model_and_reports_its_classes():
-    verdict = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(),
-                                 limits=DEFAULT_LIMITS)
-    assert verdict.message is None and verdict.n_classes == 10
+    report = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
+                                limits=DEFAULT_LIMITS)
+    assert report.message is None and report.n_classes == 10
 
 
 def test_sandbox_is_on_for_bytes_and_off_for_paths(monkeypatch, tmp_path):
@@ -607,11 +608,13 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     import threading
     import time
 
-    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), limits=DEFAULT_LIMITS)
+    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
+                       limits=DEFAULT_LIMITS)
     model, architecture = conv_bomb()
-    verdicts = []
-    check = threading.Thread(target=lambda: verdicts.append(watchdog.first_run(
-        model, architecture=at.parse_architecture(architecture), limits=DEFAULT_LIMITS)))
+    reports = []
+    check = threading.Thread(target=lambda: reports.append(watchdog.first_run(
+        model, FIRST_RUN, architecture=at.parse_architecture(architecture),
+        limits=DEFAULT_LIMITS)))
     check.start()
     time.sleep(0.5)
     start = time.perf_counter()
@@ -622,5 +625,5 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     meanwhile = time.perf_counter() - start
     assert check.is_alive()  # the bomb was still being checked
     check.join()
-    assert "time budget" in verdicts[0].message
+    assert "time budget" in reports[0].message
     assert meanwhile < 2.5

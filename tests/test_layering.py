@@ -87,3 +87,48 @@ def test_the_layer_rule_sees_a_violation():
     """The checker itself: an engine module importing an analysis is reported."""
     assert layer_of("attribution.engine.layers") < layer_of("attribution.analyses.pruning")
     assert layer_of("attribution.errors") == 0 and layer_of("attribution.cli") == len(LAYERS) - 1
+
+
+def test_no_import_cycles():
+    """Every strongly connected component of the module graph has one module (packages'
+    `__init__` re-exports excluded: importing a package runs it before its modules)."""
+    edges = {m: {n for n in GRAPH[m] if not MODULES[n].name == "__init__.py"} for m in GRAPH}
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for other in edges[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_untrusted_boundary_imports_only_itself_and_the_core():
+    """`inputs.untrusted` sits below every loader: the loaders import it, never the reverse
+    (the watchdog runs the loader its caller names; it imports none)."""
+    boundary = "attribution.inputs.untrusted"
+    found = {module: sorted(name for name in GRAPH[module]
+                            if not (name == boundary or name.startswith(boundary + ".")
+                                    or name in CORE))
+             for module in MODULES if module == boundary or module.startswith(boundary + ".")}
+    assert len(found) >= 6 and not any(found.values()), found

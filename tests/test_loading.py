@@ -358,6 +358,22 @@ def test_pickled_module_is_refused_with_the_export_recipe(tmp_path):
     torch.testing.assert_close(loaded.module(INPUTS), TinyMLP()(INPUTS))
 
 
+def test_models_and_data_refuse_pickled_objects_with_one_policy():
+    """One weights-only unpickler (`untrusted.pickles.unpickle`) reads every untrusted
+    pickle, and its refusal states one policy, with each caller's remedy after it."""
+    from attribution.inputs.untrusted.pickles import WEIGHTS_ONLY
+
+    with pytest.raises(at.AttributionError) as model_error:
+        at.load_model(saved_bytes(TinyMLP()))
+    with pytest.raises(at.AttributionError) as data_error:
+        at.load_data(saved_bytes({"inputs": torch.zeros(3, 4), "note": TinyMLP()}))
+    for error, remedy in ((model_error, "state_dict()"), (data_error, "torch.save({'inputs'")):
+        assert "contains pickled Python objects" in str(error.value)
+        assert WEIGHTS_ONLY in str(error.value) and remedy in str(error.value)
+    with pytest.raises(at.AttributionError, match="damaged or not a PyTorch file"):
+        at.load_data(b"\x80\x02garbage")
+
+
 def test_pickled_module_of_a_conv_net_needs_its_input_shape():
     with pytest.raises(at.AttributionError, match="example_input"):
         at.load_model(saved_bytes(TinyCNN()), trust_code=True)

@@ -317,7 +317,8 @@ def _entries(output: Any) -> list[tuple[str, Any]]:
     return [(str(position), value) for position, value in enumerate(output)]
 
 
-def _shape_text(value: Any) -> str:
+def shape_text(value: Any) -> str:
+    """A tensor's shape as text ("[2, 64]"), else the value's type name, for messages."""
     if isinstance(value, torch.Tensor):
         return str(list(value.shape))
     return type(value).__name__
@@ -346,20 +347,20 @@ def logits_of(output: Any, key: OutputKey = None) -> torch.Tensor:
         elif isinstance(key, str) and key in dict(entries):
             chosen = dict(entries)[key]
         else:
-            shown = ", ".join(f"{name}: {_shape_text(value)}" for name, value in entries)
+            shown = ", ".join(f"{name}: {shape_text(value)}" for name, value in entries)
             raise AttributionError(f"The model's output has no entry {key!r}; it has "
                                    f"{shown or 'none'}. Choose one of them as the output.")
     else:
-        raise AttributionError(f"The model returned {_shape_text(output)}, from which no "
+        raise AttributionError(f"The model returned {shape_text(output)}, from which no "
                                f"entry {key!r} can be chosen; drop the output choice.")
     if chosen is None or not isinstance(chosen, torch.Tensor) or chosen.dim() != 2:
         if isinstance(output, (Mapping, tuple, list)) and chosen is None:
-            shown = ", ".join(f"{name}: {_shape_text(value)}" for name, value in _entries(output))
+            shown = ", ".join(f"{name}: {shape_text(value)}" for name, value in _entries(output))
             raise AttributionError(
                 f"The model's output holds no logits [N, n_classes] ({shown}); name the entry "
                 "that holds them (output= / --output), or return one [N, n_classes] tensor.")
         raise AttributionError(
             f"The model must return logits of shape [N, n_classes]; it returned "
-            f"{_shape_text(chosen)}. Choose the output entry that holds them (output= / "
+            f"{shape_text(chosen)}. Choose the output entry that holds them (output= / "
             "--output), or wrap the model so forward() returns one [N, n_classes] tensor.")
     return chosen

@@ -1,4 +1,5 @@
-"""What a user brings: models (`loading`, `architectures`, `huggingface`), data (`data`,
-`streaming`) and the built-in demo (`demo`). Everything read from a file passes through the
-untrusted-input boundary in `inputs.untrusted` first.
+"""What a user brings: models (`loading`, the entry point, with `architectures` and
+`huggingface`; `loaded` holds the `LoadedModel` they all return), data (`data`, `streaming`)
+and the built-in demo (`demo`, its files in `shipped.DEMO_DIR`). Everything read from a file
+passes through the untrusted-input boundary in `inputs.untrusted` first.
 """

@@ -3,10 +3,10 @@ cluster ids that group its samples.
 
 Accepted files (detected from content):
 - `.npz` / `.pt` (a tensor, a dict of arrays/tensors, or an (inputs, labels[, clusters])
-  tuple; read with `allow_pickle=False` / `torch.load(weights_only=True)`): inputs of any shape
-  [N, ...] under "inputs" (or x, X, data, images, features), optional "labels" (y, targets,
-  target), "clusters" (cluster), "cluster_names" (names indexed by integer cluster ids),
-  "feature_names" and "class_names";
+  tuple; read with `allow_pickle=False` / the weights-only `untrusted.pickles.unpickle`):
+  inputs of any shape [N, ...] under "inputs" (or x, X, data, images, features), optional
+  "labels" (y, targets, target), "clusters" (cluster), "cluster_names" (names indexed by
+  integer cluster ids), "feature_names" and "class_names";
 - `.npy`: inputs only;
 - `.csv` / `.parquet`: one row per sample; a label column (label, labels, target, y, class),
   an optional cluster column (cluster, clusters, group) and numeric feature columns (all the
@@ -33,8 +33,9 @@ from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from ..engine.layers import run_logits
 from ..methods.scores import Progress, model_device, neuron_scores
-from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
-                      pickled_size, read_source, sniff, zip_kind)
+from .loaded import LoadedModel
+from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
+from .untrusted.pickles import pickled_size, unpickle
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -178,27 +179,27 @@ def as_labels(value: Any, n: int) -> torch.Tensor:
     if array.dtype.kind in "OUS":
         numeric = pd.to_numeric(pd.Series(array), errors="coerce").to_numpy()
         if np.isnan(numeric.astype(np.float64)).any():
-            example = _plain(next(v for v, x in zip(array, numeric) if x != x))
+            example = _scalar(next(v for v, x in zip(array, numeric) if x != x))
             raise AttributionError(f"Labels must be integer class ids; found "
                                    f"{reprlib.repr(example)}. Map class names to ids 0..C-1 "
                                    "first.")
         array = numeric
     if array.dtype.kind == "f":
         if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
-            example = _plain(next(v for v in array if not (math.isfinite(v) and v == round(v))))
+            example = _scalar(next(v for v in array if not (math.isfinite(v) and v == round(v))))
             raise AttributionError(f"Labels must be integer class ids; found "
                                    f"{reprlib.repr(example)}.")
     if array.dtype.kind not in "iuf":
         raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
     if len(array) and float(np.abs(array).max()) >= 2 ** 62:  # beyond int64: no class id
-        raise AttributionError(f"Labels must be class ids 0..C-1; found {_plain(array.max())}.")
+        raise AttributionError(f"Labels must be class ids 0..C-1; found {_scalar(array.max())}.")
     labels = torch.from_numpy(array.astype(np.int64))
     if labels.min() < 0:
         raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
     return labels
 
 
-def _plain(value: Any) -> Any:
+def _scalar(value: Any) -> Any:
     """A NumPy scalar as the Python value, so messages show 1.5 rather than np.float64(1.5)."""
     return value.item() if isinstance(value, np.generic) else value
 
@@ -240,7 +241,7 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
             integers).
         label: the labels key or column; detected when None ("" for none).
         cluster: the cluster key or column; detected when None ("" for none).
-        max_bytes: file size limit (default `loading.MAX_UPLOAD_BYTES`).
+        max_bytes: file size limit (default `limits.MAX_UPLOAD_BYTES`).
         max_rows: sample limit (default MAX_ROWS); larger data goes through the streaming
             path (an iterable of batches or a memory-mapped .npy passed to the scores).
         limits: decoding budgets (default `limits.DEFAULT_LIMITS`: 2 GB decoded, 100k
@@ -345,10 +346,9 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
 
 
 def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
-    check_pickle_size(data, limits)
-    with reading("This .pt file could not be read as plain tensors (files with pickled "
-                  "Python objects are refused; save tensors, lists or a dict of them)"):
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    loaded = unpickle(data, limits, what="This .pt file", remedy=(
+        "Save tensors, or lists, tuples or a dict of them, e.g. torch.save({'inputs': "
+        "torch.tensor(x), 'labels': torch.tensor(y)}, path)."))
     pickled_size(loaded, limits)
     if isinstance(loaded, torch.Tensor):
         loaded = {"inputs": loaded}
@@ -704,7 +704,7 @@ def check_clusters(clusters: Any, *, min_size: int = 2,
     ids, counts = np.unique(np.asarray(clusters).astype(str), return_counts=True)
     if len(ids) == 0:
         raise AttributionError("There are no samples to put in clusters.")
-    small = [f"{reprlib.repr(_plain(cluster))} ({count})"
+    small = [f"{reprlib.repr(_scalar(cluster))} ({count})"
              for cluster, count in zip(ids, counts) if count < min_size]
     if small:
         raise AttributionError(

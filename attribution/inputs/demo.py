@@ -23,9 +23,10 @@ from torch import nn
 
 from .data import Dataset, check_data, load_data
 from ..errors import AttributionError
-from .loading import LoadedModel, load_model
+from .loaded import LoadedModel
+from .loading import load_model
+from .shipped import DEMO_DIR
 
-DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 DIGIT_NAMES = tuple("zero one two three four five six seven eight nine".split())
 SANITY_CLASSES = ("negative", "positive")
 SANITY_FEATURES = ("x0", "x1", "x2")

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -33,8 +34,11 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
+from .untrusted.files import open_zip, sniff
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
+from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
+from .loaded import LoadedModel, checked_model
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -92,9 +96,7 @@ def is_folder(source: Any) -> bool:
         return Path(source).is_dir()
     if isinstance(source, Mapping):
         return CONFIG in {Path(name).name for name in source}
-    if isinstance(source, (bytes, bytearray)) and bytes(source[:4]) == b"PK\x03\x04":
-        import zipfile
-
+    if isinstance(source, (bytes, bytearray)) and sniff(bytes(source[:4])) == "zip":
         try:
             with zipfile.ZipFile(io.BytesIO(bytes(source))) as archive:
                 return any(Path(name).name == CONFIG for name in archive.namelist())
@@ -119,8 +121,6 @@ def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
     if isinstance(source, Mapping):
         files = {Path(name).name: bytes(data) for name, data in source.items()}
     else:
-        from .loading import open_zip
-
         archive = open_zip(bytes(source), limits)
         files = {}
         for entry in archive.infolist():
@@ -234,7 +234,7 @@ def _parameter_count(cls: type, config: Any) -> int:
 
 
 def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = None,
-                limits: Optional[Limits] = None, output: OutputKey = None):
+                limits: Optional[Limits] = None, output: OutputKey = None) -> LoadedModel:
     """Load a save_pretrained folder of a sequence or image classifier.
 
     Args:
@@ -248,8 +248,6 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         token_type_ids as the class takes them; or pixel_values), with `tokenizer` set
         when the folder has a tokenizer.json.
     """
-    from .loading import checked_model, load_safetensors
-
     limits = limits or DEFAULT_LIMITS
     files = _files(source, limits)
     if CONFIG not in files:

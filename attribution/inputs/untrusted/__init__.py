@@ -4,13 +4,24 @@ Threat model: a remote visitor of the dashboard (or the author of a file a batch
 controls the bytes of a model and a data file, and nothing else. Without `trust_code` no file
 may run code, and no small file may take the machine (memory, time, cores) or end the server.
 
-- `limits`: every budget in one place (`Limits`): decoded bytes, features, layers,
-  parameters, pickle size and nodes, archive entries, row groups, and the first run's time
-  and memory.
+Each module guards against one kind of harm (its docstring details it):
+- `limits`: every budget in one place (`Limits`, `MAX_UPLOAD_BYTES`): file size, decoded
+  bytes, features, layers, parameters, pickle size and nodes, archive entries, row groups,
+  and the first run's time and memory; `over_budget` words every refusal alike.
+- `files`: the bytes themselves: a file over the size limit (`read_source`), a format
+  claimed by a file name (`sniff` reads the content), zip bombs and crafted archives
+  (`open_zip`: entry count and declared sizes first, then each entry inflated once and
+  refused as soon as it lies about its size or CRC).
+- `pickles`: code execution by unpickling (`unpickle`, the one `torch.load` of the
+  package: weights only, one policy text, unless the caller's own `trust_code`); slow
+  pickles (`check_pickle_size`); pickle laughs and self-containing lists (`pickled_size`).
+- `tensors`: tensors that are not dense real CPU numbers (`check_tensor`), and state dicts
+  that expand when converted to float32 (`checked_state`); safetensors read through both.
 - `export_guard`: a `.pt2` (torch.export archive) is checked deny-by-default before
   `torch.export.load` reads it: known operators only, no custom classes or code.
 - `watchdog`: an uploaded model's first load and run happen in a child process with a time
-  and memory budget.
+  and memory budget (the jail runs the loader its caller names; it imports no loader).
 
-The loaders in `attribution.inputs` read files only through these checks.
+Modules here import only `attribution.errors` and each other. The loaders in
+`attribution.inputs` read files only through these checks.
 """

@@ -63,6 +63,7 @@ import torch
 
 from ...errors import AttributionError, reading
 from .limits import DEFAULT_LIMITS, Limits, over_budget
+from .pickles import unpickle
 
 EXPORT_RECIPE = (
     "    ep = torch.export.export(model.eval(), (example_batch,),\n"
@@ -282,8 +283,8 @@ def _check_sample_inputs(data: bytes, weight_bytes: int, limits: Limits) -> None
     _within_budget("The tensors of this .pt2 take", weight_bytes + storage_bytes, limits)
     _check_pickle_globals(archive.read(f"{root}/data.pkl"))
     try:
-        loaded = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception:
+        loaded = unpickle(data, limits, what="The sample inputs")
+    except AttributionError:
         raise _refuse("its sample inputs are not plain tensors") from None
     if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], tuple)
             and isinstance(loaded[1], dict)):

@@ -4,14 +4,16 @@ Every budget is checked before the memory or time is spent (from zip directories
 Parquet headers, pickled containers, CSV header lines and architecture descriptions), and a
 file over one is refused with an `AttributionError` naming the limit and how to raise it.
 The defaults are far above what a real model or data set for this tool needs. The file-size
-limit (`loading.MAX_UPLOAD_BYTES`) and the in-memory row limit (`data.MAX_ROWS`) keep their
-own `max_bytes=` / `max_rows=` arguments.
+limit (`MAX_UPLOAD_BYTES`, applied by `files.read_source`) and the in-memory row limit
+(`data.MAX_ROWS`) keep their own `max_bytes=` / `max_rows=` arguments.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 MB = 10 ** 6
+MAX_UPLOAD_BYTES = 200 * 1024 * 1024
+"""Default size limit for a model or data file (`max_bytes=` overrides it per call)."""
 
 
 @dataclass(frozen=True)

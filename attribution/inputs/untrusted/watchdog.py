@@ -3,9 +3,9 @@
 Threat: a model file can be small and still legal yet ruinous to run: a 10 KB .pt2 whose graph
 allocates a 12000x12000 matrix per call, an endless `while_loop`, a state dict whose
 architecture convolves a 4096x4096 image through many layers. Parsing budgets cannot see that;
-only running it does. `load_model` therefore loads and probes (batches of 1 and 3 samples)
-an uploaded model first in a child process, and loads it itself only after the child
-succeeded. Budget (`Limits`, defaults):
+only running it does. The caller (`attribution.inputs.loading.load_model`) therefore has an
+uploaded model loaded and probed (batches of 1 and 3 samples) first in a child process, and
+loads it itself only after the child succeeded. Budget (`Limits`, defaults):
 - time: `first_run_seconds` (5 s) of wall-clock time from the child's start, after which it
   is killed (SIGKILL), backed by RLIMIT_CPU; the child runs one intra-op thread, so a compute
   bomb holds at most one core;
@@ -13,20 +13,26 @@ succeeded. Budget (`Limits`, defaults):
   (RLIMIT_AS), so an allocation past it fails inside the child;
 - at most one first run at a time (others wait), so uploads cannot multiply the budget.
 
-Mechanism: a checking server (`python -P -m attribution.inputs.untrusted.watchdog`, started
-once per process
-with subprocess, i.e. a fresh interpreter: never a fork of a threaded Streamlit server, and
-no re-import of the caller's `__main__` as multiprocessing's spawn would do) imports torch
-and this package once, then forks one child per check from its single thread. Overhead:
-starting the server imports torch and torch.export's loader by loading the shipped demo
-.pt2 (3-13 s on a busy 2-core machine, once per process; `warm_up()` starts it early); each
-check then costs a fork plus loading the model twice (child and parent), about 0.1-0.5 s
-for small models. Requests go to the server as pickles
-written by this process; answers come back as JSON, so a compromised child cannot make the
-parent unpickle anything. POSIX only (fork, setrlimit).
+This module is only the jail: what runs inside it is the caller's `Loader`, named by an
+importable "module:function" and given the files that warm the server up, so nothing here
+imports the loaders (they import this module).
+
+Mechanism: a checking server (`python -P -m attribution.inputs.untrusted.watchdog FUNCTION
+[WARM FILE ...]`, started once per process and loader with subprocess, i.e. a fresh
+interpreter: never a fork of a threaded Streamlit server, and no re-import of the caller's
+`__main__` as multiprocessing's spawn would do) imports torch and the loader once, loads the
+warm-up files with it (for `load_model`, the shipped demo .pt2 and Hugging Face folder, so
+torch.export's lazily loaded internals and transformers are imported before any fork), then
+forks one child per check from its single thread. Overhead: starting the server takes 3-13 s
+on a busy 2-core machine, once per process (`warm_up()` starts it early); each check then
+costs a fork plus loading the model twice (child and parent), about 0.1-0.5 s for small
+models. Requests go to the server as pickles written by this process; answers come back as
+JSON, so a compromised child cannot make the parent unpickle anything. POSIX only (fork,
+setrlimit).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -51,7 +57,29 @@ _MESSAGE_CHARS = 2000
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Loader:
+    """What the jail runs, by name, so that the checking server can import it.
+
+    Attributes:
+        function: "package.module:name" of a function the child calls as
+            `function(model, limits=limits, **options)` on the model file's bytes; the
+            `n_classes` of what it returns, if any, is reported.
+        warm_files: paths the server loads once with `function(path)` before it forks any
+            child, so that every child inherits what a first load imports lazily.
+    """
+
+    function: str
+    warm_files: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        module, _, name = self.function.partition(":")
+        if not (module and name.isidentifier()):
+            raise ValueError(f"Loader.function must be 'package.module:name', not "
+                             f"{self.function!r}.")
+
+
+@dataclass(frozen=True)
+class FirstRunReport:
     """What the child reported: `message` is None when the model loaded and ran."""
 
     message: Optional[str]
@@ -60,61 +88,69 @@ class Verdict:
     peak_bytes: int
 
 
-def first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
-    """Load `model` and run batches of 1 and 3 samples in a child within `limits`.
+def first_run(model: bytes, loader: Loader, *, limits: Limits,
+              **options: Any) -> FirstRunReport:
+    """Load `model` with `loader` and run it in a child within `limits`.
 
     Args:
         model: the model file's bytes.
+        loader: the function the child runs, and the server's warm-up files.
         limits: the budgets (`first_run_seconds`, `first_run_memory_bytes`, and the decoding
-            budgets the child's `load_model` applies).
-        options: further `load_model` arguments (architecture: a description, not code;
-            example_input, class_names, ...), picklable.
+            budgets the child's loader applies).
+        options: further arguments of the loader (for `load_model`: architecture as a
+            description, not code; example_input, class_names, ...), picklable.
     Returns:
-        the child's Verdict: its message says why the model was refused, or is None.
+        the child's FirstRunReport: its message says why the model was refused, or is None.
     """
-    return _SERVER.check({"model": model, "limits": limits, "options": options}, limits)
+    return _SERVER.check(loader, {"model": model, "limits": limits, "options": options},
+                         limits)
 
 
-def check_first_run(model: bytes, *, limits: Limits, **options: Any) -> Verdict:
+def check_first_run(model: bytes, loader: Loader, *, limits: Limits,
+                    **options: Any) -> FirstRunReport:
     """`first_run`, raising AttributionError with the child's message on refusal."""
-    verdict = first_run(model, limits=limits, **options)
-    if verdict.message is not None:
-        raise AttributionError(verdict.message)
-    return verdict
+    report = first_run(model, loader, limits=limits, **options)
+    if report.message is not None:
+        raise AttributionError(report.message)
+    return report
 
 
-def warm_up() -> None:
-    """Start the checking server now (it imports torch in the background)."""
+def warm_up(loader: Loader) -> None:
+    """Start the checking server for `loader` now (it imports torch in the background)."""
     with _SERVER.lock:
-        _SERVER.running()
+        _SERVER.running(loader)
 
 
 # ------------------------------------------------------------------ the parent's side
 
 class _Server:
-    """The checking server process; one conversation at a time."""
+    """The checking server process, for one loader at a time; one conversation at a time."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.process: Optional[subprocess.Popen] = None
+        self.loader: Optional[Loader] = None
         self.ready = False
         self.buffer = b""
 
-    def running(self) -> subprocess.Popen:
+    def running(self, loader: Loader) -> subprocess.Popen:
+        if self.process is not None and self.loader != loader:
+            self.stop()  # started for another loader
         if self.process is None or self.process.poll() is not None:
             root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
             self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "attribution.inputs.untrusted.watchdog"],
+                [sys.executable, "-P", "-m", "attribution.inputs.untrusted.watchdog",
+                 loader.function, *map(str, loader.warm_files)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, env=env, cwd=root, close_fds=True)
-            self.ready, self.buffer = False, b""
+            self.loader, self.ready, self.buffer = loader, False, b""
         return self.process
 
-    def check(self, request: dict, limits: Limits) -> Verdict:
+    def check(self, loader: Loader, request: dict, limits: Limits) -> FirstRunReport:
         with self.lock:
-            process = self.running()
+            process = self.running(loader)
             try:
                 if not self.ready:
                     self._line(process, START_SECONDS)
@@ -131,8 +167,9 @@ class _Server:
             except BaseException:  # interrupted mid-conversation: start afresh next time
                 self.stop()
                 raise
-        return Verdict(answer.get("message"), answer.get("n_classes"),
-                       float(answer.get("seconds", 0.0)), int(answer.get("peak_bytes", 0)))
+        return FirstRunReport(answer.get("message"), answer.get("n_classes"),
+                              float(answer.get("seconds", 0.0)),
+                              int(answer.get("peak_bytes", 0)))
 
     def _line(self, process: subprocess.Popen, timeout: float) -> dict:
         """The server's next JSON line, within `timeout` seconds."""
@@ -163,20 +200,17 @@ _SERVER = _Server()
 
 # ------------------------------------------------------------------ the server and its children
 
-def _serve() -> None:
-    """Read length-prefixed pickled requests on stdin; answer each with one JSON line."""
+def _serve(function: str, warm_files: list[str]) -> None:
+    """Import the loader `function` ("module:name") and load `warm_files` with it; then read
+    length-prefixed pickled requests on stdin and answer each with one JSON line."""
     import torch
 
-    from ..demo import DEMO_DIR
-    from ..loading import load_model
-
+    module, _, name = function.partition(":")
+    load = getattr(importlib.import_module(module), name)
     torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
-    warm = DEMO_DIR / "digits_mlp.pt2"
-    if warm.is_file():  # imports torch.export's lazily loaded internals once, for every child
-        load_model(warm, sandbox=False)
-    folder = DEMO_DIR / "text_classifier"
-    if folder.is_dir():  # and transformers (seconds to import) for Hugging Face folders
-        load_model(folder, sandbox=False)
+    for path in warm_files:  # imports what the loader imports lazily, once, for every child
+        if Path(path).exists():
+            load(path)
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(b'{"ready": true}\n')
     answers.flush()
@@ -185,11 +219,11 @@ def _serve() -> None:
         if len(header) < 8:
             return
         request = pickle.loads(requests.read(int.from_bytes(header, "little")))
-        answers.write(json.dumps(_run_child(request)).encode() + b"\n")
+        answers.write(json.dumps(_run_child(load, request)).encode() + b"\n")
         answers.flush()
 
 
-def _run_child(request: dict) -> dict:
+def _run_child(load: Any, request: dict) -> dict:
     """Fork a child that loads and probes the model; kill it when over time."""
     limits: Limits = request["limits"]
     read_end, write_end = os.pipe()
@@ -198,7 +232,7 @@ def _run_child(request: dict) -> dict:
     if pid == 0:  # the child
         os.close(read_end)
         try:
-            report = _child(request)
+            report = _child(load, request)
         except BaseException as error:  # noqa: BLE001 (anything the model does is reported)
             report = {"message": _failure(error, limits)}
         data = json.dumps(report).encode()
@@ -241,8 +275,8 @@ def _run_child(request: dict) -> dict:
                 n_classes=report.get("n_classes"))
 
 
-def _child(request: dict) -> dict:
-    """In the forked child: set the budget, load and probe; the report."""
+def _child(load: Any, request: dict) -> dict:
+    """In the forked child: set the budget, load (and probe) with `load`; the report."""
     limits: Limits = request["limits"]
     address_space = _address_space()
     if address_space is not None:
@@ -252,11 +286,10 @@ def _child(request: dict) -> dict:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     import torch
 
-    from ..loading import load_model
-
     torch.set_num_threads(1)
-    loaded = load_model(request["model"], limits=limits, sandbox=False, **request["options"])
-    return {"n_classes": loaded.n_classes}
+    loaded = load(request["model"], limits=limits, **request["options"])
+    n_classes = getattr(loaded, "n_classes", None)
+    return {"n_classes": n_classes if isinstance(n_classes, int) else None}
 
 
 def _failure(error: BaseException, limits: Limits) -> str:
@@ -288,4 +321,4 @@ def _address_space() -> Optional[int]:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,118 @@
+"""A classifier ready for scoring (`LoadedModel`), and the runs that check one before it is
+handed out (`checked_model`): whatever loads a model, from a file, a Hugging Face folder or
+the demo, ends here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import AttributionError
+from ..engine.guards import eval_mode
+from ..engine.layers import LayerInfo, list_layers, run_logits
+from ..engine.model_io import MASK_NAME, NamedInputs, OutputKey, describe, select_output, to_model
+from ..methods.scores import model_device
+from .untrusted.export_guard import EXPORT_RECIPE
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A classifier ready for scoring.
+
+    Attributes:
+        module: the model in eval mode; returns logits [B, n_classes] for inputs [B, *input_shape].
+        input_shape: shape of one sample, without the batch dim, e.g. (64,) or (1, 8, 8).
+        n_classes: number of logits.
+        class_names: one name per class, or None.
+        source_format: "torch.export", "state dict", "safetensors", "pickled module" or
+            "Hugging Face".
+        input_dtype: dtype of the example input (int64 for a model of token ids).
+        input_names: for a model called with keywords (transformers), the names it takes,
+            each [B, *input_shape] (`model_io.NamedInputs`); () for a model of one tensor.
+        output: where the logits are in the model's output (`model_io.select_output`);
+            None = the default rule. Declared for the module on construction.
+        tokenizer: for a Hugging Face folder with a tokenizer.json, its
+            `huggingface.TextEncoder` (texts -> input_ids, attention_mask and tokens).
+    """
+
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    n_classes: int
+    class_names: Optional[tuple[str, ...]] = None
+    source_format: str = ""
+    input_dtype: torch.dtype = torch.float32
+    input_names: tuple[str, ...] = ()
+    output: OutputKey = None
+    tokenizer: Any = None
+
+    def __post_init__(self):
+        if self.output is not None:
+            select_output(self.module, self.output)
+
+    def example_input(self, batch: int = 1):
+        """Zeros [batch, *input_shape] in the model's input dtype; for named inputs one such
+        tensor per name (an attention mask of ones)."""
+        zeros = torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+        if not self.input_names:
+            return zeros
+        return NamedInputs({name: torch.ones_like(zeros) if name == MASK_NAME else zeros
+                            for name in self.input_names})
+
+    def layers(self) -> list[LayerInfo]:
+        """`list_layers` of the module, found with the example input."""
+        return list_layers(self.module, to_model(self.example_input(), self.module,
+                                                 model_device(self.module)))
+
+
+def checked_model(module: nn.Module, example: Any, source_format: str,
+                  class_names: Optional[Sequence[str]] = None,
+                  stored_names: Optional[Sequence[str]] = None,
+                  output: OutputKey = None) -> LoadedModel:
+    """The LoadedModel of an eval-mode `module`, after runs on batches of 1 and 3 samples
+    shaped like `example` ([B, ...] tensor, or `NamedInputs` of equally shaped entries)."""
+    if isinstance(example, NamedInputs):
+        signatures = {(tuple(value.shape[1:]), value.dtype) for value in example.values()}
+        if len(signatures) != 1:
+            raise AttributionError(f"The model's named inputs must share one sample shape and "
+                                   f"dtype (e.g. input_ids and attention_mask [T]); got "
+                                   f"{describe(example)}.")
+        first = next(iter(example.values()))
+        input_names = tuple(example.keys())
+    else:
+        first, input_names = example, ()
+    select_output(module, output)
+    loaded = LoadedModel(module=module, input_shape=tuple(int(s) for s in first.shape[1:]),
+                         n_classes=0, source_format=source_format, input_dtype=first.dtype,
+                         input_names=input_names, output=output)
+    n_classes = _check_runs(loaded, source_format == "torch.export")
+    names = class_names if class_names is not None else stored_names
+    if names is not None and len(names) != n_classes:
+        raise AttributionError(f"There are {len(names)} class names but the model has "
+                               f"{n_classes} outputs.")
+    return replace(loaded, n_classes=n_classes,
+                   class_names=tuple(str(n) for n in names) if names is not None else None)
+
+
+def _check_runs(loaded: LoadedModel, exported: bool) -> int:
+    """Run batches of 1 and 3 samples; the number of classes. Explains a fixed batch size."""
+    module = loaded.module
+    with eval_mode(module), torch.no_grad():
+        logits = None
+        for batch in (1, 3):
+            probe = loaded.example_input(batch)
+            try:
+                logits = run_logits(module, probe)
+            except AttributionError as error:
+                if exported and "shape[0]" in str(error):
+                    raise AttributionError(
+                        f"This .pt2 cannot run a batch of {batch} sample(s): it was exported "
+                        "with a fixed or limited batch size. Re-export it with a dynamic batch "
+                        f"dimension:\n{EXPORT_RECIPE}") from None
+                raise
+            if logits.shape[0] != batch:
+                raise AttributionError(f"The model returned {logits.shape[0]} rows of logits "
+                                       f"for {batch} samples; it must return one per sample.")
+    return int(logits.shape[1])

@@ -1,0 +1,196 @@
+"""A file's bytes, read within the size limit; its format, recognised from its content; a zip
+archive, opened only after its directory and every entry were checked.
+
+Threats: a file larger than the machine should take (`read_source` reads at most
+`MAX_UPLOAD_BYTES`, or `max_bytes`, and a path's size is checked before it is read); a file
+named for one format holding another (`sniff` reads the first bytes, never the name); a zip
+bomb or a crafted archive (`open_zip`: the entry count and the unpacked sizes its directory
+declares within `Limits` before any entry is read; then every entry inflated once, in 1 MB
+steps, refused as soon as it yields more than it declares, and its size and CRC compared;
+duplicate names, encryption and compressions other than deflate refused).
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO, Optional, Union
+
+from ...errors import AttributionError, reading
+from .limits import DEFAULT_LIMITS, MAX_UPLOAD_BYTES, MB, Limits, over_budget
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+
+
+def read_source(source: Source, *, max_bytes: Optional[int] = None, what: str = "file"
+                ) -> tuple[bytes, str]:
+    """(content, display name) of a path, bytes or binary file object, within the size limit."""
+    limit = MAX_UPLOAD_BYTES if max_bytes is None else max_bytes
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, name = bytes(source), f"the uploaded {what}"
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise AttributionError(f"No such {what} file: {path}.")
+        if path.stat().st_size > limit:
+            raise _too_large(path.name, path.stat().st_size, limit)
+        data, name = path.read_bytes(), path.name
+    elif hasattr(source, "getvalue") or hasattr(source, "read"):
+        data = source.getvalue() if hasattr(source, "getvalue") else source.read(limit + 1)
+        if not isinstance(data, (bytes, bytearray)):
+            raise AttributionError(f"The {what} must be opened in binary mode ('rb').")
+        data, name = bytes(data), str(getattr(source, "name", f"the uploaded {what}"))
+    else:
+        raise AttributionError(f"A {what} must be a path, bytes or a binary file object; got "
+                               f"{type(source).__name__}.")
+    if len(data) > limit:
+        raise _too_large(name, len(data), limit)
+    if not data:
+        raise AttributionError(f"{name} is empty (0 bytes); upload the file again.")
+    return data, name
+
+
+def _too_large(name: str, size: int, limit: int) -> AttributionError:
+    return AttributionError(
+        f"{name} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.1f} MiB limit. Raise the "
+        "limit (max_bytes=..., or the app's start-up setting) on your own machine, or use the "
+        "command line with a memory-mapped .npy for large data.")
+
+
+# ---------------------------------------------------------------- the format, from the content
+
+_MAGIC = (  # (prefix, format) for formats recognised only to explain what they are
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"%PDF", "a PDF document"), (b"\x1f\x8b", "a gzip archive"), (b"BZh", "a bzip2 archive"),
+    (b"\x89HDF", "an HDF5 file (Keras .h5?)"), (b"7z\xbc\xaf", "a 7-zip archive"),
+)
+
+
+def sniff(data: bytes) -> str:
+    """The container format of `data` from its first bytes.
+
+    Returns one of "zip", "pickle", "safetensors", "npy", "parquet", "text", or a phrase such
+    as "a PNG image" for a recognised format that is neither a model nor data.
+    """
+    if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if data[:6] == b"\x93NUMPY":
+        return "npy"
+    if data[:4] == b"PAR1":
+        return "parquet"
+    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
+        return "pickle"
+    if len(data) > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
+        return "safetensors"
+    for prefix, description in _MAGIC:
+        if data.startswith(prefix):
+            return description
+    sample = data[:4096]
+    try:
+        sample.decode("utf-8")
+        return "text"
+    except UnicodeDecodeError as error:
+        if error.start >= len(sample) - 3 and len(data) > len(sample):
+            return "text"  # a multi-byte character cut by the 4 KiB sample
+    return "binary"
+
+
+def describe_kind(kind: str) -> str:
+    """A format of `sniff` or `zip_kind` in words, for messages."""
+    return {
+        "npz": "a NumPy .npz data file", "npy": "a NumPy .npy array", "zip": "a zip archive "
+        "that is not a PyTorch checkpoint", "parquet": "a Parquet table", "text": "a text file",
+        "binary": "an unrecognised binary file", "torch.export": "a torch.export program",
+        "torchscript": "a TorchScript archive",
+    }.get(kind, kind)
+
+
+# ---------------------------------------------------------------- zip archives
+
+def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+    """A checked zip archive: its entry count and the unpacked sizes its directory declares
+    within `limits` (before any entry is read), then every entry inflated once, in 1 MB
+    steps, and refused as soon as it yields more than it declares, or when its size or CRC
+    differ at the end."""
+    limits = limits or DEFAULT_LIMITS
+    with reading("The file looks like a zip archive but is damaged or truncated"):
+        end_record = zipfile._EndRecData(io.BytesIO(data))  # the directory's own entry count
+        if end_record is None:
+            raise AttributionError("The zip archive is damaged or truncated (it has no "
+                                   "directory); upload the file again.")
+        if end_record[zipfile._ECD_ENTRIES_TOTAL] > limits.max_archive_entries:
+            raise AttributionError(over_budget(
+                "The zip archive lists", f"{end_record[zipfile._ECD_ENTRIES_TOTAL]:,} entries",
+                f"{limits.max_archive_entries:,}", "max_archive_entries"))
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        entries = archive.infolist()
+        names = [entry.filename for entry in entries]
+        if len(set(names)) != len(names):
+            raise AttributionError("The zip archive lists an entry twice; it is damaged or "
+                                   "crafted. Save the file again.")
+        unpacked = sum(entry.file_size for entry in entries)
+        if unpacked > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                "The zip archive unpacks to", f"{unpacked / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        for entry in entries:
+            _verify_entry(data, entry)
+    return archive
+
+
+_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... name length, extra length
+
+
+def _verify_entry(data: bytes, entry: zipfile.ZipInfo) -> None:
+    """Inflate one entry from the archive's bytes, stopping as soon as it exceeds the size
+    it declares; its size and CRC must then match the directory."""
+    if entry.flag_bits & 0x1 or entry.compress_type not in (zipfile.ZIP_STORED,
+                                                            zipfile.ZIP_DEFLATED):
+        raise AttributionError(f"The zip entry {entry.filename[:80]!r} is encrypted or uses "
+                               "a compression other than deflate; save the file again with "
+                               "numpy or torch.")
+    fields = _LOCAL_HEADER.unpack_from(data, entry.header_offset)
+    if fields[0] != b"PK\x03\x04":
+        raise AttributionError(f"The zip entry {entry.filename[:80]!r} has no local header; "
+                               "the archive is damaged. Upload the file again.")
+    start = entry.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+    packed = memoryview(data)[start:start + entry.compress_size]
+    produced, crc, finished = len(packed), zlib.crc32(packed), len(packed) == entry.file_size
+    if entry.compress_type == zipfile.ZIP_DEFLATED:
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        produced, crc, pending = 0, 0, packed
+        while True:
+            chunk = inflater.decompress(pending, 1 << 20)
+            produced, crc = produced + len(chunk), zlib.crc32(chunk, crc)
+            if produced > entry.file_size:
+                raise AttributionError(
+                    f"The zip entry {entry.filename[:80]!r} unpacks to more than the "
+                    f"{entry.file_size:,} bytes its header declares; the archive is damaged "
+                    "or crafted, and was not unpacked further.")
+            pending = inflater.unconsumed_tail
+            if inflater.eof or not (pending or chunk):
+                break
+        finished = inflater.eof
+    if len(packed) != entry.compress_size or not finished or produced != entry.file_size \
+            or crc != entry.CRC:
+        raise AttributionError(f"The zip archive is damaged (entry {entry.filename[:80]!r} is "
+                               "truncated or fails its checksum); upload the file again.")
+
+
+def zip_kind(archive: zipfile.ZipFile) -> str:
+    """"torch.export", "torchscript", "torch.save", "npz" or "zip" (something else)."""
+    names = archive.namelist()
+    roots = {name.split("/", 1)[0] for name in names}
+    inner = {name.split("/", 1)[1] for name in names if "/" in name} if len(roots) == 1 else set()
+    if "archive_format" in inner:
+        return "torch.export"
+    if "constants.pkl" in inner or any(name.startswith("code/") for name in inner):
+        return "torchscript"
+    if "data.pkl" in inner:
+        return "torch.save"
+    if names and all(name.endswith(".npy") for name in names):
+        return "npz"
+    return "zip"
