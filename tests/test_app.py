@@ -336,7 +336,7 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
         app.switch_page(page).run()
         assert_clean(app)
         assert not app.error, (page, [e.value for e in app.error])
-    labels = [plots.method_label(m) for m in at.METHODS if m != "conductance"]
+    labels = [plots.method_label(m) for m in at.methods_for(torch.int64)]  # no conductance
     assert sidebar_widget(app, "w_method").options == labels
     assert app.dataframe[0].value["method"].tolist() == labels  # the oracle table
     sidebar_widget(app, "w_layer").set_value("fc2")  # 3 neurons: the logits of 3 classes

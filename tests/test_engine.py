@@ -11,7 +11,7 @@ from torch import nn
 import attribution as at
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import eval_mode
-from attribution.methods.registry import gauss_legendre
+from attribution.methods.registry import REGISTRY, gauss_legendre
 
 from . import references
 from .zoo import SequenceNet, ThreeBranchNet, TokenNet, UntraceableSequenceNet, build
@@ -394,7 +394,7 @@ def test_a_model_autograd_cannot_differentiate_gets_a_clear_message_not_a_traceb
     with pytest.raises(RuntimeError, match="inplace operation"):  # plain autograd fails too
         model(x.requires_grad_(True)).sum().backward()
     x = x.detach()
-    for name in ("gradient", "gradient_x_activation", "integrated_gradients", "conductance"):
+    for name in (m for m in at.METHODS if REGISTRY[m].uses_gradients):
         with pytest.raises(at.AttributionError, match="in-place operation.*ablation"):
             at.neuron_scores(model, "fc1", x, y, name, batch_size=3)
     with torch.no_grad():  # gradient-free methods are exact, in-place ops and all
@@ -471,13 +471,14 @@ def test_integer_inputs_score_with_every_method_but_conductance_which_says_why()
     model, ids = TokenNet().eval(), torch.randint(0, 20, (16, 5))
     labels = torch.randint(0, 3, (16,))
     for name in at.METHODS:
-        if name == "conductance":
+        if REGISTRY[name].needs_float_inputs:
             with pytest.raises(at.AttributionError, match="int64 inputs.*use integrated_gradients"):
                 at.neuron_scores(model, "fc1", ids, labels, name)
         else:
             assert at.neuron_scores(model, "fc1", ids, labels, name).shape == (16, 6)
+    assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
-    assert list(table["method"]) == [m for m in at.METHODS if m != "conductance"]
+    assert list(table["method"]) == [m for m in at.METHODS if not REGISTRY[m].needs_float_inputs]
     with pytest.raises(at.AttributionError, match="conductance interpolates"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
 

@@ -11,10 +11,11 @@ import attribution as at
 from attribution.engine.runners import select as runner_selection
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
+from attribution.methods.registry import REGISTRY
 
 from .zoo import ResidualMLP, build
 
-GRADIENT_METHODS = ("gradient", "gradient_x_activation", "integrated_gradients", "conductance")
+GRADIENT_METHODS = tuple(name for name in at.METHODS if REGISTRY[name].uses_gradients)
 
 
 class DetachedTail(nn.Module):

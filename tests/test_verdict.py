@@ -8,12 +8,15 @@ from torch import nn
 import attribution as at
 from attribution.analyses.diagnose import CAPTURE_PATTERNS, CHECKS
 from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES,
-                                          SCORE_LINES, Finding, Remedy, check_name,
-                                          check_package, cluster_composition, describe_mix,
-                                          expected_loop, verdict)
+                                          Finding, Remedy, check_name, check_package,
+                                          cluster_composition, describe_mix, expected_loop,
+                                          verdict)
+from attribution.methods.registry import REGISTRY
 
 from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                             seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
+
+LOOPED = [name for name in at.METHODS if REGISTRY[name].score_line]  # a slow-loop line each
 
 
 def findings_of(method="gradient", reduce="mean", one_class=True, **kwargs):
@@ -144,7 +147,7 @@ def layer_of(model: nn.Module, x: torch.Tensor, name: str) -> at.LayerInfo:
     return next(info for info in at.list_layers(model, x) if info.name == name)
 
 
-@pytest.mark.parametrize("method", ["gradient", "gradient_x_activation", "activation"])
+@pytest.mark.parametrize("method", LOOPED)
 def test_the_loop_shown_to_the_user_matches_the_engine_on_the_downloaded_package(
         method, tmp_path, monkeypatch):
     model, (x, y) = HandSetNet().eval(), data()
@@ -210,7 +213,7 @@ ATTENTION = {"tuple (MultiheadAttention)": (lambda: nn.MultiheadAttention(8, 2, 
              "ModelOutput": (AttentionBlock, "['last_hidden_state']")}
 
 
-@pytest.mark.parametrize("method", list(SCORE_LINES))
+@pytest.mark.parametrize("method", LOOPED)
 @pytest.mark.parametrize("make, entry", ATTENTION.values(), ids=ATTENTION.keys())
 def test_the_loop_takes_the_layer_from_a_tuple_or_model_output_and_its_features_axis(
         make, entry, method, tmp_path, monkeypatch):
@@ -253,7 +256,7 @@ TRANSFORMERS_LAYERS = {  # a layer whose module returns several values, its entr
     "bert": ("bert.encoder.layer.0.attention.self", "[0]")}  # BertSelfAttention: a tuple
 
 
-@pytest.mark.parametrize("method", list(SCORE_LINES))
+@pytest.mark.parametrize("method", LOOPED)
 @pytest.mark.parametrize("kind", list(TRANSFORMERS_LAYERS))
 def test_the_loop_on_a_transformers_layer_with_named_inputs_and_padding(
         kind, method, tmp_path, monkeypatch):

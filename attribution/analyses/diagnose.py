@@ -32,9 +32,10 @@ BatchNorm gamma initialised to 0; the other logits of an output layer are not de
 finding says which: output 0, or an output with no gradient, and the zero weights after the
 layer. Messages name settings in the API's words (reduce='mean_abs', target_logit) and
 `Finding.words(screen=True)` in the dashboard's (mean |·|, target logit).
-"Effect" in tiny_scores is in logit units: the score itself for gradient_x_activation,
-integrated_gradients, conductance and ablation; |gradient| x mean |activation| for gradient;
-activation and random have no logit units and are checked against float precision only.
+"Effect" in tiny_scores is in logit units, as the method's registry entry says
+(`Method.logit_effect`): the score itself (gradient_x_activation, integrated_gradients,
+conductance, ablation), or |score| x mean |activation| (gradient); methods without logit units
+(activation, random) are checked against float precision only.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from ..errors import AttributionError
 from ..engine.guards import engine_modes, eval_mode
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import rank_correlation
-from ..methods.registry import method_label
+from ..methods.registry import REGISTRY, method_label
 from .settings import METRIC_LABELS, REDUCTION_LABELS
 from .pruning import curve_summary, pruning_curve, spaced_ks
 from ..methods.scores import (Inputs, as_batch_tensor, check_method, check_reduce, cluster_codes,
@@ -71,7 +72,6 @@ CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
                     "unknown")
 PATTERN_TOLERANCE = 1e-2  # how closely a known bug's signature must fit
-_LOGIT_UNIT_METHODS = ("gradient_x_activation", "integrated_gradients", "conductance", "ablation")
 _MAX_CURVE_POINTS = 32
 
 FindingsProgress = Optional[Callable[[float, list], object]]
@@ -388,8 +388,10 @@ def _constant(group: _Evidence) -> tuple[Finding, float]:
 def _tiny(group: _Evidence, method: str) -> tuple[Finding, float]:
     n_neurons = group.cluster_score.shape[0]
     magnitude = np.abs(group.cluster_score)
-    if method in _LOGIT_UNIT_METHODS or method == "gradient":
-        effect = magnitude * (np.abs(group.activations).mean(0) if method == "gradient" else 1.0)
+    logit_effect = REGISTRY[method].logit_effect
+    if logit_effect is not None:
+        effect = magnitude * (np.abs(group.activations).mean(0)
+                              if logit_effect == "times_activation" else 1.0)
         largest = float(np.nanmax(effect)) if effect.size else 0.0
         scale = group.logit_scale
         value = largest / scale if scale > 0 else (0.0 if largest == 0 else np.inf)

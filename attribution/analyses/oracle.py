@@ -46,7 +46,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         inputs: [N, ...] tensor or array, or an iterable of batches.
         targets: LongTensor [N] of class ids, or None (the predicted class).
         methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
-            all of `METHODS` leaves out those that cannot score integer inputs (conductance).
+            all of `METHODS` (as registered now) leaves out those that cannot score integer
+            inputs (`Method.needs_float_inputs`: conductance).
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
@@ -60,7 +61,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         (`split.layer_attrs`).
     """
     methods = list(dict.fromkeys(methods))
-    if tuple(methods) == METHODS:
+    if tuple(methods) == tuple(METHODS):
         methods = list(methods_for(_input_dtype(inputs)))
     if not methods:
         raise AttributionError("Pass at least one method to compare with the oracle.")

@@ -24,6 +24,7 @@ import torch
 from ..engine import model_io
 from .diagnose import SEVERITIES, Finding
 from ..engine.layers import LayerInfo
+from ..methods.registry import REGISTRY
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
@@ -235,13 +236,6 @@ def describe_mix(composition: pd.DataFrame, cluster: object, shown: int = 2) -> 
 
 # ------------------------------------------------------------ the own-code check's package
 
-SCORE_LINES = {  # method -> its per-sample score from z and grad = dF/dz, [1, n, ...] -> [n]
-    "gradient": "grad.flatten(2).sum(-1)[0] if grad.dim() > 2 else grad[0]",
-    "gradient_x_activation": "(z * grad).flatten(2).sum(-1)[0] if z.dim() > 2 else (z * grad)[0]",
-    "activation": "z.flatten(2).mean(-1)[0] if z.dim() > 2 else z[0]",
-}
-
-
 def check_package(inputs: torch.Tensor, targets: torch.Tensor, sample_ids: np.ndarray,
                   labels: Optional[torch.Tensor] = None) -> bytes:
     """What one's own code needs to be checked against the engine, as one .npz file.
@@ -280,8 +274,11 @@ def expected_loop(layer: LayerInfo, method: str, inputs=None,
     module returns a tuple or ModelOutput, the hook takes the layer's tensor from it; where
     the neurons are not at dim 1, the loop moves them there; named inputs are passed by
     name, a transformers model's logits taken from its output, and where there is an
-    attention mask only real tokens count (as in the engine)."""
-    score = SCORE_LINES.get(method, f"<your {method} score of each neuron, shape [n]>")
+    attention mask only real tokens count (as in the engine). The score line is the
+    registry's `Method.score_line` (a placeholder where the method has none)."""
+    entry = REGISTRY.get(method)
+    score = (entry.score_line if entry is not None and entry.score_line
+             else f"<your {method} score of each neuron, shape [n]>")
     names = tuple(_stored_inputs(inputs))
     if names == ("inputs",):
         load = 'x, targets = torch.from_numpy(pack["inputs"]), torch.from_numpy(pack["targets"])'

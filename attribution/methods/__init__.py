@@ -4,6 +4,6 @@
 `scores` runs a method over a dataset (`neuron_scores`, `cluster_scores`); `tokens` scores
 each token of a sequence.
 """
-from .registry import METHODS, REGISTRY, Batch, Method, methods_for, register
+from .registry import METHODS, REGISTRY, Batch, Method, MethodNames, methods_for, register
 
-__all__ = ["METHODS", "REGISTRY", "Batch", "Method", "methods_for", "register"]
+__all__ = ["METHODS", "REGISTRY", "Batch", "Method", "MethodNames", "methods_for", "register"]

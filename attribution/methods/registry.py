@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -53,9 +54,14 @@ class Batch:
 ScoringFunction = Callable[[Batch], torch.Tensor]
 
 
+TokenValue = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+LOGIT_EFFECTS = ("score", "times_activation")
+
+
 @dataclass(frozen=True)
 class Method:
-    """A scoring method and the facts every view of it reads.
+    """A scoring method and the facts every view of it reads: adding a method is one
+    function plus one `register` line, and every list of methods, menu and check follows.
 
     Attributes:
         name: the registry key.
@@ -64,8 +70,19 @@ class Method:
         label: how figures, tables and menus name it.
         units: the units of its scores (axis titles, colour bars).
         colour: its colour where methods are drawn side by side.
-        scales_inputs: it interpolates the inputs themselves, so it needs floating-point
-            inputs (not token ids).
+        needs_float_inputs: it interpolates the inputs themselves, so it cannot score
+            integer inputs such as token ids (`methods_for`).
+        uses_gradients: it differentiates the logits with respect to the layer's output.
+        token_value: its value at each token, from z [B, n, T] and grad = dF/dz (None
+            unless `uses_gradients`), [B, n, T], whose sum (activation: mean) over a
+            sample's real tokens is its score; None when it has none (`tokens.TOKEN_METHODS`).
+        logit_effect: how a neuron's score becomes its effect in logits (the tiny_scores
+            check of `diagnose`): "score" (the score is one), "times_activation" (|score| x
+            mean |activation|: logits per unit activation), None (no logit units; checked
+            against float precision only).
+        score_line: the per-sample score as one Python expression of z and grad = dF/dz
+            ([1, n, ...] -> [n]), the reference line of the own-code check's slow loop
+            (`verdict.expected_loop`); None when it has none (the loop leaves a placeholder).
     """
 
     name: str
@@ -74,7 +91,11 @@ class Method:
     label: str
     units: str
     colour: str
-    scales_inputs: bool = False
+    needs_float_inputs: bool = False
+    uses_gradients: bool = False
+    token_value: Optional[TokenValue] = None
+    logit_effect: Optional[str] = None
+    score_line: Optional[str] = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -89,16 +110,63 @@ def colour_from_name(name: str) -> str:
 
 def register(name: str, summary: str, *, label: Optional[str] = None,
              units: str = "arbitrary units", colour: Optional[str] = None,
-             scales_inputs: bool = False) -> Callable[[ScoringFunction], ScoringFunction]:
-    """Add a scoring function to the registry under `name`; `label` defaults to the name,
-    `colour` to one of a fixed set picked from the name."""
+             needs_float_inputs: bool = False, uses_gradients: bool = False,
+             token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
+             score_line: Optional[str] = None) -> Callable[[ScoringFunction], ScoringFunction]:
+    """Add a scoring function to the registry under `name`, with the facts of `Method`;
+    `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
+    if logit_effect is not None and logit_effect not in LOGIT_EFFECTS:
+        raise ValueError(f"logit_effect must be one of {LOGIT_EFFECTS} or None; got "
+                         f"{logit_effect!r}.")
+
     def add(function: ScoringFunction) -> ScoringFunction:
         REGISTRY[name] = Method(
             name, function, summary, label=label or name, units=units,
-            colour=colour or colour_from_name(name),
-            scales_inputs=scales_inputs)
+            colour=colour or colour_from_name(name), needs_float_inputs=needs_float_inputs,
+            uses_gradients=uses_gradients, token_value=token_value,
+            logit_effect=logit_effect, score_line=score_line)
         return function
     return add
+
+
+class MethodNames(Sequence):
+    """The names of the registered methods (those `where` accepts), in registration order,
+    read from the registry at every use: a method registered after import is in it.
+    `tuple(names)` takes a snapshot."""
+
+    def __init__(self, where: Optional[Callable[[Method], bool]] = None):
+        self._where = where
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(name for name, entry in REGISTRY.items()
+                     if self._where is None or self._where(entry))
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __contains__(self, name) -> bool:
+        entry = REGISTRY.get(name) if isinstance(name, str) else None
+        return entry is not None and (self._where is None or self._where(entry))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (MethodNames, tuple, list)):
+            return self._names() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # its contents change as methods are registered
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+METHODS: Sequence[str] = MethodNames()
+"""Every registered method's name (a live view of `REGISTRY`)."""
 
 
 def method_label(method: str) -> str:
@@ -256,7 +324,9 @@ def _neuron_dim(targets: Targets) -> int:
 
 
 @register("gradient", "dF/dz: gradient of the target logit w.r.t. the layer output",
-          units="logit per unit activation", colour="#332288")
+          units="logit per unit activation", colour="#332288", uses_gradients=True,
+          token_value=lambda z, grad: grad, logit_effect="times_activation",
+          score_line="grad.flatten(2).sum(-1)[0] if grad.dim() > 2 else grad[0]")
 def gradient(batch: Batch) -> torch.Tensor:
     z, logits = batch.runner.forward_with_leaf(batch.x)
     targets = _resolve_targets(batch.targets, logits)
@@ -265,7 +335,8 @@ def gradient(batch: Batch) -> torch.Tensor:
 
 
 @register("activation", "z: the layer output itself (averaged over positions for conv)",
-          units="activation units", colour="#117733")
+          units="activation units", colour="#117733", token_value=lambda z, grad: z,
+          score_line="z.flatten(2).mean(-1)[0] if z.dim() > 2 else z[0]")
 def activation(batch: Batch) -> torch.Tensor:
     z, _, logits = batch.runner.capture(batch.x)
     scores = _reduce_spatial(z, 1, "mean", _mask(batch))
@@ -275,8 +346,9 @@ def activation(batch: Batch) -> torch.Tensor:
 
 
 @register("gradient_x_activation", "z * dF/dz: first-order Taylor estimate of removing a neuron",
-          label="gradient × activation", units="logits",
-          colour="#44AA99")
+          label="gradient × activation", units="logits", colour="#44AA99",
+          uses_gradients=True, token_value=lambda z, grad: z * grad, logit_effect="score",
+          score_line="(z * grad).flatten(2).sum(-1)[0] if z.dim() > 2 else (z * grad)[0]")
 def gradient_x_activation(batch: Batch) -> torch.Tensor:
     z, logits = batch.runner.forward_with_leaf(batch.x)
     targets = _resolve_targets(batch.targets, logits)
@@ -293,7 +365,8 @@ def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
 
 @register("integrated_gradients",
           "z * integral of dF/dz along 0 -> z (zero baseline at the layer)",
-          label="integrated gradients", units="logits", colour="#88CCEE")
+          label="integrated gradients", units="logits", colour="#88CCEE",
+          uses_gradients=True, logit_effect="score")
 def integrated_gradients(batch: Batch) -> torch.Tensor:
     runner = batch.runner
     z, state, logits = runner.capture(batch.x)  # the front runs once per batch
@@ -319,8 +392,8 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
 
 @register("conductance",
           "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)",
-          units="logits", colour="#999933",
-          scales_inputs=True)
+          units="logits", colour="#999933", needs_float_inputs=True, uses_gradients=True,
+          logit_effect="score")
 def conductance(batch: Batch) -> torch.Tensor:
     runner, x = batch.runner, batch.x
     real_logits = runner.capture(x)[2]  # the quadrature's steps never reach alpha = 1
@@ -349,7 +422,7 @@ def conductance(batch: Batch) -> torch.Tensor:
 
 
 @register("ablation", "F(x) - F(x with neuron zeroed): exact, one neuron at a time",
-          units="logit drop", colour="#CC6677")
+          units="logit drop", colour="#CC6677", logit_effect="score")
 def ablation(batch: Batch) -> torch.Tensor:
     runner = batch.runner
     z, state, logits = runner.capture(batch.x)
@@ -379,11 +452,8 @@ def random(batch: Batch) -> torch.Tensor:
     return torch.stack(rows).to(z.device)
 
 
-METHODS: tuple[str, ...] = tuple(REGISTRY)
-
-
 def methods_for(input_dtype: torch.dtype) -> tuple[str, ...]:
     """The methods that can score inputs of `input_dtype` (integer ids: all but those that
-    interpolate the inputs)."""
-    return tuple(name for name in METHODS
-                 if input_dtype.is_floating_point or not REGISTRY[name].scales_inputs)
+    need floating-point inputs), read from the registry now."""
+    return tuple(name for name, entry in REGISTRY.items()
+                 if input_dtype.is_floating_point or not entry.needs_float_inputs)

@@ -206,7 +206,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                 rows = model_io.n_rows(x)
                 if rows == 0:
                     continue
-                if scoring.scales_inputs and not model_io.is_floating(x):
+                if scoring.needs_float_inputs and not model_io.is_floating(x):
                     raise AttributionError(
                         f"{method} interpolates the inputs from a zero baseline, which "
                         f"{x.dtype} inputs (e.g. token ids) do not allow; use "

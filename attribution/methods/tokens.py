@@ -16,12 +16,14 @@ from ..errors import AttributionError
 from ..engine.guards import engine_modes, eval_mode
 from ..engine.layers import resolve_layer
 from ..engine.model_io import TEXT_INPUT, NamedInputs, attention_mask, n_rows, to_model
+from .registry import REGISTRY, MethodNames
 from .scores import Inputs, iter_labelled_batches, model_device
 from ..engine.runners import runner_for
 
-TOKEN_METHODS = ("activation", "gradient", "gradient_x_activation")
-"""Methods with a value at each token: z, dF/dz, and z * dF/dz (whose sum over a sample's
-real tokens is the sample's `gradient_x_activation` score)."""
+TOKEN_METHODS = MethodNames(lambda entry: entry.token_value is not None)
+"""Methods with a value at each token (`Method.token_value`, e.g. z, dF/dz and z * dF/dz,
+whose sum over a sample's real tokens is the sample's `gradient_x_activation` score); a
+live view of the registry."""
 
 
 def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
@@ -81,18 +83,19 @@ def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
 
 
 def _per_position(runner, x, neuron: int, method: str, targets) -> torch.Tensor:
-    """[B, T]: the neuron's value, gradient or gradient x value at each position."""
-    if method == "activation":
+    """[B, T]: the neuron's value at each position (the registry's `token_value`)."""
+    entry = REGISTRY[method]
+    if not entry.uses_gradients:
         z, _, _ = runner.capture(x)
         _check_neuron(neuron, z.shape[1])
-        return z[:, neuron]
+        return entry.token_value(z, None)[:, neuron]
     z, logits = runner.forward_with_leaf(x)
     _check_neuron(neuron, z.shape[1])
     chosen = logits.argmax(1) if targets is None else targets
     selected = logits.gather(1, chosen[:, None]).sum()
     grad = (torch.autograd.grad(selected, z)[0] if selected.requires_grad
             else torch.zeros_like(z))
-    return (grad if method == "gradient" else grad * z.detach())[:, neuron]
+    return entry.token_value(z.detach(), grad)[:, neuron]
 
 
 def _check_neuron(neuron: int, n_neurons: int) -> None:
