@@ -27,6 +27,7 @@ from ..errors import AttributionError
 from ..engine.layers import resolve_layer
 from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
+from .pruning import metric_values
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
 REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)
@@ -178,17 +179,11 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
     for metric in ("accuracy", "target_logit"):
         for subset, rows_of in subsets:
             mask = torch.from_numpy(rows_of)
-            before, after = (_metric(logits[mask], wanted[mask], metric)
-                             for logits in (intact, removed))
+            before, after = (float(metric_values(logits[mask], wanted[mask], metric).double()
+                                   .mean()) for logits in (intact, removed))
             rows.append({"subset": subset, "metric": metric, "intact": before,
                          "removed": after, "change": after - before})
     return pd.DataFrame(rows)
-
-
-def _metric(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> float:
-    if metric == "accuracy":
-        return float((logits.argmax(1) == targets).double().mean())
-    return float(logits.gather(1, targets[:, None]).double().mean())
 
 
 def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,

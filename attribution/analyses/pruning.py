@@ -347,8 +347,11 @@ def _capture_rows(device: torch.device):
     return lambda runner: _CPU_ELEMENTS_PER_CAPTURE // max(1, runner.layer_size)
 
 
-def _metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
-    """Per-row metric [R] for logits [R, C] and targets [R]."""
+def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
+    """The metric of each row [R] for logits [R, C] and targets [R], in the logits' dtype:
+    1 where the top logit is the target's, else 0 ("accuracy"), the target's logit
+    ("target_logit"), or the cross-entropy ("loss"). Every measure of a pruned model (the
+    curves, the neuron view's removal) is a mean of these."""
     if metric == "accuracy":
         return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
     if metric == "target_logit":
@@ -378,7 +381,7 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
             else:
                 variants = torch.where(mask, fill, z.unsqueeze(0))
             logits = runner.tail(variants.flatten(0, 1), captured.state, count)
-            values = _metric_values(logits, captured.targets.repeat(count), metric)
+            values = metric_values(logits, captured.targets.repeat(count), metric)
             sums.append(values.view(count, rows).double() @ subset_matrix)
     return torch.cat(sums)
 
