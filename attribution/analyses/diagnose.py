@@ -55,7 +55,7 @@ from ..methods.registry import method_label
 from .settings import METRIC_LABELS, REDUCTION_LABELS
 from .pruning import curve_summary, pruning_curve, spaced_ks
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
-                              neuron_scores, score_batches)
+                              neuron_scores, reduce_scores, score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
@@ -222,7 +222,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         group_scores = scores[rows]
         groups.append(_Evidence(
             name, x[part], targets[part] if targets is not None else None, group_scores,
-            _reduce(group_scores, reduce), gradients[rows], activations[rows],
+            reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
             effects[rows], float(logits[part].double().std()) if len(rows) else 0.0,
             reach[rows]))
     labelled = len(groups) > 1
@@ -281,14 +281,6 @@ def _logits(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     layer_pass = LayerPass(model, None, x, batch_size=batch_size, grad=False)
     return torch.cat([logits for _, logits in layer_pass.run(
         lambda batch: run_logits(layer_pass.model, batch.x).float().cpu())])
-
-
-def _reduce(scores: np.ndarray, reduce: str) -> np.ndarray:
-    if reduce == "mean":
-        return scores.mean(0)
-    if reduce == "mean_abs":
-        return np.abs(scores).mean(0)
-    return scores.std(0, ddof=1) if scores.shape[0] > 1 else np.full(scores.shape[1], np.nan)
 
 
 def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,

@@ -158,6 +158,49 @@ def check_reduce(reduce: str) -> None:
         raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
 
 
+def averaged(per_sample: np.ndarray, reduce: str) -> np.ndarray:
+    """The per-sample quantity that `reduce` summarises: |s| for "mean_abs", else s."""
+    return np.abs(per_sample) if reduce == "mean_abs" else per_sample
+
+
+def reduce_scores(scores, reduce: str, clusters: Optional[Sequence] = None):
+    """The reduce rule, the one place it is written: a cluster's score of a neuron is the
+    mean of its samples' scores s ("mean"), the mean of |s| ("mean_abs"), or their sample
+    standard deviation ("std": ddof=1, NaN for a single sample).
+
+    Args:
+        scores: per-sample scores [m, ...] (an array, summarised over its first axis), or a
+            `ClusterStatistics` (the sums streamed per cluster).
+        reduce: one of `REDUCTIONS`.
+        clusters: with per-sample scores [N, n], one cluster id per sample: a row per cluster.
+    Returns:
+        - per-sample scores: ndarray [...] in their own dtype;
+        - per-sample scores and clusters: DataFrame with index "cluster" (sorted), columns
+          0..n-1 (float64) and "n" (cluster size), as `cluster_scores`;
+        - a ClusterStatistics: float64 tensor [G, ...], one row per cluster.
+    """
+    check_reduce(reduce)
+    if isinstance(scores, ClusterStatistics):
+        sizes = scores.counts.view((-1,) + (1,) * (scores.sums.dim() - 1))
+        if reduce == "std":
+            variance = (scores.sums_sq - scores.sums * scores.sums / sizes) / (sizes - 1)
+            return variance.clamp_min(0).sqrt()
+        return (scores.sums_abs if reduce == "mean_abs" else scores.sums) / sizes
+    values = averaged(scores, reduce)
+    if clusters is not None:
+        frame = pd.DataFrame(values.astype(np.float64), columns=range(scores.shape[1]),
+                             copy=False)  # a fresh array already; copying it was half the time
+        groups = frame.groupby(np.asarray(clusters), sort=True)
+        table = groups.std(ddof=1) if reduce == "std" else groups.mean()
+        table.index.name = "cluster"
+        table["n"] = groups.size().astype(np.int64)
+        return table
+    if reduce == "std":
+        return (values.std(0, ddof=1) if values.shape[0] > 1
+                else np.full(values.shape[1:], np.nan))
+    return values.mean(0)
+
+
 @dataclass
 class ClusterStatistics:
     """Running per-cluster sums of scores: every reduction follows, and shards add up.
@@ -182,15 +225,7 @@ class ClusterStatistics:
 
     def frame(self, reduce: str = "mean") -> pd.DataFrame:
         """The `cluster_scores` table for `reduce` ("mean", "mean_abs" or "std")."""
-        check_reduce(reduce)
-        sizes = self.counts.view((-1,) + (1,) * (self.sums.dim() - 1))
-        if reduce == "mean":
-            table = self.sums / sizes
-        elif reduce == "mean_abs":
-            table = self.sums_abs / sizes
-        else:
-            variance = (self.sums_sq - self.sums * self.sums / sizes) / (sizes - 1)
-            table = variance.clamp_min(0).sqrt()
+        table = reduce_scores(self, reduce)
         frame = _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
         frame.attrs.update(self.layer)
         return frame
@@ -279,14 +314,4 @@ def cluster_table(per_sample: np.ndarray, clusters: Sequence, reduce: str) -> pd
     Returns:
         DataFrame with index "cluster", columns 0..n-1 and "n" (like `cluster_scores`).
     """
-    values = np.abs(per_sample) if reduce == "mean_abs" else per_sample
-    frame = pd.DataFrame(values.astype(np.float64), columns=range(per_sample.shape[1]),
-                         copy=False)  # a fresh array already; copying it was half the time
-    groups = frame.groupby(np.asarray(clusters), sort=True)
-    if reduce == "std":
-        table = groups.std(ddof=1)
-    else:
-        table = groups.mean()
-    table.index.name = "cluster"
-    table["n"] = groups.size().astype(np.int64)
-    return table
+    return reduce_scores(per_sample, reduce, clusters)
