@@ -10,6 +10,7 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.inputs.data import load_data
 from attribution.analyses.pruning import spaced_ks
+from attribution.methods.scores import reduce_scores
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
                                           cluster_composition, expected_loop, verdict)
 from pages import common
@@ -200,8 +201,7 @@ with left:
         st.caption("How alike the methods rank this cluster's neurons. Methods that agree with "
                    "each other but not with ablation share a blind spot.")
 with right:
-    strongest = int(np.abs(main.mean(axis=0)).argmax()) if s.reduce == "mean" else \
-        int(np.abs(main).mean(axis=0).argmax())
+    strongest = int(np.abs(reduce_scores(main, s.reduce)).argmax())
     neurons = list(range(ctx.n_neurons))
     if st.session_state.get("histogram_neuron") not in neurons:
         st.session_state["histogram_neuron"] = strongest

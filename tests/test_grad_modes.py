@@ -15,6 +15,7 @@ from captum.testing.helpers.basic_models import BasicModel_MultiLayer
 import attribution as at
 from attribution import cli
 from attribution.analyses import distributed
+from attribution.analyses.neuron import neuron_view
 from attribution.engine.runners import select as runner_selection
 from attribution.inputs.data import check_data, load_data, predict_classes
 from attribution.inputs.loading import load_model
@@ -149,6 +150,9 @@ def entry_points(model, x, y, clusters):
             model, "fc1", x, y, clusters, "conductance", n_steps=N_STEPS),
         "distributed.pruning_curve": lambda: distributed.pruning_curve(
             model, "fc1", x, y, order, **curve),
+        "neuron_view": lambda: neuron_view(
+            model, "fc1", x, y, np.zeros((len(x), 16)), np.zeros((len(x), 16)),
+            clusters == "a", 3).removal,
     }
 
 
@@ -230,13 +234,15 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
     expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
                 for method in at.METHODS}
     calls = entry_points(model, x, y, clusters)
-    expected_entries = {name: calls[name]() for name in ("pruning_curve", "diagnose")}
+    expected_entries = {name: calls[name]() for name in ("pruning_curve", "diagnose",
+                                                         "neuron_view")}
     with CALLER_SETTINGS[setting]():
         for method in at.METHODS:
             torch.testing.assert_close(
                 at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS),
                 expected[method], rtol=1e-6, atol=1e-7, msg=method)
         pd.testing.assert_frame_equal(calls["pruning_curve"](), expected_entries["pruning_curve"])
+        pd.testing.assert_frame_equal(calls["neuron_view"](), expected_entries["neuron_view"])
         assert calls["diagnose"]() == expected_entries["diagnose"]
 
 

@@ -1,6 +1,7 @@
 """One neuron up close: removal, examples and maps checked against hand-set models whose
 answers are known, and against the pruning engine's zero ablation."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -74,6 +75,57 @@ def test_removal_agrees_with_the_pruning_engine_at_k_1():
             row = view.removal.set_index(["metric", "subset"]).loc[(metric, subset)]
             assert row["intact"] == pytest.approx(part["ranked"].iloc[0], rel=1e-6)
             assert row["removed"] == pytest.approx(part["ranked"].iloc[1], rel=1e-6)
+
+
+CALLER_MODES = {
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+}
+
+
+@pytest.mark.parametrize("mode", list(CALLER_MODES))
+def test_removal_equals_the_pruning_curve_under_the_callers_modes(mode):
+    """Was: the removal ran under torch.no_grad() alone, so a caller's CPU bfloat16 autocast
+    rounded its logits (the target logit 0.02 off the curve's on the digits MLP) while the
+    curve ran in float32. Both now go through one LayerPass, under the engine's modes."""
+    loaded, data = at.load_demo("digits_mlp")
+    model, x, y = loaded.module, data.inputs, data.labels
+    focus = y.numpy() == 3
+    scores = at.neuron_scores(model, "relu1", x, y, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "relu1", x, y, "activation").numpy()
+    only = np.eye(scores.shape[1])[11]
+    plain = neuron_view(model, "relu1", x, y, scores, activations, focus, 11).removal
+    with CALLER_MODES[mode]():
+        removal = neuron_view(model, "relu1", x, y, scores, activations, focus, 11).removal
+        curves = {metric: at.cluster_pruning_curves(model, "relu1", x, y, focus, True, only,
+                                                    ks=[0, 1], n_random=1, metric=metric)
+                  for metric in ("accuracy", "target_logit")}
+    pd.testing.assert_frame_equal(removal, plain, check_exact=True)
+    removal = removal.set_index(["metric", "subset"])
+    for metric, curve in curves.items():
+        for subset, part in curve.groupby("subset"):
+            row = removal.loc[(metric, subset)]
+            assert row["intact"] == pytest.approx(part["ranked"].iloc[0], rel=1e-12, abs=1e-12)
+            assert row["removed"] == pytest.approx(part["ranked"].iloc[1], rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", list(CALLER_MODES))
+def test_the_examples_maps_ignore_the_callers_modes(mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, kernel_size=3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(2 * 16, 2)).eval()
+    x, y = torch.rand(10, 1, 4, 4), torch.arange(10) % 2
+    scores = at.neuron_scores(model, "1", x, y, "gradient_x_activation").numpy()
+    activations = at.neuron_scores(model, "1", x, y, "activation").numpy()
+    arguments = (model, "1", x, y, scores, activations, np.arange(10) < 5, 1)
+    plain = neuron_view(*arguments, n_examples=3)
+    with CALLER_MODES[mode]():
+        view = neuron_view(*arguments, n_examples=3)
+    for ours, expected in zip(view.examples["positions"], plain.examples["positions"]):
+        assert ours.dtype == np.float32
+        np.testing.assert_array_equal(ours, expected)
+    pd.testing.assert_frame_equal(view.removal, plain.removal, check_exact=True)
 
 
 def test_the_examples_are_the_most_and_least_activating_samples():

@@ -12,6 +12,7 @@ from torch import nn
 import attribution as at
 from attribution.presentation import plots
 from attribution.analyses.neuron import neuron_from_point
+from attribution.methods.scores import reduce_scores
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,29 @@ def test_cluster_table_equals_engine_cluster_scores(small_model, reduce):
     assert list(ours["n"]) == list(engine["n"])
     np.testing.assert_allclose(ours.drop(columns="n").to_numpy(),
                                engine.drop(columns="n").to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "mean_abs", "std"])
+def test_every_view_of_a_cluster_reduces_by_the_one_rule(small_model, reduce):
+    """The cluster score of the engine's streamed sums, of the dashboard's tables, of one
+    cluster's samples (diagnose, the bars, the sample heatmap's order) is `reduce_scores`."""
+    model, inputs, targets, clusters = small_model
+    per_sample = at.neuron_scores(model, "0", inputs, targets).numpy()
+    engine = at.cluster_scores(model, "0", inputs, targets, clusters, reduce=reduce)
+    table = plots.cluster_table(per_sample, clusters, reduce)
+    for cluster in engine.index:
+        own = reduce_scores(per_sample[clusters == cluster], reduce)
+        assert own.dtype == np.float32  # the samples' own dtype, as diagnose compared it
+        np.testing.assert_allclose(own, engine.loc[cluster].drop("n"), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(own, table.loc[cluster].drop("n"), rtol=1e-5, atol=1e-6)
+    summary = plots.neuron_summary(per_sample[clusters == "a"], reduce, "gradient")
+    np.testing.assert_array_equal(summary["score"],
+                                  reduce_scores(per_sample[clusters == "a"].astype(float),
+                                                reduce))
+    single = reduce_scores(per_sample[:1], reduce)
+    assert np.isnan(single).all() if reduce == "std" else np.isfinite(single).all()
+    with pytest.raises(at.AttributionError, match="Unknown reduce"):
+        reduce_scores(per_sample, "median")
 
 
 def test_tidy_cluster_scores_keeps_every_value(small_model):

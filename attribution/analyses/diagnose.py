@@ -49,15 +49,14 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError
-from ..engine.guards import engine_modes, eval_mode
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import rank_correlation
+from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.registry import REGISTRY, method_label
 from .settings import METRIC_LABELS, REDUCTION_LABELS
 from .pruning import curve_summary, pruning_curve, spaced_ks
-from ..methods.scores import (Inputs, as_batch_tensor, check_method, check_reduce, cluster_codes,
-                              find_cluster, iter_labelled_batches, model_device, neuron_scores,
-                              on_device, score_batches)
+from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
+                              neuron_scores, reduce_scores, score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
@@ -223,8 +222,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         group_scores = scores[rows]
         groups.append(_Evidence(
             name, x[part], targets[part] if targets is not None else None, group_scores,
-            _reduce(group_scores, reduce), gradients[rows], activations[rows], effects[rows],
-            float(logits[part].double().std()) if len(rows) else 0.0, reach[rows]))
+            reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
+            effects[rows], float(logits[part].double().std()) if len(rows) else 0.0,
+            reach[rows]))
     labelled = len(groups) > 1
     everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
@@ -252,32 +252,16 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
 
 def _materialise(model, inputs: Inputs, targets, batch_size: int):
     """(x [N, ...] on the model's device, targets LongTensor [N] or None)."""
-    if isinstance(targets, str) and targets not in ("labels",):
-        raise AttributionError("diagnose needs one target per sample: pass a LongTensor of "
-                               "class ids, None (the predicted class) or 'labels'.")
-    device = model_device(model)
-    xs, ys = [], []
-    for raw, labels in iter_labelled_batches(inputs, batch_size):
-        xs.append(as_batch_tensor(raw, model, device))
-        ys.append(labels)
-    if not xs or sum(part.shape[0] for part in xs) == 0:
-        raise AttributionError("There are no samples to diagnose (the inputs are empty).")
-    x = model_io.cat(xs)
-    if isinstance(targets, str):
-        if any(y is None for y in ys):
-            raise AttributionError("targets='labels' reads y from (x, y) batches, but these "
-                                   "batches carry no labels; pass a LongTensor [N] or None.")
-        targets = torch.cat([torch.as_tensor(np.asarray(y)) for y in ys]).long()
-    if targets is not None:
-        if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
-                or targets.is_floating_point() or targets.dtype == torch.bool):
-            raise AttributionError("targets must be a LongTensor [N] of class ids, None (the "
-                                   "predicted class) or 'labels'.")
-        if targets.shape[0] != x.shape[0]:
-            raise AttributionError(f"targets has {targets.shape[0]} entries but there are "
-                                   f"{x.shape[0]} samples.")
-        targets = targets.long()
-    return x, targets
+    layer_pass = LayerPass(model, None, inputs, targets, batch_size=batch_size, grad=False,
+                           accepts=("labels",), what="diagnose",
+                           need="diagnose needs one target per sample")
+    batches = [batch for batch, _ in layer_pass.run(lambda batch: None)]
+    x = model_io.cat([batch.x for batch in batches])
+    if layer_pass.targets is None:
+        return x, None
+    if isinstance(layer_pass.targets, torch.Tensor):  # one per sample, not more
+        return x, check_targets(layer_pass.targets, model_io.n_rows(x)).cpu()
+    return x, torch.cat([batch.targets for batch in batches]).cpu()  # the y of each batch
 
 
 def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
@@ -294,17 +278,9 @@ def _analysed(clusters, cluster, total: int) -> tuple[list, np.ndarray]:
 
 
 def _logits(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    with eval_mode(model), engine_modes(), torch.no_grad():
-        return torch.cat([run_logits(model, x[i:i + batch_size]).float().cpu()
-                          for i in range(0, x.shape[0], batch_size)])
-
-
-def _reduce(scores: np.ndarray, reduce: str) -> np.ndarray:
-    if reduce == "mean":
-        return scores.mean(0)
-    if reduce == "mean_abs":
-        return np.abs(scores).mean(0)
-    return scores.std(0, ddof=1) if scores.shape[0] > 1 else np.full(scores.shape[1], np.nan)
+    layer_pass = LayerPass(model, None, x, batch_size=batch_size, grad=False)
+    return torch.cat([logits for _, logits in layer_pass.run(
+        lambda batch: run_logits(layer_pass.model, batch.x).float().cpu())])
 
 
 def _reach(model: nn.Module, layer, x: torch.Tensor, gradients: np.ndarray,

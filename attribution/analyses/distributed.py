@@ -31,9 +31,9 @@ from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Sub
 from ..engine import model_io
 from . import pruning
 from ..errors import AttributionError
+from ..methods.passes import on_device, resolve_device
 from ..methods.scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
-                              find_cluster, cluster_statistics as shard_statistics, n_samples,
-                              on_device, resolve_device)
+                              find_cluster, cluster_statistics as shard_statistics, n_samples)
 from ..engine.runners import LAYER_KEYS
 
 

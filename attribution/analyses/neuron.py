@@ -24,11 +24,10 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
-from ..engine.guards import eval_mode
 from ..engine.layers import resolve_layer
-from ..methods.scores import Progress, model_device
-from ..engine.runners import runner_for
+from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
+from .pruning import metric_values
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
 REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)
@@ -160,43 +159,31 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
              in_cluster: np.ndarray, neuron: int, batch_size: int,
              progress: Progress = None) -> pd.DataFrame:
     """Accuracy and mean target logit per subset, intact and with `neuron`'s output set to 0
-    (the pruning curves' zero ablation at k=1): one capture and one tail pass per batch."""
-    _, module = resolve_layer(model, name)
-    device = model_device(model)
-    intact, removed = [], []
-    with eval_mode(model):
-        runner = None
-        for start in range(0, inputs.shape[0], batch_size):
-            x = inputs[start:start + batch_size].to(device)
-            if runner is None:  # made with autograd on: the runner cache serves every method
-                runner = runner_for(model, name, module, x)
-            with torch.no_grad():
-                z, state, logits = runner.capture(x)
-                z = z.clone()
-                z[:, neuron] = 0
-                intact.append(logits.float().cpu())
-                removed.append(runner.tail(z, state, 1).float().cpu())
-            if progress is not None:
-                progress(min(1.0, (start + batch_size) / inputs.shape[0]))
-    intact, removed = torch.cat(intact), torch.cat(removed)
-    wanted = intact.argmax(1) if targets is None else targets.cpu()
+    (the pruning curves' zero ablation at k=1, in the same pass and modes): one capture and
+    one tail pass per batch."""
+    def remove(batch: LayerBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        z, state, logits = batch.runner.capture(batch.x)
+        z = z.clone()
+        z[:, neuron] = 0
+        return logits.float().cpu(), batch.runner.tail(z, state, 1).float().cpu()
+
+    layer_pass = LayerPass(model, name, inputs, targets, batch_size=batch_size, grad=False,
+                           accepts=(), what="evaluate",
+                           need="The neuron view measures one target per sample")
+    results = [result for _, result in layer_pass.run(remove, progress)]
+    intact, removed = (torch.cat(parts) for parts in zip(*results))
+    wanted = intact.argmax(1) if layer_pass.targets is None else layer_pass.targets.cpu()
     subsets = [("cluster", in_cluster)] + ([("rest", ~in_cluster)] if not in_cluster.all()
                                            else [])
     rows = []
     for metric in ("accuracy", "target_logit"):
         for subset, rows_of in subsets:
             mask = torch.from_numpy(rows_of)
-            before, after = (_metric(logits[mask], wanted[mask], metric)
-                             for logits in (intact, removed))
+            before, after = (float(metric_values(logits[mask], wanted[mask], metric).double()
+                                   .mean()) for logits in (intact, removed))
             rows.append({"subset": subset, "metric": metric, "intact": before,
                          "removed": after, "change": after - before})
     return pd.DataFrame(rows)
-
-
-def _metric(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> float:
-    if metric == "accuracy":
-        return float((logits.argmax(1) == targets).double().mean())
-    return float(logits.gather(1, targets[:, None]).double().mean())
 
 
 def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,
@@ -226,12 +213,8 @@ def _positions(model: nn.Module, name: str, x: torch.Tensor, neuron: int) -> Opt
     or None when the layer has no positions ([B, n])."""
     if x.shape[0] == 0:
         return None
-    _, module = resolve_layer(model, name)
-    with eval_mode(model):
-        x = x.to(model_device(model))
-        runner = runner_for(model, name, module, x)
-        with torch.no_grad():
-            z, _, _ = runner.capture(x)  # [B, n, ...]: the neurons at dim 1
+    layer_pass = LayerPass(model, name, x, batch_size=x.shape[0], grad=False)
+    (_, z), = layer_pass.run(lambda batch: batch.runner.capture(batch.x)[0])  # [B, n, ...]
     if z.dim() <= 2:
         return None
     return z[:, neuron].detach().float().cpu().numpy()

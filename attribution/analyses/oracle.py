@@ -24,6 +24,7 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..methods.registry import METHODS, methods_for
+from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
                               n_samples)
 from ..engine.runners import LAYER_KEYS
@@ -68,9 +69,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     for method in methods:
         check_method(method)
     check_reduce(reduce)
-    if isinstance(targets, str):
-        raise AttributionError("The oracle is the drop of one target logit per sample: pass a "
-                               "LongTensor of class ids or None (the predicted class).")
+    check_targets(targets, n_samples(inputs), inputs=inputs, accepts=(),
+                  need="The oracle is the drop of one target logit per sample")
     if clusters is None:
         total = n_samples(inputs)
         if total is None:

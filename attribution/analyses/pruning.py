@@ -30,13 +30,11 @@ from torch import nn
 from torch.nn import functional
 
 from ..errors import AttributionError
-from ..engine.guards import engine_modes, eval_mode
-from ..engine.layers import resolve_layer
-from ..engine.model_io import NamedInputs, attention_mask, take
-from ..methods.scores import (Inputs, as_batch_tensor, batch_labels, check_targets,
-                              cluster_codes, find_cluster, iter_labelled_batches, model_device,
-                              n_samples, on_device, validated_targets)
-from ..engine.runners import layer_attrs, runner_for
+from ..engine.guards import eval_mode
+from ..engine.model_io import NamedInputs, attention_mask
+from ..methods.passes import Inputs, LayerBatch, LayerPass, n_samples, pass_modes
+from ..methods.scores import cluster_codes, find_cluster
+from ..engine.runners import layer_attrs
 
 ABLATIONS = ("zero", "mean")
 METRICS = ("accuracy", "target_logit", "loss")
@@ -264,18 +262,19 @@ def _nbytes(value: Any) -> int:
 class _LayerPasses:
     """Passes over the inputs at the layer; the first pass keeps what fits in memory."""
 
-    def __init__(self, model, name, module, inputs, targets, groups, n_groups, batch_size):
-        self.model, self.name, self.module = model, name, module
-        self.inputs, self.targets, self.groups = inputs, targets, groups
-        self.n_groups, self.batch_size = n_groups, batch_size
-        self.device = model_device(model)
-        self.runner = None
+    def __init__(self, layer_pass: LayerPass, groups, n_groups):
+        self.layer_pass, self.groups, self.n_groups = layer_pass, groups, n_groups
+        self.inputs, self.device = layer_pass.inputs, layer_pass.device
         self.kept: Optional[list[_Captured]] = []
         self.counts = np.zeros(n_groups, dtype=np.int64)
         self.n_neurons = 0
         self.z_sum: Optional[torch.Tensor] = None  # [n, ...] float64, sum over samples
         self.z_count: Optional[torch.Tensor] = None  # [n, ...] float64, samples summed there
         self.z_dtype = torch.float32
+
+    @property
+    def runner(self):
+        return self.layer_pass.runner
 
     def first_pass(self, mean: bool) -> None:
         """Capture every batch once: sample counts, the number of neurons, the cache, and
@@ -303,8 +302,6 @@ class _LayerPasses:
                         "fit in memory; pass a DataLoader or an array (read more than once).")
                 else:
                     self.kept = None
-        if not self.counts.any():
-            raise AttributionError("There are no samples to evaluate (the inputs are empty).")
 
     @property
     def cached(self) -> bool:
@@ -314,32 +311,13 @@ class _LayerPasses:
         return iter(self.kept) if self.kept is not None else self._read()
 
     def _read(self):
-        start = 0
-        for raw, labels in iter_labelled_batches(self.inputs, self.batch_size):
-            batch = as_batch_tensor(raw, self.model, self.device)
-            if batch.shape[0] == 0:
-                continue
-            if self.runner is None:
-                with engine_modes():  # the runner is shared with gradient methods (cache)
-                    self.runner = runner_for(self.model, self.name, self.module, batch)
-            labels = (validated_targets(batch_labels(labels, batch.shape[0], self.device),
-                                        self.runner) if isinstance(self.targets, str) else None)
-            rows = batch.shape[0]
-            if self.device.type == "cpu":
-                rows = max(1, _CPU_ELEMENTS_PER_CAPTURE // max(1, self.runner.layer_size))
-            for begin in range(0, batch.shape[0], rows):
-                x = take(batch, slice(begin, begin + rows))
-                yield self._captured(x, None if labels is None else labels[begin:begin + rows],
-                                     start)
-                start += x.shape[0]
+        for _, captured in self.layer_pass.run(self._captured):
+            yield captured
 
-    def _captured(self, x, labels: Optional[torch.Tensor], start: int) -> _Captured:
-        """Capture x [B, ...], rows `start`.. of the inputs; labels [B] for targets="labels"
-        (the y of its (x, y) batch, else None)."""
-        stop = start + x.shape[0]
-        with engine_modes(), torch.no_grad():  # not the caller's autocast
-            z, state, logits = self.runner.capture(x)
-        broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + start
+    def _captured(self, batch: LayerBatch) -> _Captured:
+        """Capture one batch of the pass (on a CPU a row chunk: `_capture_rows`)."""
+        z, state, logits = batch.runner.capture(batch.x)
+        broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + batch.start
         if len(broken):
             shown = ", ".join(map(str, broken[:8].tolist())) + (", ..." if len(broken) > 8
                                                                else "")
@@ -347,28 +325,33 @@ class _LayerPasses:
                 f"The model's logits are NaN or inf on sample(s) {shown} before any neuron "
                 "is removed, so no metric of a pruned model can be measured on them. "
                 "Leave them out, or fix the model or inputs (at.diagnose lists them all).")
-        if self.targets is None:
-            targets = logits.argmax(1)
-        elif labels is not None:
-            targets = labels
-        else:
-            if stop > self.targets.shape[0]:
-                raise AttributionError("There are more samples than targets.")
-            targets = validated_targets(self.targets[start:stop].to(self.device), self.runner)
+        targets = logits.argmax(1) if batch.targets is None else batch.targets
+        stop = batch.start + batch.rows
         if self.groups is None:
-            groups = torch.zeros(x.shape[0], dtype=torch.long, device=self.device)
+            groups = torch.zeros(batch.rows, dtype=torch.long, device=self.device)
         else:
             if stop > len(self.groups):
                 raise AttributionError("There are more samples than cluster ids.")
-            groups = torch.as_tensor(self.groups[start:stop], device=self.device)
-        mask = attention_mask(x)
+            groups = torch.as_tensor(self.groups[batch.start:stop], device=self.device)
+        mask = attention_mask(batch.x)
         real = (mask[:, None, :].to(z.dtype) if mask is not None and z.dim() == 3
                 and z.shape[-1] == mask.shape[1] else None)
         return _Captured(z, state, targets, groups, real)
 
 
-def _metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
-    """Per-row metric [R] for logits [R, C] and targets [R]."""
+def _capture_rows(device: torch.device):
+    """The most rows one capture takes on `device` (`LayerPass`'s max_rows): on a CPU, as
+    many as keep the layer output within `_CPU_ELEMENTS_PER_CAPTURE`; elsewhere the batch."""
+    if device.type != "cpu":
+        return None
+    return lambda runner: _CPU_ELEMENTS_PER_CAPTURE // max(1, runner.layer_size)
+
+
+def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
+    """The metric of each row [R] for logits [R, C] and targets [R], in the logits' dtype:
+    1 where the top logit is the target's, else 0 ("accuracy"), the target's logit
+    ("target_logit"), or the cross-entropy ("loss"). Every measure of a pruned model (the
+    curves, the neuron view's removal) is a mean of these."""
     if metric == "accuracy":
         return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
     if metric == "target_logit":
@@ -388,7 +371,7 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
     if fill is None:
         fill = torch.zeros((), dtype=z.dtype, device=z.device)
     sums = []
-    with engine_modes(), torch.no_grad():  # not the caller's autocast
+    with pass_modes(grad=False):  # as the capture: not the caller's autocast
         for begin in range(0, removed.shape[0], per_pass):
             chunk = removed[begin:begin + per_pass]
             count = chunk.shape[0]
@@ -398,7 +381,7 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
             else:
                 variants = torch.where(mask, fill, z.unsqueeze(0))
             logits = runner.tail(variants.flatten(0, 1), captured.state, count)
-            values = _metric_values(logits, captured.targets.repeat(count), metric)
+            values = metric_values(logits, captured.targets.repeat(count), metric)
             sums.append(values.view(count, rows).double() @ subset_matrix)
     return torch.cat(sums)
 
@@ -450,16 +433,13 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             ablation, metric, batch_size, progress, resume, device) -> pd.DataFrame:
     """Shared body of `pruning_curve` (one subset) and `cluster_pruning_curves` (two)."""
     _check_options(ablation, metric, n_random, batch_size)
-    name, _ = resolve_layer(model, layer)
-    model = on_device(model, device)
-    name, module = resolve_layer(model, name)
-    targets = check_targets(targets, n_samples(inputs), inputs)
-    if isinstance(targets, str) and targets == "all":
-        raise AttributionError("Pruning curves need one target per sample: pass a LongTensor "
-                               "of class ids or None (the predicted class), not 'all'.")
+    layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, device=device,
+                           grad=False, accepts=("labels",), what="evaluate",
+                           need="Pruning curves need one target per sample")
+    layer_pass.max_rows = _capture_rows(layer_pass.device)
     n_groups = 1 if groups is None else len(subset_names)
-    with eval_mode(model):
-        passes = _LayerPasses(model, name, module, inputs, targets, groups, n_groups, batch_size)
+    with eval_mode(layer_pass.model):  # the cached captures' masked passes too
+        passes = _LayerPasses(layer_pass, groups, n_groups)
         passes.first_pass(mean=ablation == "mean")
         n_neurons = passes.n_neurons
         values = neuron_vector(scores, n_neurons)

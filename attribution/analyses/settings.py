@@ -26,6 +26,7 @@ from ..inputs.data import Dataset
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo, split_axis
 from .pruning import cluster_pruning_curves, spaced_ks
+from ..methods.passes import check_targets
 from ..methods.registry import method_label
 from ..methods.scores import check_reduce, cluster_codes, cluster_table, find_cluster
 
@@ -72,10 +73,8 @@ def scoring_targets(labels: Optional[torch.Tensor], n_samples: int, target: str,
                 "class id; .npy data takes its labels from --labels).")
         return labels
     if target == "fixed":
-        if n_classes is not None and not 0 <= fixed_class < n_classes:
-            raise AttributionError(f"Class {fixed_class} is not a class of this model: the "
-                                   f"fixed class must lie in 0..{n_classes - 1}.")
-        return torch.full((n_samples,), int(fixed_class), dtype=torch.long)
+        return check_targets(torch.full((n_samples,), int(fixed_class), dtype=torch.long),
+                             n_classes=n_classes, name="the fixed class")
     raise AttributionError(f"Unknown target {target!r}; use one of {', '.join(TARGETS)}.")
 
 

@@ -28,11 +28,11 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError, out_of_memory, reading
-from ..engine.guards import engine_modes, eval_mode
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from ..engine.layers import run_logits
-from ..methods.scores import Progress, model_device, neuron_scores
+from ..methods.passes import LayerPass
+from ..methods.scores import Progress, neuron_scores
 from .loaded import LoadedModel
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.pickles import pickled_size, unpickle
@@ -725,15 +725,10 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
     """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched);
     `progress(fraction)` after each batch."""
     module = _module(model, "predicted")
-    device = model_device(module)
-    parts, total = [], inputs.shape[0]
-    with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
-        for start in range(0, total, batch_size):
-            batch = model_io.to_model(inputs[start:start + batch_size], module, device)
-            parts.append(run_logits(module, batch).argmax(dim=1).cpu())
-            if progress is not None:
-                progress(min(1.0, (start + batch_size) / total))
-    return torch.cat(parts)
+    layer_pass = LayerPass(module, None, inputs, batch_size=batch_size, grad=False,
+                           what="predict")
+    return torch.cat([predicted for _, predicted in layer_pass.run(
+        lambda batch: run_logits(module, batch.x).argmax(dim=1).cpu(), progress)])
 
 
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,157 +12,13 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError
-from ..engine.guards import autograd_input, engine_modes, eval_mode
-from ..engine.layers import resolve_layer
+from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
+from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
 from .registry import METHODS, REGISTRY, Batch, Targets
-from ..engine.runners import layer_attrs, runner_for
+from ..engine.runners import layer_attrs
 
-Inputs = Union[torch.Tensor, np.ndarray, Mapping, Iterable]
-Progress = Optional[Callable[[float], object]]
 REDUCTIONS = ("mean", "mean_abs", "std")
 _MAX_ELEMENTS_PER_PASS = 1 << 24  # bounds stacked variants (steps, ablated neurons, masks)
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """Where the model's first parameter (or buffer) lives; cpu for a model without any."""
-    first = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return torch.device("cpu") if first is None else first.device
-
-
-def resolve_device(device: Union[str, torch.device]) -> torch.device:
-    """`device` as a torch.device that exists here; AttributionError when it does not."""
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise AttributionError(f"Unknown device {device!r}; use 'cpu', 'cuda' or "
-                               "'cuda:N'.") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise AttributionError(
-                f"Device {device!r} asks for a GPU, but CUDA is not available here (torch "
-                f"{torch.__version__}); use device 'cpu', or install a CUDA build of torch.")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise AttributionError(f"Device {device!r} does not exist: this machine has "
-                                   f"{torch.cuda.device_count()} GPU(s), cuda:0.. .")
-    elif resolved.type != "cpu":
-        raise AttributionError(f"Device {device!r} is not supported; use 'cpu' or 'cuda'.")
-    return resolved
-
-
-def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Module:
-    """`model` when it already lives on `device` (or device is None), else a copy moved there.
-
-    The caller's model never moves (a model shared by a server stays where it is); move it
-    yourself (`model.to(device)`) to avoid the copy. A model on the meta device (shapes
-    without weights) raises AttributionError.
-    """
-    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
-        raise AttributionError(
-            "The model's weights are on the meta device: it has shapes but no values (built "
-            "under torch.device('meta') or an empty-weights loader), so no score can be "
-            "computed. Load its weights first, e.g. model.to_empty(device='cpu') then "
-            "model.load_state_dict(state).")
-    if device is None:
-        return model
-    wanted, current = resolve_device(device), model_device(model)
-    if wanted.type == "cuda" and wanted.index is None:
-        wanted = torch.device("cuda", torch.cuda.current_device())
-    if current == wanted:
-        return model
-    return copy.deepcopy(model).to(wanted)
-
-
-def as_batch_tensor(x, model: nn.Module, device: torch.device):
-    """One batch (tensor, array or named inputs) as tensors on `device` for `model`, detached
-    and ordinary even when made under torch.inference_mode() (`guards.autograd_input`)."""
-    batch = model_io.to_model(x, model, device)
-    if isinstance(batch, model_io.NamedInputs):
-        return batch.map(autograd_input)
-    return autograd_input(batch)
-
-
-def n_samples(inputs: Inputs) -> Optional[int]:
-    """Number of samples when known up front (tensors, arrays, named inputs, `NpyRows`,
-    sized loaders), else None."""
-    shape = getattr(model_io.named(inputs), "shape", None)
-    if shape is not None:
-        return int(shape[0])
-    dataset = getattr(inputs, "dataset", None)
-    if dataset is not None and hasattr(dataset, "__len__"):
-        return len(dataset)
-    return None
-
-
-def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[object, object]]:
-    """(x, y) per batch: slices of an in-memory or memory-mapped array or of named inputs
-    (y None), or the items of an iterable of batches such as a DataLoader (x, an (x, y, ...)
-    tuple, or a dict of named inputs whose "labels" entry, if any, is y)."""
-    inputs = model_io.named(inputs)
-    if model_io.is_batch(inputs):
-        for begin in range(0, model_io.n_rows(inputs), batch_size):
-            yield model_io.take(inputs, slice(begin, begin + batch_size)), None
-        return
-    try:
-        iterator = iter(inputs)
-    except TypeError:
-        raise AttributionError(f"Inputs must be a tensor, a NumPy array or an iterable of "
-                               f"batches; got {type(inputs).__name__}.") from None
-    for item in iterator:
-        if isinstance(item, (tuple, list)):
-            yield model_io.named(item[0]), item[1] if len(item) > 1 else None
-        elif isinstance(item, Mapping):  # a transformers-style batch
-            entries = dict(item)
-            labels = entries.pop("labels", None)
-            yield model_io.named(entries), labels
-        else:
-            yield item, None
-
-
-def iter_batches(inputs: Inputs, batch_size: int) -> Iterator[torch.Tensor | np.ndarray]:
-    """The x of each batch of `iter_labelled_batches`."""
-    for x, _ in iter_labelled_batches(inputs, batch_size):
-        yield x
-
-
-def batch_labels(labels, size: int, device: torch.device) -> torch.Tensor:
-    """The y of one (x, y) batch as a LongTensor [B] (targets="labels")."""
-    if labels is None:
-        raise AttributionError("targets='labels' reads y from batches (x, y, ...), but these "
-                               "batches carry no labels; pass targets as a LongTensor [N] "
-                               "or None (the predicted class).")
-    labels = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor)
-                             else labels)
-    if (labels.dim() != 1 or labels.shape[0] != size or labels.is_floating_point()
-            or labels.dtype == torch.bool or labels.is_complex()):
-        raise AttributionError(f"targets='labels' needs integer class ids y [B] in each "
-                               f"(x, y) batch; got y of shape {list(labels.shape)} and dtype "
-                               f"{labels.dtype} for {size} samples.")
-    return labels.to(device=device, dtype=torch.long)
-
-
-def check_targets(targets: Targets, total: Optional[int], inputs: Inputs) -> Targets:
-    """`targets` checked against the number of samples (LongTensor [N], None, "all" or
-    "labels"); AttributionError with what to pass otherwise."""
-    if targets is None or (isinstance(targets, str) and targets == "all"):
-        return targets
-    if isinstance(targets, str) and targets == "labels":
-        if model_io.is_batch(model_io.named(inputs)):
-            raise AttributionError("targets='labels' reads y from the (x, y) batches of a "
-                                   "DataLoader; with array inputs pass the labels as a "
-                                   "LongTensor [N].")
-        return targets
-    if isinstance(targets, str):
-        raise AttributionError(f"targets={targets!r} is not understood: pass a LongTensor of "
-                               "class ids, None (predicted class), 'all', or 'labels' (the y "
-                               "of each (x, y) batch).")
-    if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
-            or targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool):
-        raise AttributionError("targets must be a LongTensor [N] of class ids, None (the "
-                               "predicted class) or 'all'; convert with torch.as_tensor(y).long().")
-    if total is not None and targets.shape[0] != total:
-        raise AttributionError(f"targets has {targets.shape[0]} entries but there are "
-                               f"{total} samples.")
-    return targets.long()
 
 
 def check_method(method: str) -> None:
@@ -188,65 +42,29 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     check_method(method)
     if batch_size < 1 or n_steps < 1:
         raise AttributionError("batch_size and n_steps must be positive integers.")
-    name, _ = resolve_layer(model, layer)
-    model = on_device(model, device)
-    name, module = resolve_layer(model, name)
-    total = n_samples(inputs)
-    targets = check_targets(targets, total, inputs)
-    device = model_device(model)
     scoring = REGISTRY[method]
-    runner = None
-    start = 0
-    with eval_mode(model):
-        for raw, labels in iter_labelled_batches(inputs, batch_size):
-            # the caller's no_grad would zero gradients, autocast round, and a runner built
-            # under inference_mode fails autograd; the caller's modes are back at each yield
-            with engine_modes():
-                x = as_batch_tensor(raw, model, device)
-                rows = model_io.n_rows(x)
-                if rows == 0:
-                    continue
-                if scoring.needs_float_inputs and not model_io.is_floating(x):
-                    raise AttributionError(
-                        f"{method} interpolates the inputs from a zero baseline, which "
-                        f"{x.dtype} inputs (e.g. token ids) do not allow; use "
-                        "integrated_gradients, which interpolates the layer's output instead.")
-                if runner is None:
-                    runner = runner_for(model, name, module, x)
-                    if about_layer is not None:
-                        about_layer.update(layer_attrs(runner))
-                    if isinstance(targets, torch.Tensor):  # every batch's at once
-                        targets = validated_targets(targets, runner).to(device)
-                batch_targets = targets
-                if isinstance(targets, torch.Tensor):
-                    if start + rows > targets.shape[0]:
-                        raise AttributionError("There are more samples than targets.")
-                    batch_targets = targets[start:start + rows]
-                elif targets == "labels":
-                    batch_targets = validated_targets(batch_labels(labels, rows, device), runner)
-                per_row = max(1, model_io.row_size(x), runner.layer_size)  # a stacked variant
-                scores = scoring.function(Batch(runner, x, batch_targets, n_steps,
-                                                first_index + start, seed,
-                                                max(rows, _MAX_ELEMENTS_PER_PASS // per_row)))
-                scores = scores.detach().to("cpu", torch.float32)
-            yield start, scores
-            start += rows
-            if progress is not None:
-                progress(min(1.0, start / total) if total else float("nan"))
-    if start == 0:
-        raise AttributionError("There are no samples to score (the inputs are empty).")
 
+    def floating(x) -> None:
+        if scoring.needs_float_inputs and not model_io.is_floating(x):
+            raise AttributionError(
+                f"{method} interpolates the inputs from a zero baseline, which {x.dtype} "
+                "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
+                "interpolates the layer's output instead.")
 
-def validated_targets(targets: Targets, runner) -> Targets:
-    """Check class ids against the model's number of classes (one reduction)."""
-    if not isinstance(targets, torch.Tensor) or not targets.numel():
-        return targets
-    n_classes = runner.n_classes
-    low, high = map(int, torch.aminmax(targets))
-    if low < 0 or high >= n_classes:
-        raise AttributionError(f"Target class ids must lie in 0..{n_classes - 1} (the model "
-                               f"has {n_classes} outputs); got {low}..{high}.")
-    return targets
+    def score(batch: LayerBatch) -> torch.Tensor:
+        if about_layer is not None and batch.start == 0:
+            about_layer.update(layer_attrs(batch.runner))
+        per_row = max(1, model_io.row_size(batch.x), batch.runner.layer_size)  # a variant
+        scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
+                                        first_index + batch.start, seed,
+                                        max(batch.rows, _MAX_ELEMENTS_PER_PASS // per_row)))
+        return scores.detach().to("cpu", torch.float32)
+
+    layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size,
+                           device=device, check=floating)
+    with contextlib.closing(layer_pass.run(score, progress)) as batches:
+        for batch, scores in batches:
+            yield batch.start, scores
 
 
 def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[str, object]:
@@ -340,6 +158,49 @@ def check_reduce(reduce: str) -> None:
         raise AttributionError(f"Unknown reduce {reduce!r}; use one of {', '.join(REDUCTIONS)}.")
 
 
+def averaged(per_sample: np.ndarray, reduce: str) -> np.ndarray:
+    """The per-sample quantity that `reduce` summarises: |s| for "mean_abs", else s."""
+    return np.abs(per_sample) if reduce == "mean_abs" else per_sample
+
+
+def reduce_scores(scores, reduce: str, clusters: Optional[Sequence] = None):
+    """The reduce rule, the one place it is written: a cluster's score of a neuron is the
+    mean of its samples' scores s ("mean"), the mean of |s| ("mean_abs"), or their sample
+    standard deviation ("std": ddof=1, NaN for a single sample).
+
+    Args:
+        scores: per-sample scores [m, ...] (an array, summarised over its first axis), or a
+            `ClusterStatistics` (the sums streamed per cluster).
+        reduce: one of `REDUCTIONS`.
+        clusters: with per-sample scores [N, n], one cluster id per sample: a row per cluster.
+    Returns:
+        - per-sample scores: ndarray [...] in their own dtype;
+        - per-sample scores and clusters: DataFrame with index "cluster" (sorted), columns
+          0..n-1 (float64) and "n" (cluster size), as `cluster_scores`;
+        - a ClusterStatistics: float64 tensor [G, ...], one row per cluster.
+    """
+    check_reduce(reduce)
+    if isinstance(scores, ClusterStatistics):
+        sizes = scores.counts.view((-1,) + (1,) * (scores.sums.dim() - 1))
+        if reduce == "std":
+            variance = (scores.sums_sq - scores.sums * scores.sums / sizes) / (sizes - 1)
+            return variance.clamp_min(0).sqrt()
+        return (scores.sums_abs if reduce == "mean_abs" else scores.sums) / sizes
+    values = averaged(scores, reduce)
+    if clusters is not None:
+        frame = pd.DataFrame(values.astype(np.float64), columns=range(scores.shape[1]),
+                             copy=False)  # a fresh array already; copying it was half the time
+        groups = frame.groupby(np.asarray(clusters), sort=True)
+        table = groups.std(ddof=1) if reduce == "std" else groups.mean()
+        table.index.name = "cluster"
+        table["n"] = groups.size().astype(np.int64)
+        return table
+    if reduce == "std":
+        return (values.std(0, ddof=1) if values.shape[0] > 1
+                else np.full(values.shape[1:], np.nan))
+    return values.mean(0)
+
+
 @dataclass
 class ClusterStatistics:
     """Running per-cluster sums of scores: every reduction follows, and shards add up.
@@ -364,15 +225,7 @@ class ClusterStatistics:
 
     def frame(self, reduce: str = "mean") -> pd.DataFrame:
         """The `cluster_scores` table for `reduce` ("mean", "mean_abs" or "std")."""
-        check_reduce(reduce)
-        sizes = self.counts.view((-1,) + (1,) * (self.sums.dim() - 1))
-        if reduce == "mean":
-            table = self.sums / sizes
-        elif reduce == "mean_abs":
-            table = self.sums_abs / sizes
-        else:
-            variance = (self.sums_sq - self.sums * self.sums / sizes) / (sizes - 1)
-            table = variance.clamp_min(0).sqrt()
+        table = reduce_scores(self, reduce)
         frame = _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
         frame.attrs.update(self.layer)
         return frame
@@ -461,14 +314,4 @@ def cluster_table(per_sample: np.ndarray, clusters: Sequence, reduce: str) -> pd
     Returns:
         DataFrame with index "cluster", columns 0..n-1 and "n" (like `cluster_scores`).
     """
-    values = np.abs(per_sample) if reduce == "mean_abs" else per_sample
-    frame = pd.DataFrame(values.astype(np.float64), columns=range(per_sample.shape[1]),
-                         copy=False)  # a fresh array already; copying it was half the time
-    groups = frame.groupby(np.asarray(clusters), sort=True)
-    if reduce == "std":
-        table = groups.std(ddof=1)
-    else:
-        table = groups.mean()
-    table.index.name = "cluster"
-    table["n"] = groups.size().astype(np.int64)
-    return table
+    return reduce_scores(per_sample, reduce, clusters)

@@ -13,12 +13,9 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
-from ..engine.guards import engine_modes, eval_mode
-from ..engine.layers import resolve_layer
-from ..engine.model_io import TEXT_INPUT, NamedInputs, attention_mask, n_rows, to_model
 from .registry import REGISTRY, MethodNames
-from .scores import Inputs, iter_labelled_batches, model_device
-from ..engine.runners import runner_for
+from ..engine.model_io import TEXT_INPUT, NamedInputs, attention_mask
+from .passes import Inputs, LayerBatch, LayerPass
 
 TOKEN_METHODS = MethodNames(lambda entry: entry.token_value is not None)
 """Methods with a value at each token (`Method.token_value`, e.g. z, dF/dz and z * dF/dz,
@@ -48,37 +45,31 @@ def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
     if method not in TOKEN_METHODS:
         raise AttributionError(f"Per-token scores exist for {', '.join(TOKEN_METHODS)}; "
                                f"got {method!r}.")
-    name, module = resolve_layer(model, layer)
-    device = model_device(model)
-    parts, start, runner = [], 0, None
-    with eval_mode(model):
-        for raw, _ in iter_labelled_batches(inputs, batch_size):
-            x = to_model(raw, model, device)
-            rows = n_rows(x)
-            with engine_modes():
-                if runner is None:
-                    runner = runner_for(model, name, module, x)
-                values = _per_position(runner, x, neuron, method, None if targets is None
-                                       else targets[start:start + rows].to(device))
-            ids = x[TEXT_INPUT] if isinstance(x, NamedInputs) and TEXT_INPUT in x else x
-            if values.dim() != 2 or values.shape[1] != ids.shape[-1]:
-                raise AttributionError(f"Layer {name!r} has no token positions (its output per "
-                                       "neuron is not one value per token); pick a layer "
-                                       "before the positions are pooled.")
-            mask = attention_mask(x)
-            real = (mask != 0) if mask is not None else torch.ones_like(values, dtype=torch.bool)
-            sample, position = real.nonzero(as_tuple=True)
-            sample_cpu, position_cpu = sample.cpu().numpy(), position.cpu().numpy()
-            text = (np.asarray(tokens)[start + sample_cpu, position_cpu].astype(str)
-                    if tokens is not None
-                    else ids[sample, position].cpu().numpy().astype(str) if not
-                    ids.is_floating_point() else position_cpu.astype(str))
-            parts.append(pd.DataFrame({
-                "sample": start + sample_cpu, "position": position_cpu, "token": text,
-                "score": values[sample, position].detach().float().cpu().numpy()}))
-            start += rows
-    if not parts:
-        raise AttributionError("There are no samples to score (the inputs are empty).")
+    layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, accepts=(),
+                           need="Per-token scores are for one target per sample")
+
+    def per_position(batch: LayerBatch) -> torch.Tensor:
+        return _per_position(batch.runner, batch.x, neuron, method, batch.targets)
+
+    parts = []
+    for batch, values in layer_pass.run(per_position):
+        x, start = batch.x, batch.start
+        ids = x[TEXT_INPUT] if isinstance(x, NamedInputs) and TEXT_INPUT in x else x
+        if values.dim() != 2 or values.shape[1] != ids.shape[-1]:
+            raise AttributionError(f"Layer {layer_pass.name!r} has no token positions (its "
+                                   "output per neuron is not one value per token); pick a "
+                                   "layer before the positions are pooled.")
+        mask = attention_mask(x)
+        real = (mask != 0) if mask is not None else torch.ones_like(values, dtype=torch.bool)
+        sample, position = real.nonzero(as_tuple=True)
+        sample_cpu, position_cpu = sample.cpu().numpy(), position.cpu().numpy()
+        text = (np.asarray(tokens)[start + sample_cpu, position_cpu].astype(str)
+                if tokens is not None
+                else ids[sample, position].cpu().numpy().astype(str) if not
+                ids.is_floating_point() else position_cpu.astype(str))
+        parts.append(pd.DataFrame({
+            "sample": start + sample_cpu, "position": position_cpu, "token": text,
+            "score": values[sample, position].detach().float().cpu().numpy()}))
     return pd.concat(parts, ignore_index=True)
 
 

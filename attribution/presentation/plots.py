@@ -19,7 +19,7 @@ import plotly.io as pio
 
 from ..analyses.settings import METRIC_LABELS, REDUCTION_LABELS
 from ..methods.registry import REGISTRY, colour_from_name, method_label
-from ..methods.scores import cluster_table
+from ..methods.scores import averaged, cluster_table, reduce_scores
 
 CURVE_COLOURS = {"ranked": "#D55E00", "bottom": "#0072B2", "random": "#7A7A7A"}
 CURVE_LABELS = {
@@ -212,13 +212,13 @@ def neuron_summary(per_sample: np.ndarray, reduce: str, method: str) -> pd.DataF
         rows (method, neuron, score, spread, n): spread is the std across samples of the
         quantity averaged (the signed score, or its absolute value).
     """
-    values = np.abs(per_sample) if reduce == "mean_abs" else per_sample
-    values = values.astype(np.float64)
+    values = np.asarray(per_sample, dtype=np.float64)
     n = values.shape[0]
-    spread = values.std(axis=0, ddof=1) if n > 1 else np.zeros(values.shape[1])
+    spread = (reduce_scores(averaged(values, reduce), "std") if n > 1
+              else np.zeros(values.shape[1]))
     return pd.DataFrame({
         "method": method, "neuron": np.arange(values.shape[1]),
-        "score": values.mean(axis=0), "spread": spread, "n": n,
+        "score": reduce_scores(values, reduce), "spread": spread, "n": n,
     })
 
 
@@ -241,7 +241,7 @@ def tidy_sample_scores(per_sample: np.ndarray, sample_ids: Sequence, *, reduce: 
     """
     values = np.asarray(per_sample, dtype=np.float64)
     ids = np.asarray(sample_ids)
-    cluster_score = np.abs(values).mean(axis=0) if reduce == "mean_abs" else values.mean(axis=0)
+    cluster_score = reduce_scores(values, reduce)
     neuron_order = _evenly_spaced(np.argsort(-cluster_score, kind="stable"), max_neurons)
     sample_order = (np.argsort(-values[:, neuron_order[0]], kind="stable") if values.size
                     else np.zeros(0, dtype=int))
