@@ -168,10 +168,10 @@ def test_size_and_row_limits_are_configurable(monkeypatch):
                     pt_bytes(torch.from_numpy(INPUTS))):
         with pytest.raises(at.AttributionError, match="in-memory limit"):
             at.load_data(limited, max_rows=2)
-    monkeypatch.setattr(at.data, "MAX_ROWS", 3)
+    monkeypatch.setattr(at.inputs.data, "MAX_ROWS", 3)
     with pytest.raises(at.AttributionError, match="limit of 3"):
         at.load_data(data)
-    monkeypatch.setattr(at.loading, "MAX_UPLOAD_BYTES", 100)
+    monkeypatch.setattr(at.inputs.loading, "MAX_UPLOAD_BYTES", 100)
     with pytest.raises(at.AttributionError, match="MiB limit"):
         at.load_data(data)
 

@@ -714,7 +714,7 @@ def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
             raise RuntimeError("not enough memory for the result")
         return real_n_samples(inputs)
 
-    monkeypatch.setattr(at.scores, "n_samples", failing_on_the_result)
+    monkeypatch.setattr(at.methods.scores, "n_samples", failing_on_the_result)
     with pytest.raises(RuntimeError, match="not enough memory") as failure:
         at.neuron_scores(model, "fc1", x, y, batch_size=8)
     assert failure.value is not None  # the traceback (and its frames) still alive here
