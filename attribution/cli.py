@@ -370,8 +370,18 @@ def _small_npy(path: Path, what: str) -> np.ndarray:
                                "it with numpy.save.") from None
 
 
+_STREAMED_HINTS = {  # cluster source -> where .npy data gets what it needs
+    "label": "pass --labels", "correctness": "pass --labels",
+    "provided": "pass --cluster-ids",
+    "kmeans_inputs": "save it as .npz (under --max-rows samples) or pass precomputed "
+                     "--cluster-ids",
+}
+_STREAMED_HINTS["kmeans_activations"] = _STREAMED_HINTS["kmeans_inputs"]
+
+
 def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarray:
-    """Cluster ids [N] from `--clusters` (see `attribution.inputs.data.make_clusters`)."""
+    """Cluster ids [N] from `--clusters` (`data.make_clusters`, also for .npy data read batch
+    by batch); "none" puts every sample in one cluster "all"."""
     source = args.clusters
     if source is None:
         source = ("provided" if problem.provided_clusters is not None
@@ -379,28 +389,18 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
     if source == "none":
         return np.full(problem.n_samples, "all")
     if problem.streamed:
-        if source == "provided":
-            if problem.provided_clusters is None:
-                raise AttributionError("--clusters provided needs --cluster-ids for .npy data.")
-            return problem.provided_clusters
-        if source == "label":
-            if problem.labels is None:
-                raise AttributionError("--clusters label needs --labels for .npy data.")
-            return problem.labels.numpy()
-        if source in ("predicted", "correctness"):
-            predicted = torch.cat([
-                data_module.predict_classes(problem.model, torch.from_numpy(batch),
-                                            batch_size=len(batch)) for batch in problem.inputs])
-            if source == "predicted":
-                return predicted.numpy()
-            if problem.labels is None:
-                raise AttributionError("--clusters correctness needs --labels.")
-            return np.where((predicted == problem.labels).numpy(), "correct", "misclassified")
-        raise AttributionError(f"--clusters {source} needs the data in memory; save it as .npz "
-                               "(under --max-rows samples) or pass precomputed --cluster-ids.")
-    dataset = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
-    return data_module.make_clusters(source, dataset, problem.model, layer=layer, k=args.k,
-                                     seed=args.seed, batch_size=args.batch_size)
+        data = data_module.StreamedData(problem.inputs, problem.labels,
+                                        problem.provided_clusters)
+    else:
+        data = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
+    try:
+        return data_module.make_clusters(source, data, problem.model, layer=layer, k=args.k,
+                                         seed=args.seed, batch_size=args.batch_size)
+    except AttributionError as error:
+        if not problem.streamed or source not in _STREAMED_HINTS:
+            raise
+        raise AttributionError(f"{error} For .npy data ({args.data}), "
+                               f"{_STREAMED_HINTS[source]}.") from None
 
 
 def target_choice(args, problem: Problem) -> tuple[str, int]:

@@ -19,7 +19,7 @@ import io
 import math
 import reprlib
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,7 @@ from ..engine.guards import engine_modes, eval_mode
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from ..engine.layers import run_logits
-from ..methods.scores import Progress, model_device, neuron_scores
+from ..methods.scores import Progress, iter_batches, model_device, n_samples, neuron_scores
 from .loading import (LoadedModel, Source, check_pickle_size, describe_kind, open_zip,
                       pickled_size, read_source, sniff, zip_kind)
 
@@ -46,6 +46,7 @@ ACTIVATIONS_SHARE = 0.5
 """Share of k-means on activations that `make_clusters` reports for the activation pass."""
 CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
                    "kmeans_activations")
+_IN_MEMORY_SOURCES = ("kmeans_inputs", "kmeans_activations")  # k-means reads every sample
 
 _INPUT_KEYS = ("inputs", "x", "X", "data", "images", "features")
 _LABEL_KEYS = ("labels", "label", "y", "targets", "target", "class")
@@ -107,6 +108,24 @@ class Dataset:
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedData:
+    """Samples read batch by batch (data larger than memory), with their labels and cluster
+    ids: what `make_clusters` takes in place of a `Dataset` for them. Nothing is checked
+    here: give what `Dataset` would hold (the command line checks its .npy files).
+
+    Attributes:
+        inputs: `NpyRows` or any re-iterable of batches [B, ...] (arrays or tensors), in
+            sample order.
+        labels: int64 tensor [N] of class ids, or None.
+        clusters: 1-D array [N] of cluster ids, or None.
+    """
+
+    inputs: Iterable
+    labels: Optional[torch.Tensor] = None
+    clusters: Optional[np.ndarray] = None
 
 
 def _numpy(value: Any, what: str) -> np.ndarray:
@@ -720,19 +739,21 @@ def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Modul
     return model.module if isinstance(model, LoadedModel) else model
 
 
-def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, *,
+def predict_classes(model: Union[LoadedModel, nn.Module], inputs, *,
                     batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
-    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched);
-    `progress(fraction)` after each batch."""
+    """Predicted class ids, int64 [N], for inputs [N, ...] or an iterable of batches such as
+    `NpyRows` (eval mode, no grad, batched); `progress(fraction)` after each batch (NaN for
+    an iterable of unknown length)."""
     module = _module(model, "predicted")
     device = model_device(module)
-    parts, total = [], inputs.shape[0]
+    parts, total, done = [], n_samples(inputs), 0
     with eval_mode(module), engine_modes(), torch.no_grad():  # not the caller's autocast
-        for start in range(0, total, batch_size):
-            batch = model_io.to_model(inputs[start:start + batch_size], module, device)
+        for batch in iter_batches(inputs, batch_size):
+            batch = model_io.to_model(batch, module, device)
             parts.append(run_logits(module, batch).argmax(dim=1).cpu())
+            done += parts[-1].shape[0]
             if progress is not None:
-                progress(min(1.0, (start + batch_size) / total))
+                progress(min(1.0, done / total) if total else float("nan"))
     return torch.cat(parts)
 
 
@@ -744,7 +765,8 @@ def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: 
                          method="activation", batch_size=batch_size, progress=progress)
 
 
-def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
+def make_clusters(source: str, dataset: Union[Dataset, StreamedData],
+                  model: Union[LoadedModel, nn.Module, None] = None,
                   layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
                   batch_size: int = 256, progress: Progress = None) -> np.ndarray:
     """One cluster id per sample, [N].
@@ -754,7 +776,9 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
             "predicted" (predicted class id), "correctness" ("correct"/"misclassified"),
             "kmeans_inputs" or "kmeans_activations" (ids 0..k-1; the latter on `layer`'s
             outputs, conv channels averaged over space).
-        dataset: the samples (after `check_data` when a model is involved).
+        dataset: the samples (after `check_data` when a model is involved), or
+            `StreamedData` for samples read batch by batch (every source but k-means, which
+            needs them in memory).
         model: needed for "predicted", "correctness" and "kmeans_activations".
         layer: dotted layer name for "kmeans_activations".
         k: number of k-means clusters, 2..N.
@@ -767,6 +791,10 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
     if source not in CLUSTER_SOURCES:
         raise AttributionError(f"Unknown cluster source {source!r}; use one of "
                                f"{', '.join(CLUSTER_SOURCES)}.")
+    if isinstance(dataset, StreamedData) and source in _IN_MEMORY_SOURCES:
+        raise AttributionError(f"Cluster source {source!r} needs the data in memory (k-means "
+                               "reads every sample at once), but these samples are read batch "
+                               "by batch; load them in memory or pass precomputed cluster ids.")
     if source == "provided":
         if dataset.clusters is None:
             raise AttributionError("This data has no cluster ids; add a 'cluster' column/array "
