@@ -361,7 +361,7 @@ def test_a_raising_progress_propagates_and_leaves_the_model_untouched():
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        at.diagnose(model, "fc", x, y, progress=stop)
+        at.diagnose(model, "fc", x, y, "gradient", progress=stop)
     assert model.training and all(not m._forward_hooks for m in model.modules())
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
     assert updates == sorted(updates)

@@ -52,8 +52,10 @@ from ..engine.guards import engine_modes, eval_mode
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import rank_correlation
 from ..methods.registry import method_label
-from .settings import METRIC_LABELS, REDUCTION_LABELS
-from .pruning import curve_summary, pruning_curve, spaced_ks
+from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_RANDOM,
+                       DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED, EVIDENCE_METRIC,
+                       METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
+from .pruning import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, as_batch_tensor, check_method, check_reduce, cluster_codes,
                               find_cluster, iter_labelled_batches, model_device, neuron_scores,
                               on_device, score_batches)
@@ -72,7 +74,6 @@ CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non
                     "unknown")
 PATTERN_TOLERANCE = 1e-2  # how closely a known bug's signature must fit
 _LOGIT_UNIT_METHODS = ("gradient_x_activation", "integrated_gradients", "conductance", "ablation")
-_MAX_CURVE_POINTS = 32
 
 FindingsProgress = Optional[Callable[[float, list], object]]
 
@@ -151,10 +152,11 @@ class _Evidence:
     reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
 
 
-def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = "gradient",
-             clusters=None, *, cluster=None, reduce: str = "mean", user_scores=None,
-             metric: str = "target_logit", ablation: str = "zero", n_random: int = 20,
-             seed: int = 0, batch_size: int = 256, n_steps: int = 32,
+def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = DEFAULT_METHOD,
+             clusters=None, *, cluster=None, reduce: str = DEFAULT_REDUCE, user_scores=None,
+             metric: str = EVIDENCE_METRIC, ablation: str = DEFAULT_ABLATION,
+             n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
+             batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
              progress: FindingsProgress = None, device=None) -> list[Finding]:
     """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
 
@@ -171,7 +173,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             (the analysed ones: the cluster's when `cluster` is given, whose rows are also
             taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
             cluster score [n] (compared with the signed mean).
-        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random.
+        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
+            (measured at `settings.evidence_ks` k values).
         batch_size, n_steps, device: as in `neuron_scores`.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
@@ -495,11 +498,10 @@ def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
 def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
                      batch_size) -> tuple[Finding, float]:
     n_neurons = group.cluster_score.shape[0]
-    ks = spaced_ks(n_neurons, _MAX_CURVE_POINTS)
     curve = pruning_curve(model, layer, group.x, group.targets,
-                          np.nan_to_num(group.cluster_score, nan=0.0), ks=ks,
-                          n_random=n_random, seed=seed, ablation=ablation, metric=metric,
-                          batch_size=batch_size)
+                          np.nan_to_num(group.cluster_score, nan=0.0),
+                          ks=evidence_ks(n_neurons), n_random=n_random, seed=seed,
+                          ablation=ablation, metric=metric, batch_size=batch_size)
     beaten = float(curve_summary(curve)["fraction_random_beaten"].iloc[0])
     interior = curve[(curve["k"] > 0) & (curve["k"] < n_neurons)]
     within = ((interior["ranked"] >= interior["random_lo"])

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError, out_of_memory, reading
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.guards import engine_modes, eval_mode
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
@@ -44,8 +45,10 @@ KMEANS_RUNS = 4
 """k-means runs from different seeds; the clustering with the lowest inertia is kept."""
 ACTIVATIONS_SHARE = 0.5
 """Share of k-means on activations that `make_clusters` reports for the activation pass."""
-CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
+CLUSTER_SOURCES = ("label", "predicted", "correctness", "provided", "kmeans_inputs",
                    "kmeans_activations")
+"""How `make_clusters` can group samples, in the order menus list them (the default, and the
+choices a given data set allows, are decided in `attribution.analyses.settings`)."""
 _IN_MEMORY_SOURCES = ("kmeans_inputs", "kmeans_activations")  # k-means reads every sample
 
 _INPUT_KEYS = ("inputs", "x", "X", "data", "images", "features")
@@ -740,7 +743,8 @@ def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Modul
 
 
 def predict_classes(model: Union[LoadedModel, nn.Module], inputs, *,
-                    batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+                    batch_size: int = DEFAULT_BATCH_SIZE,
+                    progress: Progress = None) -> torch.Tensor:
     """Predicted class ids, int64 [N], for inputs [N, ...] or an iterable of batches such as
     `NpyRows` (eval mode, no grad, batched); `progress(fraction)` after each batch (NaN for
     an iterable of unknown length)."""
@@ -758,7 +762,8 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs, *,
 
 
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
-                      *, batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+                      *, batch_size: int = DEFAULT_BATCH_SIZE,
+                      progress: Progress = None) -> torch.Tensor:
     """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space
     (the engine's `activation` score). `progress(fraction)` after each batch."""
     return neuron_scores(_module(model, "kmeans_activations"), layer, inputs,
@@ -767,8 +772,8 @@ def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: 
 
 def make_clusters(source: str, dataset: Union[Dataset, StreamedData],
                   model: Union[LoadedModel, nn.Module, None] = None,
-                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
-                  batch_size: int = 256, progress: Progress = None) -> np.ndarray:
+                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = DEFAULT_SEED, *,
+                  batch_size: int = DEFAULT_BATCH_SIZE, progress: Progress = None) -> np.ndarray:
     """One cluster id per sample, [N].
 
     Args:
