@@ -39,10 +39,11 @@ activation and random have no logit units and are checked against float precisio
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
@@ -90,6 +91,10 @@ class Finding:
         hint: what to do instead ("" when nothing needs doing).
         pattern: for a failed suspicious_gradient_capture, the bug its signature fits (one
             of `CAPTURE_PATTERNS`); "" otherwise.
+        curve: for not_better_than_random, the evidence: the pruning curve the check
+            measured (a `pruning_curve` frame: k, ranked, bottom, random_mean, random_lo,
+            random_hi; its attrs as there), of the cluster it reports (the worst one among
+            several); None for the other checks. Not compared by ==.
     """
 
     code: str
@@ -100,6 +105,7 @@ class Finding:
     pattern: str = ""
     screen_message: str = ""
     screen_hint: str = ""
+    curve: Optional[pd.DataFrame] = field(default=None, compare=False, repr=False)
 
     def words(self, screen: bool) -> tuple[str, str]:
         """(message, hint) in the dashboard's words ("mean |·|", "target logit") when
@@ -174,12 +180,14 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
             cluster score [n] (compared with the signed mean).
         metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
-            (measured at `settings.evidence_ks` k values).
+            (measured at `settings.evidence_ks` k values, returned as its finding's `curve`).
         batch_size, n_steps, device: as in `neuron_scores`.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
         One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
-        user_scores is given; only non_finite when the logits or scores are not finite.
+        user_scores is given; only non_finite when the logits or scores are not finite. The
+        not_better_than_random finding carries the pruning curve it rests on (`curve`): the
+        cluster's `reduce` scores ranking its neurons, `metric` on its samples.
     """
     check_method(method)
     check_reduce(reduce)
@@ -513,15 +521,16 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if beaten < BEATEN_WARNING:
-        return _finding("not_better_than_random", "problem",
-                       f"The ranking is no better than random: {measured}.", beaten,
-                       hint), -beaten
-    if beaten < BEATEN_OK:
-        return _finding("not_better_than_random", "warning",
-                       f"The ranking is only weakly better than random: {measured}.", beaten,
-                       hint), -beaten
-    return _finding("not_better_than_random", "ok", f"The ranking beats random: {measured}.",
-                   beaten), -beaten
+        finding = _finding("not_better_than_random", "problem",
+                           f"The ranking is no better than random: {measured}.", beaten, hint)
+    elif beaten < BEATEN_OK:
+        finding = _finding("not_better_than_random", "warning",
+                           f"The ranking is only weakly better than random: {measured}.",
+                           beaten, hint)
+    else:
+        finding = _finding("not_better_than_random", "ok",
+                           f"The ranking beats random: {measured}.", beaten)
+    return replace(finding, curve=curve), -beaten
 
 
 def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
