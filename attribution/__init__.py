@@ -15,8 +15,8 @@ from .analyses.diagnose import Finding, diagnose
 from .inputs.architectures import Architecture, parse_architecture
 from .inputs.loaded import LoadedModel
 from .inputs.loading import load_model
-from .inputs.data import (CLUSTER_SOURCES, Dataset, check_clusters, check_data, load_data,
-                          make_clusters, predict_classes)
+from .inputs.data import (CLUSTER_SOURCES, Dataset, StreamedData, check_clusters, check_data,
+                          load_data, make_clusters, predict_classes)
 from .inputs.demo import DEMOS, demo_files, load_demo
 from .engine.model_io import NamedInputs, select_output
 from .methods.tokens import TOKEN_METHODS, token_scores
@@ -29,7 +29,7 @@ __all__ = [
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
     "Finding", "diagnose",
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
-    "Dataset", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
+    "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
     "DEMOS", "demo_files", "load_demo", "NamedInputs", "select_output", "TOKEN_METHODS",
     "token_scores",
     "NpyRows", "distributed",

@@ -12,6 +12,9 @@ Data in a `.npy` file is read batch by batch (`NpyRows`), so it may be larger th
 labels and cluster ids then come from `--labels` / `--cluster-ids` files. Other formats
 (.npz, .pt, .csv, .parquet) are loaded into memory by `attribution.load_data`.
 
+Every default (method, clusters, targets, reduction, pruning-curve choices) is the dashboard's,
+read from `attribution.analyses.settings`.
+
 Exit codes: 0 done (diagnose: no problem found), 1 diagnose found a problem, 2 bad input
 (arguments, files, data), 3 internal error (a bug: rerun with --traceback and report it),
 130 interrupted.
@@ -45,14 +48,17 @@ from .inputs.loading import load_model
 from .inputs.untrusted.files import sniff
 from .methods.registry import METHODS
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary
-from .analyses.settings import AnalysisSettings, scoring_targets
+from .analyses import settings as analysis
+from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
+                                scoring_targets)
 from .presentation.report import collect_report, csv_text, render_report, report_csvs
 from .methods.scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
 from .engine.runners import LAYER_KEYS
 from .inputs.streaming import NpyRows
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-CLUSTER_SOURCES = data_module.CLUSTER_SOURCES + ("none",)
+NO_CLUSTERS = "none"  # --clusters none: every sample in one cluster "all"
+CLUSTER_SOURCES = analysis.CLUSTER_SOURCES + (NO_CLUSTERS,)
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
@@ -140,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--labels", type=Path,
                        help="labels [N] as .npy, for .npy data")
     group.add_argument("--cluster-ids", type=Path,
-                       help="cluster ids [N] as .npy, for .npy data")
+                       help="cluster ids [N] as .npy, for .npy data (used with --clusters "
+                            "provided, or by default when there are no --labels)")
     group.add_argument("--features", help="inputs key (.npz/.pt), comma-separated feature "
                                           "columns (.csv/.parquet), or the text column for a "
                                           "model with a tokenizer; detected by default")
@@ -157,8 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "data: save the inputs as .npy")
     group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
                        help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
-                            "provided ids, else the label, else one cluster 'all')")
-    group.add_argument("--k", type=_positive, default=8, help="k-means clusters (default 8)")
+                            "the label when the data has labels, else the data's cluster ids, "
+                            "else the predicted class; none: one cluster 'all')")
+    group.add_argument("--k", type=_positive, default=analysis.DEFAULT_K,
+                       help="k-means clusters (default %(default)s)")
     group.add_argument("--targets", default=None,
                        help="label, predicted, all or a class id (default: label when the "
                             "data has labels, else predicted)")
@@ -170,26 +179,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the output dim holding the layer's neurons (batch = 0), e.g. 2 "
                             "for a sequence [N, T, F]; default: read from the data (see "
                             "`layers`); the same as --layer NAME:AXIS")
-    group.add_argument("--reduce", choices=REDUCTIONS, default="mean",
-                       help="per-cluster reduction of per-sample scores (default mean)")
-    group.add_argument("--batch-size", type=_positive, default=256)
-    group.add_argument("--n-steps", type=_positive, default=32,
-                       help="integration steps (integrated_gradients, conductance)")
-    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--reduce", choices=REDUCTIONS, default=analysis.DEFAULT_REDUCE,
+                       help="per-cluster reduction of per-sample scores (default %(default)s)")
+    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
+                       help="samples per pass (default %(default)s)")
+    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
+                       help="integration steps (integrated_gradients, conductance; default "
+                            "%(default)s)")
+    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
+                       help="seed of random orders, k-means and the random method (default "
+                            "%(default)s)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def band(metric: str) -> _Parser:  # one per default: parents share their actions
         parser = _Parser(add_help=False)
         group = parser.add_argument_group("pruning curves")
-        group.add_argument("--n-random", type=_positive, default=20,
-                           help="random orders forming the band (default 20)")
+        group.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
+                           help="random orders forming the band (default %(default)s)")
         group.add_argument("--metric", choices=METRICS, default=metric,
                            help=f"what the curves measure (default {metric})")
         return parser
 
     ablation = _Parser(add_help=False)
-    ablation.add_argument("--ablation", choices=ABLATIONS, default="zero",
-                          help="a removed neuron's output becomes 0 or its mean (default zero)")
+    ablation.add_argument("--ablation", choices=ABLATIONS, default=analysis.DEFAULT_ABLATION,
+                          help="a removed neuron's output becomes 0 or its mean (default "
+                               "%(default)s)")
 
     command = commands.add_parser("layers", parents=[model], help="list the model's layers")
     command.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -198,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     command = commands.add_parser(
         "score", parents=[model, data, compute],
         help="neuron scores per cluster as a tidy CSV/Parquet table")
-    command.add_argument("--method", nargs="+", choices=METHODS, default=["gradient"],
-                         metavar="METHOD", help=f"one or more of {', '.join(METHODS)} "
-                                                "(default gradient)")
+    command.add_argument("--method", nargs="+", choices=METHODS,
+                         default=[analysis.DEFAULT_METHOD], metavar="METHOD",
+                         help=f"one or more of {', '.join(METHODS)} (default "
+                              f"{analysis.DEFAULT_METHOD})")
     command.add_argument("--out", required=True,
                          help="table (.csv or .parquet; '-' = CSV on stdout) with columns "
                               "cluster, neuron, method, score, n (and class for --targets all)")
@@ -210,13 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_score)
 
     command = commands.add_parser(
-        "curve", parents=[model, data, compute, band("accuracy"), ablation],
+        "curve", parents=[model, data, compute, band(analysis.DEFAULT_METRIC), ablation],
         help="pruning curves (ranked, bottom, random band) as CSV, summary as JSON")
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
-    command.add_argument("--method", choices=METHODS, default="gradient", metavar="METHOD",
-                         help=f"the scores that rank the neurons: {', '.join(METHODS)} "
-                              "(default gradient)")
+    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
+                         metavar="METHOD", help="the scores that rank the neurons: "
+                                                f"{', '.join(METHODS)} (default %(default)s)")
     command.add_argument("--cluster", help="rank by this cluster's scores and measure it "
                                            "against the rest (default: all the data)")
     command.add_argument("--out", required=True, help="curve table (.csv, .parquet or '-')")
@@ -224,10 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_curve)
 
     command = commands.add_parser(
-        "diagnose", parents=[model, data, compute, band("target_logit"), ablation],
+        "diagnose", parents=[model, data, compute, band(analysis.EVIDENCE_METRIC), ablation],
         help="are the scores degenerate? findings as JSON and a table; exit 1 on a problem")
-    command.add_argument("--method", choices=METHODS, default="gradient", metavar="METHOD",
-                         help=f"the method under test: {', '.join(METHODS)} (default gradient)")
+    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
+                         metavar="METHOD", help=f"the method under test: {', '.join(METHODS)} "
+                                                "(default %(default)s)")
     command.add_argument("--cluster", help="check only this cluster (default: every cluster)")
     command.add_argument("--user-scores", type=Path,
                          help="your own per-sample scores (.npy) to check your hook code: "
@@ -239,11 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_diagnose)
 
     command = commands.add_parser(
-        "report", parents=[model, data, compute, band("accuracy")],
+        "report", parents=[model, data, compute, band(analysis.DEFAULT_METRIC)],
         help="the dashboard's self-contained offline HTML report")
-    command.add_argument("--method", nargs="+", choices=METHODS, default=["gradient"],
+    report_methods = [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE]
+    command.add_argument("--method", nargs="+", choices=METHODS, default=report_methods,
                          metavar="METHOD", help="methods to show; the first ranks the pruning "
-                                                f"curves ({', '.join(METHODS)})")
+                                                f"curves ({', '.join(METHODS)}; default "
+                                                f"{' '.join(report_methods)}, as the dashboard)")
     command.add_argument("--cluster", help="the cluster in focus (default: the first)")
     command.add_argument("--title", help="the report's heading")
     command.add_argument("--out", required=True, type=Path, help="report (.html)")
@@ -372,43 +390,50 @@ def _small_npy(path: Path, what: str) -> np.ndarray:
                                "it with numpy.save.") from None
 
 
+def cluster_source_of(args, problem: Problem) -> str:
+    """`--clusters`, or the default for this data (`settings.default_cluster_source`: the
+    label, else the data's cluster ids, else the predicted class); may be "none"."""
+    return args.clusters or default_cluster_source(problem.labels is not None,
+                                                   problem.provided_clusters is not None)
+
+
+_STREAMED_HINTS = {  # cluster source -> where .npy data gets what it needs
+    "label": "pass --labels", "correctness": "pass --labels",
+    "provided": "pass --cluster-ids",
+    "kmeans_inputs": "save it as .npz (under --max-rows samples) or pass precomputed "
+                     "--cluster-ids",
+}
+_STREAMED_HINTS["kmeans_activations"] = _STREAMED_HINTS["kmeans_inputs"]
+
+
 def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarray:
-    """Cluster ids [N] from `--clusters` (see `attribution.inputs.data.make_clusters`)."""
-    source = args.clusters
-    if source is None:
-        source = ("provided" if problem.provided_clusters is not None
-                  else "label" if problem.labels is not None else "none")
-    if source == "none":
+    """Cluster ids [N] from `--clusters` (`cluster_source_of`; `data.make_clusters`, also for
+    .npy data read batch by batch); "none" puts every sample in one cluster "all"."""
+    source = cluster_source_of(args, problem)
+    if source == NO_CLUSTERS:
         return np.full(problem.n_samples, "all")
     if problem.streamed:
-        if source == "provided":
-            if problem.provided_clusters is None:
-                raise AttributionError("--clusters provided needs --cluster-ids for .npy data.")
-            return problem.provided_clusters
-        if source == "label":
-            if problem.labels is None:
-                raise AttributionError("--clusters label needs --labels for .npy data.")
-            return problem.labels.numpy()
-        if source in ("predicted", "correctness"):
-            predicted = torch.cat([
-                data_module.predict_classes(problem.model, torch.from_numpy(batch),
-                                            batch_size=len(batch)) for batch in problem.inputs])
-            if source == "predicted":
-                return predicted.numpy()
-            if problem.labels is None:
-                raise AttributionError("--clusters correctness needs --labels.")
-            return np.where((predicted == problem.labels).numpy(), "correct", "misclassified")
-        raise AttributionError(f"--clusters {source} needs the data in memory; save it as .npz "
-                               "(under --max-rows samples) or pass precomputed --cluster-ids.")
-    dataset = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
-    return data_module.make_clusters(source, dataset, problem.model, layer=layer, k=args.k,
-                                     seed=args.seed, batch_size=args.batch_size)
+        data = data_module.StreamedData(problem.inputs, problem.labels,
+                                        problem.provided_clusters)
+    else:
+        data = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
+    try:
+        return data_module.make_clusters(source, data, problem.model, layer=layer, k=args.k,
+                                         seed=args.seed, batch_size=args.batch_size)
+    except AttributionError as error:
+        if not problem.streamed or source not in _STREAMED_HINTS:
+            raise
+        raise AttributionError(f"{error} For .npy data ({args.data}), "
+                               f"{_STREAMED_HINTS[source]}.") from None
 
 
 def target_choice(args, problem: Problem) -> tuple[str, int]:
     """`--targets` as `AnalysisSettings` words: ("true" | "predicted" | "fixed" | "all",
-    fixed class). The default is the label when the data has labels, else the prediction."""
-    choice = args.targets or ("label" if problem.labels is not None else "predicted")
+    fixed class). The default is `settings.default_target`: the label when the data has
+    labels, else the prediction."""
+    if args.targets is None:
+        return default_target(problem.labels is not None), 0
+    choice = args.targets
     if choice in ("label", "predicted", "all"):
         return {"label": "true"}.get(choice, choice), 0
     try:
@@ -648,7 +673,7 @@ def run_diagnose(args) -> int:
     problem = load_problem(args)
     _check_layer(problem, args.layer)
     targets = targets_of(args, problem)
-    clusters = None if args.clusters == "none" else clusters_of(args, problem, args.layer)
+    clusters = None if args.clusters == NO_CLUSTERS else clusters_of(args, problem, args.layer)
     focus = None
     if args.cluster is not None:
         if clusters is None:
@@ -701,21 +726,7 @@ def run_report(args) -> int:
     problem = load_problem(args)
     _check_layer(problem, args.layer)
     dataset = in_memory(problem, args)
-    source = args.clusters or ("provided" if problem.provided_clusters is not None
-                               else "label" if problem.labels is not None else "none")
-    if source == "none":
-        raise AttributionError("The report compares clusters: choose a --clusters source "
-                               f"({', '.join(data_module.CLUSTER_SOURCES)}).")
-    target, fixed_class = target_choice(args, problem)
-    if target == "all":
-        raise AttributionError("The report scores one class per sample: use --targets "
-                               "label, predicted or a class id, not all.")
-    methods = list(dict.fromkeys(args.method))
-    settings = AnalysisSettings(
-        layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,
-        k=args.k, cluster=args.cluster, reduce=args.reduce, target=target,
-        fixed_class=fixed_class, metric=args.metric, n_random=args.n_random,
-        batch_size=args.batch_size, seed=args.seed)
+    settings = report_settings(args, problem)
     with ProgressBar("report", args.quiet) as bar:
         content = collect_report(problem.model, dataset, settings, title=args.title,
                                  progress=bar)
@@ -728,6 +739,24 @@ def run_report(args) -> int:
     except OSError as error:
         raise AttributionError(f"Cannot write {error.filename}: {error.strerror}.") from None
     return EXIT_OK
+
+
+def report_settings(args, problem: Problem) -> AnalysisSettings:
+    """The `AnalysisSettings` of `report`'s flags (their defaults are the settings module's)."""
+    source = cluster_source_of(args, problem)
+    if source == NO_CLUSTERS:
+        raise AttributionError("The report compares clusters: choose a --clusters source "
+                               f"({', '.join(analysis.CLUSTER_SOURCES)}).")
+    target, fixed_class = target_choice(args, problem)
+    if target == "all":
+        raise AttributionError("The report scores one class per sample: use --targets "
+                               "label, predicted or a class id, not all.")
+    methods = list(dict.fromkeys(args.method))
+    return AnalysisSettings(
+        layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,
+        k=args.k, cluster=args.cluster, reduce=args.reduce, target=target,
+        fixed_class=fixed_class, metric=args.metric, n_random=args.n_random,
+        batch_size=args.batch_size, seed=args.seed)
 
 
 def in_memory(problem: Problem, args) -> data_module.Dataset:

@@ -111,14 +111,14 @@ def main():
 
     report(f"gradient on {len(x)} samples: against the per-sample backward-hook loop",
            interleaved_medians({
-               "at.neuron_scores gradient": lambda: at.neuron_scores(model, "2", x, y),
+               "at.neuron_scores gradient": lambda: at.neuron_scores(model, "2", x, y, "gradient"),
                "per-sample register_full_backward_hook loop":
                    lambda: per_sample_hook_loop(model, hidden, x, y),
            }, repeats=3), "at.neuron_scores gradient")
 
     report(f"gradient / gradient_x_activation on {len(x)} samples",
            interleaved_medians({
-               "at.neuron_scores gradient": lambda: at.neuron_scores(model, "2", x, y),
+               "at.neuron_scores gradient": lambda: at.neuron_scores(model, "2", x, y, "gradient"),
                "at.neuron_scores gradient_x_activation":
                    lambda: at.neuron_scores(model, "2", x, y, "gradient_x_activation"),
                "plain forward+backward (the floor)": lambda: plain_forward_backward(model, x, y),
@@ -167,7 +167,8 @@ def main():
 
     report(f"targets='all' (10 classes) gradient, {len(x)} samples",
            interleaved_medians({
-               "at.neuron_scores targets='all'": lambda: at.neuron_scores(model, "2", x, "all"),
+               "at.neuron_scores targets='all'": lambda: at.neuron_scores(model, "2", x, "all",
+                                                                          "gradient"),
                "one forward, a retain_graph backward per class":
                    lambda: all_classes_retain_graph(model, hidden, x),
                "the same, keeping the gradients [N, C, n]":

@@ -113,7 +113,7 @@ def main():
                "at.oracle_agreement": lambda: at.oracle_agreement(model, "fc2", x, y,
                                                                    clusters=clusters),
                "at.diagnose (gradient, signed mean, 10 clusters)":
-                   lambda: at.diagnose(model, "fc2", x, y, clusters=clusters),
+                   lambda: at.diagnose(model, "fc2", x, y, "gradient", clusters=clusters),
            }, repeats=3), "at.oracle_agreement")
 
     wide, x, y = digits_mlp(repeat=1)

@@ -26,7 +26,7 @@ def sequence():
 def results(model, layer, x, y):
     """Every entry point's frame for `layer` on one model."""
     clusters = np.where(np.arange(N) < 10, "a", "b")
-    scores = at.cluster_scores(model, layer, x, y, clusters)
+    scores = at.cluster_scores(model, layer, x, y, clusters, "gradient")
     ranking = scores.loc[["a"]]
     return {
         "cluster_scores": scores,
@@ -35,7 +35,8 @@ def results(model, layer, x, y):
             model, layer, x, y, clusters, "a", ranking, n_random=2, ks=[0, 1]),
         "oracle_agreement": at.oracle_agreement(model, layer, x, y, methods=["gradient"],
                                                 clusters=clusters),
-        "distributed.cluster_scores": distributed.cluster_scores(model, layer, x, y, clusters),
+        "distributed.cluster_scores": distributed.cluster_scores(model, layer, x, y, clusters,
+                                                                 "gradient"),
         "distributed.cluster_pruning_curves": distributed.cluster_pruning_curves(
             model, layer, x, y, clusters, "a", ranking, n_random=2, ks=[0, 1]),
     }
@@ -60,7 +61,9 @@ def test_every_result_records_the_neuron_axis_it_used(sequence, layer, expected)
 
 def test_the_report_and_the_cli_json_say_the_axis(sequence, tmp_path, capsys):
     model, x, y = sequence
-    settings = AnalysisSettings(layer="proj:1", method="gradient", cluster_source="label")
+    # compare=(): only the gradient was scored (the default compare adds gradient and ablation)
+    settings = AnalysisSettings(layer="proj:1", method="gradient", compare=(),
+                                cluster_source="label")
     per_sample = {"gradient": at.neuron_scores(model, "proj:1", x, y, "gradient").numpy()}
     clusters = y.numpy()
     content = assemble(settings.with_cluster_of(clusters), title="t", facts={},

@@ -15,6 +15,7 @@ import attribution as at
 from attribution import cli
 from attribution.analyses import distributed
 from attribution.analyses import pruning
+from attribution.analyses import settings
 from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import load_model
 
@@ -44,17 +45,22 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli")
     (folder / "broken.pt2").write_bytes(b"PK\x03\x04 this is not really a zip")
     common = ("--model", MODEL, "--data", DATA, "--layer", LAYER)
+    # The demo's own cluster column (even/odd digits) was the command line's default; the
+    # default is now the label, as in the dashboard, so these runs ask for it by name.
+    provided = ("--clusters", "provided")
     commands = {
         "layers": command("layers", "--model", MODEL, "--format", "json"),
-        "score": command("score", *common, "--method", "gradient", "ablation",
+        "score": command("score", *common, *provided, "--method", "gradient", "ablation",
                          "--reduce", "mean_abs", "--out", folder / "scores.csv",
                          "--per-sample", folder / "s.npy"),
-        "curve": command("curve", *common, "--cluster", "even", "--reduce", "mean_abs",
+        "curve": command("curve", *common, *provided, "--cluster", "even", "--reduce", "mean_abs",
                          "--n-random", "8", "--ks", "0,2,4,8,16",
                          "--out", folder / "curve.csv", "--summary", folder / "summary.json"),
-        "diagnose": command("diagnose", *common, "--n-random", "8",
-                            "--out", folder / "findings.json"),
-        "report": command("report", *common, "--method", "gradient", "gradient_x_activation",
+        # the verdicts below were measured for the gradient, the former default method
+        "diagnose": command("diagnose", *common, *provided, "--method", "gradient",
+                            "--n-random", "8", "--out", folder / "findings.json"),
+        "report": command("report", *common, *provided, "--method", "gradient",
+                          "gradient_x_activation",
                           "--cluster", "odd", "--n-random", "5",
                           "--out", folder / "report.html", "--csv-dir", folder / "tables"),
         "bad-file": command("score", "--model", folder / "broken.pt2", "--data", DATA,
@@ -197,7 +203,7 @@ def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):
     for finding in findings:  # the table shows every check with its verdict
         assert f"{finding['severity'].upper():<9} {finding['code']}" in out
     common = ("diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--n-random", "8",
-              "--quiet")
+              "--quiet", "--clusters", "provided", "--method", "gradient")  # as runs["diagnose"]
     assert in_process(*common, "--fail-on", "warning", capsys=capsys)[0] == 1
     code, out, _ = in_process(*common, "--method", "random", "--clusters", "none",
                               "--metric", "accuracy", capsys=capsys)
@@ -285,9 +291,10 @@ def bad_inputs(tmp: Path):
         (score + ["--data", DATA, "--labels", tmp / "short_labels.npy"], "for .npy data"),
         (score + ["--data", DATA, "--per-sample", tmp / "p.txt"], "must end in .npy"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--cluster", "seven",
-          "--out", tmp / "c.csv"], "'seven' is not among the cluster ids (even, odd)"),
+          "--clusters", "provided", "--out", tmp / "c.csv"],
+         "'seven' is not among the cluster ids (even, odd)"),
         (["report", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--cluster", "seven",
-          "--out", tmp / "r.html"], "'seven' is not among the cluster ids (even, odd)"),
+          "--out", tmp / "r.html"], "'seven' is not among the cluster ids (0, 1, 2"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "1,x",
           "--out", tmp / "c.csv"], "comma-separated integers"),
         (["curve", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--ks", "0,99",
@@ -347,10 +354,69 @@ def test_score_tables_cannot_start_a_spreadsheet_formula(tmp_path, capsys):
     np.savez(tmp_path / "d.npz", inputs=inputs, labels=labels,
              clusters=hostile[np.arange(60) % 4])
     arguments = ["score", "--model", MODEL, "--data", tmp_path / "d.npz", "--layer", LAYER,
-                 "--quiet", "--out"]
+                 "--clusters", "provided", "--quiet", "--out"]  # the data's cluster column
     for out in (tmp_path / "s.csv", "-"):
         assert cli.main([str(a) for a in arguments + [out]]) == cli.EXIT_OK
         text = capsys.readouterr().out if out == "-" else out.read_text()
         table = pd.read_csv(io.StringIO(text))
         assert set(table["cluster"]) == {"'" + name for name in hostile}
         assert (table["score"] < 0).any() and table["score"].dtype == float
+
+
+# ------------------------------------------------------- defaults: one home, every front end
+
+def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
+    """On the shipped demo (labels and a cluster column), every command's defaults, the
+    report's settings and `AnalysisSettings.for_data` (what the dashboard starts from) name
+    the same method, cluster source and targets: those of `attribution.analyses.settings`."""
+    parser = cli.build_parser()
+    common = ["--model", str(MODEL), "--data", str(DATA), "--layer", LAYER]
+    parsed = {name: parser.parse_args([name, *common, "--out", str(tmp_path / out)])
+              for name, out in (("score", "s.csv"), ("curve", "c.csv"),
+                                ("diagnose", "d.json"), ("report", "r.html"))}
+    problem = cli.load_problem(parsed["score"])
+    data = dict(has_labels=problem.labels is not None,
+                has_provided_clusters=problem.provided_clusters is not None)
+    assert data == dict(has_labels=True, has_provided_clusters=True)
+    expected = settings.AnalysisSettings.for_data(problem.model.layers(), layer=LAYER, **data)
+    assert (expected.method, expected.cluster_source, expected.target) == (
+        settings.DEFAULT_METHOD, "label", "true")
+    for name, args in parsed.items():
+        method = args.method[0] if isinstance(args.method, list) else args.method
+        assert method == expected.method, name
+        assert cli.cluster_source_of(args, problem) == expected.cluster_source, name
+        assert cli.target_choice(args, problem) == (expected.target, expected.fixed_class), name
+        assert (args.reduce, args.k, args.batch_size, args.seed, args.n_steps) == (
+            expected.reduce, expected.k, expected.batch_size, expected.seed,
+            settings.DEFAULT_N_STEPS), name
+    for name in ("curve", "diagnose", "report"):
+        assert parsed[name].n_random == expected.n_random
+    assert parsed["curve"].metric == parsed["report"].metric == expected.metric
+    assert parsed["diagnose"].metric == settings.EVIDENCE_METRIC
+    assert cli.report_settings(parsed["report"], problem) == expected  # compare included
+    # and what `score` computes by default: one row per label and neuron, by that method
+    code, out, err = in_process("score", *common, "--out", "-", capsys=capsys)
+    assert code == 0, err
+    table = pd.read_csv(io.StringIO(out))
+    assert set(table["method"]) == {settings.DEFAULT_METHOD}
+    assert sorted(table["cluster"].unique()) == list(range(10))
+
+
+def test_unlabelled_data_is_grouped_by_the_predicted_class_everywhere(tmp_path, demo, capsys):
+    """Without labels or cluster ids the default cluster source is the predicted class, for
+    .npy data streamed from disk too (before: one cluster "all" here, predicted in the app)."""
+    module, dataset = demo
+    np.save(tmp_path / "inputs.npy", dataset.inputs.numpy())
+    args = cli.build_parser().parse_args(["score", "--model", str(MODEL), "--layer", LAYER,
+                                          "--data", str(tmp_path / "inputs.npy"), "--batch-size",
+                                          "100", "--out", str(tmp_path / "s.csv")])
+    problem = cli.load_problem(args)
+    assert problem.streamed and problem.labels is None and problem.provided_clusters is None
+    assert cli.cluster_source_of(args, problem) == settings.default_cluster_source(
+        False, False) == "predicted"
+    np.testing.assert_array_equal(cli.clusters_of(args, problem, LAYER),
+                                  at.predict_classes(module, dataset.inputs).numpy())
+    assert cli.target_choice(args, problem) == (settings.default_target(False), 0)
+    args.clusters = "kmeans_inputs"
+    with pytest.raises(at.AttributionError, match="needs the data in memory.*--max-rows"):
+        cli.clusters_of(args, problem, LAYER)

@@ -276,3 +276,33 @@ def test_kmeans_on_conv_activations_uses_channel_means():
     ids = at.make_clusters("kmeans_activations", at.Dataset(inputs=images), model, layer="0",
                            k=2, batch_size=4)
     assert len(set(ids[:5])) == 1 and len(set(ids[5:])) == 1 and ids[0] != ids[5]
+
+
+def test_streamed_samples_give_the_clusters_they_give_in_memory(tmp_path):
+    """`make_clusters` on `StreamedData` (NpyRows, a list of batches) equals the in-memory
+    `Dataset`'s clusters for every source that does not need all samples at once."""
+    model = nn.Linear(3, 2)  # predicts 1 while x0 < 4.5: [1, 1, 0, 0]
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+        model.bias.copy_(torch.tensor([-4.5, 0.0]))
+    np.save(tmp_path / "x.npy", INPUTS)
+    memory = at.Dataset(inputs=INPUTS, labels=LABELS, clusters=["p", "q", "p", "q"])
+    assert at.make_clusters("predicted", memory, model).tolist() == [1, 1, 0, 0]
+    for inputs in (at.NpyRows(tmp_path / "x.npy", batch_size=3), [INPUTS[:3], INPUTS[3:]]):
+        streamed = at.StreamedData(inputs, memory.labels, memory.clusters)
+        for source in ("label", "predicted", "correctness", "provided"):
+            np.testing.assert_array_equal(at.make_clusters(source, streamed, model),
+                                          at.make_clusters(source, memory, model))
+        for source in ("kmeans_inputs", "kmeans_activations"):
+            with pytest.raises(at.AttributionError, match="needs the data in memory"):
+                at.make_clusters(source, streamed, model, layer="", k=2)
+    fractions = []
+    at.make_clusters("predicted", at.StreamedData(at.NpyRows(tmp_path / "x.npy", batch_size=3)),
+                     model, progress=fractions.append)
+    assert fractions == [0.75, 1.0]
+    fractions.clear()
+    at.predict_classes(model, (batch for batch in (INPUTS[:3], INPUTS[3:])),
+                       progress=fractions.append)  # of unknown length: NaN, not a fraction
+    assert len(fractions) == 2 and np.isnan(fractions).all()
+    with pytest.raises(at.AttributionError, match="needs labels"):
+        at.make_clusters("label", at.StreamedData(at.NpyRows(tmp_path / "x.npy")))

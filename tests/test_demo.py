@@ -64,7 +64,7 @@ def test_digits_mlp_layers_and_scores(mlp):
     assert [(i.name, i.kind, i.n_neurons) for i in model.layers()] == [
         ("fc1", "Linear", 32), ("relu1", "ReLU", 32), ("fc2", "Linear", 16),
         ("relu2", "ReLU", 16), ("out", "Linear", 10)]
-    scores = at.neuron_scores(model.module, "fc1", dataset.inputs, dataset.labels)
+    scores = at.neuron_scores(model.module, "fc1", dataset.inputs, dataset.labels, "gradient")
     assert scores.shape == (len(dataset), 32) and torch.isfinite(scores).all()
     assert sorted(set(dataset.clusters.tolist())) == ["even", "odd"]
 

@@ -3,6 +3,7 @@ a healthy one. The hand-written loops below are the user's own (seeds 000 and 00
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -361,7 +362,7 @@ def test_a_raising_progress_propagates_and_leaves_the_model_untouched():
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        at.diagnose(model, "fc", x, y, progress=stop)
+        at.diagnose(model, "fc", x, y, "gradient", progress=stop)
     assert model.training and all(not m._forward_hooks for m in model.modules())
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
     assert updates == sorted(updates)
@@ -428,3 +429,39 @@ def test_findings_speak_the_api_to_the_cli_and_the_screen_to_the_dashboard():
         for text in finding.words(screen=True):
             assert not API_WORDS.search(text), text
             assert "«" not in text and "«" not in finding.message + finding.hint
+
+
+@pytest.mark.parametrize("method,reduce", [("gradient_x_activation", "mean"),
+                                           ("gradient", "mean_abs")])
+def test_the_evidence_curve_is_returned_as_the_diagnosis_page_drew_it(method, reduce):
+    """not_better_than_random carries the pruning curve it measured: the curve the Diagnosis
+    page (pages/diagnosis.py, `cluster_curve`) computed again from the page's own scores."""
+    from attribution.analyses.pruning import spaced_ks
+    from attribution.presentation import plots
+
+    loaded, dataset = at.load_demo("digits_mlp")
+    model, layer = loaded.module, "relu2"
+    focus = dataset.labels.numpy() == 3  # the page: the focus cluster's rows of every sample
+    inputs, targets = dataset.inputs[torch.from_numpy(focus)], dataset.labels[focus]
+    findings = by_code(at.diagnose(model, layer, inputs, targets, method, reduce=reduce,
+                                   batch_size=256))  # as pages/common.py's _findings
+    main = at.neuron_scores(model, layer, dataset.inputs, dataset.labels, method,
+                            batch_size=256).numpy()[focus]
+    row = plots.neuron_summary(main, reduce, method)["score"].to_numpy()
+    drawn = at.pruning_curve(model, layer, inputs, targets, row, ks=spaced_ks(len(row), 32),
+                             metric="target_logit")
+    curve = findings["not_better_than_random"].curve
+    pd.testing.assert_frame_equal(curve, drawn, rtol=1e-5, atol=1e-6)
+    assert curve.attrs["metric"] == "target_logit" and curve.attrs["n_samples"] == focus.sum()
+    assert all(finding.curve is None for code, finding in findings.items()
+               if code != "not_better_than_random")
+
+
+def test_among_clusters_the_evidence_curve_is_the_reported_clusters():
+    model, (x, y) = HandSetNet().eval(), data()
+    clusters = np.where(np.arange(40) < 30, "big", "small")
+    finding = by_code(at.diagnose(model, "fc", x, y, "gradient", clusters,
+                                  n_random=4))["not_better_than_random"]
+    reported = re.match(r"Cluster '(\w+)'", finding.message).group(1)
+    assert finding.curve.attrs["n_samples"] == (clusters == reported).sum()
+    assert list(finding.curve["k"]) == list(range(WIDTH + 1))

@@ -69,12 +69,13 @@ def compute(model, layer, x, y, clusters, neuron_order, folder):
                                                          reduce=reduce, n_steps=8)
         for method, reduce in SCORED
     }
-    results["all-classes"] = distributed.cluster_scores(model, layer, x, "all", clusters)
+    results["all-classes"] = distributed.cluster_scores(model, layer, x, "all", clusters,
+                                                        "gradient")
     results["loader"] = distributed.cluster_scores(model, layer, loader, "labels", clusters,
                                                    "gradient_x_activation", reduce="mean_abs")
     results["batches"] = distributed.cluster_scores(model, layer, batches, "labels", clusters,
                                                     "random", reduce="std")
-    results["npy-rows"] = distributed.cluster_scores(model, layer, rows, None, clusters)
+    results["npy-rows"] = distributed.cluster_scores(model, layer, rows, None, clusters, "gradient")
     results["curve"] = distributed.pruning_curve(model, layer, x, y, neuron_order,
                                                  n_random=N_RANDOM, metric="loss")
     results["cluster-curves"] = distributed.cluster_pruning_curves(
@@ -96,7 +97,7 @@ def worker(rank, port, folder):
         model, layer, x, _, clusters, _ = problem()
         try:
             distributed.cluster_scores(model, layer, DataLoader(FailingDataset(x), batch_size=4),
-                                       None, clusters)
+                                       None, clusters, "gradient")
             results["failure"] = "no error"
         except at.AttributionError as error:
             results["failure"] = str(error)
@@ -163,7 +164,8 @@ def test_per_sample_scores_equal_single_process(outcomes):
     assert not list(folder.glob("*.part*"))  # rank 0 joined and removed every rank's part
     model, layer, x, *_ = problem()
     np.testing.assert_allclose(single["per-sample"],
-                               at.neuron_scores(model, layer, x, "all").numpy(), rtol=1e-6)
+                               at.neuron_scores(model, layer, x, "all", "gradient").numpy(),
+                               rtol=1e-6)
     for results in ranks:
         np.testing.assert_allclose(results["per-sample"], single["per-sample"], rtol=1e-5,
                                    atol=1e-7)
@@ -201,8 +203,9 @@ def test_mean_ablation_needs_one_process(monkeypatch):
 
 def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
     root = Path(__file__).resolve().parents[1]
+    # the demo's own even/odd cluster column, the command line's default before the label
     common = ["--model", root / "demo" / "digits_mlp.pt2", "--data", root / "demo" / "digits.npz",
-              "--layer", "fc2", "--reduce", "mean_abs"]
+              "--layer", "fc2", "--reduce", "mean_abs", "--clusters", "provided"]
     commands = {
         "score": ["score", *common, "--method", "gradient", "random", "--per-sample",
                   "{folder}/samples.npy", "--out", "{folder}/scores.csv"],

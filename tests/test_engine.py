@@ -84,7 +84,7 @@ def test_gradient_matches_correct_hand_written_loop(arch, layer):
     model, x, y = build(arch)
     module = dict(model.named_modules())[layer]
     expected = references.per_sample_gradient(model, module, x[:10], y[:10])
-    torch.testing.assert_close(at.neuron_scores(model, layer, x[:10], y[:10]), expected,
+    torch.testing.assert_close(at.neuron_scores(model, layer, x[:10], y[:10], "gradient"), expected,
                                rtol=1e-4, atol=1e-6)
 
 
@@ -223,15 +223,15 @@ def test_every_method_interrupted_by_progress_leaves_model_untouched(method):
 def test_progress_reports_increasing_fractions_up_to_one():
     model, x, y = build("residual_mlp")
     seen = []
-    at.neuron_scores(model, "fc1", x, y, batch_size=16, progress=seen.append)
+    at.neuron_scores(model, "fc1", x, y, "gradient", batch_size=16, progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 3
 
 
 def test_eval_mode_is_used_even_when_the_caller_is_in_train_mode():
     model, x, y = build("residual_mlp")
-    expected = at.neuron_scores(model, "fc2", x, y)
+    expected = at.neuron_scores(model, "fc2", x, y, "gradient")
     model.train()
-    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, y), expected)
+    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, y, "gradient"), expected)
     assert model.training and model.bn.training
 
 
@@ -534,7 +534,8 @@ def test_sanity_model_ranks_the_informative_branch_first():
             nn.functional.cross_entropy(model(features[batch]), labels[batch]).backward()
             optimizer.step()
     importance = {
-        branch: at.neuron_scores(model, f"{branch}.0", features, labels).abs().mean().item()
+        branch: at.neuron_scores(model, f"{branch}.0", features, labels,
+                                 "gradient").abs().mean().item()
         for branch in ("branch0", "branch1", "branch2")
     }
     assert max(importance, key=importance.get) == "branch1", importance
@@ -561,17 +562,18 @@ def test_cluster_scores_equal_a_groupby_of_per_sample_scores(reduce):
 def test_cluster_scores_stream_from_an_iterable_of_batches():
     model, x, y = build("residual_mlp")
     clusters = y.numpy()
-    in_memory = at.cluster_scores(model, "fc1", x, y, clusters)
-    streamed = at.cluster_scores(model, "fc1", (chunk for chunk in x.split(9)), y, clusters)
+    in_memory = at.cluster_scores(model, "fc1", x, y, clusters, "gradient")
+    streamed = at.cluster_scores(model, "fc1", (chunk for chunk in x.split(9)), y, clusters,
+                                 "gradient")
     pd.testing.assert_frame_equal(in_memory, streamed)
 
 
 def test_cluster_scores_for_all_classes_is_a_table_per_cluster():
     model, x, _ = build("residual_mlp")
     clusters = np.arange(40) % 2
-    table = at.cluster_scores(model, "fc2", x, "all", clusters)
+    table = at.cluster_scores(model, "fc2", x, "all", clusters, "gradient")
     assert table.index.names == ["cluster", "class"] and table.shape == (6, 17)
-    per_sample = at.neuron_scores(model, "fc2", x, "all")
+    per_sample = at.neuron_scores(model, "fc2", x, "all", "gradient")
     np.testing.assert_allclose(table.loc[1].drop(columns="n").to_numpy(),
                                per_sample[clusters == 1].mean(0).numpy(), rtol=1e-4, atol=1e-6)
 
@@ -580,7 +582,7 @@ def test_single_sample_cluster_has_nan_std_not_a_crash():
     model, x, y = build("residual_mlp")
     clusters = np.zeros(40, dtype=int)
     clusters[0] = 7
-    table = at.cluster_scores(model, "fc1", x, y, clusters, reduce="std")
+    table = at.cluster_scores(model, "fc1", x, y, clusters, "gradient", reduce="std")
     assert table.loc[7, "n"] == 1 and table.loc[7].drop("n").isna().all()
 
 
@@ -588,16 +590,16 @@ def test_single_sample_cluster_has_nan_std_not_a_crash():
 
 def test_a_layer_may_be_given_as_its_module():
     model, x, y = build("branching")
-    torch.testing.assert_close(at.neuron_scores(model, model.right[0], x, y),
-                               at.neuron_scores(model, "right.0", x, y))
+    torch.testing.assert_close(at.neuron_scores(model, model.right[0], x, y, "gradient"),
+                               at.neuron_scores(model, "right.0", x, y, "gradient"))
     with pytest.raises(at.AttributionError, match="not part of this model"):
-        at.neuron_scores(model, nn.Linear(6, 7), x, y)
+        at.neuron_scores(model, nn.Linear(6, 7), x, y, "gradient")
 
 
 def test_unknown_layer_lists_the_valid_names():
     model, x, y = build("residual_mlp")
     with pytest.raises(at.AttributionError, match="Valid layer names: fc1, bn, act, fc2"):
-        at.neuron_scores(model, "fc3", x, y)
+        at.neuron_scores(model, "fc3", x, y, "gradient")
 
 
 def test_unknown_method_lists_the_methods():
@@ -609,19 +611,19 @@ def test_unknown_method_lists_the_methods():
 def test_targets_out_of_range_and_of_the_wrong_type():
     model, x, y = build("residual_mlp")
     with pytest.raises(at.AttributionError, match=r"0\.\.2"):
-        at.neuron_scores(model, "fc1", x, torch.full((40,), 3))
+        at.neuron_scores(model, "fc1", x, torch.full((40,), 3), "gradient")
     with pytest.raises(at.AttributionError, match="LongTensor"):
-        at.neuron_scores(model, "fc1", x, y.float())
+        at.neuron_scores(model, "fc1", x, y.float(), "gradient")
     with pytest.raises(at.AttributionError, match="LongTensor"):
-        at.neuron_scores(model, "fc1", x, y.tolist())
+        at.neuron_scores(model, "fc1", x, y.tolist(), "gradient")
     with pytest.raises(at.AttributionError, match="40 samples"):
-        at.neuron_scores(model, "fc1", x, y[:5])
+        at.neuron_scores(model, "fc1", x, y[:5], "gradient")
 
 
 def test_inputs_the_model_cannot_take_include_the_models_message():
     model, x, y = build("residual_mlp")
     with pytest.raises(at.AttributionError, match=r"shape \[40, 7\].*mat1 and mat2"):
-        at.neuron_scores(model, "fc1", x[:, :7], y)
+        at.neuron_scores(model, "fc1", x[:, :7], y, "gradient")
 
 
 def test_layer_without_a_neuron_axis_and_a_layer_that_runs_twice():
@@ -640,16 +642,17 @@ def test_layer_without_a_neuron_axis_and_a_layer_that_runs_twice():
     model, x = Odd(), torch.randn(5, 4)
     assert [info.name for info in at.list_layers(model, x)] == ["fc"]
     with pytest.raises(at.AttributionError, match="more than once"):
-        at.neuron_scores(model, "shared", x)
+        at.neuron_scores(model, "shared", x, method="gradient")
     with pytest.raises(at.AttributionError, match="no neuron axis"):
-        at.neuron_scores(model, "total", x)
+        at.neuron_scores(model, "total", x, method="gradient")
 
 
 def test_non_finite_scores_are_not_hidden():
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     with torch.no_grad():
         model[1].weight.fill_(float("inf"))
-    scores = at.neuron_scores(model, "0", torch.ones(3, 2), torch.zeros(3, dtype=torch.long))
+    scores = at.neuron_scores(model, "0", torch.ones(3, 2), torch.zeros(3, dtype=torch.long),
+                              "gradient")
     assert not torch.isfinite(scores).all()
 
 
@@ -693,11 +696,11 @@ def test_per_batch_work_does_not_list_the_models_parameters():
     counts = []
     for batch_size in (len(x), 1):
         listed.clear()
-        scores = at.neuron_scores(model, "fc1", x, y, batch_size=batch_size)
+        scores = at.neuron_scores(model, "fc1", x, y, "gradient", batch_size=batch_size)
         counts.append(len(listed))
     del model.parameters
     assert counts[0] == counts[1]
-    torch.testing.assert_close(scores, at.neuron_scores(model, "fc1", x, y))
+    torch.testing.assert_close(scores, at.neuron_scores(model, "fc1", x, y, "gradient"))
 
 
 def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
@@ -715,6 +718,6 @@ def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
 
     monkeypatch.setattr(at.methods.scores, "n_samples", failing_on_the_result)
     with pytest.raises(RuntimeError, match="not enough memory") as failure:
-        at.neuron_scores(model, "fc1", x, y, batch_size=8)
+        at.neuron_scores(model, "fc1", x, y, "gradient", batch_size=8)
     assert failure.value is not None  # the traceback (and its frames) still alive here
     assert model.training and all(module.training for module in model.modules())

@@ -1,7 +1,7 @@
 """The package's layers, read from its imports (`ast`): no module imports a layer above its own,
 and nothing in it imports streamlit.
 
-Layers, low to high: core (errors, progress) < engine < methods < inputs < analyses <
+Layers, low to high: core (errors, progress, defaults) < engine < methods < inputs < analyses <
 presentation < front ends (cli, __main__, the package's __init__). A module may import its own
 layer and the layers below; imports inside functions count too.
 """
@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attribution"
 LAYERS = ("core", "engine", "methods", "inputs", "analyses", "presentation", "front")
-CORE = {"attribution.errors", "attribution.progress"}
+CORE = {"attribution.errors", "attribution.progress", "attribution.defaults"}
 
 
 def _module_name(path: Path) -> str:

@@ -122,8 +122,8 @@ def test_pt2_keeps_layer_names_scores_and_dynamic_batch(mlp_pt2, tmp_path):
     targets = torch.tensor([0, 1, 2, 0, 1, 2, 0])
     for batch in (1, 7):
         assert loaded.module(INPUTS[:batch]).shape == (batch, 3)
-    ours = at.neuron_scores(loaded.module, "fc1", INPUTS, targets, batch_size=3)
-    reference = at.neuron_scores(original, "fc1", INPUTS, targets)
+    ours = at.neuron_scores(loaded.module, "fc1", INPUTS, targets, "gradient", batch_size=3)
+    reference = at.neuron_scores(original, "fc1", INPUTS, targets, "gradient")
     torch.testing.assert_close(ours, reference)
 
 

@@ -141,8 +141,8 @@ def test_gpt2_mlp_neurons_are_its_features_not_its_positions(gpt2):
 def test_a_neuron_axis_chosen_by_hand(gpt2):
     _, model, _, x, y = gpt2
     layer = "model.transformer.h.0.mlp.c_fc"
-    torch.testing.assert_close(at.neuron_scores(model, layer + ":2", x, y),
-                               at.neuron_scores(model, layer, x, y))
+    torch.testing.assert_close(at.neuron_scores(model, layer + ":2", x, y, "gradient"),
+                               at.neuron_scores(model, layer, x, y, "gradient"))
     positions = at.neuron_scores(model, layer + ":1", x, y, "gradient_x_activation")
     assert positions.shape == (x.shape[0], x.shape[1])
     expected = LayerGradientXActivation(model, model.get_submodule(layer)).attribute(
@@ -153,16 +153,16 @@ def test_a_neuron_axis_chosen_by_hand(gpt2):
         runner = runner_for(model, layer + ":-2", module, x)
     assert (runner.axis, runner.axis_rule) == (1, "chosen")
     with pytest.raises(AttributionError, match="choose 1..2"):
-        at.neuron_scores(model, layer + ":3", x, y)
+        at.neuron_scores(model, layer + ":3", x, y, "gradient")
     with pytest.raises(AttributionError, match="':axis'"):
-        at.neuron_scores(model, "model.transformer.h.0.mlp.nothing:2", x, y)
+        at.neuron_scores(model, "model.transformer.h.0.mlp.nothing:2", x, y, "gradient")
 
 
 def test_position_embeddings_shared_by_the_batch_are_not_layers(gpt2):
     _, model, _, x, y = gpt2
     assert "model.transformer.wpe" not in _layers(model, x)
     with pytest.raises(AttributionError, match="no output per sample"):
-        at.neuron_scores(model, "model.transformer.wpe", x, y)
+        at.neuron_scores(model, "model.transformer.wpe", x, y, "gradient")
 
 
 @pytest.mark.parametrize("inplace", [True, False])

@@ -33,8 +33,8 @@ def _summary(values: list[float], method: str = "gradient") -> pd.DataFrame:
 @pytest.mark.parametrize("reduce", ["mean", "mean_abs", "std"])
 def test_cluster_table_equals_engine_cluster_scores(small_model, reduce):
     model, inputs, targets, clusters = small_model
-    per_sample = at.neuron_scores(model, "0", inputs, targets).numpy()
-    engine = at.cluster_scores(model, "0", inputs, targets, clusters, reduce=reduce)
+    per_sample = at.neuron_scores(model, "0", inputs, targets, "gradient").numpy()
+    engine = at.cluster_scores(model, "0", inputs, targets, clusters, "gradient", reduce=reduce)
     ours = plots.cluster_table(per_sample, clusters, reduce)
     assert list(ours.index) == list(engine.index)
     assert list(ours["n"]) == list(engine["n"])
@@ -67,7 +67,7 @@ def test_every_view_of_a_cluster_reduces_by_the_one_rule(small_model, reduce):
 
 def test_tidy_cluster_scores_keeps_every_value(small_model):
     model, inputs, targets, clusters = small_model
-    table = at.cluster_scores(model, "0", inputs, targets, clusters)
+    table = at.cluster_scores(model, "0", inputs, targets, clusters, "gradient")
     tidy = plots.tidy_cluster_scores(table, "gradient")
     assert list(tidy.columns) == ["cluster", "neuron", "method", "score", "n"]
     assert len(tidy) == 4 * 6

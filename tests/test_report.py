@@ -248,3 +248,94 @@ def _is_number(cell: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+# ------------------------------------------------------- the settings module: one home
+
+def test_every_default_has_one_home_that_the_library_reads():
+    """The library's function defaults are the settings module's (via attribution.defaults)."""
+    import inspect
+
+    from attribution import defaults
+    from attribution.analyses import distributed, pruning
+
+    for name in ("DEFAULT_METHOD", "DEFAULT_REDUCE", "DEFAULT_BATCH_SIZE", "DEFAULT_N_STEPS",
+                 "DEFAULT_SEED", "DEFAULT_N_RANDOM", "DEFAULT_METRIC", "DEFAULT_ABLATION"):
+        assert getattr(analysis, name) == getattr(defaults, name)
+    expected = {"method": analysis.DEFAULT_METHOD, "reduce": analysis.DEFAULT_REDUCE,
+                "batch_size": analysis.DEFAULT_BATCH_SIZE, "n_steps": analysis.DEFAULT_N_STEPS,
+                "seed": analysis.DEFAULT_SEED, "n_random": analysis.DEFAULT_N_RANDOM,
+                "ablation": analysis.DEFAULT_ABLATION}
+    for function in (at.neuron_scores, at.cluster_scores, at.diagnose, at.pruning_curve,
+                     at.cluster_pruning_curves, at.oracle_agreement, at.token_scores,
+                     distributed.cluster_scores, distributed.cluster_statistics,
+                     distributed.pruning_curve, distributed.cluster_pruning_curves,
+                     at.make_clusters, at.predict_classes):
+        parameters = inspect.signature(function).parameters
+        for name, value in expected.items():
+            if name in parameters:
+                assert parameters[name].default == value, (function.__name__, name)
+    assert inspect.signature(pruning.pruning_curve).parameters["metric"].default == \
+        analysis.DEFAULT_METRIC
+    assert inspect.signature(at.diagnose).parameters["metric"].default == \
+        analysis.EVIDENCE_METRIC
+    settings = analysis.AnalysisSettings(layer="x")
+    assert (settings.method, settings.reduce, settings.metric, settings.n_random,
+            settings.batch_size, settings.seed, settings.k, settings.compare) == (
+        analysis.DEFAULT_METHOD, analysis.DEFAULT_REDUCE, analysis.DEFAULT_METRIC,
+        analysis.DEFAULT_N_RANDOM, analysis.DEFAULT_BATCH_SIZE, analysis.DEFAULT_SEED,
+        analysis.DEFAULT_K, analysis.DEFAULT_COMPARE)
+    assert analysis.DEFAULT_BATCH_SIZE in analysis.BATCH_SIZES
+    assert analysis.DEFAULT_N_RANDOM in analysis.RANDOM_ORDERS
+    assert analysis.DEFAULT_REDUCE in analysis.REDUCE_CHOICES
+    assert tuple(analysis.CLUSTER_SOURCE_LABELS) == analysis.CLUSTER_SOURCES
+    assert tuple(analysis.METRIC_LABELS) == analysis.METRICS
+    assert tuple(analysis.TARGET_LABELS) == analysis.TARGETS
+
+
+@pytest.mark.parametrize("has_labels,has_provided,source,sources,target,targets", [
+    (True, True, "label", ("label", "predicted", "correctness", "provided", "kmeans_inputs",
+                           "kmeans_activations"), "true", ("true", "predicted", "fixed")),
+    (True, False, "label", ("label", "predicted", "correctness", "kmeans_inputs",
+                            "kmeans_activations"), "true", ("true", "predicted", "fixed")),
+    (False, True, "provided", ("predicted", "provided", "kmeans_inputs", "kmeans_activations"),
+     "predicted", ("predicted", "fixed")),
+    (False, False, "predicted", ("predicted", "kmeans_inputs", "kmeans_activations"),
+     "predicted", ("predicted", "fixed")),
+])
+def test_the_defaults_and_choices_follow_what_the_data_has(has_labels, has_provided, source,
+                                                           sources, target, targets):
+    assert analysis.default_cluster_source(has_labels, has_provided) == source
+    assert analysis.cluster_source_choices(has_labels, has_provided) == sources
+    assert source in sources
+    assert analysis.default_target(has_labels) == target
+    assert analysis.target_choices(has_labels) == targets
+
+
+def test_the_default_layer_k_and_partition_words(demo):
+    loaded, dataset = demo
+    layers = loaded.layers()
+    assert analysis.default_layer(layers) == "relu2"  # the last hidden activation
+    assert analysis.default_layer(layers[:3]) == "relu1"  # fc1, relu1 | fc2 (the output)
+    assert analysis.default_layer([info for info in layers if info.kind == "Linear"]) == "fc2"
+    assert analysis.k_choices(len(dataset)) == tuple(range(2, 21))
+    assert analysis.k_choices(5) == (2, 3, 4, 5) and analysis.k_choices(1) == (2,)
+    assert analysis.default_k(len(dataset)) == 8 and analysis.default_k(5) == 5
+    assert analysis.evidence_ks(16) == list(range(17)) and len(analysis.evidence_ks(100)) == 33
+    assert analysis.partition_words("label") == "true label"
+    assert analysis.partition_words("kmeans_inputs", 5, "relu2") == "k-means on the inputs (k = 5)"
+    assert analysis.partition_words("kmeans_activations", 8, "relu2") == \
+        "k-means on layer relu2 (k = 8)"
+    assert analysis.partition_words("kmeans_activations", 8) == "k-means on the layer (k = 8)"
+    settings = analysis.AnalysisSettings.for_data(layers, has_labels=True,
+                                                  has_provided_clusters=True,
+                                                  n_samples=len(dataset))
+    assert (settings.layer, settings.cluster_source, settings.target, settings.k) == (
+        "relu2", "label", "true", 8)
+    unlabelled = analysis.AnalysisSettings.for_data(layers, has_labels=False,
+                                                    has_provided_clusters=False, layer="fc2",
+                                                    method="gradient")
+    assert (unlabelled.layer, unlabelled.cluster_source, unlabelled.target,
+            unlabelled.method) == ("fc2", "predicted", "predicted", "gradient")
+    words = replace(settings, cluster_source="kmeans_activations", k=4).describe()
+    assert words["clusters from"] == "k-means on layer relu2 (k = 4)"

@@ -204,4 +204,4 @@ def test_a_module_whose_output_holds_no_tensor_is_not_a_layer():
     assert [info.name for info in at.list_layers(model, x)] == ["fc"]
     with pytest.raises(at.AttributionError, match="'counts' has no neuron axis: its output "
                                                   "is a tuple holding no tensor"):
-        at.neuron_scores(model, "counts", x, torch.zeros(5, dtype=torch.long))
+        at.neuron_scores(model, "counts", x, torch.zeros(5, dtype=torch.long), "gradient")

@@ -200,9 +200,9 @@ def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
     with torch.device("meta"):
         model = ResidualMLP()
     x, y = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
-    for call in (lambda: at.neuron_scores(model, "fc1", x, y),
+    for call in (lambda: at.neuron_scores(model, "fc1", x, y, "gradient"),
                  lambda: at.pruning_curve(model, "fc1", x, y, np.arange(16.0)),
-                 lambda: at.diagnose(model, "fc1", x, y)):
+                 lambda: at.diagnose(model, "fc1", x, y, "gradient")):
         with pytest.raises(at.AttributionError, match="meta device.*to_empty"):
             call()
 
@@ -272,9 +272,9 @@ def test_finite_logits_whose_sum_overflows_keep_their_gradients(targets):
     must leave every gradient as it is (the bias moves no gradient)."""
     model, x, y = build("residual_mlp")
     chosen = y if targets == "labels" else "all"
-    expected = at.neuron_scores(model, "fc2", x, chosen)
+    expected = at.neuron_scores(model, "fc2", x, chosen, "gradient")
     with torch.no_grad():
         model.out.bias.fill_(3e38)
     logits = model(x)
     assert torch.isfinite(logits).all() and not torch.isfinite(logits.sum())
-    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, chosen), expected)
+    torch.testing.assert_close(at.neuron_scores(model, "fc2", x, chosen, "gradient"), expected)

@@ -65,8 +65,9 @@ def test_memory_mapped_npy_and_npy_rows_equal_in_memory(case, saved_inputs, meth
 def test_all_classes_stream_from_a_dataloader(case):
     model, layer, x, _ = case
     loader = DataLoader(TensorDataset(x), batch_size=11)
-    torch.testing.assert_close(at.neuron_scores(model, layer, loader, "all"),
-                               at.neuron_scores(model, layer, x, "all"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(at.neuron_scores(model, layer, loader, "all", "gradient"),
+                               at.neuron_scores(model, layer, x, "all", "gradient"),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_statistics_of_two_shards_add_up_to_the_whole(case):
@@ -131,36 +132,38 @@ def test_missing_npy_file_is_a_clear_error(tmp_path):
 def test_labels_need_labelled_batches(case):
     model, layer, x, _ = case
     with pytest.raises(at.AttributionError, match="carry no labels"):
-        at.neuron_scores(model, layer, DataLoader(TensorDataset(x), batch_size=8), "labels")
+        at.neuron_scores(model, layer, DataLoader(TensorDataset(x), batch_size=8), "labels",
+                         "gradient")
     with pytest.raises(at.AttributionError, match="LongTensor"):
-        at.neuron_scores(model, layer, x, "labels")
+        at.neuron_scores(model, layer, x, "labels", "gradient")
     float_labels = DataLoader(TensorDataset(x, torch.rand(len(x))), batch_size=8)
     with pytest.raises(at.AttributionError, match="integer class ids"):
-        at.neuron_scores(model, layer, float_labels, "labels")
+        at.neuron_scores(model, layer, float_labels, "labels", "gradient")
     out_of_range = DataLoader(TensorDataset(x, torch.full((len(x),), 99)), batch_size=8)
     with pytest.raises(at.AttributionError, match="must lie in"):
-        at.neuron_scores(model, layer, out_of_range, "labels")
+        at.neuron_scores(model, layer, out_of_range, "labels", "gradient")
 
 
 def test_cpu_device_gives_the_same_scores_and_keeps_the_model(case):
     model, layer, x, y = case
     assert on_device(model, "cpu") is model and on_device(model, None) is model
-    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, device="cpu"),
-                               at.neuron_scores(model, layer, x, y))
-    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, device=torch.device("cpu")),
-                               at.neuron_scores(model, layer, x, y))
+    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, "gradient", device="cpu"),
+                               at.neuron_scores(model, layer, x, y, "gradient"))
+    torch.testing.assert_close(at.neuron_scores(model, layer, x, y, "gradient",
+                                                device=torch.device("cpu")),
+                               at.neuron_scores(model, layer, x, y, "gradient"))
 
 
 def test_cuda_device_runs_on_the_gpu_or_says_why_not(case):
     model, layer, x, y = case
-    expected = at.neuron_scores(model, layer, x, y)
+    expected = at.neuron_scores(model, layer, x, y, "gradient")
     if torch.cuda.is_available():
-        on_gpu = at.neuron_scores(model, layer, x, y, device="cuda")
+        on_gpu = at.neuron_scores(model, layer, x, y, "gradient", device="cuda")
         torch.testing.assert_close(on_gpu, expected, rtol=1e-4, atol=1e-5)
         assert next(model.parameters()).device.type == "cpu"  # the caller's model stays put
     else:
         with pytest.raises(at.AttributionError, match="CUDA is not available"):
-            at.neuron_scores(model, layer, x, y, device="cuda")
+            at.neuron_scores(model, layer, x, y, "gradient", device="cuda")
 
 
 @pytest.mark.parametrize("device,message", [("banana", "Unknown device"),
@@ -168,7 +171,7 @@ def test_cuda_device_runs_on_the_gpu_or_says_why_not(case):
 def test_unknown_devices_are_refused(case, device, message):
     model, layer, x, y = case
     with pytest.raises(at.AttributionError, match=message):
-        at.cluster_scores(model, layer, x, y, clusters_for(len(x)), device=device)
+        at.cluster_scores(model, layer, x, y, clusters_for(len(x)), "gradient", device=device)
 
 
 def test_out_of_range_targets_are_refused_before_any_batch_is_scored(case):

@@ -238,7 +238,7 @@ def test_gpt2_mlp_neurons_are_features_not_positions():
     info = {layer.name: layer for layer in at.list_layers(model, batch)}
     c_fc = info["transformer.h.0.mlp.c_fc"]
     assert c_fc.n_neurons == model.config.n_inner or c_fc.n_neurons == 4 * model.config.n_embd
-    assert at.neuron_scores(model, c_fc.name, batch).shape == (6, c_fc.n_neurons)
+    assert at.neuron_scores(model, c_fc.name, batch, method="gradient").shape == (6, c_fc.n_neurons)
 
 
 @pytest.mark.parametrize("method", METHODS_FOR_IDS)
@@ -286,7 +286,7 @@ def test_named_inputs_stream_shard_and_diagnose(case):
                                           targets[piece[0].rows()], "gradient")
                          for piece in pieces])
     torch.testing.assert_close(sharded, whole)
-    findings = at.diagnose(model, layer, batch, targets, n_random=3)
+    findings = at.diagnose(model, layer, batch, targets, "gradient", n_random=3)
     assert {finding.code for finding in findings} >= {"non_finite", "not_better_than_random"}
     assert "conductance" not in at.oracle_agreement(model, layer, batch, targets,
                                                    top_k=3)["method"].tolist()
@@ -312,9 +312,9 @@ def test_npz_of_named_inputs_and_an_explicit_list(tmp_path):
     loaded = at.load_model(folder)
     checked = check_data(dataset, loaded)
     torch.testing.assert_close(at.neuron_scores(loaded.module, "bert.pooler.dense",
-                                                checked.inputs, checked.labels),
+                                                checked.inputs, checked.labels, "gradient"),
                                at.neuron_scores(model, "bert.pooler.dense", batch,
-                                                torch.arange(6) % 3))
+                                                torch.arange(6) % 3, "gradient"))
     with pytest.raises(at.AttributionError, match="takes the inputs input_ids"):
         check_data(chosen, loaded)
 
@@ -465,10 +465,10 @@ def test_a_text_column_is_tokenized_with_the_folders_tokenizer(tmp_path):
     assert dataset.inputs["attention_mask"].sum(1).tolist() == [3, 2, 5]
     assert dataset.inputs["input_ids"][0, :3].tolist() == [3, 4, 5]  # w1 is id 3
     scores = at.neuron_scores(loaded.module, LAYERS["bert"][0], dataset.inputs,
-                              dataset.labels)
+                              dataset.labels, "gradient")
     direct = at.neuron_scores(model, LAYERS["bert"][0], {
         "input_ids": torch.tensor([[3, 4, 5]]), "attention_mask": torch.ones(1, 3).long()},
-        torch.tensor([0]))
+        torch.tensor([0]), "gradient")
     torch.testing.assert_close(scores[:1], direct, rtol=1e-4, atol=1e-6)
 
 

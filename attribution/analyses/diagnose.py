@@ -40,10 +40,11 @@ conductance, ablation), or |score| x mean |activation| (gradient); methods witho
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
@@ -53,8 +54,10 @@ from ..engine.layers import resolve_layer, run_logits
 from .oracle import rank_correlation
 from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.registry import REGISTRY, method_label
-from .settings import METRIC_LABELS, REDUCTION_LABELS
-from .pruning import curve_summary, pruning_curve, spaced_ks
+from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_RANDOM,
+                       DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED, EVIDENCE_METRIC,
+                       METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
+from .pruning import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
                               neuron_scores, reduce_scores, score_batches)
 
@@ -71,7 +74,6 @@ CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
                     "unknown")
 PATTERN_TOLERANCE = 1e-2  # how closely a known bug's signature must fit
-_MAX_CURVE_POINTS = 32
 
 FindingsProgress = Optional[Callable[[float, list], object]]
 
@@ -88,6 +90,10 @@ class Finding:
         hint: what to do instead ("" when nothing needs doing).
         pattern: for a failed suspicious_gradient_capture, the bug its signature fits (one
             of `CAPTURE_PATTERNS`); "" otherwise.
+        curve: for not_better_than_random, the evidence: the pruning curve the check
+            measured (a `pruning_curve` frame: k, ranked, bottom, random_mean, random_lo,
+            random_hi; its attrs as there), of the cluster it reports (the worst one among
+            several); None for the other checks. Not compared by ==.
     """
 
     code: str
@@ -98,6 +104,7 @@ class Finding:
     pattern: str = ""
     screen_message: str = ""
     screen_hint: str = ""
+    curve: Optional[pd.DataFrame] = field(default=None, compare=False, repr=False)
 
     def words(self, screen: bool) -> tuple[str, str]:
         """(message, hint) in the dashboard's words ("mean |·|", "target logit") when
@@ -150,10 +157,11 @@ class _Evidence:
     reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
 
 
-def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = "gradient",
-             clusters=None, *, cluster=None, reduce: str = "mean", user_scores=None,
-             metric: str = "target_logit", ablation: str = "zero", n_random: int = 20,
-             seed: int = 0, batch_size: int = 256, n_steps: int = 32,
+def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = DEFAULT_METHOD,
+             clusters=None, *, cluster=None, reduce: str = DEFAULT_REDUCE, user_scores=None,
+             metric: str = EVIDENCE_METRIC, ablation: str = DEFAULT_ABLATION,
+             n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
+             batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
              progress: FindingsProgress = None, device=None) -> list[Finding]:
     """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
 
@@ -170,12 +178,15 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             (the analysed ones: the cluster's when `cluster` is given, whose rows are also
             taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
             cluster score [n] (compared with the signed mean).
-        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random.
+        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
+            (measured at `settings.evidence_ks` k values, returned as its finding's `curve`).
         batch_size, n_steps, device: as in `neuron_scores`.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
         One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
-        user_scores is given; only non_finite when the logits or scores are not finite.
+        user_scores is given; only non_finite when the logits or scores are not finite. The
+        not_better_than_random finding carries the pruning curve it rests on (`curve`): the
+        cluster's `reduce` scores ranking its neurons, `metric` on its samples.
     """
     check_method(method)
     check_reduce(reduce)
@@ -473,11 +484,10 @@ def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
 def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
                      batch_size) -> tuple[Finding, float]:
     n_neurons = group.cluster_score.shape[0]
-    ks = spaced_ks(n_neurons, _MAX_CURVE_POINTS)
     curve = pruning_curve(model, layer, group.x, group.targets,
-                          np.nan_to_num(group.cluster_score, nan=0.0), ks=ks,
-                          n_random=n_random, seed=seed, ablation=ablation, metric=metric,
-                          batch_size=batch_size)
+                          np.nan_to_num(group.cluster_score, nan=0.0),
+                          ks=evidence_ks(n_neurons), n_random=n_random, seed=seed,
+                          ablation=ablation, metric=metric, batch_size=batch_size)
     beaten = float(curve_summary(curve)["fraction_random_beaten"].iloc[0])
     interior = curve[(curve["k"] > 0) & (curve["k"] < n_neurons)]
     within = ((interior["ranked"] >= interior["random_lo"])
@@ -489,15 +499,16 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if beaten < BEATEN_WARNING:
-        return _finding("not_better_than_random", "problem",
-                       f"The ranking is no better than random: {measured}.", beaten,
-                       hint), -beaten
-    if beaten < BEATEN_OK:
-        return _finding("not_better_than_random", "warning",
-                       f"The ranking is only weakly better than random: {measured}.", beaten,
-                       hint), -beaten
-    return _finding("not_better_than_random", "ok", f"The ranking beats random: {measured}.",
-                   beaten), -beaten
+        finding = _finding("not_better_than_random", "problem",
+                           f"The ranking is no better than random: {measured}.", beaten, hint)
+    elif beaten < BEATEN_OK:
+        finding = _finding("not_better_than_random", "warning",
+                           f"The ranking is only weakly better than random: {measured}.",
+                           beaten, hint)
+    else:
+        finding = _finding("not_better_than_random", "ok",
+                           f"The ranking beats random: {measured}.", beaten)
+    return replace(finding, curve=curve), -beaten
 
 
 def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:

@@ -32,6 +32,8 @@ from ..engine import model_io
 from . import pruning
 from ..errors import AttributionError
 from ..methods.passes import on_device, resolve_device
+from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
+                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
 from ..methods.scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
                               find_cluster, cluster_statistics as shard_statistics, n_samples)
 from ..engine.runners import LAYER_KEYS
@@ -196,9 +198,10 @@ def _shape_everywhere(shape: Optional[tuple[int, ...]], group) -> tuple[int, ...
 
 
 def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
-                       method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                       progress: Progress = None, seed: int = 0, device=None,
-                       per_sample=None, group=None) -> ClusterStatistics:
+                       method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                       n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
+                       seed: int = DEFAULT_SEED, device=None, per_sample=None,
+                       group=None) -> ClusterStatistics:
     """Per-cluster sums over all ranks' shards (every rank gets the totals).
 
     Args:
@@ -258,8 +261,9 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
 
 
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
-                   method: str = "gradient", *, reduce: str = "mean", batch_size: int = 256,
-                   n_steps: int = 32, progress: Progress = None, seed: int = 0, device=None,
+                   method: str = DEFAULT_METHOD, *, reduce: str = DEFAULT_REDUCE,
+                   batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
+                   progress: Progress = None, seed: int = DEFAULT_SEED, device=None,
                    group=None) -> pd.DataFrame:
     """`attribution.cluster_scores`, sharded over the ranks of `group`; every rank gets it.
 
@@ -312,9 +316,10 @@ def _join_parts(path: Path, shape: tuple[int, ...], parts: list[Path]) -> None:
 
 
 def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *, ks=None,
-                  n_random: int = 20, seed: int = 0, ablation: str = "zero",
-                  metric: str = "accuracy", batch_size: int = 256,
-                  progress=None, device=None, group=None) -> pd.DataFrame:
+                  n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
+                  ablation: str = DEFAULT_ABLATION, metric: str = DEFAULT_METRIC,
+                  batch_size: int = DEFAULT_BATCH_SIZE, progress=None, device=None,
+                  group=None) -> pd.DataFrame:
     """`attribution.pruning_curve`, sharded over the ranks of `group`; every rank gets it.
 
     Each rank measures its shard; the per-k metric sums of the ranked, bottom and every
@@ -328,10 +333,10 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *, k
 
 
 def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
-                           cluster, scores, *, ks=None, n_random: int = 20, seed: int = 0,
-                           ablation: str = "zero", metric: str = "accuracy",
-                           batch_size: int = 256, progress=None, device=None,
-                           group=None) -> pd.DataFrame:
+                           cluster, scores, *, ks=None, n_random: int = DEFAULT_N_RANDOM,
+                           seed: int = DEFAULT_SEED, ablation: str = DEFAULT_ABLATION,
+                           metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
+                           progress=None, device=None, group=None) -> pd.DataFrame:
     """`attribution.cluster_pruning_curves` (subsets "cluster" and "rest"), sharded over the
     ranks of `group`; arguments and limits as in `pruning_curve` here."""
     codes, ids = cluster_codes(clusters, n_samples(inputs))

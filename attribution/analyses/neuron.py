@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
+from ..defaults import DEFAULT_BATCH_SIZE
 from ..engine.layers import resolve_layer
 from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
@@ -90,7 +91,7 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
                 scores: np.ndarray, activations: np.ndarray, in_cluster: np.ndarray,
                 neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
                 method: Optional[str] = None, tokens: Optional[np.ndarray] = None,
-                batch_size: int = 256, progress: Progress = None) -> NeuronView:
+                batch_size: int = DEFAULT_BATCH_SIZE, progress: Progress = None) -> NeuronView:
     """Everything the neuron view draws for `neuron` of `layer`.
 
     Args:

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
 from ..methods.registry import METHODS, methods_for
 from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
@@ -36,9 +37,11 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
 
 def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
-                     methods: Sequence[str] = METHODS, clusters=None, *, reduce: str = "mean",
-                     top_k: Optional[int] = None, batch_size: int = 256, n_steps: int = 32,
-                     seed: int = 0, progress: TableProgress = None, device=None) -> pd.DataFrame:
+                     methods: Sequence[str] = METHODS, clusters=None, *,
+                     reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
+                     batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
+                     seed: int = DEFAULT_SEED, progress: TableProgress = None,
+                     device=None) -> pd.DataFrame:
     """Rank correlation of each method's cluster scores with the exact ablation oracle.
 
     Args:

@@ -30,6 +30,8 @@ from torch import nn
 from torch.nn import functional
 
 from ..errors import AttributionError
+from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_RANDOM,
+                        DEFAULT_SEED)
 from ..engine.guards import eval_mode
 from ..engine.model_io import NamedInputs, attention_mask
 from ..methods.passes import Inputs, LayerBatch, LayerPass, n_samples, pass_modes
@@ -57,8 +59,9 @@ CurveProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
 
 def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
-                  ks: Optional[Sequence[int]] = None, n_random: int = 20, seed: int = 0,
-                  ablation: str = "zero", metric: str = "accuracy", batch_size: int = 256,
+                  ks: Optional[Sequence[int]] = None, n_random: int = DEFAULT_N_RANDOM,
+                  seed: int = DEFAULT_SEED, ablation: str = DEFAULT_ABLATION,
+                  metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
                   progress: CurveProgress = None, resume: Optional[pd.DataFrame] = None,
                   device=None) -> pd.DataFrame:
     """The metric after removing k neurons in descending score order, against bottom-k and random.
@@ -99,10 +102,10 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
 
 def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
                            cluster, scores, *, ks: Optional[Sequence[int]] = None,
-                           n_random: int = 20, seed: int = 0, ablation: str = "zero",
-                           metric: str = "accuracy", batch_size: int = 256,
-                           progress: CurveProgress = None, resume: Optional[pd.DataFrame] = None,
-                           device=None) -> pd.DataFrame:
+                           n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
+                           ablation: str = DEFAULT_ABLATION, metric: str = DEFAULT_METRIC,
+                           batch_size: int = DEFAULT_BATCH_SIZE, progress: CurveProgress = None,
+                           resume: Optional[pd.DataFrame] = None, device=None) -> pd.DataFrame:
     """Pruning curves of one ranking on a cluster and on the rest of the data, in one pass.
 
     Both subsets share the masks, the random orders and (for "mean") the mean over all

@@ -1,9 +1,16 @@
-"""The settings behind one view of the results and every choice that follows from them.
+"""Every analysis setting in one place: its default, its choices, the rules that pick a
+setting from what the data has, how it is said in words, and `AnalysisSettings`, the settings
+behind one view of the results.
 
-The dashboard's pages, its HTML report and the command line all ask `AnalysisSettings` which
-logit each sample is scored for, which cluster is in focus and which samples it holds, which
-neuron counts k a pruning curve evaluates and how the curves are computed, so the same
-settings can never give two answers.
+The dashboard (sidebar and pages), its HTML report and the command line read their defaults
+and choices here, so the same data opens the same view in each of them:
+
+    source = default_cluster_source(has_labels, has_provided_clusters)   # "label" ...
+    sources = cluster_source_choices(has_labels, has_provided_clusters)  # the menu, in order
+    target, targets = default_target(has_labels), target_choices(has_labels)
+    layer = default_layer(layers)                                          # a LayerInfo list
+    settings = AnalysisSettings.for_data(layers, has_labels=True, has_provided_clusters=True)
+    words = partition_words("kmeans_activations", k=8, layer="relu2")     # for the notices
 
     settings = AnalysisSettings(layer="relu2", cluster=3, target="fixed", fixed_class=3)
     settings = settings.with_cluster_of(clusters)       # a cluster that exists ("3" -> 3)
@@ -11,6 +18,36 @@ settings can never give two answers.
     focus = settings.cluster_rows(clusters)              # bool [N]
     ranking = settings.ranking(per_sample, clusters)     # [n] the focus cluster's scores
     curves = settings.pruning_curves(model, dataset, clusters, targets, ranking)
+
+The scalar defaults that the library's own function signatures also take (method, reduce,
+batch size, integration steps, seed, random orders, pruning metric, ablation) are defined in
+`attribution.defaults`, below every layer, and re-exported here; everything else is defined
+here. The defaults, and why:
+
+- Method: DEFAULT_METHOD, gradient x activation. Its scores are in logits (a first-order
+  estimate of what removing the neuron does), so they compare with exact ablation and across
+  layers. The plain gradient is what the degeneracy check examines (averaged gradients
+  cancel and look tiny), not the best default ranking. DEFAULT_COMPARE: the methods shown
+  beside it (the plain gradient and exact ablation, the two it sits between).
+- Cluster source: `default_cluster_source`: the true label when the data has labels, else the
+  data's own cluster column, else the predicted class. With the default target (the true
+  class) a cluster by label is one class scored for one logit, so its signed mean cannot
+  cancel across classes (the remedy `verdict` proposes for sign cancellation), and clusters
+  are named by class. A cluster column is the user's own grouping, so it comes next. Without
+  either, the predicted class: the dashboard and the report must show clusters, and the
+  predicted class exists for any data the model can score (one forward pass, also for data
+  streamed from disk). One rule for every front end: the command line's score, curve
+  --cluster and diagnose group unlabelled data by predicted class as the dashboard shows it
+  (before, they put every sample in one cluster "all", and the report refused such data);
+  `--clusters none` still asks for that single cluster.
+- Target: `default_target`: the true class when the data has labels, else the predicted one.
+- Layer: `default_layer`: the last hidden activation (a ReLU or similar before the output).
+- Reduction: the signed mean (DEFAULT_REDUCE); REDUCE_CHOICES are the dashboard's.
+- k-means: DEFAULT_K clusters; `k_choices(n_samples)` the dashboard's k slider.
+- Pruning curves: DEFAULT_METRIC (accuracy), DEFAULT_N_RANDOM random orders (RANDOM_ORDERS),
+  DEFAULT_ABLATION, DEFAULT_SEED; DEFAULT_BATCH_SIZE samples per pass (BATCH_SIZES).
+- The degeneracy check's evidence curve: EVIDENCE_METRIC (the target logit) at
+  EVIDENCE_CURVE_POINTS + 1 values of k (`evidence_ks`); `diagnose` returns it.
 """
 from __future__ import annotations
 
@@ -22,15 +59,52 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..inputs.data import Dataset
+from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
+                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
+from ..inputs.data import CLUSTER_SOURCES, Dataset
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo, split_axis
-from .pruning import cluster_pruning_curves, spaced_ks
+from .pruning import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
 from ..methods.passes import check_targets
 from ..methods.registry import method_label
-from ..methods.scores import check_reduce, cluster_codes, cluster_table, find_cluster
+from ..methods.scores import (REDUCTIONS, check_reduce, cluster_codes, cluster_table,
+                              find_cluster)
 
+__all__ = [  # the defaults re-exported from attribution.defaults, and this module's own
+    "DEFAULT_ABLATION", "DEFAULT_BATCH_SIZE", "DEFAULT_METHOD", "DEFAULT_METRIC",
+    "DEFAULT_N_RANDOM", "DEFAULT_N_STEPS", "DEFAULT_REDUCE", "DEFAULT_SEED",
+    "ABLATIONS", "METRICS", "REDUCTIONS", "CLUSTER_SOURCES",
+    "DEFAULT_COMPARE", "DEFAULT_K", "K_RANGE", "BATCH_SIZES", "RANDOM_ORDERS",
+    "REDUCE_CHOICES", "TARGETS", "ACTIVATION_KINDS", "EVIDENCE_METRIC", "EVIDENCE_CURVE_POINTS",
+    "CURVE_K_STEPS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
+    "CLUSTER_SOURCE_LABELS", "DEFAULT_CLUSTER_SOURCE", "DEFAULT_TARGET",
+    "cluster_source_choices", "default_cluster_source", "target_choices", "default_target",
+    "default_layer", "k_choices", "default_k", "evidence_ks", "partition_words", "class_label",
+    "cluster_label", "scoring_targets", "AnalysisSettings",
+]
+
+# ---------------------------------------------------------------- choices and their words
+
+DEFAULT_COMPARE = ("gradient", "ablation")
+"""Methods shown beside the main one (the dashboard's "Compare with", the report's)."""
 TARGETS = ("true", "predicted", "fixed")
+"""Which logit each sample is scored for: its true class, its predicted class, one class."""
+REDUCE_CHOICES = ("mean", "mean_abs")
+"""The reductions the dashboard offers (the library and the command line also take "std")."""
+DEFAULT_K = 8
+"""k-means clusters when none is chosen."""
+K_RANGE = (2, 20)
+"""The smallest and largest k the dashboard offers (at most the number of samples)."""
+BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
+"""The dashboard's batch sizes; DEFAULT_BATCH_SIZE is one of them."""
+RANDOM_ORDERS = (5, 10, 20, 50, 100)
+"""The dashboard's numbers of random orders; DEFAULT_N_RANDOM is one of them."""
+ACTIVATION_KINDS = frozenset({"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"})
+"""Module types `default_layer` treats as a hidden activation."""
+EVIDENCE_METRIC = "target_logit"
+"""What the degeneracy check's pruning curve measures (not_better_than_random)."""
+EVIDENCE_CURVE_POINTS = 32
+"""k steps of that curve: every k up to 33 values, else 33 evenly spaced (`evidence_ks`)."""
 CURVE_K_STEPS = 128  # pruning curves of wider layers use evenly spaced k (every k: minutes)
 REDUCTION_LABELS = {"mean": "signed mean", "mean_abs": "mean |·|", "std": "std"}
 METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
@@ -41,6 +115,80 @@ CLUSTER_SOURCE_LABELS = {
     "correctness": "correct vs misclassified", "provided": "provided cluster column",
     "kmeans_inputs": "k-means on the inputs", "kmeans_activations": "k-means on the layer",
 }
+"""How menus name each of CLUSTER_SOURCES (`partition_words` for a sentence)."""
+_NEED_LABELS = ("label", "correctness")
+
+
+def cluster_source_choices(has_labels: bool, has_provided_clusters: bool) -> tuple[str, ...]:
+    """The cluster sources that data can use, in menu order (CLUSTER_SOURCES): without labels
+    no "label" or "correctness", without a cluster column no "provided"."""
+    return tuple(source for source in CLUSTER_SOURCES
+                 if (has_labels or source not in _NEED_LABELS)
+                 and (has_provided_clusters or source != "provided"))
+
+
+def default_cluster_source(has_labels: bool, has_provided_clusters: bool) -> str:
+    """The cluster source used when none is chosen: "label" for data with labels, else
+    "provided" for data with a cluster column, else "predicted" (why: the module docstring)."""
+    if has_labels:
+        return "label"
+    return "provided" if has_provided_clusters else "predicted"
+
+
+def target_choices(has_labels: bool) -> tuple[str, ...]:
+    """The targets (TARGETS) data can be scored for: no "true" without labels."""
+    return tuple(target for target in TARGETS if has_labels or target != "true")
+
+
+def default_target(has_labels: bool) -> str:
+    """The target used when none is chosen: "true" with labels, else "predicted"."""
+    return "true" if has_labels else "predicted"
+
+
+DEFAULT_CLUSTER_SOURCE = default_cluster_source(has_labels=True, has_provided_clusters=True)
+"""`AnalysisSettings`' cluster source when none is given (that of labelled data)."""
+DEFAULT_TARGET = default_target(has_labels=True)
+"""`AnalysisSettings`' target when none is given (that of labelled data)."""
+
+
+def default_layer(layers: Sequence[LayerInfo]) -> str:
+    """The name of the layer analysed when none is chosen: the last hidden activation (a ReLU
+    or similar, ACTIVATION_KINDS, before the output layer), else the layer before the output.
+
+    Args:
+        layers: the model's scorable layers in order (`list_layers`, `LoadedModel.layers()`).
+    """
+    hidden = list(layers[:-1]) or list(layers)
+    activations = [info for info in hidden if info.kind in ACTIVATION_KINDS]
+    return (activations or hidden)[-1].name
+
+
+def k_choices(n_samples: int) -> tuple[int, ...]:
+    """The k-means k the dashboard offers for data of `n_samples`: K_RANGE, at most
+    n_samples (never fewer than the one choice k = 2)."""
+    low, high = K_RANGE
+    return tuple(range(low, max(low + 1, min(high + 1, n_samples + 1))))
+
+
+def default_k(n_samples: int) -> int:
+    """DEFAULT_K, or the largest of `k_choices` when the data has fewer samples."""
+    return min(DEFAULT_K, k_choices(n_samples)[-1])
+
+
+def evidence_ks(n_neurons: int) -> list[int]:
+    """The k values of the degeneracy check's evidence curve (EVIDENCE_CURVE_POINTS)."""
+    return spaced_ks(n_neurons, EVIDENCE_CURVE_POINTS)
+
+
+def partition_words(source: str, k: Optional[int] = None, layer: Optional[str] = None) -> str:
+    """A partition of the samples in words, e.g. "true label", "k-means on the inputs (k = 8)",
+    "k-means on layer relu2 (k = 8)" ("k-means on the layer" without `layer`)."""
+    words = CLUSTER_SOURCE_LABELS.get(source, source)
+    if source == "kmeans_activations" and layer:
+        words = f"k-means on layer {layer}"
+    if source.startswith("kmeans") and k is not None:
+        words += f" (k = {k})"
+    return words
 
 
 def class_label(class_id: int, class_names: Optional[Sequence[str]]) -> str:
@@ -82,11 +230,14 @@ def scoring_targets(labels: Optional[torch.Tensor], n_samples: int, target: str,
 class AnalysisSettings:
     """Every choice behind one view of the results (the dashboard's sidebar, the CLI's flags).
 
+    Every field defaults to this module's default; `for_data` also picks the layer, cluster
+    source and target that fit the data (those of labelled data otherwise).
+
     Attributes:
         layer: dotted layer name, or "name:axis" with the neuron axis chosen by hand
             (`layers.resolve_layer`; `LayerInfo.spec`).
         method: the main scoring method; `compare` adds methods shown beside it.
-        cluster_source: one of `CLUSTER_SOURCE_LABELS` (`attribution.inputs.data.make_clusters`).
+        cluster_source: one of `CLUSTER_SOURCES` (`attribution.inputs.data.make_clusters`).
         k: number of clusters for the k-means sources.
         cluster: the cluster in focus; None = the first cluster id (`with_cluster_of`).
         reduce: "mean" (signed) or "mean_abs".
@@ -96,24 +247,38 @@ class AnalysisSettings:
     """
 
     layer: str
-    method: str = "gradient_x_activation"
-    compare: tuple[str, ...] = ()
-    cluster_source: str = "label"
-    k: int = 8
+    method: str = DEFAULT_METHOD
+    compare: tuple[str, ...] = DEFAULT_COMPARE
+    cluster_source: str = DEFAULT_CLUSTER_SOURCE
+    k: int = DEFAULT_K
     cluster: object = None
-    reduce: str = "mean"
-    target: str = "true"
+    reduce: str = DEFAULT_REDUCE
+    target: str = DEFAULT_TARGET
     fixed_class: int = 0
-    metric: str = "accuracy"
-    n_random: int = 20
-    batch_size: int = 256
-    seed: int = 0
+    metric: str = DEFAULT_METRIC
+    n_random: int = DEFAULT_N_RANDOM
+    batch_size: int = DEFAULT_BATCH_SIZE
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self):
         check_reduce(self.reduce)
         if self.target not in TARGETS:
             raise AttributionError(f"Unknown target {self.target!r}; use one of "
                                    f"{', '.join(TARGETS)}.")
+
+    @classmethod
+    def for_data(cls, layers: Sequence[LayerInfo], *, has_labels: bool,
+                 has_provided_clusters: bool, n_samples: Optional[int] = None,
+                 **choices) -> "AnalysisSettings":
+        """The settings a front end starts from for this model and data: `default_layer`,
+        `default_cluster_source`, `default_target`, `default_k` (with `n_samples`) and every
+        other field's default; `choices` (any field, e.g. layer="fc2") replace them."""
+        defaults = dict(layer=default_layer(layers),
+                        cluster_source=default_cluster_source(has_labels, has_provided_clusters),
+                        target=default_target(has_labels))
+        if n_samples is not None:
+            defaults["k"] = default_k(n_samples)
+        return cls(**{**defaults, **choices})
 
     def layer_info(self, layers: Sequence[LayerInfo]) -> LayerInfo:
         """The `LayerInfo` of `layer` among `layers` (`list_layers`), with the neuron axis
@@ -190,9 +355,7 @@ class AnalysisSettings:
         target = TARGET_LABELS.get(self.target, self.target)
         if self.target == "fixed":
             target = f"class {class_label(self.fixed_class, class_names)}"
-        source = CLUSTER_SOURCE_LABELS.get(self.cluster_source, self.cluster_source)
-        if self.cluster_source.startswith("kmeans"):
-            source += f" (k = {self.k})"
+        source = partition_words(self.cluster_source, self.k, self.layer)
         return {
             "layer": self.layer, "clusters from": source,
             "cluster in focus": cluster_label(self.cluster, self.cluster_source, class_names),

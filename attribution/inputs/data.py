@@ -19,7 +19,7 @@ import io
 import math
 import reprlib
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError, out_of_memory, reading
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from ..engine.layers import run_logits
@@ -45,8 +46,11 @@ KMEANS_RUNS = 4
 """k-means runs from different seeds; the clustering with the lowest inertia is kept."""
 ACTIVATIONS_SHARE = 0.5
 """Share of k-means on activations that `make_clusters` reports for the activation pass."""
-CLUSTER_SOURCES = ("provided", "label", "predicted", "correctness", "kmeans_inputs",
+CLUSTER_SOURCES = ("label", "predicted", "correctness", "provided", "kmeans_inputs",
                    "kmeans_activations")
+"""How `make_clusters` can group samples, in the order menus list them (the default, and the
+choices a given data set allows, are decided in `attribution.analyses.settings`)."""
+_IN_MEMORY_SOURCES = ("kmeans_inputs", "kmeans_activations")  # k-means reads every sample
 
 _INPUT_KEYS = ("inputs", "x", "X", "data", "images", "features")
 _LABEL_KEYS = ("labels", "label", "y", "targets", "target", "class")
@@ -108,6 +112,24 @@ class Dataset:
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedData:
+    """Samples read batch by batch (data larger than memory), with their labels and cluster
+    ids: what `make_clusters` takes in place of a `Dataset` for them. Nothing is checked
+    here: give what `Dataset` would hold (the command line checks its .npy files).
+
+    Attributes:
+        inputs: `NpyRows` or any re-iterable of batches [B, ...] (arrays or tensors), in
+            sample order.
+        labels: int64 tensor [N] of class ids, or None.
+        clusters: 1-D array [N] of cluster ids, or None.
+    """
+
+    inputs: Iterable
+    labels: Optional[torch.Tensor] = None
+    clusters: Optional[np.ndarray] = None
 
 
 def _numpy(value: Any, what: str) -> np.ndarray:
@@ -720,10 +742,12 @@ def _module(model: Union[LoadedModel, nn.Module, None], source: str) -> nn.Modul
     return model.module if isinstance(model, LoadedModel) else model
 
 
-def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, *,
-                    batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
-    """Predicted class ids, int64 [N], for inputs [N, ...] (eval mode, no grad, batched);
-    `progress(fraction)` after each batch."""
+def predict_classes(model: Union[LoadedModel, nn.Module], inputs, *,
+                    batch_size: int = DEFAULT_BATCH_SIZE,
+                    progress: Progress = None) -> torch.Tensor:
+    """Predicted class ids, int64 [N], for inputs [N, ...] or an iterable of batches such as
+    `NpyRows` (eval mode, no grad, batched); `progress(fraction)` after each batch (NaN for
+    an iterable of unknown length)."""
     module = _module(model, "predicted")
     layer_pass = LayerPass(module, None, inputs, batch_size=batch_size, grad=False,
                            what="predict")
@@ -732,16 +756,18 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs: torch.Tensor, 
 
 
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
-                      *, batch_size: int = 256, progress: Progress = None) -> torch.Tensor:
+                      *, batch_size: int = DEFAULT_BATCH_SIZE,
+                      progress: Progress = None) -> torch.Tensor:
     """A layer's output per neuron, float32 [N, n]; conv channels are averaged over space
     (the engine's `activation` score). `progress(fraction)` after each batch."""
     return neuron_scores(_module(model, "kmeans_activations"), layer, inputs,
                          method="activation", batch_size=batch_size, progress=progress)
 
 
-def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Module, None] = None,
-                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = 0, *,
-                  batch_size: int = 256, progress: Progress = None) -> np.ndarray:
+def make_clusters(source: str, dataset: Union[Dataset, StreamedData],
+                  model: Union[LoadedModel, nn.Module, None] = None,
+                  layer: Optional[str] = None, k: Optional[int] = None, seed: int = DEFAULT_SEED, *,
+                  batch_size: int = DEFAULT_BATCH_SIZE, progress: Progress = None) -> np.ndarray:
     """One cluster id per sample, [N].
 
     Args:
@@ -749,7 +775,9 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
             "predicted" (predicted class id), "correctness" ("correct"/"misclassified"),
             "kmeans_inputs" or "kmeans_activations" (ids 0..k-1; the latter on `layer`'s
             outputs, conv channels averaged over space).
-        dataset: the samples (after `check_data` when a model is involved).
+        dataset: the samples (after `check_data` when a model is involved), or
+            `StreamedData` for samples read batch by batch (every source but k-means, which
+            needs them in memory).
         model: needed for "predicted", "correctness" and "kmeans_activations".
         layer: dotted layer name for "kmeans_activations".
         k: number of k-means clusters, 2..N.
@@ -762,6 +790,10 @@ def make_clusters(source: str, dataset: Dataset, model: Union[LoadedModel, nn.Mo
     if source not in CLUSTER_SOURCES:
         raise AttributionError(f"Unknown cluster source {source!r}; use one of "
                                f"{', '.join(CLUSTER_SOURCES)}.")
+    if isinstance(dataset, StreamedData) and source in _IN_MEMORY_SOURCES:
+        raise AttributionError(f"Cluster source {source!r} needs the data in memory (k-means "
+                               "reads every sample at once), but these samples are read batch "
+                               "by batch; load them in memory or pass precomputed cluster ids.")
     if source == "provided":
         if dataset.clusters is None:
             raise AttributionError("This data has no cluster ids; add a 'cluster' column/array "

@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import AttributionError
+from ..defaults import DEFAULT_BATCH_SIZE
 
 
 class NpyRows:
@@ -23,7 +24,7 @@ class NpyRows:
         batch_size: rows per batch.
     """
 
-    def __init__(self, path: str | os.PathLike, batch_size: int = 256):
+    def __init__(self, path: str | os.PathLike, batch_size: int = DEFAULT_BATCH_SIZE):
         self.path = Path(path)
         if batch_size < 1:
             raise AttributionError("batch_size must be a positive integer.")

@@ -12,6 +12,8 @@ from torch import nn
 
 from ..engine import model_io
 from ..errors import AttributionError
+from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEFAULT_REDUCE,
+                        DEFAULT_SEED)
 from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
 from .registry import METHODS, REGISTRY, Batch, Targets
@@ -28,8 +30,9 @@ def check_method(method: str) -> None:
 
 
 def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
-                  method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                  progress: Progress = None, seed: int = 0, device=None, first_index: int = 0,
+                  method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                  n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
+                  seed: int = DEFAULT_SEED, device=None, first_index: int = 0,
                   about_layer: Optional[dict] = None) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (start index, scores) per batch: scores [B, n] (or [B, n_classes, n] for "all").
 
@@ -80,8 +83,9 @@ def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[s
 
 
 def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
-                  method: str = "gradient", *, batch_size: int = 256, n_steps: int = 32,
-                  progress: Progress = None, seed: int = 0, device=None) -> torch.Tensor:
+                  method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                  n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
+                  seed: int = DEFAULT_SEED, device=None) -> torch.Tensor:
     """Per-sample neuron scores for one layer.
 
     Args:
@@ -223,7 +227,7 @@ class ClusterStatistics:
         """The summable tensors (for an all_reduce across processes)."""
         return self.counts, self.sums, self.sums_abs, self.sums_sq
 
-    def frame(self, reduce: str = "mean") -> pd.DataFrame:
+    def frame(self, reduce: str = DEFAULT_REDUCE) -> pd.DataFrame:
         """The `cluster_scores` table for `reduce` ("mean", "mean_abs" or "std")."""
         table = reduce_scores(self, reduce)
         frame = _cluster_frame(table.numpy(), self.ids, self.counts.numpy())
@@ -232,9 +236,10 @@ class ClusterStatistics:
 
 
 def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets,
-                       codes: np.ndarray, ids: pd.Index, method: str = "gradient", *,
-                       batch_size: int = 256, n_steps: int = 32, progress: Progress = None,
-                       seed: int = 0, device=None, first_index: int = 0,
+                       codes: np.ndarray, ids: pd.Index, method: str = DEFAULT_METHOD, *,
+                       batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
+                       progress: Progress = None, seed: int = DEFAULT_SEED, device=None,
+                       first_index: int = 0,
                        on_batch: Optional[Callable[[int, torch.Tensor], object]] = None
                        ) -> ClusterStatistics:
     """Stream the scores of `inputs` into per-cluster sums: memory O(clusters x neurons).
@@ -272,8 +277,9 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
 
 
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,
-                   method: str = "gradient", *, reduce: str = "mean", batch_size: int = 256,
-                   n_steps: int = 32, progress: Progress = None, seed: int = 0,
+                   method: str = DEFAULT_METHOD, *, reduce: str = DEFAULT_REDUCE,
+                   batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
+                   progress: Progress = None, seed: int = DEFAULT_SEED,
                    device=None) -> pd.DataFrame:
     """Per-cluster neuron scores, streamed: memory O(clusters x neurons), not O(N x neurons).
 

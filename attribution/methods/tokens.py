@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_METHOD
 from .registry import REGISTRY, MethodNames
 from ..engine.model_io import TEXT_INPUT, NamedInputs, attention_mask
 from .passes import Inputs, LayerBatch, LayerPass
@@ -25,8 +26,8 @@ live view of the registry."""
 
 def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
                  targets: Optional[torch.Tensor] = None, *,
-                 method: str = "gradient_x_activation", tokens: Optional[np.ndarray] = None,
-                 batch_size: int = 256) -> pd.DataFrame:
+                 method: str = DEFAULT_METHOD, tokens: Optional[np.ndarray] = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> pd.DataFrame:
     """One neuron's score at every real token of every sample.
 
     Args:
