@@ -13,15 +13,18 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.progress import TimeLeft
 from attribution.presentation.report import curve_sentences
-from pages import common
+from pages.shared.context import context
+from pages.shared.draw import chart, escape_markdown, guarded, show_error
+from pages.shared.routing import require_entrypoint
+from pages.shared.sidebar import METRIC_LABELS, RANDOM_ORDERS, page_widget
 
-common.require_entrypoint()
+require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 MAX_KEPT_CURVES = 16  # finished (and, separately, unfinished) curves kept per session
 STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 
@@ -32,11 +35,11 @@ st.caption("Remove the layer's neurons one by one in the order of their scores a
            "the lowest-scored first (blue) hurts least.")
 
 controls = st.columns([1, 1, 2])
-common.page_widget("w_metric")
-controls[0].selectbox("Measure", list(common.METRIC_LABELS), key="w_metric",
-                      format_func=common.METRIC_LABELS.get)
-common.page_widget("w_random")
-controls[1].select_slider("Random orders", list(common.RANDOM_ORDERS), key="w_random",
+page_widget("w_metric")
+controls[0].selectbox("Measure", list(METRIC_LABELS), key="w_metric",
+                      format_func=METRIC_LABELS.get)
+page_widget("w_random")
+controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
                           help="More orders give a smoother band and take longer.")
 titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the data"}
 n_neurons = ctx.n_neurons
@@ -73,8 +76,8 @@ def watch_for_a_toolbar_stop() -> None:
 
 
 def show(curves, note: str) -> None:
-    common.chart(plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric,
-                                      titles=titles), key="pruning_chart")
+    chart(plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric,
+                               titles=titles), key="pruning_chart")
     st.caption(note)
 
 
@@ -84,7 +87,7 @@ def summarise(curves, so_far: bool = False) -> None:
     for sentence in curve_sentences(summary, metric=s.metric, method=s.method,
                                     cluster=focus_label, sizes=curves.attrs.get("n_samples"),
                                     n_random=s.n_random):
-        st.markdown(common.escape_markdown(sentence))
+        st.markdown(escape_markdown(sentence))
     st.dataframe(plots.curve_summary_table(summary, metric=s.metric), hide_index=True,
                  width="stretch")
     st.caption("'Mean over k' is the area under each curve divided by the number of neurons: "
@@ -107,12 +110,12 @@ elif key in stopped:
         del stopped[key]
         st.rerun()
 elif key in failed:
-    common.show_error(failed[key])
+    show_error(failed[key])
     if st.button("Try again", icon=":material/refresh:"):
         del failed[key]
         st.rerun()
 else:
-    scores = common.guarded(lambda: ctx.scores(s.method))
+    scores = guarded(lambda: ctx.scores(s.method))
     if scores is None:
         st.stop()
     ks = s.curve_ks(n_neurons)
@@ -127,8 +130,8 @@ else:
     chart_slot = st.empty()
     if resume is not None:
         with chart_slot.container():
-            common.chart(plots.pruning_figure(resume, n_neurons=n_neurons, metric=s.metric,
-                                              titles=titles), key="partial_curve_resumed")
+            chart(plots.pruning_figure(resume, n_neurons=n_neurons, metric=s.metric,
+                                       titles=titles), key="partial_curve_resumed")
     last_draw, n_draws = [0.0], [0]
     time_left = TimeLeft(start_fraction)  # measured from where this run computes
 
@@ -141,9 +144,9 @@ else:
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
             last_draw[0], n_draws[0] = now, n_draws[0] + 1
             with chart_slot.container():  # a key per draw: two draws may show equal points
-                common.chart(plots.pruning_figure(partial, n_neurons=n_neurons,
-                                                  metric=s.metric, titles=titles),
-                             key=f"partial_curve_{n_draws[0]}")
+                chart(plots.pruning_figure(partial, n_neurons=n_neurons,
+                                           metric=s.metric, titles=titles),
+                      key=f"partial_curve_{n_draws[0]}")
 
     def compute(resume_from):
         return ctx.pruning_curves(progress=on_progress, resume=resume_from)
