@@ -5,13 +5,11 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution.inputs.untrusted import watchdog
-from attribution.inputs.demo import demo_files
 from attribution.presentation.report import layers_frame, model_facts
 from pages.shared.draw import escape_markdown, show_error
 from pages.shared.routing import require_entrypoint
 from pages.shared.startup import TRUST_CODE
-from pages.shared.workspace import Upload, validate_upload
+from pages.shared.workspace import Upload, validate_upload, warm_up
 
 require_entrypoint()
 
@@ -20,7 +18,7 @@ ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if TRUST_CODE else [])
 DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
 
 st.title("Model & data")
-watchdog.warm_up()  # the checker of uploaded models starts while files are chosen
+warm_up()  # the checker of uploaded models starts while files are chosen
 
 st.subheader("Upload your own")
 st.markdown(
@@ -98,7 +96,7 @@ if ctx is not None:
 
 st.subheader("Sample files")
 st.caption("Templates of every accepted layout; the demo itself is built from them.")
-for index, demo_file in enumerate(demo_files()):
+for index, demo_file in enumerate(at.demo_files()):
     row = st.columns([2, 5])
     row[0].download_button(demo_file.download_name, demo_file.content(),
                            file_name=demo_file.download_name, key=f"sample_{index}",

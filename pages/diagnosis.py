@@ -4,11 +4,9 @@ agreement with exact ablation and between methods, and a check of one's own grad
 import numpy as np
 import pandas as pd
 import streamlit as st
-import torch
 
 import attribution as at
 from attribution.presentation import plots
-from attribution.inputs.data import load_data
 from attribution.analyses.pruning import spaced_ks
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
                                           cluster_composition, expected_loop, verdict)
@@ -59,11 +57,7 @@ with st.expander("Check your own gradient code", icon=":material/bug_report:"):
         f"[{n_focus}, {ctx.n_neurons}] (samples x neurons) and upload it. The check compares "
         "it with the engine and names common bugs (feeding the whole batch, stale gradients, "
         "hooks left attached). A correct loop looks like this:")
-    targets = ctx.focus_targets()
-    if targets is None:  # the predicted class
-        targets = torch.from_numpy(ctx.predictions()[ctx.focus])
-    labels = None if ctx.ws.data.labels is None else \
-        ctx.ws.data.labels[torch.from_numpy(ctx.focus)]
+    targets, labels = ctx.focus_scored_classes(), ctx.focus_labels()
     focus_inputs = ctx.focus_inputs()
     st.code(expected_loop(ctx.layer_info, s.method, focus_inputs), language="python")
     st.download_button("Download what the check needs (.npz: inputs, targets, labels, "
@@ -80,7 +74,7 @@ user_scores, user_key = None, ""
 if uploaded is not None:
     payload = uploaded.getvalue()
     try:
-        user_scores, user_key = load_data(payload).inputs.numpy(), digest(payload)
+        user_scores, user_key = at.load_data(payload).inputs.numpy(), digest(payload)
     except at.AttributionError as error:
         with upload_message.container():
             show_error(error, before="Your scores file could not be read: ",

@@ -105,6 +105,19 @@ class Context:
                          self.focus_targets(), user_scores,
                          ProgressLine("Running the degeneracy checks"))
 
+    def focus_scored_classes(self) -> torch.Tensor:
+        """The class each sample of the cluster in focus is scored for, with the predicted
+        class where the targets say "predicted" (None)."""
+        targets = self.focus_targets()
+        if targets is None:  # the predicted class
+            targets = torch.from_numpy(self.predictions()[self.focus])
+        return targets
+
+    def focus_labels(self) -> Optional[torch.Tensor]:
+        """The labels of the cluster in focus, or None for data without labels."""
+        return None if self.ws.data.labels is None else \
+            self.ws.data.labels[torch.from_numpy(self.focus)]
+
     def oracle(self, methods: Sequence[str]):
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings

@@ -19,6 +19,7 @@ import attribution as at
 from attribution.inputs.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from attribution.inputs.loading import LoadedModel, load_model
+from attribution.inputs.untrusted import watchdog
 from pages.shared.keys import demo_key, upload_key, upload_model_key
 from pages.shared.progress import ProgressLine
 from pages.shared.startup import TRUST_CODE
@@ -129,6 +130,11 @@ def workspace_of(source: str, upload: Optional[Upload]) -> Workspace:
     if not layers:
         raise at.AttributionError("This model has no layer with a neuron axis to score.")
     return Workspace(key, title, loaded, data, layers)
+
+
+def warm_up() -> None:
+    """Start the checker of uploaded models (a child process) while files are chosen."""
+    watchdog.warm_up()
 
 
 @st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")
