@@ -1,9 +1,10 @@
 """Neuron importance dashboard: `streamlit run app.py` (add `-- --trust-code` only for your
 own files on your own machine). Opens on the built-in digits demo with charts drawn.
 
-Pages run through `common.run_page`: until st.navigation first runs in the server process,
-Streamlit runs a page's address (a shared link on a fresh server) as that pages/ script alone,
-and the page then runs this file in its place (`common.require_entrypoint`)."""
+Pages run through `routing.run_page` (pages/shared/routing.py): until st.navigation first runs
+in the server process, Streamlit runs a page's address (a shared link on a fresh server) as
+that pages/ script alone, and the page then runs this file in its place
+(`routing.require_entrypoint`)."""
 import importlib
 
 import plotly.graph_objects as go
@@ -50,10 +51,12 @@ if "session_started" not in st.session_state:
                           font=dict(size=16, color="#57606A"))])), _validate=False)
     loading.plotly_chart(placeholder, theme=None, config={"staticPlot": True})
 
-from pages import common  # noqa: E402  (imports torch: after the placeholder is on its way)
+# imports torch: after the placeholder is on its way
+from pages.shared import routing, startup  # noqa: E402,F401
+from pages.shared.sidebar import sidebar  # noqa: E402
 
-context = common.sidebar()
+context = sidebar()
 loading.empty()
 # The Model & data page stays usable when the current model or data fails to load.
 if context is not None or page.title == "Model & data":
-    common.run_page(page)
+    routing.run_page(page)

@@ -5,19 +5,20 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution.inputs import loading
-from attribution.inputs.demo import demo_files
 from attribution.presentation.report import layers_frame, model_facts
-from pages import common
+from pages.shared.draw import escape_markdown, show_error
+from pages.shared.routing import require_entrypoint
+from pages.shared.startup import TRUST_CODE
+from pages.shared.workspace import Upload, validate_upload, warm_up
 
-common.require_entrypoint()
+require_entrypoint()
 
 MODEL_TYPES = ["pt2", "pt", "pth", "safetensors", "zip"]
-ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if common.TRUST_CODE else [])
+ARCHITECTURE_TYPES = ["json", "yaml", "yml"] + (["py"] if TRUST_CODE else [])
 DATA_TYPES = ["npz", "npy", "pt", "csv", "parquet"]
 
 st.title("Model & data")
-loading.warm_up()  # the checker of uploaded models starts while files are chosen
+warm_up()  # the checker of uploaded models starts while files are chosen
 
 st.subheader("Upload your own")
 st.markdown(
@@ -29,7 +30,7 @@ st.markdown(
     "inputs, labels and optionally a cluster column; for a folder with a `tokenizer.json`, "
     "a table's text column is tokenized, and a `.npz` may hold `input_ids` and "
     "`attention_mask`.")
-if common.TRUST_CODE:
+if TRUST_CODE:
     st.warning("Started with --trust-code: pickled models and Python architecture files run "
                "code. Only upload your own files.", icon=":material/gpp_maybe:")
 columns = st.columns(3)
@@ -39,7 +40,7 @@ architecture_file = columns[1].file_uploader("Architecture (state dicts only)",
 data_file = columns[2].file_uploader("Data file", type=DATA_TYPES, key="data_file")
 
 if model_file is not None and data_file is not None:
-    upload = common.Upload(
+    upload = Upload(
         model_file.name, model_file.getvalue(),
         architecture_file.name if architecture_file is not None else None,
         architecture_file.getvalue() if architecture_file is not None else None,
@@ -47,7 +48,7 @@ if model_file is not None and data_file is not None:
     attempt = st.session_state.get("upload_attempt")
     if attempt is None or attempt[0] != upload.key:
         try:
-            common.validate_upload(upload)
+            validate_upload(upload)
             st.session_state["upload_attempt"] = (upload.key, None)
             st.session_state["upload"] = upload
             st.session_state["upload_is_new"] = True
@@ -56,7 +57,7 @@ if model_file is not None and data_file is not None:
             st.session_state["upload_attempt"] = (upload.key, str(error))
     message = st.session_state["upload_attempt"][1]
     if message is not None:
-        common.show_error(message, before="These files could not be used: ")
+        show_error(message, before="These files could not be used: ")
         st.caption("The app keeps working on the previous model and data.")
 elif model_file is not None or data_file is not None:
     st.info("Upload both a model file and a data file to analyse them.")
@@ -90,14 +91,14 @@ if ctx is not None:
             "samples": st.column_config.ProgressColumn(
                 "samples", format="%d", min_value=0, max_value=int(counts.max()))})
     if ctx.ws.class_names:
-        st.caption("Classes: " + ", ".join(common.escape_markdown(name)
+        st.caption("Classes: " + ", ".join(escape_markdown(name)
                                           for name in ctx.ws.class_names))
 
 st.subheader("Sample files")
 st.caption("Templates of every accepted layout; the demo itself is built from them.")
-for index, demo_file in enumerate(demo_files()):
+for index, demo_file in enumerate(at.demo_files()):
     row = st.columns([2, 5])
     row[0].download_button(demo_file.download_name, demo_file.content(),
                            file_name=demo_file.download_name, key=f"sample_{index}",
                            icon=":material/download:", on_click="ignore")
-    row[1].caption(common.escape_markdown(demo_file.description))
+    row[1].caption(escape_markdown(demo_file.description))

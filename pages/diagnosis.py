@@ -4,18 +4,21 @@ agreement with exact ablation and between methods, and a check of one's own grad
 import numpy as np
 import pandas as pd
 import streamlit as st
-import torch
 
 import attribution as at
 from attribution.presentation import plots
-from attribution.inputs.data import load_data
 from attribution.analyses.pruning import spaced_ks
 from attribution.methods.scores import reduce_scores
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
                                           cluster_composition, expected_loop, verdict)
-from pages import common
+from pages.shared.context import context
+from pages.shared.draw import chart, escape_markdown, guarded, show_error
+from pages.shared.keys import digest
+from pages.shared.progress import ProgressLine
+from pages.shared.routing import require_entrypoint
+from pages.shared.sidebar import CHOICE_KEYS, apply_choice
 
-common.require_entrypoint()
+require_entrypoint()
 
 ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
@@ -23,7 +26,7 @@ ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
 CURVE_POINTS = 32  # k values of the evidence curve (as the not_better_than_random check)
 BEFORE = "remedy_before"  # session state: the view before the last remedy, for the comparison
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 n_focus = int(ctx.focus.sum())
@@ -42,8 +45,8 @@ def cluster_curve(key: tuple, _model, layer: str, _inputs, _targets, _scores, _p
 st.title("Diagnosis")
 st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{plots.REDUCTION_LABELS[s.reduce]}) on cluster "
-           f"{common.escape_markdown(focus_label)} ({n_focus} samples), layer "
-           f"{common.escape_markdown(s.layer)}.")
+           f"{escape_markdown(focus_label)} ({n_focus} samples), layer "
+           f"{escape_markdown(s.layer)}.")
 verdict_box = st.container()
 evidence = st.container()
 
@@ -55,11 +58,7 @@ with st.expander("Check your own gradient code", icon=":material/bug_report:"):
         f"[{n_focus}, {ctx.n_neurons}] (samples x neurons) and upload it. The check compares "
         "it with the engine and names common bugs (feeding the whole batch, stale gradients, "
         "hooks left attached). A correct loop looks like this:")
-    targets = ctx.focus_targets()
-    if targets is None:  # the predicted class
-        targets = torch.from_numpy(ctx.predictions()[ctx.focus])
-    labels = None if ctx.ws.data.labels is None else \
-        ctx.ws.data.labels[torch.from_numpy(ctx.focus)]
+    targets, labels = ctx.focus_scored_classes(), ctx.focus_labels()
     focus_inputs = ctx.focus_inputs()
     st.code(expected_loop(ctx.layer_info, s.method, focus_inputs), language="python")
     st.download_button("Download what the check needs (.npz: inputs, targets, labels, "
@@ -76,21 +75,21 @@ user_scores, user_key = None, ""
 if uploaded is not None:
     payload = uploaded.getvalue()
     try:
-        user_scores, user_key = load_data(payload).inputs.numpy(), common.digest(payload)
+        user_scores, user_key = at.load_data(payload).inputs.numpy(), digest(payload)
     except at.AttributionError as error:
         with upload_message.container():
-            common.show_error(error, before="Your scores file could not be read: ",
-                              after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
-                                    "(samples x neurons) with np.save.")
+            show_error(error, before="Your scores file could not be read: ",
+                       after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
+                             "(samples x neurons) with np.save.")
 findings = None
 if user_scores is not None:
     try:
         findings = ctx.findings(user_scores, user_key)
     except at.AttributionError as error:  # the file's shape: said next to the uploader
         with upload_message.container():
-            common.show_error(error, before="Your scores were not checked: ")
+            show_error(error, before="Your scores were not checked: ")
 if findings is None:
-    findings = common.guarded(ctx.findings)
+    findings = guarded(ctx.findings)
 if findings is None:
     st.stop()
 
@@ -106,21 +105,21 @@ def remember_and_apply(key: str, value) -> None:
                                     code: facts[code].value for code in
                                     ("not_better_than_random", "disagrees_with_ablation",
                                      "sign_cancellation") if code in facts}}
-    common.apply_choice(key, value)
+    apply_choice(key, value)
 
 
 with verdict_box:
-    ALERTS[answer.severity](f"**{answer.headline}.** {common.escape_markdown(answer.explanation)}",
+    ALERTS[answer.severity](f"**{answer.headline}.** {escape_markdown(answer.explanation)}",
                             icon=ICONS[answer.severity])
     if answer.action:
-        st.markdown(f"**What to do:** {common.escape_markdown(answer.action)}")
+        st.markdown(f"**What to do:** {escape_markdown(answer.action)}")
     if answer.remedies:
         columns = st.columns(len(answer.remedies))
         for column, remedy in zip(columns, answer.remedies):
             column.button(remedy.label, key=f"remedy_{remedy.choice}_{remedy.value}",
                           type="primary" if remedy is answer.remedies[0] else "secondary",
                           on_click=remember_and_apply,
-                          args=(common.CHOICE_KEYS[remedy.choice], remedy.value))
+                          args=(CHOICE_KEYS[remedy.choice], remedy.value))
     before = st.session_state.get(BEFORE)
     if before is not None and st.session_state.get(before["key"]) != before["applied"]:
         del st.session_state[BEFORE]  # changed again since: no longer the remedy's view
@@ -136,11 +135,11 @@ with verdict_box:
                                f"{form.format(facts[code].value)}")
         st.info(f"Before the change: *{before['headline']}*. Now: *{answer.headline}*.  \n"
                 + "; ".join(changes), icon=":material/compare_arrows:")
-        if st.button("Undo the change", key="remedy_undo", on_click=common.apply_choice,
+        if st.button("Undo the change", key="remedy_undo", on_click=apply_choice,
                      args=(before["key"], before["value"])):
             st.session_state.pop(BEFORE, None)
     for note in answer.notes:
-        st.caption(common.escape_markdown(note))
+        st.caption(escape_markdown(note))
 
 with evidence:
     if s.cluster_source not in ONE_CLASS_SOURCES:
@@ -149,27 +148,27 @@ with evidence:
         mix = cluster_composition(ctx.clusters, classes, ctx.ws.class_names)
         mix = mix[mix["cluster"] == s.cluster]
         which = "true" if ctx.ws.data.labels is not None else "predicted"
-        st.caption(f"Cluster {common.escape_markdown(focus_label)} holds {len(mix)} "
+        st.caption(f"Cluster {escape_markdown(focus_label)} holds {len(mix)} "
                    f"{which} classes; a mixed cluster is where signed means cancel.")
-        common.chart(plots.class_mix_bars(mix, cluster=focus_label), key="class_mix")
+        chart(plots.class_mix_bars(mix, cluster=focus_label), key="class_mix")
 
     st.subheader("Evidence")
     for finding in findings:
         message, hint = finding.words(screen=True)  # the sidebar's words, not the API's
-        text = f"**{check_name(finding)}** · {common.escape_markdown(message)}"
+        text = f"**{check_name(finding)}** · {escape_markdown(message)}"
         if hint:
-            text += f"  \n*What to do:* {common.escape_markdown(hint)}"
+            text += f"  \n*What to do:* {escape_markdown(hint)}"
         ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
 
     main = ctx.scores(s.method)[ctx.focus]
     row = plots.neuron_summary(main, s.reduce, s.method)["score"].to_numpy()
     if np.isfinite(row).all():
-        curve = common.guarded(lambda: cluster_curve(
+        curve = guarded(lambda: cluster_curve(
             ctx.curve_key() + ("diagnosis",), ctx.ws.model, s.layer, ctx.focus_inputs(),
             ctx.focus_targets(), row,
-            common.ProgressLine("Pruning the cluster's neurons in score order")))
+            ProgressLine("Pruning the cluster's neurons in score order")))
         if curve is not None:
-            common.chart(plots.pruning_figure(
+            chart(plots.pruning_figure(
                 curve, n_neurons=ctx.n_neurons, metric="target_logit",
                 titles={"cluster": f"cluster {plots.plain(focus_label)}, "
                                    f"{plots.method_label(s.method)} "
@@ -186,18 +185,18 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
 methods = at.methods_for(ctx.ws.data.inputs.dtype)
-oracle = common.guarded(lambda: ctx.oracle(methods))
+oracle = guarded(lambda: ctx.oracle(methods))
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")
 
 left, right = st.columns([3, 2], gap="medium")
 with left:
-    per_method = common.guarded(lambda: {m: ctx.scores(m) for m in methods})
+    per_method = guarded(lambda: {m: ctx.scores(m) for m in methods})
     if per_method is not None:
         summaries = pd.concat([plots.neuron_summary(per_method[m][ctx.focus], s.reduce, m)
                                for m in methods], ignore_index=True)
-        common.chart(plots.rank_correlation_heatmap(plots.rank_correlations(summaries)),
-                     key="rank_correlation")
+        chart(plots.rank_correlation_heatmap(plots.rank_correlations(summaries)),
+              key="rank_correlation")
         st.caption("How alike the methods rank this cluster's neurons. Methods that agree with "
                    "each other but not with ablation share a blind spot.")
 with right:
@@ -207,8 +206,8 @@ with right:
         st.session_state["histogram_neuron"] = strongest
     neuron = st.selectbox("Neuron", neurons, key="histogram_neuron",
                           help="Starts on the neuron with the largest cluster score.")
-    common.chart(plots.score_histogram(pd.DataFrame({"score": main[:, neuron]}),
-                                       method=s.method, neuron=neuron), key="histogram")
+    chart(plots.score_histogram(pd.DataFrame({"score": main[:, neuron]}),
+                                method=s.method, neuron=neuron), key="histogram")
     st.caption("Per-sample signed scores of one neuron. Blue and red bars of similar weight "
                "cancel in a signed mean: the average is small although single samples are "
                "not, which is why average gradients can look tiny.")

@@ -10,11 +10,13 @@ import streamlit as st
 import attribution as at
 from attribution.progress import TimeLeft
 from attribution.presentation.report import assemble, model_facts, render_report, report_csvs
-from pages import common
+from pages.shared.context import context
+from pages.shared.draw import guarded
+from pages.shared.routing import require_entrypoint
 
-common.require_entrypoint()
+require_entrypoint()
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 
 st.title("Share & export")
@@ -71,7 +73,7 @@ if st.button("Build report", type="primary", icon=":material/description:"):
                 bundle.writestr(name, text)
         return render_report(content).encode(), archive.getvalue()
 
-    result = common.guarded(build)
+    result = guarded(build)
     progress.empty()
     if result is not None:
         built = st.session_state["report"] = (key, *result)

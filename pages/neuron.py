@@ -6,13 +6,18 @@ import streamlit as st
 
 from attribution.presentation import plots
 from attribution.analyses.neuron import neuron_view
-from pages import common
+from attribution.analyses.settings import cluster_label
+from pages.shared.context import context
+from pages.shared.draw import chart, escape_markdown, guarded
+from pages.shared.progress import ProgressLine
+from pages.shared.routing import NEURON_CHOICE, require_entrypoint
+from pages.shared.url import url_choice
 
-common.require_entrypoint()
+require_entrypoint()
 
 EXAMPLES = 8  # samples shown on each side (most, least)
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 
@@ -27,24 +32,24 @@ def view_of(key: tuple, neuron: int, _model, layer: str, _inputs, _targets, _sco
 
 
 def keep_choice() -> None:
-    st.session_state[common.NEURON_CHOICE] = st.session_state["w_neuron"]
+    st.session_state[NEURON_CHOICE] = st.session_state["w_neuron"]
 
 
-per_sample = common.guarded(lambda: (ctx.scores(s.method), ctx.scores("activation")))
+per_sample = guarded(lambda: (ctx.scores(s.method), ctx.scores("activation")))
 if per_sample is None:
     st.stop()
 scores, activations = per_sample
 summary = plots.neuron_summary(scores[ctx.focus], s.reduce, s.method)
 neurons = list(range(ctx.n_neurons))
-wanted = common.url_choice("w_neuron")
+wanted = url_choice("w_neuron")
 if wanted is not None and wanted.isdigit():
-    st.session_state[common.NEURON_CHOICE] = int(wanted)
-if st.session_state.get(common.NEURON_CHOICE) not in neurons:  # the cluster's top neuron
-    st.session_state[common.NEURON_CHOICE] = int(summary["score"].idxmax())
-st.session_state["w_neuron"] = st.session_state[common.NEURON_CHOICE]
+    st.session_state[NEURON_CHOICE] = int(wanted)
+if st.session_state.get(NEURON_CHOICE) not in neurons:  # the cluster's top neuron
+    st.session_state[NEURON_CHOICE] = int(summary["score"].idxmax())
+st.session_state["w_neuron"] = st.session_state[NEURON_CHOICE]
 
 ranks = summary["score"].rank(ascending=False, method="min").astype(int)
-st.title(f"Neuron {st.session_state['w_neuron']} of {common.escape_markdown(s.layer)}")
+st.title(f"Neuron {st.session_state['w_neuron']} of {escape_markdown(s.layer)}")
 top = st.columns([1, 3])
 neuron = top[0].selectbox(
     "Neuron", neurons, key="w_neuron", on_change=keep_choice,
@@ -52,16 +57,16 @@ neuron = top[0].selectbox(
     help="Ranked by the cluster score; click a bar or heatmap cell on the Scores page to "
          "open another.")
 st.query_params["neuron"] = str(neuron)  # part of the shared link while this page is shown
-top[1].caption(f"{common.escape_markdown(ctx.ws.title)} · {plots.method_label(s.method)} · "
+top[1].caption(f"{escape_markdown(ctx.ws.title)} · {plots.method_label(s.method)} · "
                f"{plots.REDUCTION_LABELS[s.reduce]} over cluster "
-               f"{common.escape_markdown(focus_label)} ({int(ctx.focus.sum())} samples)")
+               f"{escape_markdown(focus_label)} ({int(ctx.focus.sum())} samples)")
 
 labels = ctx.ws.data.labels
-view = common.guarded(lambda: view_of(
+view = guarded(lambda: view_of(
     (ctx.ws.key, s.layer, s.method, ctx.target_key, ctx.cluster_key), neuron, ctx.ws.model,
     s.layer, ctx.ws.data.inputs, ctx.targets, scores, activations, ctx.focus, labels,
     s.method, ctx.ws.data.tokens, s.batch_size,
-    common.ProgressLine(f"Opening neuron {neuron} (removing it from every sample)")))
+    ProgressLine(f"Opening neuron {neuron} (removing it from every sample)")))
 if view is None:
     st.stop()
 
@@ -70,7 +75,7 @@ metrics = st.columns(4)
 metrics[0].metric("Score in the cluster",
                   f"{summary['score'][neuron]:.3g}",
                   help=f"{plots.REDUCTION_LABELS[s.reduce].capitalize()} over cluster "
-                       f"{common.escape_markdown(focus_label)}: rank {ranks[neuron]} of "
+                       f"{escape_markdown(focus_label)}: rank {ranks[neuron]} of "
                        f"{len(neurons)}; ± {summary['spread'][neuron]:.3g} across its samples.",
                   border=True)
 for column, (metric, subset, words) in zip(metrics[1:], (
@@ -86,27 +91,27 @@ for column, (metric, subset, words) in zip(metrics[1:], (
                   help="Its output set to 0 alone (zero ablation). The logit is the scored "
                        "class's; the change is against the intact model.")
 
-common.chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
-                                        cluster=focus_label), key="neuron_distributions")
+chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
+                                 cluster=focus_label), key="neuron_distributions")
 st.caption("Left: how much the neuron matters for each sample (its score) in the cluster and "
            "in the rest of the data. Right: how strongly it fires (its output, averaged over "
            "positions). A neuron that fires everywhere but matters only in the cluster is "
            "specific to it through what follows, not through what it detects.")
 
 examples = view.examples.assign(label_name=[
-    "" if label is None else common.cluster_label(label, "label", ctx.ws.class_names)
+    "" if label is None else cluster_label(label, "label", ctx.ws.class_names)
     for label in view.examples["label"]])
 st.subheader("The samples that drive it most and least")
 if view.input_kind == "image":
-    common.chart(plots.example_images(examples, neuron=neuron), key="neuron_examples")
+    chart(plots.example_images(examples, neuron=neuron), key="neuron_examples")
     st.caption("Each image: the sample's number in the data, its label and the neuron's "
                "activation. " + ("The colour over each image is the channel's output at each "
                                  "position: where in the image it responds." if
                                  examples["positions"].iloc[0] is not None else ""))
 elif view.input_kind in ("table", "tokens"):
-    common.chart(plots.example_values(examples, neuron=neuron, method=s.method,
-                                      feature_names=ctx.ws.data.feature_names),
-                 key="neuron_examples")
+    chart(plots.example_values(examples, neuron=neuron, method=s.method,
+                               feature_names=ctx.ws.data.feature_names),
+          key="neuron_examples")
     st.caption(("Each sample's tokens, coloured by the neuron's "
                 + (f"{plots.method_label(s.method)} score at each token (they add up to the "
                    "sample's score)" if examples["token_scores"].notna().all() else

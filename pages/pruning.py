@@ -1,5 +1,7 @@
 """Pruning page: live top-k vs bottom-k vs random curves for the cluster in focus and for the
-rest of the data, drawn while they compute, with a stop button and a summary in words.
+rest of the data, drawn while they compute, with a stop button and a summary in words. What
+it shows follows the curve's state (`pages.shared.curve_states`: new, computing, stopped,
+failed, complete, or resumable from points kept).
 
 No work is thrown away: the points of each curve are kept per curve key as they arrive, so a
 curve left mid-way (another page, a stop, a closed tab's rerun) resumes from them. A curve
@@ -13,15 +15,18 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.progress import TimeLeft
 from attribution.presentation.report import curve_sentences
-from pages import common
+from pages.shared.context import context
+from pages.shared.curve_states import TO_COMPUTE, PruningCurve, State, progress_words
+from pages.shared.draw import chart, escape_markdown, guarded, show_error
+from pages.shared.routing import require_entrypoint
+from pages.shared.sidebar import METRIC_LABELS, RANDOM_ORDERS, page_widget
 
-common.require_entrypoint()
+require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
-MAX_KEPT_CURVES = 16  # finished (and, separately, unfinished) curves kept per session
 STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 
@@ -32,59 +37,42 @@ st.caption("Remove the layer's neurons one by one in the order of their scores a
            "the lowest-scored first (blue) hurts least.")
 
 controls = st.columns([1, 1, 2])
-common.page_widget("w_metric")
-controls[0].selectbox("Measure", list(common.METRIC_LABELS), key="w_metric",
-                      format_func=common.METRIC_LABELS.get)
-common.page_widget("w_random")
-controls[1].select_slider("Random orders", list(common.RANDOM_ORDERS), key="w_random",
+page_widget("w_metric")
+controls[0].selectbox("Measure", list(METRIC_LABELS), key="w_metric",
+                      format_func=METRIC_LABELS.get)
+page_widget("w_random")
+controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
                           help="More orders give a smoother band and take longer.")
 titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the data"}
 n_neurons = ctx.n_neurons
-key = ctx.curve_key()
-finished = st.session_state.setdefault("curves", {})
-stopped = st.session_state.setdefault("stopped_curves", {})
-partials = st.session_state.setdefault("partial_curves", {})  # key -> points computed so far
-failed = st.session_state.setdefault("failed_curves", {})  # key -> the AttributionError
-running = st.session_state.setdefault("running_curves", set())  # keys a run is computing
-
-
-def keep(store: dict, curve_key: tuple, value) -> None:
-    """Store `value` under `curve_key`, dropping the oldest beyond MAX_KEPT_CURVES."""
-    store.pop(curve_key, None)
-    while len(store) >= MAX_KEPT_CURVES:
-        store.pop(next(iter(store)))
-    store[curve_key] = value
-
-
-def stop() -> None:
-    stopped[key] = partials.get(key)
-    running.discard(key)
+curve = PruningCurve(st.session_state, ctx.curve_key())
+view = curve.view(len(s.curve_ks(n_neurons)))
 
 
 @st.fragment(run_every=STOP_WATCH_SECONDS)
 def watch_for_a_toolbar_stop() -> None:
     """Ticks only between runs: a tick that arrives during a run waits for its end. A curve
     still marked as running then lost its run to the toolbar's Stop, which leaves that run's
-    progress bar and stop button frozen: record the stop and redraw the page as stopped. Every
-    other end of a computing run starts a new full run, which ends these ticks."""
-    if key in running:
-        stop()
+    progress bar and stop button frozen: `curve.watch` records the stop, and the page is
+    redrawn as stopped. Every other end of a computing run starts a new full run, which ends
+    these ticks."""
+    if curve.watch():
         st.rerun(scope="app")
 
 
 def show(curves, note: str) -> None:
-    common.chart(plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric,
-                                      titles=titles), key="pruning_chart")
+    chart(plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric,
+                               titles=titles), key="pruning_chart")
     st.caption(note)
 
 
-def summarise(curves, so_far: bool = False) -> None:
+def summarise(curves, heading: str) -> None:
     summary = at.curve_summary(curves)
-    st.subheader("In words, from the points computed so far" if so_far else "In words")
+    st.subheader(heading)
     for sentence in curve_sentences(summary, metric=s.metric, method=s.method,
                                     cluster=focus_label, sizes=curves.attrs.get("n_samples"),
                                     n_random=s.n_random):
-        st.markdown(common.escape_markdown(sentence))
+        st.markdown(escape_markdown(sentence))
     st.dataframe(plots.curve_summary_table(summary, metric=s.metric), hide_index=True,
                  width="stretch")
     st.caption("'Mean over k' is the area under each curve divided by the number of neurons: "
@@ -92,83 +80,53 @@ def summarise(curves, so_far: bool = False) -> None:
                "ranking does more damage than random.")
 
 
-if key in finished:
-    show(finished[key], "Complete. Change the cluster, method or settings to compute again.")
-    summarise(finished[key])
-elif key in stopped:
-    if stopped[key] is not None:
-        done, total = stopped[key]["k"].nunique(), len(s.curve_ks(n_neurons))
-        show(stopped[key], f"Stopped: the curve shows the {done} of {total} k values computed "
-                           "before the stop; continuing computes only the rest.")
-        summarise(stopped[key], so_far=True)
+if view.state is State.COMPLETE:
+    show(view.points, view.note)
+    summarise(view.points, view.summary)
+elif view.state is State.STOPPED:
+    if view.points is not None:
+        show(view.points, view.note)
+        summarise(view.points, view.summary)
     else:
-        st.info("Stopped before the first points.")
-    if st.button("Continue the curve", type="primary", icon=":material/play_arrow:"):
-        del stopped[key]
+        st.info(view.note)
+    if st.button(view.button, type="primary", icon=":material/play_arrow:"):
+        curve.resume()
         st.rerun()
-elif key in failed:
-    common.show_error(failed[key])
-    if st.button("Try again", icon=":material/refresh:"):
-        del failed[key]
+elif view.state is State.FAILED:
+    show_error(view.error)
+    if st.button(view.button, icon=":material/refresh:"):
+        curve.retry()
         st.rerun()
 else:
-    scores = common.guarded(lambda: ctx.scores(s.method))
+    assert view.state in TO_COMPUTE, view.state
+    scores = guarded(lambda: ctx.scores(s.method))
     if scores is None:
         st.stop()
-    ks = s.curve_ks(n_neurons)
-    resume = partials.get(key)
+    start_fraction, start_words = view.progress
     status = st.empty()
-    start_fraction = 0.0 if resume is None else resume["k"].nunique() / len(ks)
-    bar = status.progress(start_fraction, text="Computing the first points…" if resume is None
-                          else f"Resuming from the {start_fraction:.0%} of the k values "
-                               "computed before…")
+    bar = status.progress(start_fraction, text=start_words)
     stop_slot = st.empty()
-    stop_slot.button("Stop the curve", on_click=stop, icon=":material/stop_circle:")
+    stop_slot.button(view.button, on_click=curve.stop, icon=":material/stop_circle:")
     chart_slot = st.empty()
-    if resume is not None:
+    if view.points is not None:  # the points kept: shown at once
         with chart_slot.container():
-            common.chart(plots.pruning_figure(resume, n_neurons=n_neurons, metric=s.metric,
-                                              titles=titles), key="partial_curve_resumed")
+            chart(plots.pruning_figure(view.points, n_neurons=n_neurons, metric=s.metric,
+                                       titles=titles), key="partial_curve_resumed")
     last_draw, n_draws = [0.0], [0]
     time_left = TimeLeft(start_fraction)  # measured from where this run computes
 
     def on_progress(fraction, partial) -> None:
-        keep(partials, key, partial)  # first: a rerun or stop may end the run at any call
-        words = time_left.words(fraction)
-        estimate = f" · {words} (estimated from the points so far)" if words else ""
-        bar.progress(fraction, text=f"{fraction:.0%} of the k values computed{estimate}")
+        curve.progress(partial)  # first: a rerun or stop may end the run at any call
+        bar.progress(fraction, text=progress_words(fraction, time_left.words(fraction)))
         now = time.monotonic()
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
             last_draw[0], n_draws[0] = now, n_draws[0] + 1
             with chart_slot.container():  # a key per draw: two draws may show equal points
-                common.chart(plots.pruning_figure(partial, n_neurons=n_neurons,
-                                                  metric=s.metric, titles=titles),
-                             key=f"partial_curve_{n_draws[0]}")
+                chart(plots.pruning_figure(partial, n_neurons=n_neurons,
+                                           metric=s.metric, titles=titles),
+                      key=f"partial_curve_{n_draws[0]}")
 
-    def compute(resume_from):
-        return ctx.pruning_curves(progress=on_progress, resume=resume_from)
-
-    def compute_resuming():
-        try:
-            return compute(resume)
-        except at.AttributionError:
-            if resume is None:
-                raise
-            time_left.restart()  # the kept points do not fit (e.g. other data): from the start
-            return compute(None)
-
-    running.discard(key)  # left marked by a run that a rerun cut off (a choice, another page)
-    watch_for_a_toolbar_stop()  # here it only starts the ticks: nothing is marked yet
-    running.add(key)
-    try:
-        curves = compute_resuming()
-    except at.AttributionError as error:
-        keep(failed, key, error)
-    except Exception:
-        running.discard(key)  # a crash shows as one, never as a stop
-        raise
-    else:
-        partials.pop(key, None)
-        keep(finished, key, curves)
-    running.discard(key)
+    # the toolbar-stop watch starts inside `run` while nothing is marked (it only ticks then)
+    curve.run(lambda resume: ctx.pruning_curves(progress=on_progress, resume=resume),
+              watch=watch_for_a_toolbar_stop, restarted=time_left.restart)
     st.rerun()  # the finished (or failed) view above, drawn by one code path

@@ -8,17 +8,20 @@ import streamlit as st
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
 from attribution.analyses.neuron import neuron_from_point
-from pages import common
+from pages.shared.context import context
+from pages.shared.draw import chart, escape_markdown, guarded
+from pages.shared.routing import NEURON_CHOICE, NEURON_PAGE, require_entrypoint, switch_page
+from pages.shared.sidebar import apply_choice
 
-common.require_entrypoint()
+require_entrypoint()
 
 SMALL_LAYER = 20  # layers up to this many neurons show every neuron's bar by default
 OPEN_NEURON = "open_neuron"  # session state: a click asked for the Neuron page
 
 if st.session_state.pop(OPEN_NEURON, False):
-    common.switch_page(common.NEURON_PAGE, neuron=str(st.session_state[common.NEURON_CHOICE]))
+    switch_page(NEURON_PAGE, neuron=str(st.session_state[NEURON_CHOICE]))
 
-ctx = common.context()
+ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 cluster_of_label = {ctx.cluster_label(c): c for c in np.unique(ctx.clusters).tolist()}
@@ -32,17 +35,17 @@ def open_clicked(chart_key: str) -> None:
         if neuron is None:
             continue
         if chart_key == "cluster_heatmap" and point.get("y") in cluster_of_label:
-            common.apply_choice("w_cluster", cluster_of_label[point["y"]])
-        st.session_state[common.NEURON_CHOICE] = neuron
+            apply_choice("w_cluster", cluster_of_label[point["y"]])
+        st.session_state[NEURON_CHOICE] = neuron
         st.session_state[OPEN_NEURON] = True
         return
 
 st.title("Neuron scores")
-st.caption(f"{common.escape_markdown(ctx.ws.title)} · layer "
-           f"{common.escape_markdown(s.layer)} · {plots.method_label(s.method)} · "
+st.caption(f"{escape_markdown(ctx.ws.title)} · layer "
+           f"{escape_markdown(s.layer)} · {plots.method_label(s.method)} · "
            f"{plots.REDUCTION_LABELS[s.reduce]} over each cluster")
 
-per_sample = common.guarded(lambda: {m: ctx.scores(m) for m in s.methods})
+per_sample = guarded(lambda: {m: ctx.scores(m) for m in s.methods})
 if per_sample is None:
     st.stop()
 unusable = ~np.isfinite(per_sample[s.method]).all(axis=1)
@@ -55,9 +58,9 @@ if unusable.any():
 table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
 table.index = table.index.map(ctx.cluster_label)  # once a cluster, not once a cell
 tidy = plots.tidy_cluster_scores(table, s.method)
-common.chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
-                                   highlight=focus_label), key="cluster_heatmap",
-             on_click=lambda: open_clicked("cluster_heatmap"))
+chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
+                            highlight=focus_label), key="cluster_heatmap",
+      on_click=lambda: open_clicked("cluster_heatmap"))
 st.caption(f"Each cell is the cluster's {plots.REDUCTION_LABELS[s.reduce]} score for one neuron. "
            f"{plots.colour_legend(tidy['score'], s.reduce)} The framed row is the cluster in "
            "focus (sidebar). Click a cell or a bar to open that neuron.")
@@ -73,18 +76,18 @@ with left:
     top_n = most if most < 2 else controls[0].slider("Neurons shown", 1, most, every,
                                                      key="top_n")
     bottom = controls[1].toggle("Lowest instead", key="show_bottom")
-    common.chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
-                                   bottom=bottom), key="neuron_bars",
-                 on_click=lambda: open_clicked("neuron_bars"))
-    st.caption(f"Cluster {common.escape_markdown(focus_label)}: bars are the cluster score, "
+    chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
+                            bottom=bottom), key="neuron_bars",
+          on_click=lambda: open_clicked("neuron_bars"))
+    st.caption(f"Cluster {escape_markdown(focus_label)}: bars are the cluster score, "
                "whiskers ±1 standard deviation across its samples. Whiskers much longer than "
                "the bar mean the samples disagree.")
 with right:
     samples = plots.tidy_sample_scores(per_sample[s.method][ctx.focus],
                                        ctx.focus.nonzero()[0], reduce=s.reduce)
-    common.chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
-                                      n_total=int(ctx.focus.sum())), key="sample_heatmap",
-                 on_click=lambda: open_clicked("sample_heatmap"))
+    chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
+                               n_total=int(ctx.focus.sum())), key="sample_heatmap",
+          on_click=lambda: open_clicked("sample_heatmap"))
     st.caption("One row per sample of the cluster, sorted by the top neuron; neurons sorted by "
                f"the cluster score ({plots.REDUCTION_LABELS[s.reduce]}). "
                f"{plots.colour_legend(samples['score'], 'mean')} Large clusters are shown by "
@@ -92,8 +95,8 @@ with right:
 
 if len(s.methods) > 1:
     st.subheader("Methods side by side")
-    common.chart(plots.method_bars(summaries, reduce=s.reduce,
-                                   top_n=min(10, ctx.n_neurons)), key="method_bars")
+    chart(plots.method_bars(summaries, reduce=s.reduce,
+                            top_n=min(10, ctx.n_neurons)), key="method_bars")
     st.caption("The same cluster ranked by each method; each panel has its own units. "
                "Choose the methods under 'Compare with' in the sidebar.")
 

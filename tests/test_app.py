@@ -18,7 +18,7 @@ from attribution.presentation import plots
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from attribution.analyses.pruning import METRICS, spaced_ks
 from attribution.presentation.report import collect_report
-from pages import common
+from pages.shared import sidebar, url, workspace
 from tests.conftest import ROOT
 from tests.zoo import token_files
 
@@ -69,10 +69,10 @@ def demo_bytes(name: str) -> bytes:
     return (DEMO_DIR / name).read_bytes()
 
 
-@pytest.mark.parametrize("name", list(common.FAST_DEMOS))
+@pytest.mark.parametrize("name", list(workspace.FAST_DEMOS))
 def test_the_fast_demo_path_loads_what_load_demo_loads(name):
     expected_model, expected_data = load_demo(name)
-    model, data = common._demo(name)
+    model, data = workspace._demo(name)
     x = expected_data.inputs[:64]
     torch.testing.assert_close(model.module(x), expected_model.module(x))
     assert [(i.name, i.kind, i.n_neurons) for i in model.layers()] == \
@@ -104,7 +104,7 @@ def test_default_demo_opens_with_choices_made_and_charts_drawn(demo_app):
 
 def test_heatmap_shows_the_engine_cluster_scores(demo_app):
     ctx = demo_app.session_state["context"]
-    loaded, data = common._demo("digits_mlp")
+    loaded, data = workspace._demo("digits_mlp")
     table = at.cluster_scores(loaded.module, "relu2", data.inputs, data.labels, data.labels.numpy(),
                               method="gradient_x_activation")
     heatmap = figure(demo_app, "score per cluster")["data"][0]
@@ -169,7 +169,7 @@ def test_each_sidebar_control_updates_the_charts(key, value, check):
                                    rtol=1e-4)
     else:
         assert after["data"][0] != before["data"][0]
-    assert app.query_params[common.URL_KEYS[key]] == str(value)
+    assert app.query_params[url.URL_KEYS[key]] == str(value)
 
 
 def test_cluster_compare_fixed_class_and_kmeans_controls():
@@ -194,7 +194,7 @@ def test_cluster_compare_fixed_class_and_kmeans_controls():
 
 
 def test_metric_choices_are_the_engine_metrics():
-    assert set(common.METRIC_LABELS) == set(METRICS)
+    assert set(sidebar.METRIC_LABELS) == set(METRICS)
 
 
 def test_page_controls_update_the_charts():
@@ -236,8 +236,7 @@ def test_a_bad_link_falls_back_to_defaults():
     assert sidebar_widget(app, "w_method").value == "gradient_x_activation"
 
 
-@pytest.mark.parametrize("page,title", [("pages/pruning.py", "Pruning curves"),
-                                        ("pages/common.py", "Neuron scores")])
+@pytest.mark.parametrize("page,title", [("pages/pruning.py", "Pruning curves")])
 def test_a_link_to_a_page_opened_before_app_py_ever_ran_shows_that_page(page, title):
     """Before st.navigation ever ran (a fresh server; AppTest on every run) Streamlit runs a
     pages/ script alone for its address: the page must run app.py, with the link's settings."""
@@ -315,7 +314,7 @@ def test_upload_of_each_supported_format(name):
     app = upload(run_app(), model, data, architecture)
     assert_clean(app)
     assert not app.error, [e.value for e in app.error]
-    assert sidebar_widget(app, "w_source").value == common.UPLOAD
+    assert sidebar_widget(app, "w_source").value == workspace.UPLOAD
     assert app.metric[0].value == str(samples)
     app.switch_page("pages/scores.py").run()
     assert_clean(app)
@@ -520,7 +519,7 @@ def stall_after_first_points(monkeypatch) -> None:
 
 
 def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
-    loaded, _ = common._demo("digits_cnn")  # the app's cached object itself
+    loaded, _ = workspace._demo("digits_cnn")  # the app's cached object itself
     model = loaded.module
     model.train()  # a mode the engine must restore, not just "eval"
     modes = [m.training for m in model.modules()]

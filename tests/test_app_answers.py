@@ -9,7 +9,7 @@ import pytest
 from attribution.presentation import plots
 from attribution.analyses.neuron import neuron_view
 from attribution.analyses.verdict import CHECK_NAMES, verdict
-from pages import common
+from pages.shared.routing import NEURON_CHOICE
 import attribution as at
 from attribution.analyses import settings as analysis
 from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget,
@@ -211,7 +211,7 @@ def test_a_curve_that_crashes_shows_the_crash_not_a_stop(monkeypatch):
 def open_neuron_by_click(app, neuron: int):
     """What a click on a bar does (the chart's on_select callback): the neuron chosen and the
     Neuron page asked for; AppTest cannot click inside a plotly chart (the browser test does)."""
-    app.session_state[common.NEURON_CHOICE] = neuron
+    app.session_state[NEURON_CHOICE] = neuron
     app.session_state["open_neuron"] = True
     started = time.monotonic()
     app.run()

@@ -12,7 +12,7 @@ from torch import nn
 import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
-from pages import common
+from pages.shared import context
 from tests.test_app import assert_clean, run_app
 
 ESTIMATE = re.compile(r"about \d+ (s|min) left")
@@ -104,7 +104,7 @@ def drawn(monkeypatch) -> list[str]:
 @pytest.fixture
 def cold():
     """The cached computations the pages call, emptied: the next run computes them."""
-    cached = (common._findings, common._oracle, common._per_sample)
+    cached = (context._findings, context._oracle, context._per_sample)
     for function in cached:
         function.clear()
     yield

@@ -2,22 +2,23 @@
 loaded again on the reruns that follow, and leaves the app working on the demo."""
 import pytest
 
-from pages import common
+from pages.shared import workspace
 from tests.test_app import (GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, figure, run_app,
                             sidebar_widget, upload)
 from tests.test_hostile_files import MatmulBomb, exported, pickle_laughs
 
 
 def counting(monkeypatch, name: str, replacement=None) -> list:
-    """Count the calls of `common.<name>` (the loader the app uses), optionally replaced."""
+    """Count the calls of `workspace.<name>` (the loader the app uses), optionally
+    replaced."""
     calls = []
-    real = getattr(common, name)
+    real = getattr(workspace, name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return (replacement or real)(*args, **kwargs)
 
-    monkeypatch.setattr(common, name, counted)
+    monkeypatch.setattr(workspace, name, counted)
     return calls
 
 

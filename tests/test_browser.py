@@ -316,8 +316,8 @@ def test_changing_method_or_cluster_redraws_quickly(app):
 
 def test_a_redraw_plots_each_chart_once_and_the_charts_follow_the_window(app):
     """Streamlit's frontend calls Plotly.react twice on each new chart: at plotly's own size,
-    then with the column's width. pages.common.drawn_once makes the second call a restyle
-    rather than a second full plot (plotly_beforeplot). The watch starts inside a chart's
+    then with the column's width. pages.shared.figures.drawn_once makes the second call a
+    restyle rather than a second full plot (plotly_beforeplot). The watch starts inside a chart's
     first plot (plotly.js gives the chart `on` there), so any plotly_beforeplot it sees is a
     second full plot; a chart has had its second call once its layout has a width."""
     app.open()

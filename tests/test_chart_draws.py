@@ -1,5 +1,5 @@
-"""pages.common.drawn_once: the figure a page sends is drawn by plotly.js exactly as the
-figure itself (same full layout and traces, in headless Chromium with plotly.py's own
+"""pages.shared.figures.drawn_once: the figure a page sends is drawn by plotly.js exactly as
+the figure itself (same full layout and traces, in headless Chromium with plotly.py's own
 plotly.js, offline), and carries nothing that makes Streamlit's second Plotly.react replot."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import plotly.io as pio
 import pytest
 from playwright.sync_api import sync_playwright
 
-from pages.common import drawn_once
+from pages.shared.figures import drawn_once
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.test_plots import _every_figure
 

@@ -12,7 +12,7 @@ import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 
 from attribution.presentation import plots
-from pages import common
+from pages.shared import context, sidebar
 from tests.conftest import ROOT
 from tests.test_app import run_app, sidebar_widget
 
@@ -104,8 +104,8 @@ def test_the_imports_are_left_out_of_the_servers_collection_after_each_run():
     """Streamlit runs gc.collect(2) after every script run; the app freezes what its imports
     made, so that collection (holding the GIL while messages wait) walks only what runs made."""
     code = ("import gc, time\n"
-            "from pages import common\n"
-            "from attribution import plots\n"
+            "from pages.shared import routing, startup, sidebar\n"  # as app.py
+            "from attribution.presentation import plots\n"
             "tracked = {id(o) for o in gc.get_objects()}\n"
             "started = time.perf_counter(); gc.collect(2)\n"
             "print(gc.get_freeze_count(), id(plots.method_colour) in tracked,\n"
@@ -185,13 +185,14 @@ def test_a_redraw_names_each_cluster_a_few_times_not_once_per_heatmap_cell(monke
     """The page named the clusters of the tidy heatmap rows, one call per cell: 30,720 calls
     (~50 ms a redraw) at 10 clusters x 3072 neurons."""
     named = []
-    real_label = common.cluster_label
+    real_label = context.cluster_label
 
     def counted_label(*args, **kwargs):
         named.append(args[0])
         return real_label(*args, **kwargs)
 
-    monkeypatch.setattr(common, "cluster_label", counted_label)
+    for module in (context, sidebar):  # where the app names clusters
+        monkeypatch.setattr(module, "cluster_label", counted_label)
     app = run_app()
     named.clear()
     sidebar_widget(app, "w_method").set_value("gradient").run()  # a redraw

@@ -1,0 +1,148 @@
+"""What every page works on (`Context`): the workspace, the sidebar's choices and the clusters
+they imply, with the cached calls into `attribution` that the pages make through it.
+
+Results are cached with st.cache_data, keyed by (workspace, layer, method, target, clusters,
+settings) (`keys`); arguments with a leading underscore are not hashed, and the string keys
+next to them identify their contents. Pages only draw; every computation is a call into
+`attribution`, made here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import streamlit as st
+import torch
+
+import attribution as at
+from attribution.presentation import plots
+from attribution.analyses.settings import AnalysisSettings, cluster_label
+from pages.shared import keys
+from pages.shared.progress import ProgressLine
+from pages.shared.workspace import Workspace, predictions
+
+
+@st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
+def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: int,
+                _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor],
+                _progress) -> np.ndarray:
+    with _progress:
+        return at.neuron_scores(_model, layer, _inputs, _targets, method,
+                                batch_size=batch_size, progress=_progress).numpy()
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
+def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
+              reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
+              _user_scores, _progress) -> list:
+    with _progress:
+        return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
+                           user_scores=_user_scores, batch_size=batch_size, progress=_progress)
+
+
+@st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
+def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
+            reduce: str, batch_size: int, _model, _inputs, _targets, _progress):
+    with _progress:
+        table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
+                                    reduce=reduce, batch_size=batch_size, progress=_progress)
+    return table.drop(columns="cluster")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page works on: the workspace, the choices, and the clusters they imply."""
+
+    ws: Workspace
+    settings: AnalysisSettings
+    clusters: np.ndarray
+    targets: Optional[torch.Tensor]
+
+    @property
+    def target_key(self) -> str:
+        return keys.target_key(self.settings)
+
+    @property
+    def cluster_key(self) -> str:
+        return keys.cluster_key(self.settings)
+
+    @property
+    def focus(self) -> np.ndarray:
+        """bool [N]: the samples of the cluster in focus."""
+        return self.settings.cluster_rows(self.clusters)
+
+    @property
+    def layer_info(self) -> at.LayerInfo:
+        """The layer in focus, with the neuron axis of `settings.layer` ("name" or "name:axis")."""
+        return self.settings.layer_info(self.ws.layers)
+
+    @property
+    def n_neurons(self) -> int:
+        return self.layer_info.n_neurons
+
+    # each long computation below draws its ProgressLine when it is computed, not cached
+
+    def scores(self, method: str) -> np.ndarray:
+        """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
+        s = self.settings
+        return _per_sample(self.ws.key, s.layer, method, self.target_key, s.batch_size,
+                           self.ws.model, self.ws.data.inputs, self.targets,
+                           ProgressLine(f"Scoring neurons by {plots.method_label(method)}"))
+
+    def focus_targets(self) -> Optional[torch.Tensor]:
+        return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
+
+    def focus_inputs(self) -> torch.Tensor:
+        return self.ws.data.inputs[torch.from_numpy(self.focus)]
+
+    def findings(self, user_scores: Optional[np.ndarray] = None,
+                 user_key: str = "") -> list:
+        """The degeneracy checks of the cluster in focus (cached)."""
+        s = self.settings
+        return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
+                         s.reduce, s.batch_size, user_key, self.ws.model, self.focus_inputs(),
+                         self.focus_targets(), user_scores,
+                         ProgressLine("Running the degeneracy checks"))
+
+    def focus_scored_classes(self) -> torch.Tensor:
+        """The class each sample of the cluster in focus is scored for, with the predicted
+        class where the targets say "predicted" (None)."""
+        targets = self.focus_targets()
+        if targets is None:  # the predicted class
+            targets = torch.from_numpy(self.predictions()[self.focus])
+        return targets
+
+    def focus_labels(self) -> Optional[torch.Tensor]:
+        """The labels of the cluster in focus, or None for data without labels."""
+        return None if self.ws.data.labels is None else \
+            self.ws.data.labels[torch.from_numpy(self.focus)]
+
+    def oracle(self, methods: Sequence[str]):
+        """Agreement of `methods` with ablation on the cluster in focus (cached)."""
+        s = self.settings
+        return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
+                       s.reduce, s.batch_size, self.ws.model, self.focus_inputs(),
+                       self.focus_targets(), ProgressLine("Comparing every method with exact "
+                                                          "ablation"))
+
+    def predictions(self) -> np.ndarray:
+        return predictions(self.ws)
+
+    def cluster_label(self, cluster: Any) -> str:
+        return cluster_label(cluster, self.settings.cluster_source, self.ws.class_names)
+
+    def pruning_curves(self, **run):
+        """The focus cluster's pruning curves against the rest, ranked by the main method's
+        cluster scores (`AnalysisSettings.pruning_curves`); `run`: progress=, resume=."""
+        s = self.settings
+        return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
+                                s.ranking(self.scores(s.method), self.clusters), **run)
+
+    def curve_key(self) -> tuple:
+        return keys.curve_key(self.ws.key, self.settings)
+
+
+def context() -> Context:
+    """The context the sidebar built in this run (app.py calls `sidebar` first)."""
+    return st.session_state["context"]

@@ -1,0 +1,311 @@
+"""The sidebar: every choice behind the view (model and data, layer, clusters, cluster,
+methods, reduction, target, batch size), each given a valid value before it is drawn (from a
+shared link on a session's first run, else its own, else a default), and the `Context` they
+imply, stored for the pages. Pages change a choice with `apply_choice`; a page's own widgets
+(the Pruning page's metric and random orders) keep their value while the page is not shown
+(`page_choice`, `page_widget`).
+
+The domain decisions here (the default layer and method, which cluster sources and targets a
+dataset offers, the k options, the partition's words, the metric, random-order and batch-size
+options) are kept as they were in pages/common.py, to be replaced by the settings module's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import streamlit as st
+
+import attribution as at
+from attribution.presentation import plots
+from attribution.inputs.demo import DEMOS
+from attribution.analyses.settings import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
+                                           cluster_label)
+from attribution.analyses.verdict import cluster_composition, describe_mix
+from pages.shared.context import Context
+from pages.shared.draw import escape_markdown, show_error
+from pages.shared.progress import ProgressLine
+from pages.shared.url import URL_KEYS, from_url, sync_url, waits_for_upload
+from pages.shared.workspace import (DEMO_TITLES, UPLOAD, Workspace, cluster_ids, predictions,
+                                    workspace_of)
+
+BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
+RANDOM_ORDERS = (5, 10, 20, 50, 100)
+METRIC_LABELS = plots.METRIC_LABELS  # the Pruning page's Measure box
+DEFAULT_METHOD, DEFAULT_COMPARE = "gradient_x_activation", ("gradient", "ablation")
+_ACTIVATION_KINDS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"}
+CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
+"""`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
+(`apply_choice`)."""
+_PAGE_KEYS = {  # widgets that live on one page: (default, options)
+    "w_metric": ("accuracy", tuple(METRIC_LABELS)), "w_random": (20, RANDOM_ORDERS)}
+
+
+def default_layer(layers: Sequence[at.LayerInfo]) -> str:
+    """The last hidden activation (a ReLU or similar before the output), else the layer
+    before the output."""
+    hidden = list(layers[:-1]) or list(layers)
+    activations = [info for info in hidden if info.kind in _ACTIVATION_KINDS]
+    return (activations or hidden)[-1].name
+
+
+def _prepare(key: str, options: Sequence, default: Any) -> None:
+    """Give widget `key` a valid value before it is drawn: from the URL on a session's first
+    run, else its own value while still an option, else `default`."""
+    wanted = from_url().pop(key, None)
+    if wanted is not None:
+        match = [option for option in options if str(option) == wanted]
+        if match:
+            st.session_state[key] = match[0]
+            return
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default
+
+
+def apply_choice(key: str, value: Any) -> None:
+    """Change sidebar choice `key` (a widget key, e.g. "w_reduce") from a page. Call it as a
+    button's on_click: the next run draws the sidebar and computes with `value`."""
+    st.session_state[key] = value
+
+
+def page_choice(key: str) -> Any:
+    """A page's own setting (metric, random orders): its widget's value while the page is
+    shown, else the value kept from the last visit or the URL."""
+    default, options = _PAGE_KEYS[key]
+    kept = st.session_state.setdefault("kept", {})
+    if key in st.session_state:
+        kept[key] = st.session_state[key]
+    elif key in from_url():
+        wanted = from_url().pop(key)
+        kept[key] = next((option for option in options if str(option) == wanted), default)
+    return kept.get(key, default)
+
+
+def page_widget(key: str) -> None:
+    """Restore a page widget's kept value before drawing it (Streamlit forgets the state of
+    widgets that were not drawn in the last run)."""
+    st.session_state[key] = page_choice(key)
+
+
+CLUSTER_SHOWN = "cluster_shown"  # session state: what the last run's cluster choice was
+
+
+@dataclass(frozen=True)
+class ClusterShown:
+    """The cluster in focus as the last run showed it, and the partition it belongs to."""
+
+    partition: tuple  # equal for partitions whose equal ids name the same group
+    labels_key: tuple  # what the option labels follow from (they change with it)
+    cluster: Any
+    label: str
+    words: str  # the partition in words, e.g. "k-means on the inputs (k = 8)"
+    title: str  # the model and data
+
+
+def _partition_words(source: str, k: int, layer: str) -> str:
+    words = CLUSTER_SOURCE_LABELS.get(source, source)
+    if source == "kmeans_activations":
+        words = f"k-means on layer {layer}"
+    return words + (f" (k = {k})" if source.startswith("kmeans") else "")
+
+
+def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
+    """Give the Cluster widget a cluster of the current partition before it is drawn.
+
+    Ids of class-valued sources name the same group in any data (class 3 of the true and of
+    the predicted labels; a correctness or provided name); k-means ids name nothing beyond
+    their own clustering. A cluster
+    chosen in a partition where it does not exist (other source, k, layer or data) is
+    replaced by the first cluster, and a notice says which and why. Streamlit's selectbox
+    keeps the option's label as its value, so the value is set again whenever the labels
+    may have changed: the widget then never shows a label of another partition."""
+    state = st.session_state
+    kmeans = source.startswith("kmeans")
+    layer = state["w_layer"] if source == "kmeans_activations" else ""
+    class_valued = "classes" if source in ("label", "predicted") else source
+    partition = (source, state["w_k"], layer, ws.key) if kmeans else (class_valued,)
+    labels_key = (ws.key, source, state["w_k"], layer)  # what the option labels follow
+    last = state.get(CLUSTER_SHOWN)
+    # a run stopped before the sidebar was drawn makes Streamlit forget the widget's value
+    chosen = state.get("w_cluster", None if last is None else last.cluster)
+    wanted = from_url().pop("w_cluster", None)
+    if wanted is not None:
+        chosen = next((c for c in ids if str(c) == wanted), ids[0])
+    elif last is not None and (chosen not in ids or last.partition != partition):
+        chosen = ids[0]
+        if last.cluster is not None:
+            words = _partition_words(source, state["w_k"], layer)
+            old, new = last.words, words
+            if last.title != ws.title:
+                old, new = f"{old} of {last.title}", f"{new} of {ws.title}"
+            notice = (f"Cluster {last.label} of {old} does not exist in {new} "
+                      f"({len(ids)} clusters); showing cluster "
+                      f"{cluster_label(chosen, source, ws.class_names)}.")
+            state["cluster_notice"] = (partition, chosen, notice)
+            st.toast(escape_markdown(notice), icon=":material/swap_horiz:")
+    elif chosen not in ids:
+        chosen = ids[0]
+    if chosen != state.get("w_cluster") or last is None or last.labels_key != labels_key:
+        state["w_cluster"] = chosen  # sent to the browser with the current labels
+    shown = state.get("cluster_notice")
+    if shown is not None and shown[:2] == (partition, chosen):
+        bar.warning(escape_markdown(shown[2]), icon=":material/swap_horiz:")
+    else:
+        state.pop("cluster_notice", None)
+    state[CLUSTER_SHOWN] = ClusterShown(
+        partition, labels_key, chosen, cluster_label(chosen, source, ws.class_names),
+        _partition_words(source, state["w_k"], layer), ws.title)
+
+
+def _axis_label(info: at.LayerInfo, axis: int) -> str:
+    """One option of the "Neurons along" box, e.g. "features · 128 (dim 2, found from the data)"."""
+    size = info.shape[axis - 1]
+    if axis != info.neuron_axis:
+        return f"positions · {size} (dim {axis})"
+    found = "the default" if info.axis_rule == "channels first" else "found from the data"
+    return f"{info.unit} · {size} (dim {axis}, {found})"
+
+
+def _axis_choice(bar, info: at.LayerInfo) -> at.LayerInfo:
+    """The layer with the neuron axis the user chose: a box for layers with positions (the
+    axis found from the data until the user picks another), and a line saying which is used."""
+    if not info.positions:
+        st.session_state.pop("w_axis", None)
+        return info
+    if st.session_state.get("axis_of") != info.name:  # another layer: its own axis first
+        st.session_state.pop("w_axis", None)
+        st.session_state["axis_of"] = info.name
+    axes = list(range(1, len(info.shape) + 1))
+    _prepare("w_axis", axes, info.neuron_axis)
+    bar.selectbox("Neurons along", axes, key="w_axis",
+                  format_func=lambda axis: _axis_label(info, axis),
+                  help="Which dim of the layer's output holds its neurons (dim 0 is the "
+                       "batch); the scores of the other dims' positions are pooled.")
+    chosen = info.with_axis(st.session_state["w_axis"])
+    bar.caption(f"Neurons: {escape_markdown(chosen.axis_words())}.")
+    return chosen
+
+
+def sidebar() -> Optional[Context]:
+    """Draw the sidebar choices; store and return the context (None after an error shown)."""
+    bar = st.sidebar
+    st.session_state.pop("context", None)
+    sources = list(DEMOS) + ([UPLOAD] if "upload" in st.session_state else [])
+    if st.session_state.pop("upload_is_new", False):
+        st.session_state["w_source"] = UPLOAD
+    _prepare("w_source", sources, sources[0])
+    if waits_for_upload():
+        bar.info("This link shows a view of an uploaded model: upload the same model and data "
+                 "on the Model & data page to see it.", icon=":material/upload_file:")
+    uploaded = st.session_state.get("upload")
+    bar.selectbox("Model and data", sources, key="w_source",
+                  format_func=lambda s: ("Uploaded: " + uploaded.model_name if s == UPLOAD
+                                         else DEMO_TITLES.get(s, s)),
+                  help="Upload your own model and data on the Model & data page.")
+    try:
+        ws = workspace_of(st.session_state["w_source"], uploaded)
+    except at.AttributionError as error:
+        show_error(error, before="The model or data could not be loaded: ")
+        return None
+
+    layer_names = [info.name for info in ws.layers]
+    info_of = {info.name: info for info in ws.layers}
+    _prepare("w_layer", layer_names, default_layer(ws.layers))
+    bar.selectbox("Layer", layer_names, key="w_layer",
+                  format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].describe()}",
+                  help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
+                       "feature of a layer applied at every position of a sequence (found from "
+                       "the data: its positions follow the input's length).")
+    layer = _axis_choice(bar, info_of[st.session_state["w_layer"]]).spec
+
+    has_labels = ws.data.labels is not None
+    sources_ok = [s for s in ("label", "predicted", "correctness", "provided", "kmeans_inputs",
+                              "kmeans_activations")
+                  if (has_labels or s not in ("label", "correctness"))
+                  and (ws.data.clusters is not None or s != "provided")]
+    _prepare("w_cluster_by", sources_ok, sources_ok[0])
+    bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
+                  format_func=CLUSTER_SOURCE_LABELS.get,
+                  help="How samples are grouped; scores are averaged within each cluster.")
+    cluster_by = st.session_state["w_cluster_by"]
+    k_options = list(range(2, max(3, min(21, len(ws.data) + 1))))
+    _prepare("w_k", k_options, 8)
+    if cluster_by.startswith("kmeans"):
+        bar.select_slider("Number of k-means clusters", k_options, key="w_k")
+    try:
+        clusters = cluster_ids(ws.key, cluster_by, st.session_state["w_k"],
+                               layer if cluster_by == "kmeans_activations" else "", 256,
+                               ws.loaded, ws.data,
+                               ProgressLine("Grouping samples into clusters"))
+    except at.AttributionError as error:
+        show_error(error, before="Could not form clusters: ")
+        return None
+    ids, counts = np.unique(clusters, return_counts=True)
+    sizes = dict(zip(ids.tolist(), counts.tolist()))
+    id_list = ids.tolist()
+    mixes = {}  # k-means clusters say what they mix
+    if cluster_by.startswith("kmeans"):
+        classes = ws.data.labels.numpy() if has_labels else predictions(ws)
+        composition = cluster_composition(clusters, classes, ws.class_names)
+        mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
+    _prepare_cluster(ws, cluster_by, id_list, bar)
+    bar.selectbox("Cluster", id_list, key="w_cluster",
+                  format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
+                                        f"{sizes[c]} samples{mixes.get(c, '')}",
+                  help="The cluster whose neurons the pages rank and prune.")
+
+    methods = list(at.methods_for(ws.data.inputs.dtype))
+    _prepare("w_method", methods, DEFAULT_METHOD)
+    bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
+                  help="How a neuron's importance for one sample is measured.")
+    if not isinstance(st.session_state.get("w_compare"), list) or any(
+            m not in methods for m in st.session_state["w_compare"]):
+        st.session_state["w_compare"] = list(DEFAULT_COMPARE)
+    wanted = from_url().pop("w_compare", None)
+    if wanted is not None:
+        st.session_state["w_compare"] = [m for m in wanted.split(",") if m in methods]
+    bar.multiselect("Compare with", methods, key="w_compare", format_func=plots.method_label,
+                    help="Methods shown beside the main one on the Scores page.")
+
+    _prepare("w_reduce", ["mean", "mean_abs"], "mean")
+    bar.radio("Reduction over a cluster", ["mean", "mean_abs"], key="w_reduce", horizontal=True,
+              format_func=plots.REDUCTION_LABELS.get,
+              help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
+    targets_ok = [t for t in ("true", "predicted", "fixed") if has_labels or t != "true"]
+    _prepare("w_target", targets_ok, targets_ok[0])
+    bar.radio("Score the logit of the", targets_ok, key="w_target",
+              format_func=TARGET_LABELS.get, horizontal=True)
+    classes = list(range(ws.loaded.n_classes))
+    _prepare("w_class", classes, 0)
+    if st.session_state["w_target"] == "fixed":
+        bar.selectbox("Class", classes, key="w_class",
+                      format_func=lambda c: cluster_label(c, "label", ws.class_names))
+    _prepare("w_batch", list(BATCH_SIZES), 256)
+    bar.select_slider("Batch size", list(BATCH_SIZES), key="w_batch",
+                      help="Samples per pass; results do not depend on it, memory does.")
+
+    state = st.session_state
+    settings = AnalysisSettings(
+        layer=layer, method=state["w_method"], compare=tuple(state["w_compare"]),
+        cluster_source=cluster_by, k=state["w_k"], cluster=state["w_cluster"],
+        reduce=state["w_reduce"], target=state["w_target"], fixed_class=state["w_class"],
+        metric=page_choice("w_metric"), n_random=page_choice("w_random"),
+        batch_size=state["w_batch"])
+    targets = settings.targets(ws.data, ws.loaded.n_classes)
+    ctx = Context(ws, settings, clusters, targets)
+    st.session_state["context"] = ctx
+    sync_url()
+    bar.caption("Choices are kept across pages and in the page address: copy the URL to "
+                "share this view.")
+    if waits_for_upload():  # not the demo's results under a link to another model's view
+        wanted = ", ".join(f"{URL_KEYS[key]} {value}" for key, value in
+                           st.session_state["url_choices"].items() if key != "w_source")
+        st.info("This link shows a view of an uploaded model"
+                + (f" ({escape_markdown(wanted)})" if wanted else "") + ". Upload the same "
+                "model and data on the Model & data page to see it; the choices are applied "
+                "then.", icon=":material/upload_file:")
+        st.page_link("pages/data.py", label="Upload the model and data",
+                     icon=":material/upload_file:")
+        return None
+    return ctx
