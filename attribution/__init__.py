@@ -8,7 +8,7 @@
 from .errors import AttributionError
 from .engine.layers import LayerInfo, list_layers
 from .methods.registry import METHODS, methods_for
-from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores
+from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores, reduce_scores
 from .analyses.pruning import cluster_pruning_curves, curve_summary, pruning_curve
 from .analyses.oracle import oracle_agreement
 from .analyses.diagnose import Finding, diagnose
@@ -25,11 +25,12 @@ from .analyses import distributed
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
-    "list_layers", "neuron_scores",
+    "list_layers", "neuron_scores", "reduce_scores",
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
     "Finding", "diagnose",
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
-    "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters", "predict_classes",
+    "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters",
+    "predict_classes",
     "DEMOS", "demo_files", "load_demo", "NamedInputs", "select_output", "TOKEN_METHODS",
     "token_scores",
     "NpyRows", "distributed",

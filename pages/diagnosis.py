@@ -7,14 +7,12 @@ import streamlit as st
 
 import attribution as at
 from attribution.presentation import plots
-from attribution.analyses.pruning import spaced_ks
-from attribution.methods.scores import reduce_scores
+from attribution.analyses.settings import EVIDENCE_METRIC
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
                                           cluster_composition, expected_loop, verdict)
 from pages.shared.context import context
 from pages.shared.draw import chart, escape_markdown, guarded, show_error
 from pages.shared.keys import digest
-from pages.shared.progress import ProgressLine
 from pages.shared.routing import require_entrypoint
 from pages.shared.sidebar import CHOICE_KEYS, apply_choice
 
@@ -23,23 +21,12 @@ require_entrypoint()
 ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
          "problem": ":material/error:"}
-CURVE_POINTS = 32  # k values of the evidence curve (as the not_better_than_random check)
 BEFORE = "remedy_before"  # session state: the view before the last remedy, for the comparison
 
 ctx = context()
 s = ctx.settings
 focus_label = ctx.cluster_label(s.cluster)
 n_focus = int(ctx.focus.sum())
-
-
-@st.cache_data(max_entries=16, show_spinner="Pruning the cluster's neurons in score order…")
-def cluster_curve(key: tuple, _model, layer: str, _inputs, _targets, _scores, _progress):
-    """The cluster's pruning curve by its own scores (target logit, as the check measures)."""
-    with _progress:
-        curve = at.pruning_curve(_model, layer, _inputs, _targets, _scores,
-                                 ks=spaced_ks(len(_scores), CURVE_POINTS),
-                                 metric="target_logit", progress=_progress)
-    return curve.assign(subset="cluster")
 
 
 st.title("Diagnosis")
@@ -160,24 +147,19 @@ with evidence:
             text += f"  \n*What to do:* {escape_markdown(hint)}"
         ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
 
-    main = ctx.scores(s.method)[ctx.focus]
-    row = plots.neuron_summary(main, s.reduce, s.method)["score"].to_numpy()
-    if np.isfinite(row).all():
-        curve = guarded(lambda: cluster_curve(
-            ctx.curve_key() + ("diagnosis",), ctx.ws.model, s.layer, ctx.focus_inputs(),
-            ctx.focus_targets(), row,
-            ProgressLine("Pruning the cluster's neurons in score order")))
-        if curve is not None:
-            chart(plots.pruning_figure(
-                curve, n_neurons=ctx.n_neurons, metric="target_logit",
-                titles={"cluster": f"cluster {plots.plain(focus_label)}, "
-                                   f"{plots.method_label(s.method)} "
-                                   f"({plots.REDUCTION_LABELS[s.reduce]})"}),
-                key="diagnosis_curve")
-            st.caption("The curve the 'better than random' check rests on: the cluster's "
-                       "target logit as its neurons are removed in the order of these scores "
-                       "(orange), against random orders (grey band). A useful ranking drops "
-                       "faster than the band.")
+    evidence_curve = getattr(facts.get("not_better_than_random"), "curve", None)
+    if evidence_curve is not None:  # the curve the check measured, drawn as it is
+        chart(plots.pruning_figure(
+            evidence_curve.assign(subset="cluster"), n_neurons=ctx.n_neurons,
+            metric=EVIDENCE_METRIC,
+            titles={"cluster": f"cluster {plots.plain(focus_label)}, "
+                               f"{plots.method_label(s.method)} "
+                               f"({plots.REDUCTION_LABELS[s.reduce]})"}),
+            key="diagnosis_curve")
+        st.caption("The curve the 'better than random' check rests on: the cluster's "
+                   "target logit as its neurons are removed in the order of these scores "
+                   "(orange), against random orders (grey band). A useful ranking drops "
+                   "faster than the band.")
 
 st.subheader("Agreement with exact ablation")
 st.caption("The oracle removes each neuron alone and measures the drop of the target logit. "
@@ -200,7 +182,8 @@ with left:
         st.caption("How alike the methods rank this cluster's neurons. Methods that agree with "
                    "each other but not with ablation share a blind spot.")
 with right:
-    strongest = int(np.abs(reduce_scores(main, s.reduce)).argmax())
+    main = ctx.scores(s.method)[ctx.focus]
+    strongest = int(np.abs(at.reduce_scores(main, s.reduce)).argmax())
     neurons = list(range(ctx.n_neurons))
     if st.session_state.get("histogram_neuron") not in neurons:
         st.session_state["histogram_neuron"] = strongest

@@ -19,7 +19,8 @@ from pages.shared.context import context
 from pages.shared.curve_states import TO_COMPUTE, PruningCurve, State, progress_words
 from pages.shared.draw import chart, escape_markdown, guarded, show_error
 from pages.shared.routing import require_entrypoint
-from pages.shared.sidebar import METRIC_LABELS, RANDOM_ORDERS, page_widget
+from attribution.analyses.settings import METRIC_LABELS, RANDOM_ORDERS
+from pages.shared.sidebar import page_widget
 
 require_entrypoint()
 

@@ -194,7 +194,7 @@ def test_cluster_compare_fixed_class_and_kmeans_controls():
 
 
 def test_metric_choices_are_the_engine_metrics():
-    assert set(sidebar.METRIC_LABELS) == set(METRICS)
+    assert set(analysis.METRIC_LABELS) == set(METRICS)
 
 
 def test_page_controls_update_the_charts():

@@ -8,6 +8,7 @@ import torch
 
 import attribution as at
 from attribution import cli
+from attribution.analyses.settings import default_cluster_source
 from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import load_model
 from attribution.methods.registry import REGISTRY, register
@@ -61,7 +62,9 @@ def test_a_method_registered_by_its_decorator_alone_appears_everywhere(new_metho
     assert cli.main(["score", *common, "--method", NEW, "gradient",
                      "--out", str(tmp_path / "scores.csv")]) == 0
     table = pd.read_csv(tmp_path / "scores.csv")
-    expected = at.cluster_scores(module, LAYER, x, y, dataset.clusters, NEW)
+    default_clusters = at.make_clusters(  # the command line's default partition
+        default_cluster_source(dataset.labels is not None, dataset.clusters is not None), dataset)
+    expected = at.cluster_scores(module, LAYER, x, y, default_clusters, NEW)
     rows = table[table["method"] == NEW].pivot(index="cluster", columns="neuron",
                                                values="score")
     np.testing.assert_allclose(rows.to_numpy(), expected.drop(columns="n").to_numpy(),

@@ -5,9 +5,10 @@ imply, stored for the pages. Pages change a choice with `apply_choice`; a page's
 (the Pruning page's metric and random orders) keep their value while the page is not shown
 (`page_choice`, `page_widget`).
 
-The domain decisions here (the default layer and method, which cluster sources and targets a
-dataset offers, the k options, the partition's words, the metric, random-order and batch-size
-options) are kept as they were in pages/common.py, to be replaced by the settings module's.
+Every domain decision (the default layer and method, which cluster sources and targets a
+dataset offers and which is chosen first, the k options, the partition's words, the metric,
+random-order and batch-size options) is `attribution.analyses.settings`', which the report
+and the command line read too; this module only draws them.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import streamlit as st
 import attribution as at
 from attribution.presentation import plots
 from attribution.inputs.demo import DEMOS
+from attribution.analyses import settings as defaults
 from attribution.analyses.settings import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
-                                           cluster_label)
+                                           cluster_label, partition_words)
 from attribution.analyses.verdict import cluster_composition, describe_mix
 from pages.shared.context import Context
 from pages.shared.draw import escape_markdown, show_error
@@ -30,24 +32,12 @@ from pages.shared.url import URL_KEYS, from_url, sync_url, waits_for_upload
 from pages.shared.workspace import (DEMO_TITLES, UPLOAD, Workspace, cluster_ids, predictions,
                                     workspace_of)
 
-BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
-RANDOM_ORDERS = (5, 10, 20, 50, 100)
-METRIC_LABELS = plots.METRIC_LABELS  # the Pruning page's Measure box
-DEFAULT_METHOD, DEFAULT_COMPARE = "gradient_x_activation", ("gradient", "ablation")
-_ACTIVATION_KINDS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"}
 CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
 """`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
 (`apply_choice`)."""
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
-    "w_metric": ("accuracy", tuple(METRIC_LABELS)), "w_random": (20, RANDOM_ORDERS)}
-
-
-def default_layer(layers: Sequence[at.LayerInfo]) -> str:
-    """The last hidden activation (a ReLU or similar before the output), else the layer
-    before the output."""
-    hidden = list(layers[:-1]) or list(layers)
-    activations = [info for info in hidden if info.kind in _ACTIVATION_KINDS]
-    return (activations or hidden)[-1].name
+    "w_metric": (defaults.DEFAULT_METRIC, tuple(defaults.METRIC_LABELS)),
+    "w_random": (defaults.DEFAULT_N_RANDOM, defaults.RANDOM_ORDERS)}
 
 
 def _prepare(key: str, options: Sequence, default: Any) -> None:
@@ -103,13 +93,6 @@ class ClusterShown:
     title: str  # the model and data
 
 
-def _partition_words(source: str, k: int, layer: str) -> str:
-    words = CLUSTER_SOURCE_LABELS.get(source, source)
-    if source == "kmeans_activations":
-        words = f"k-means on layer {layer}"
-    return words + (f" (k = {k})" if source.startswith("kmeans") else "")
-
-
 def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
     """Give the Cluster widget a cluster of the current partition before it is drawn.
 
@@ -135,7 +118,7 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
     elif last is not None and (chosen not in ids or last.partition != partition):
         chosen = ids[0]
         if last.cluster is not None:
-            words = _partition_words(source, state["w_k"], layer)
+            words = partition_words(source, state["w_k"], layer)
             old, new = last.words, words
             if last.title != ws.title:
                 old, new = f"{old} of {last.title}", f"{new} of {ws.title}"
@@ -155,7 +138,7 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
         state.pop("cluster_notice", None)
     state[CLUSTER_SHOWN] = ClusterShown(
         partition, labels_key, chosen, cluster_label(chosen, source, ws.class_names),
-        _partition_words(source, state["w_k"], layer), ws.title)
+        partition_words(source, state["w_k"], layer), ws.title)
 
 
 def _axis_label(info: at.LayerInfo, axis: int) -> str:
@@ -211,7 +194,7 @@ def sidebar() -> Optional[Context]:
 
     layer_names = [info.name for info in ws.layers]
     info_of = {info.name: info for info in ws.layers}
-    _prepare("w_layer", layer_names, default_layer(ws.layers))
+    _prepare("w_layer", layer_names, defaults.default_layer(ws.layers))
     bar.selectbox("Layer", layer_names, key="w_layer",
                   format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].describe()}",
                   help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
@@ -220,23 +203,22 @@ def sidebar() -> Optional[Context]:
     layer = _axis_choice(bar, info_of[st.session_state["w_layer"]]).spec
 
     has_labels = ws.data.labels is not None
-    sources_ok = [s for s in ("label", "predicted", "correctness", "provided", "kmeans_inputs",
-                              "kmeans_activations")
-                  if (has_labels or s not in ("label", "correctness"))
-                  and (ws.data.clusters is not None or s != "provided")]
-    _prepare("w_cluster_by", sources_ok, sources_ok[0])
+    has_provided = ws.data.clusters is not None
+    sources_ok = list(defaults.cluster_source_choices(has_labels, has_provided))
+    _prepare("w_cluster_by", sources_ok,
+             defaults.default_cluster_source(has_labels, has_provided))
     bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
                   format_func=CLUSTER_SOURCE_LABELS.get,
                   help="How samples are grouped; scores are averaged within each cluster.")
     cluster_by = st.session_state["w_cluster_by"]
-    k_options = list(range(2, max(3, min(21, len(ws.data) + 1))))
-    _prepare("w_k", k_options, 8)
+    k_options = list(defaults.k_choices(len(ws.data)))
+    _prepare("w_k", k_options, defaults.default_k(len(ws.data)))
     if cluster_by.startswith("kmeans"):
         bar.select_slider("Number of k-means clusters", k_options, key="w_k")
     try:
         clusters = cluster_ids(ws.key, cluster_by, st.session_state["w_k"],
-                               layer if cluster_by == "kmeans_activations" else "", 256,
-                               ws.loaded, ws.data,
+                               layer if cluster_by == "kmeans_activations" else "",
+                               defaults.DEFAULT_BATCH_SIZE, ws.loaded, ws.data,
                                ProgressLine("Grouping samples into clusters"))
     except at.AttributionError as error:
         show_error(error, before="Could not form clusters: ")
@@ -256,24 +238,25 @@ def sidebar() -> Optional[Context]:
                   help="The cluster whose neurons the pages rank and prune.")
 
     methods = list(at.methods_for(ws.data.inputs.dtype))
-    _prepare("w_method", methods, DEFAULT_METHOD)
+    _prepare("w_method", methods, defaults.DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")
     if not isinstance(st.session_state.get("w_compare"), list) or any(
             m not in methods for m in st.session_state["w_compare"]):
-        st.session_state["w_compare"] = list(DEFAULT_COMPARE)
+        st.session_state["w_compare"] = list(defaults.DEFAULT_COMPARE)
     wanted = from_url().pop("w_compare", None)
     if wanted is not None:
         st.session_state["w_compare"] = [m for m in wanted.split(",") if m in methods]
     bar.multiselect("Compare with", methods, key="w_compare", format_func=plots.method_label,
                     help="Methods shown beside the main one on the Scores page.")
 
-    _prepare("w_reduce", ["mean", "mean_abs"], "mean")
-    bar.radio("Reduction over a cluster", ["mean", "mean_abs"], key="w_reduce", horizontal=True,
-              format_func=plots.REDUCTION_LABELS.get,
+    reductions = list(defaults.REDUCE_CHOICES)
+    _prepare("w_reduce", reductions, defaults.DEFAULT_REDUCE)
+    bar.radio("Reduction over a cluster", reductions, key="w_reduce", horizontal=True,
+              format_func=defaults.REDUCTION_LABELS.get,
               help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
-    targets_ok = [t for t in ("true", "predicted", "fixed") if has_labels or t != "true"]
-    _prepare("w_target", targets_ok, targets_ok[0])
+    targets_ok = list(defaults.target_choices(has_labels))
+    _prepare("w_target", targets_ok, defaults.default_target(has_labels))
     bar.radio("Score the logit of the", targets_ok, key="w_target",
               format_func=TARGET_LABELS.get, horizontal=True)
     classes = list(range(ws.loaded.n_classes))
@@ -281,8 +264,8 @@ def sidebar() -> Optional[Context]:
     if st.session_state["w_target"] == "fixed":
         bar.selectbox("Class", classes, key="w_class",
                       format_func=lambda c: cluster_label(c, "label", ws.class_names))
-    _prepare("w_batch", list(BATCH_SIZES), 256)
-    bar.select_slider("Batch size", list(BATCH_SIZES), key="w_batch",
+    _prepare("w_batch", list(defaults.BATCH_SIZES), defaults.DEFAULT_BATCH_SIZE)
+    bar.select_slider("Batch size", list(defaults.BATCH_SIZES), key="w_batch",
                       help="Samples per pass; results do not depend on it, memory does.")
 
     state = st.session_state
