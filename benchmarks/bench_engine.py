@@ -7,19 +7,14 @@ once per batch; ablation of a late layer >= 3x faster than one hooked forward pe
 targets="all" against a retain_graph loop (bare, and keeping its gradients as "all" does) and
 a forward+backward per class.
 """
-import sys
-from pathlib import Path
+import torch
+from captum.attr import LayerConductance, LayerGradientXActivation
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
-
-import attribution as at  # noqa: E402
-from attribution.guards import eval_mode  # noqa: E402
-from attribution.methods import REGISTRY, Batch  # noqa: E402
-from attribution.split import HookRunner, runner_for  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
+import attribution as at
+from attribution.guards import eval_mode
+from attribution.methods import REGISTRY, Batch
+from attribution.split import HookRunner, runner_for
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed
 
 BATCH = 256
 

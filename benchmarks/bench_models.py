@@ -7,7 +7,7 @@ activation and a 20-order pruning curve beside one plain forward+backward, and i
 call (export and the split's check included) beside a warm one; exact ablation of
 the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
 neuron, first call included. One CPU thread (the machine is shared; two threads ran small
-convolutions ~80x slower under load). Run: .venv/bin/python benchmarks/bench_models.py [part]
+convolutions ~80x slower under load). Run: .venv/bin/python -m benchmarks.bench_models [part]
 """
 import copy
 import statistics
@@ -16,17 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+from captum.attr import LayerConductance, LayerGradientXActivation
+from torch import nn
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
-from torch import nn  # noqa: E402
-
-import attribution as at  # noqa: E402
-from benchmarks.common import (interleaved_medians, report, trained_on_digits,  # noqa: E402
+import attribution as at
+from benchmarks.common import (interleaved_medians, report, trained_on_digits,
                                zeroed)
-from tests.models_zoo import ResNet, exported  # noqa: E402
+from tests.models_zoo import ResNet, exported
 
 
 def digits_bn_mlp(seed: int = 0):

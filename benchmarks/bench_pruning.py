@@ -8,19 +8,15 @@ samples) and on a wider MLP (64-128-64-10, all 1797 digits, layer "2"). The base
 computes exactly the same numbers (checked before timing).
 """
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import attribution as at  # noqa: E402
-from attribution.demo import load_demo  # noqa: E402
-from attribution.pruning import random_orders  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
+import attribution as at
+from attribution.demo import load_demo
+from attribution.pruning import random_orders
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed
 
 BATCH = 256
 N_RANDOM = 20

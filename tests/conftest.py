@@ -1,12 +1,9 @@
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 BROWSER_TIMINGS: dict[str, float] = {}
 """Seconds measured by the browser tests (tests/test_browser.py), shown after the run."""
