@@ -24,7 +24,7 @@ from torch import nn
 import attribution as at
 from benchmarks.common import (interleaved_medians, report, trained_on_digits,
                                zeroed)
-from tests.models_zoo import ResNet, exported
+from tests.support.models import ResNet, exported
 
 
 def digits_bn_mlp(seed: int = 0):
@@ -88,7 +88,7 @@ def pt2_against_eager():
                    "eager": lambda: at.neuron_scores(model, layer, x[:n], y[:n], method),
                    ".pt2": lambda: at.neuron_scores(loaded, layer, x[:n], y[:n], method),
                }, repeats=3), "eager")
-    from tests.models_zoo import gpt2
+    from tests.support.models import gpt2
     torch.manual_seed(0)
     model, ids = gpt2(width=64).eval(), torch.randint(1, 50, (16, 16))
     y = torch.randint(0, 3, (16,))
@@ -168,7 +168,7 @@ def _gpt2_small(n_samples: int, n_layer: int = 1):
     """(model, token ids [n_samples, 128], targets, the layer scored): GPT-2 small's widths,
     `n_layer` blocks, a 2-class head."""
     from transformers import GPT2Config, GPT2ForSequenceClassification
-    from tests.models_zoo import Logits
+    from tests.support.models import Logits
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, n_inner=3072, vocab_size=1000,

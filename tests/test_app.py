@@ -1,9 +1,6 @@
 """The dashboard through Streamlit's AppTest: every page with real (small) computation."""
-import base64
 import io
-import json
 import re
-import time
 
 import numpy as np
 import pandas as pd
@@ -13,59 +10,17 @@ from streamlit.testing.v1 import AppTest
 from torch import nn
 
 import attribution as at
-from attribution import analysis, plots
+from attribution import plots
 from attribution.demo import DEMO_DIR, load_demo
 from attribution.pruning import METRICS, spaced_ks
 from attribution.report import collect_report
 from pages import common
-from tests.conftest import ROOT
-from tests.zoo import token_files
+from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, demo_bytes,
+                               figure, figures, run_app, sidebar_widget,
+                               stall_after_first_points, upload, values)
+from tests.support.models import token_files
 
-APP = str(ROOT / "app.py")
 PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
-
-
-def run_app(query: dict | None = None) -> AppTest:
-    app = AppTest.from_file(APP, default_timeout=120)
-    app.query_params.update(query or {})
-    return app.run()
-
-
-def assert_clean(app: AppTest) -> None:
-    assert not app.exception, [e.value for e in app.exception]
-
-
-def figures(app: AppTest) -> dict[str, dict]:
-    """Plotly charts on the page by title: {title: figure spec}."""
-    specs = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
-    return {spec["layout"].get("title", {}).get("text", ""): spec for spec in specs}
-
-
-def figure(app: AppTest, title_part: str) -> dict:
-    matches = [spec for title, spec in figures(app).items() if title_part in title]
-    assert len(matches) == 1, (title_part, list(figures(app)))
-    return matches[0]
-
-
-def values(encoded) -> np.ndarray:
-    """A figure's data array as plotly's JSON holds it (plain list or base64 typed array)."""
-    if isinstance(encoded, dict) and "bdata" in encoded:
-        flat = np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=encoded["dtype"])
-        shape = [int(n) for n in str(encoded.get("shape", len(flat))).split(",")]
-        return flat.reshape(shape)
-    return np.asarray(encoded)
-
-
-def sidebar_widget(app: AppTest, key: str):
-    for kind in ("selectbox", "multiselect", "radio", "select_slider"):
-        found = [w for w in getattr(app.sidebar, kind) if w.key == key]
-        if found:
-            return found[0]
-    raise KeyError(key)
-
-
-def demo_bytes(name: str) -> bytes:
-    return (DEMO_DIR / name).read_bytes()
 
 
 @pytest.mark.parametrize("name", list(common.FAST_DEMOS))
@@ -275,19 +230,8 @@ def _parquet() -> bytes:
     return buffer.getvalue()
 
 
-def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None = None):
-    app.switch_page("pages/data.py").run()
-    app.file_uploader(key="model_file").set_value(model)
-    if architecture is not None:
-        app.file_uploader(key="architecture_file").set_value(architecture)
-    app.file_uploader(key="data_file").set_value(data)
-    return app.run()
-
-
-OCTET = "application/octet-stream"
 GOOD_UPLOADS = {  # name: (model, architecture, data, samples)
-    "pt2+npz": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
-                ("d.npz", demo_bytes("digits.npz"), OCTET), 719),
+    "pt2+npz": (GOOD_MODEL, None, GOOD_DATA, 719),
     "state_dict+json+csv": (("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET),
                             ("a.json", demo_bytes("digits_mlp_architecture.json"), "text/json"),
                             ("d.csv", demo_bytes("digits_sample.csv"), "text/csv"), 200),
@@ -423,7 +367,6 @@ def _csv(columns: int) -> bytes:
     return frame.assign(label=1).to_csv(index=False).encode()
 
 
-GOOD_MODEL, GOOD_DATA = GOOD_UPLOADS["pt2+npz"][0], GOOD_UPLOADS["pt2+npz"][2]
 STATE_DICT = ("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET)
 BAD_UPLOADS = {  # name: (model, architecture, data, words the message must contain)
     "empty model": (("m.pt2", b"", OCTET), None, GOOD_DATA, "empty"),
@@ -501,21 +444,6 @@ def test_bad_own_gradient_file_is_reported_and_a_good_one_checked():
 def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
                + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
-
-
-def stall_after_first_points(monkeypatch) -> None:
-    """Make the pruning page's curve stall after its first progress update, re-sending that
-    update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
-    real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
-
-    def stalling(*args, progress, **kwargs):
-        def stall(fraction, partial):
-            while True:  # each update is a Streamlit call, where a requested stop is raised
-                progress(fraction, partial)
-                time.sleep(0.02)
-        return real(*args, progress=stall, **kwargs)
-
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
 
 
 def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):

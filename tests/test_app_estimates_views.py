@@ -12,9 +12,8 @@ import attribution as at
 from attribution import neuron as neuron_module
 from attribution.data import KMEANS_RUNS
 from pages import common
-from tests.test_app import run_app, sidebar_widget
-from tests.test_app_estimates import (ESTIMATE, assert_no_line_left, drawn,  # noqa: F401
-                                      slowed_first_step)
+from tests.support.app import (ESTIMATE, assert_no_line_left, run_app, sidebar_widget,
+                               slowed_first_step)
 
 
 @pytest.fixture

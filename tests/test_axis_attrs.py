@@ -10,7 +10,7 @@ from attribution import cli, distributed, pruning
 from attribution.analysis import AnalysisSettings
 from attribution.report import assemble
 from attribution.scores import scored_layer
-from tests.zoo import SequenceNet
+from tests.support.models import SequenceNet
 
 N, T = 24, 5  # SequenceNet's per-position layers: [N, T=5, 6 features]
 

@@ -14,9 +14,7 @@ import torch
 from torch import nn
 
 from attribution.demo import DEMO_DIR
-from tests.conftest import BROWSER_TIMINGS
-from tests.test_browser import (RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401 (fixtures)
-                                server, within_budget)
+from tests.support.browser import BROWSER_TIMINGS, RANKED_POINTS, REDRAW_S, within_budget
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,7 @@ from attribution import cli, distributed, pruning
 from attribution.data import check_data, load_data
 from attribution.loading import load_model
 
-from .zoo import token_files
+from tests.support.models import token_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "demo" / "digits_mlp.pt2"

@@ -18,7 +18,7 @@ import attribution as at
 from attribution import cli, distributed, pruning
 from attribution.streaming import NpyRows
 
-from .zoo import build
+from tests.support.models import build
 
 WORLD_SIZE = 2
 SCORED = [("gradient", "std"), ("random", "mean"), ("ablation", "mean_abs"),

@@ -13,8 +13,9 @@ from attribution.split import FxRunner, HookRunner, runner_for
 from attribution.guards import eval_mode
 from attribution.methods import gauss_legendre
 
-from . import references
-from .zoo import SequenceNet, ThreeBranchNet, TokenNet, UntraceableSequenceNet, build
+from tests.support import references
+from tests.support.models import (SequenceNet, ThreeBranchNet, TokenNet,
+                                  UntraceableSequenceNet, build)
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],

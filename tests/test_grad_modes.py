@@ -19,7 +19,7 @@ from attribution.loading import load_model
 from attribution.split import FxRunner, HookRunner, runner_for
 from attribution.guards import engine_modes, eval_mode
 
-from .zoo import build
+from tests.support.models import build
 
 
 @contextlib.contextmanager

@@ -796,7 +796,7 @@ def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_p
     """The sympy payload uploaded in the app: one message, nothing runs, and a rerun does not
     load the file again (counted: the guard in this process and the watchdog's first run)."""
     from attribution import loading, watchdog
-    from tests.test_app import OCTET, assert_clean, demo_bytes, run_app, upload
+    from tests.support.app import OCTET, assert_clean, demo_bytes, run_app, upload
 
     checked = []
     for module, name in ((watchdog, "check_first_run"), (loading, "check_export_archive")):

@@ -13,8 +13,8 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 
 from attribution import plots
 from pages import common
-from tests.conftest import ROOT
-from tests.test_app import run_app, sidebar_widget
+from tests.support import ROOT
+from tests.support.app import run_app, sidebar_widget
 
 EVERY_CLUSTER = "Download every cluster (CSV)"
 

@@ -12,7 +12,7 @@ from attribution import split
 from attribution.guards import eval_mode
 from attribution.split import FxRunner, HookRunner, runner_for
 
-from .zoo import ResidualMLP, build
+from tests.support.models import ResidualMLP, build
 
 GRADIENT_METHODS = ("gradient", "gradient_x_activation", "integrated_gradients", "conductance")
 

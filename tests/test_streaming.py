@@ -9,7 +9,7 @@ import attribution as at
 from attribution.scores import cluster_codes, cluster_statistics, on_device, score_batches
 from attribution.streaming import NpyRows
 
-from .zoo import build
+from tests.support.models import build
 
 CASES = [("residual_mlp", "fc1"), ("residual_conv", "conv2")]
 METHODS = ["gradient", "gradient_x_activation", "integrated_gradients", "ablation", "random"]

@@ -22,7 +22,7 @@ from attribution.data import check_data, load_data
 from attribution.methods import gauss_legendre
 from attribution.model_io import NamedInputs, logits_of, select_output
 
-from .references import replaced_output
+from tests.support.references import replaced_output
 
 transformers = pytest.importorskip("transformers")
 

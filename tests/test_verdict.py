@@ -11,8 +11,8 @@ from attribution.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES
                                  Finding, Remedy, check_name, check_package,
                                  cluster_composition, describe_mix, expected_loop, verdict)
 
-from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
-                            seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
+from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
+                                     seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
 
 
 def findings_of(method="gradient", reduce="mean", one_class=True, **kwargs):
