@@ -1,6 +1,6 @@
 """Engine speed, measured side by side in one run (medians of interleaved repeats).
 
-Targets (issue 2): gradient / gradient_x_activation >= 100x faster than a per-sample
+Targets: gradient / gradient_x_activation >= 100x faster than a per-sample
 backward-hook loop, >= 2x faster than Captum, <= 3x one plain forward+backward; conductance
 >= 2x faster than Captum's LayerConductance at 32 steps; integrated gradients runs the front
 once per batch; ablation of a late layer >= 3x faster than one hooked forward per neuron;

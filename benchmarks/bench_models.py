@@ -1,12 +1,12 @@
 """Speed on the models people study, side by side in one run (medians of interleaved repeats).
 
-Issue 11: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
+Targets: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
 net gradient x activation and conductance at parity with Captum (both at the forward+backward
 floor); a GPT-2-small-sized MLP layer (3072 features, 128 tokens): gradient, gradient x
 activation and a 20-order pruning curve beside one plain forward+backward, and its first
 call (export and the split's check included) beside a warm one; exact ablation of
 the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
-neuron, first call included. One CPU thread (the machine is shared; two threads ran small
+neuron, first call included. One CPU thread (the machine is shared; two threads run small
 convolutions ~80x slower under load). Run: .venv/bin/python -m benchmarks.bench_models [part]
 """
 import copy

@@ -1,6 +1,6 @@
 """Pruning-curve and oracle speed, side by side in one run (medians of interleaved repeats).
 
-Target (issue 4): the full curve (every k, ranked + bottom + 20 random orders) on the digits
+Target: the full curve (every k, ranked + bottom + 20 random orders) on the digits
 MLP's last hidden layer >= 5x faster than one hooked forward pass per (order, k); the first
 progress update within a fraction of a second; `oracle_agreement` over every method in
 seconds. Measured on the built-in demo (demo/digits_mlp.pt2, layer fc2, its 719 held-out

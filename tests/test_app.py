@@ -557,9 +557,9 @@ def test_a_cluster_kept_when_it_exists_and_replaced_visibly_after_new_data():
 
 
 def test_export_page_pruning_page_and_report_compute_identical_curves(tmp_path):
-    """One set of settings, one answer (issue 10.4): the Share & export page once computed
-    every k of a wide layer and kept it under the Pruning page's key (which evaluates
-    evenly spaced k), and the report passed a seed the pages did not."""
+    """One set of settings, one answer: on a wide layer the Pruning page evaluates evenly
+    spaced k, and the Share & export page and the report compute the same curve under the
+    same key (the same k and the same seed)."""
     app = _wide_layer_on_the_pruning_page(tmp_path, {"random": "5"})
     assert_clean(app)
     ctx = app.session_state["context"]
@@ -628,7 +628,7 @@ def _figure_texts(app: AppTest) -> list[str]:
 def test_names_from_the_data_are_never_rendered_as_markup(tmp_path, page):
     """Class names and cluster ids of an upload reach every page as plain text: no live link,
     image, HTML tag or formatting in Markdown-rendered elements, no tag in plotly's HTML-like
-    text (issue 9.5)."""
+    text."""
     app = _hostile_upload(tmp_path)
     sidebar_widget(app, "w_cluster").set_value(HOSTILE[0]).run()
     sidebar_widget(app, "w_target").set_value("fixed").run()
@@ -653,7 +653,7 @@ SCREEN_ONLY = re.compile(r"reduce=|metric=|mean_abs|target_logit|gradient_x_acti
 
 
 def test_words_on_the_scores_and_diagnosis_pages_match_the_numbers_and_the_sidebar():
-    """Issue 10.5: in mean |·| mode the heatmap caption does not describe signed colours and
+    """In mean |·| mode the heatmap caption does not describe signed colours and
     the samples heatmap ranks neurons by mean |·|; findings speak the sidebar's words."""
     app = run_app({"reduce": "mean_abs", "method": "gradient"})
     assert_clean(app)

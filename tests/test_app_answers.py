@@ -1,4 +1,4 @@
-"""The dashboard answers (issue 12) through Streamlit's AppTest: the Diagnosis page's verdict
+"""The dashboard answers through Streamlit's AppTest: the Diagnosis page's verdict
 and remedies, the neuron view, and pruning curves that survive leaving the page."""
 import io
 import time

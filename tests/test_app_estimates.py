@@ -72,7 +72,7 @@ def test_a_clock_that_did_not_move_gives_no_estimate():
 
 
 def test_the_app_says_above_a_few_seconds():
-    assert 2.0 <= SAY_ABOVE_SECONDS <= 5.0  # the issue: "more than a few seconds"
+    assert 2.0 <= SAY_ABOVE_SECONDS <= 5.0  # "more than a few seconds"
 
 
 # ------------------------------------------------------------------ the app

@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium: `streamlit run app.py` on a free port, real file
 inputs, every page, the exported report opened offline; screenshots in test-artifacts/ and
-the timings the issue asks for (cold start, redraw, first pruning points)."""
+the timings of a cold start, a redraw and the first pruning points, against their budgets."""
 from __future__ import annotations
 
 import re
@@ -255,7 +255,7 @@ STARTED = """() => document.querySelector('[data-testid="stException"]') || ((%s
 
 
 def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
-    """Collaborators opening the app at once on a cold server (issue 10.2): a session's first
+    """Collaborators opening the app at once on a cold server: a session's first
     run draws a placeholder chart, and plotly takes numpy and pandas from sys.modules as it
     finds them, half-initialised while another session's thread is still importing them.
     The imports of the first session last about two seconds, so the tabs open a little apart
@@ -273,8 +273,8 @@ def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
 
 
 def test_the_cluster_box_shows_the_current_partition_and_keeps_it_across_pages(app):
-    """Issue 10.3 in the browser, where Streamlit's selectbox keeps the option's label as its
-    value: after the clusters change, the box must show a cluster of the new partition with
+    """The cluster box in the browser, where Streamlit's selectbox keeps the option's label as
+    its value: after the clusters change, the box must show a cluster of the new partition with
     its own size, say so when the old one is gone, and keep it on the next page."""
     loaded, data = load_demo("digits_mlp")
     predicted = int((at.predict_classes(loaded, data.inputs) == 3).sum())

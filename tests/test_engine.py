@@ -678,9 +678,9 @@ def test_list_layers_reports_names_kinds_and_shapes():
 
 
 def test_per_batch_work_does_not_list_the_models_parameters():
-    """Was: every batch listed all of the model's parameters to find its float dtype (a cost
-    that grows with the model, paid per batch); facts about the model are read once per call,
-    so one batch or forty list them equally often."""
+    """Facts about the model (such as its float dtype) are read once per call, not per batch
+    (listing every parameter costs more as the model grows): one batch or forty list the
+    parameters equally often."""
     model, x, y = build("residual_mlp")
     listed = []
     parameters = model.parameters

@@ -201,8 +201,9 @@ def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
 
 
 def test_a_wide_layers_cluster_heatmap_shows_each_clusters_strongest_neurons_and_says_so():
-    """10 clusters x 3072 neurons (a transformer MLP): one clickable marker per cell was 30,720
-    points for the browser (~3 s a redraw) in cells narrower than a pixel."""
+    """10 clusters x 3072 neurons (a transformer MLP): 128 neurons shown, each cluster's
+    strongest first, and the axis title says so (one clickable marker per cell would be 30,720
+    points for the browser, ~3 s a redraw, in cells narrower than a pixel)."""
     rng = np.random.default_rng(0)
     z = rng.normal(size=(10, 3072))
     strongest = {c: 300 * c + 7 for c in range(10)}  # each cluster's own, one of them negative
@@ -241,7 +242,7 @@ def test_neuron_summary_spread_is_across_samples():
     assert list(magnitude["spread"]) == pytest.approx([np.sqrt(2), 0.0])
 
 
-# --- the answers' figures (issue 12) -------------------------------------------------------
+# --- the answers' figures ------------------------------------------------------------------
 
 def test_example_images_tile_each_sample_with_its_channel_map_on_two_rows():
     images = [np.full((1, 8, 8), float(i)) + np.eye(8) for i in range(3)]
