@@ -1,12 +1,12 @@
 # Two entry points for a fresh machine:
 #   make run   - set up .venv and start the dashboard on the built-in demo
-#   make test  - set up .venv (plus headless Chromium) and run the whole test suite
+#   make test  - set up .venv (plus headless Chromium), lint with ruff, run the whole test suite
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test setup setup-dev browser bench demo clean
+.PHONY: run test lint setup setup-dev browser bench demo clean
 
 # The pinned lists install everything (torch first, in one pip call); then the project itself,
 # editable and without dependencies, so `import attribution` and the `attribution` command work
@@ -31,7 +31,11 @@ browser:
 run: setup
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
 
+lint: setup-dev
+	$(PY) -m ruff check .
+
 test: setup-dev browser
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 bench: setup-dev
@@ -41,4 +45,4 @@ demo: setup
 	$(PY) scripts/make_demo.py
 
 clean:
-	rm -rf $(VENV) test-artifacts .pytest_cache *.egg-info build
+	rm -rf $(VENV) test-artifacts .pytest_cache .ruff_cache *.egg-info build

@@ -7,8 +7,9 @@
 
 The dashboard assembles a `ReportContent` from what it already computed (`assemble`); the
 command line calls `build_report`. Both take their targets, cluster rows and pruning-curve
-choices from `AnalysisSettings` (attribution/analysis.py), as the dashboard's pages do. plotly.js is embedded inline (the file opens without a
-network), and every user-supplied string is HTML-escaped.
+choices from `AnalysisSettings` (attribution/analysis.py), as the dashboard's pages do.
+plotly.js is embedded inline (the file opens without a network), and every user-supplied
+string is HTML-escaped.
 """
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ def main():
 
     report(f"conductance, 32 steps, {len(x) // 4} samples",
            interleaved_medians({
-               "at.neuron_scores conductance":
-                   lambda: at.neuron_scores(model, "2", x[:len(x) // 4], y[:len(x) // 4], "conductance"),
+               "at.neuron_scores conductance": lambda: at.neuron_scores(
+                   model, "2", x[:len(x) // 4], y[:len(x) // 4], "conductance"),
                "captum LayerConductance": lambda: captum_batched(
                    LayerConductance(model, hidden), x[:len(x) // 4], y[:len(x) // 4], n_steps=32),
            }, repeats=3), "at.neuron_scores conductance")
@@ -142,8 +142,8 @@ def main():
           f"for one batch ({type(fx_runner).__name__})")
     report(f"integrated_gradients, 32 steps, {len(x) // 4} samples",
            interleaved_medians({
-               "tail only (FxRunner)": lambda: runner_scores(model, fx_runner, x[:len(x) // 4],
-                                                             y[:len(x) // 4], "integrated_gradients"),
+               "tail only (FxRunner)": lambda: runner_scores(
+                   model, fx_runner, x[:len(x) // 4], y[:len(x) // 4], "integrated_gradients"),
                "full model per step (HookRunner)": lambda: runner_scores(
                    model, hook_runner, x[:len(x) // 4], y[:len(x) // 4], "integrated_gradients"),
            }, repeats=3), "tail only (FxRunner)")
@@ -151,13 +151,15 @@ def main():
     report(f"ablation of every neuron of the 64-unit hidden layer '2', {len(x)} samples",
            interleaved_medians({
                "at.neuron_scores ablation": lambda: at.neuron_scores(model, "2", x, y, "ablation"),
-               "one hooked forward per neuron": lambda: hooked_forward_per_neuron(model, hidden, x, y),
+               "one hooked forward per neuron":
+                   lambda: hooked_forward_per_neuron(model, hidden, x, y),
            }, repeats=3), "at.neuron_scores ablation")
 
     report(f"ablation of every neuron of the late (output) layer '4', {len(x)} samples",
            interleaved_medians({
                "at.neuron_scores ablation": lambda: at.neuron_scores(model, "4", x, y, "ablation"),
-               "one hooked forward per neuron": lambda: hooked_forward_per_neuron(model, late, x, y),
+               "one hooked forward per neuron":
+                   lambda: hooked_forward_per_neuron(model, late, x, y),
            }, repeats=3), "at.neuron_scores ablation")
 
     report(f"targets='all' (10 classes) gradient, {len(x)} samples",
@@ -167,7 +169,8 @@ def main():
                    lambda: all_classes_retain_graph(model, hidden, x),
                "the same, keeping the gradients [N, C, n]":
                    lambda: all_classes_retain_graph(model, hidden, x, keep=True),
-               "a forward+backward per class": lambda: all_classes_forward_per_class(model, hidden, x),
+               "a forward+backward per class":
+                   lambda: all_classes_forward_per_class(model, hidden, x),
            }, repeats=9), "at.neuron_scores targets='all'")
 
 

@@ -727,10 +727,10 @@ def chart(figure: go.Figure | dict, key: Optional[str] = None,
 # (every object new). plotly.js diffs the second call against the first and replots in full
 # (20-30 ms of Chromium's time a Scores chart) when it sees a change: a template object that
 # is not the same object, a typed array (how plotly.py sends numpy arrays), any new data array
-# when the layout has no datarevision, or a changed clickmode. `drawn_once` sends none of these, so the second call
-# only restyles (the click modes are the ones the frontend would set, the template's values
-# are written into the figure, and nothing changes data in place within one chart: Streamlit
-# mounts a new chart for every new spec).
+# when the layout has no datarevision, or a changed clickmode. `drawn_once` sends none of
+# these, so the second call only restyles (the click modes are the ones the frontend would set,
+# the template's values are written into the figure, and nothing changes data in place within
+# one chart: Streamlit mounts a new chart for every new spec).
 _ITEM_DEFAULTS = {"annotations": "annotationdefaults", "shapes": "shapedefaults",
                   "images": "imagedefaults", "selections": "selectiondefaults",
                   "sliders": "sliderdefaults", "updatemenus": "updatemenudefaults"}

@@ -76,7 +76,8 @@ def test_every_page_renders_with_real_results(page):
     if page.endswith("pruning.py"):
         curve = figure(app, "neurons are removed")
         ranked = [t for t in curve["data"] if t.get("name") == plots.CURVE_LABELS["ranked"]]
-        assert [len(values(t["x"])) for t in ranked] == [17, 17]  # every k of 16 neurons, both subsets
+        # every k of 16 neurons, both subsets
+        assert [len(values(t["x"])) for t in ranked] == [17, 17]
         assert any("Verdict" in m.value for m in app.markdown)
     elif page.endswith("diagnosis.py"):
         alerts = list(app.success) + list(app.warning) + list(app.error)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attribution as at
-from attribution import cli, distributed, pruning
+from attribution import cli, distributed
 from attribution.analysis import AnalysisSettings
 from attribution.report import assemble
 from attribution.scores import scored_layer
