@@ -51,6 +51,7 @@ def drawn(monkeypatch) -> list[str]:
 
 @pytest.fixture(scope="module")
 def browser():
+    """Headless Chromium, one per test module."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -61,12 +62,15 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server(browser):  # the browser starts first: the cold start measured is the app's
+    """`streamlit run app.py` on a free port, one per test module."""
     with streamlit_server("streamlit.log") as started:
         yield started
 
 
 @pytest.fixture
 def app(browser, server):
+    """A fresh tab on the module's server; the test fails if the page showed an exception or
+    logged an error."""
     tab, context = open_tab(browser, server)
     yield tab
     check_and_close(tab, context)
