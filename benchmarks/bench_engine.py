@@ -1,25 +1,20 @@
 """Engine speed, measured side by side in one run (medians of interleaved repeats).
 
-Targets (issue 2): gradient / gradient_x_activation >= 100x faster than a per-sample
+Targets: gradient / gradient_x_activation >= 100x faster than a per-sample
 backward-hook loop, >= 2x faster than Captum, <= 3x one plain forward+backward; conductance
 >= 2x faster than Captum's LayerConductance at 32 steps; integrated gradients runs the front
 once per batch; ablation of a late layer >= 3x faster than one hooked forward per neuron;
 targets="all" against a retain_graph loop (bare, and keeping its gradients as "all" does) and
 a forward+backward per class.
 """
-import sys
-from pathlib import Path
+import torch
+from captum.attr import LayerConductance, LayerGradientXActivation
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
-
-import attribution as at  # noqa: E402
-from attribution.engine.guards import eval_mode  # noqa: E402
-from attribution.methods.registry import REGISTRY, Batch  # noqa: E402
-from attribution.engine.runners import HookRunner, runner_for  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
+import attribution as at
+from attribution.engine.guards import eval_mode
+from attribution.engine.runners import HookRunner, runner_for
+from attribution.methods.registry import REGISTRY, Batch
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed
 
 BATCH = 256
 
@@ -128,8 +123,8 @@ def main():
 
     report(f"conductance, 32 steps, {len(x) // 4} samples",
            interleaved_medians({
-               "at.neuron_scores conductance":
-                   lambda: at.neuron_scores(model, "2", x[:len(x) // 4], y[:len(x) // 4], "conductance"),
+               "at.neuron_scores conductance": lambda: at.neuron_scores(
+                   model, "2", x[:len(x) // 4], y[:len(x) // 4], "conductance"),
                "captum LayerConductance": lambda: captum_batched(
                    LayerConductance(model, hidden), x[:len(x) // 4], y[:len(x) // 4], n_steps=32),
            }, repeats=3), "at.neuron_scores conductance")
@@ -147,8 +142,8 @@ def main():
           f"for one batch ({type(fx_runner).__name__})")
     report(f"integrated_gradients, 32 steps, {len(x) // 4} samples",
            interleaved_medians({
-               "tail only (FxRunner)": lambda: runner_scores(model, fx_runner, x[:len(x) // 4],
-                                                             y[:len(x) // 4], "integrated_gradients"),
+               "tail only (FxRunner)": lambda: runner_scores(
+                   model, fx_runner, x[:len(x) // 4], y[:len(x) // 4], "integrated_gradients"),
                "full model per step (HookRunner)": lambda: runner_scores(
                    model, hook_runner, x[:len(x) // 4], y[:len(x) // 4], "integrated_gradients"),
            }, repeats=3), "tail only (FxRunner)")
@@ -156,13 +151,15 @@ def main():
     report(f"ablation of every neuron of the 64-unit hidden layer '2', {len(x)} samples",
            interleaved_medians({
                "at.neuron_scores ablation": lambda: at.neuron_scores(model, "2", x, y, "ablation"),
-               "one hooked forward per neuron": lambda: hooked_forward_per_neuron(model, hidden, x, y),
+               "one hooked forward per neuron":
+                   lambda: hooked_forward_per_neuron(model, hidden, x, y),
            }, repeats=3), "at.neuron_scores ablation")
 
     report(f"ablation of every neuron of the late (output) layer '4', {len(x)} samples",
            interleaved_medians({
                "at.neuron_scores ablation": lambda: at.neuron_scores(model, "4", x, y, "ablation"),
-               "one hooked forward per neuron": lambda: hooked_forward_per_neuron(model, late, x, y),
+               "one hooked forward per neuron":
+                   lambda: hooked_forward_per_neuron(model, late, x, y),
            }, repeats=3), "at.neuron_scores ablation")
 
     report(f"targets='all' (10 classes) gradient, {len(x)} samples",
@@ -173,7 +170,8 @@ def main():
                    lambda: all_classes_retain_graph(model, hidden, x),
                "the same, keeping the gradients [N, C, n]":
                    lambda: all_classes_retain_graph(model, hidden, x, keep=True),
-               "a forward+backward per class": lambda: all_classes_forward_per_class(model, hidden, x),
+               "a forward+backward per class":
+                   lambda: all_classes_forward_per_class(model, hidden, x),
            }, repeats=9), "at.neuron_scores targets='all'")
 
 

@@ -1,13 +1,13 @@
 """Speed on the models people study, side by side in one run (medians of interleaved repeats).
 
-Issue 11: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
+Targets: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
 net gradient x activation and conductance at parity with Captum (both at the forward+backward
 floor); a GPT-2-small-sized MLP layer (3072 features, 128 tokens): gradient, gradient x
 activation and a 20-order pruning curve beside one plain forward+backward, and its first
 call (export and the split's check included) beside a warm one; exact ablation of
 the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
-neuron, first call included. One CPU thread (the machine is shared; two threads ran small
-convolutions ~80x slower under load). Run: .venv/bin/python benchmarks/bench_models.py [part]
+neuron, first call included. One CPU thread (the machine is shared; two threads run small
+convolutions ~80x slower under load). Run: .venv/bin/python -m benchmarks.bench_models [part]
 """
 import copy
 import statistics
@@ -16,17 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+from captum.attr import LayerConductance, LayerGradientXActivation
+from torch import nn
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from captum.attr import LayerConductance, LayerGradientXActivation  # noqa: E402
-from torch import nn  # noqa: E402
-
-import attribution as at  # noqa: E402
-from benchmarks.common import (interleaved_medians, report, trained_on_digits,  # noqa: E402
+import attribution as at
+from benchmarks.common import (interleaved_medians, report, trained_on_digits,
                                zeroed)
-from tests.models_zoo import ResNet, exported  # noqa: E402
+from tests.support.models import ResNet, exported
 
 
 def digits_bn_mlp(seed: int = 0):
@@ -90,7 +88,7 @@ def pt2_against_eager():
                    "eager": lambda: at.neuron_scores(model, layer, x[:n], y[:n], method),
                    ".pt2": lambda: at.neuron_scores(loaded, layer, x[:n], y[:n], method),
                }, repeats=3), "eager")
-    from tests.models_zoo import gpt2
+    from tests.support.models import gpt2
     torch.manual_seed(0)
     model, ids = gpt2(width=64).eval(), torch.randint(1, 50, (16, 16))
     y = torch.randint(0, 3, (16,))
@@ -170,7 +168,7 @@ def _gpt2_small(n_samples: int, n_layer: int = 1):
     """(model, token ids [n_samples, 128], targets, the layer scored): GPT-2 small's widths,
     `n_layer` blocks, a 2-class head."""
     from transformers import GPT2Config, GPT2ForSequenceClassification
-    from tests.models_zoo import Logits
+    from tests.support.models import Logits
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=n_layer, n_embd=768, n_head=12, n_inner=3072, vocab_size=1000,

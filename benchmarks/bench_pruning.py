@@ -1,6 +1,6 @@
 """Pruning-curve and oracle speed, side by side in one run (medians of interleaved repeats).
 
-Target (issue 4): the full curve (every k, ranked + bottom + 20 random orders) on the digits
+Target: the full curve (every k, ranked + bottom + 20 random orders) on the digits
 MLP's last hidden layer >= 5x faster than one hooked forward pass per (order, k); the first
 progress update within a fraction of a second; `oracle_agreement` over every method in
 seconds. Measured on the built-in demo (demo/digits_mlp.pt2, layer fc2, its 719 held-out
@@ -8,19 +8,15 @@ samples) and on a wider MLP (64-128-64-10, all 1797 digits, layer "2"). The base
 computes exactly the same numbers (checked before timing).
 """
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import attribution as at  # noqa: E402
-from attribution.inputs.demo import load_demo  # noqa: E402
-from attribution.analyses.pruning import random_orders  # noqa: E402
-from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed  # noqa: E402
+import attribution as at
+from attribution.inputs.demo import load_demo
+from attribution.analyses.pruning import random_orders
+from benchmarks.common import batches, digits_mlp, interleaved_medians, report, zeroed
 
 BATCH = 256
 N_RANDOM = 20

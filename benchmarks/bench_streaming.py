@@ -26,8 +26,7 @@ FLAT = 0.5  # allowed growth of the streamed peak, as a share of the 100x inputs
 CHUNK = 20  # copies of the demo written per step, so this process stays small too
 
 MEASURE = """
-import json, resource, sys, time
-sys.path.insert(0, {root!r})
+import json, resource, time
 start = time.perf_counter()
 {body}
 print(json.dumps({{"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -72,7 +71,7 @@ def write_scaled(folder: Path, factor: int) -> int:
 
 def measure(body: str) -> dict:
     """Peak RSS (MiB) and seconds of `body`, run in a fresh Python process."""
-    done = subprocess.run([sys.executable, "-c", MEASURE.format(root=str(ROOT), body=body)],
+    done = subprocess.run([sys.executable, "-c", MEASURE.format(body=body)],
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"measurement failed:\n{done.stderr}")

@@ -25,9 +25,9 @@ from playwright.sync_api import sync_playwright
 from torch import nn
 
 from attribution.inputs.demo import DEMO_DIR
-from tests.conftest import ROOT
-from tests.test_browser import (CHROMIUM, CHROMIUM_ARGS, App, Server, _free_port, _tab,
-                                _wait_until_healthy)
+from tests.support import ROOT
+from tests.support.browser import (CHROMIUM, CHROMIUM_ARGS, App, Server, free_port, open_tab,
+                                   wait_until_healthy)
 
 METHODS = ("ablation", "gradient × activation")
 CLUSTERS = ("7 (seven)", "3 (three)")
@@ -57,7 +57,7 @@ def write_files(folder: Path, width: int) -> tuple[Path, Path]:
 
 @contextmanager
 def served(checkout: Path, log: Path) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port()
     url = f"http://localhost:{port}"
     with open(log, "w") as output:
         process = subprocess.Popen(
@@ -65,7 +65,7 @@ def served(checkout: Path, log: Path) -> Iterator[Server]:
              "--server.headless", "true"], cwd=checkout, stdout=output,
             stderr=subprocess.STDOUT)
         try:
-            _wait_until_healthy(url, process, log)
+            wait_until_healthy(url, process, log)
             yield Server(url, time.monotonic(), process)
         finally:
             process.terminate()
@@ -120,7 +120,7 @@ def main() -> None:
         apps = []
         for number, checkout in enumerate(args.checkouts):
             server = stack.enter_context(served(checkout, Path(folder) / f"server{number}.log"))
-            app, _ = _tab(browser, server)
+            app, _ = open_tab(browser, server)
             prepare(app, model_file, data_file)
             apps.append(app)
         results = [[] for _ in apps]

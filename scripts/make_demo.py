@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +20,11 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from attribution.inputs import huggingface  # noqa: E402
-from attribution.inputs.architectures import parse_architecture  # noqa: E402
-from attribution.inputs.demo import (  # noqa: E402
-    DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES, SANITY_FEATURES, TEXT_CLASSES,
-    TEXT_VOCABULARY, DigitsCNN, DigitsMLP, SanityModel, sanity_data, text_data)
+from attribution.inputs import huggingface
+from attribution.inputs.architectures import parse_architecture
+from attribution.inputs.demo import (DEMO_DIR, DEMO_FILES, DIGIT_NAMES, SANITY_CLASSES,
+                                     SANITY_FEATURES, TEXT_CLASSES, TEXT_VOCABULARY, DigitsCNN,
+                                     DigitsMLP, SanityModel, sanity_data, text_data)
 
 SEED = 0
 MLP_ARCHITECTURE = {"kind": "mlp", "input_shape": [64], "hidden": [32, 16], "n_classes": 10,

@@ -1,15 +1,9 @@
-import sys
-from pathlib import Path
-
+"""Fixtures shared by several test files; the helpers behind them are in tests/support/."""
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-BROWSER_TIMINGS: dict[str, float] = {}
-"""Seconds measured by the browser tests (tests/test_browser.py), shown after the run."""
+from tests.support.browser import (BROWSER_TIMINGS, CHROMIUM, CHROMIUM_ARGS, CONTENTION,
+                                   check_and_close, open_tab, streamlit_server)
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +16,68 @@ def grad_mode_is_left_on():
     assert not leaked, "this test left torch's grad mode off for the thread"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a test module that asks for it (`pytest.mark.usefixtures`): small
+    convolutions on a shared 2-core machine run ~80x slower on 2 threads than 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------ the dashboard, in AppTest
+
+@pytest.fixture
+def drawn(monkeypatch) -> list[str]:
+    """Every progress text drawn while the app runs (the lines are gone when a run ends)."""
+    import streamlit as st
+    from streamlit.delta_generator import DeltaGenerator
+
+    texts: list[str] = []
+    real = DeltaGenerator.progress
+
+    def recording(self, value, text=None, **kwargs):
+        texts.append(text or "")
+        return real(self, value, text=text, **kwargs)
+
+    monkeypatch.setattr(DeltaGenerator, "progress", recording)
+    monkeypatch.setattr(st, "progress", lambda *args, **kwargs: recording(st._main, *args,
+                                                                          **kwargs))
+    return texts
+
+
+# ------------------------------------------------------------------ the dashboard, in Chromium
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser):  # the browser starts first: the cold start measured is the app's
+    """`streamlit run app.py` on a free port, one per test module."""
+    with streamlit_server("streamlit.log") as started:
+        yield started
+
+
+@pytest.fixture
+def app(browser, server):
+    """A fresh tab on the module's server; the test fails if the page showed an exception or
+    logged an error."""
+    tab, context = open_tab(browser, server)
+    yield tab
+    check_and_close(tab, context)
+
+
 def pytest_terminal_summary(terminalreporter):
     if BROWSER_TIMINGS:
-        from tests.test_browser import CONTENTION  # noqa: PLC0415 (only when it ran)
-
         terminalreporter.section("dashboard timings in headless Chromium")
         if CONTENTION > 1:
             terminalreporter.write_line(f"(machine busy at the start: budgets x{CONTENTION:.1f})")

@@ -1,9 +1,6 @@
 """The dashboard through Streamlit's AppTest: every page with real (small) computation."""
-import base64
 import io
-import json
 import re
-import time
 
 import numpy as np
 import pandas as pd
@@ -18,55 +15,13 @@ from attribution.presentation import plots
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from attribution.analyses.pruning import METRICS, spaced_ks
 from attribution.presentation.report import collect_report
-from pages.shared import sidebar, url, workspace
-from tests.conftest import ROOT
-from tests.zoo import token_files
+from pages.shared import url, workspace
+from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, demo_bytes,
+                               figure, figures, run_app, sidebar_widget,
+                               stall_after_first_points, upload, values)
+from tests.support.models import token_files
 
-APP = str(ROOT / "app.py")
 PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
-
-
-def run_app(query: dict | None = None) -> AppTest:
-    app = AppTest.from_file(APP, default_timeout=120)
-    app.query_params.update(query or {})
-    return app.run()
-
-
-def assert_clean(app: AppTest) -> None:
-    assert not app.exception, [e.value for e in app.exception]
-
-
-def figures(app: AppTest) -> dict[str, dict]:
-    """Plotly charts on the page by title: {title: figure spec}."""
-    specs = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
-    return {spec["layout"].get("title", {}).get("text", ""): spec for spec in specs}
-
-
-def figure(app: AppTest, title_part: str) -> dict:
-    matches = [spec for title, spec in figures(app).items() if title_part in title]
-    assert len(matches) == 1, (title_part, list(figures(app)))
-    return matches[0]
-
-
-def values(encoded) -> np.ndarray:
-    """A figure's data array as plotly's JSON holds it (plain list or base64 typed array)."""
-    if isinstance(encoded, dict) and "bdata" in encoded:
-        flat = np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=encoded["dtype"])
-        shape = [int(n) for n in str(encoded.get("shape", len(flat))).split(",")]
-        return flat.reshape(shape)
-    return np.asarray(encoded)
-
-
-def sidebar_widget(app: AppTest, key: str):
-    for kind in ("selectbox", "multiselect", "radio", "select_slider"):
-        found = [w for w in getattr(app.sidebar, kind) if w.key == key]
-        if found:
-            return found[0]
-    raise KeyError(key)
-
-
-def demo_bytes(name: str) -> bytes:
-    return (DEMO_DIR / name).read_bytes()
 
 
 @pytest.mark.parametrize("name", list(workspace.FAST_DEMOS))
@@ -122,7 +77,8 @@ def test_every_page_renders_with_real_results(page):
     if page.endswith("pruning.py"):
         curve = figure(app, "neurons are removed")
         ranked = [t for t in curve["data"] if t.get("name") == plots.CURVE_LABELS["ranked"]]
-        assert [len(values(t["x"])) for t in ranked] == [17, 17]  # every k of 16 neurons, both subsets
+        # every k of 16 neurons, both subsets
+        assert [len(values(t["x"])) for t in ranked] == [17, 17]
         assert any("Verdict" in m.value for m in app.markdown)
     elif page.endswith("diagnosis.py"):
         alerts = list(app.success) + list(app.warning) + list(app.error)
@@ -275,19 +231,8 @@ def _parquet() -> bytes:
     return buffer.getvalue()
 
 
-def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None = None):
-    app.switch_page("pages/data.py").run()
-    app.file_uploader(key="model_file").set_value(model)
-    if architecture is not None:
-        app.file_uploader(key="architecture_file").set_value(architecture)
-    app.file_uploader(key="data_file").set_value(data)
-    return app.run()
-
-
-OCTET = "application/octet-stream"
 GOOD_UPLOADS = {  # name: (model, architecture, data, samples)
-    "pt2+npz": (("m.pt2", demo_bytes("digits_mlp.pt2"), OCTET), None,
-                ("d.npz", demo_bytes("digits.npz"), OCTET), 719),
+    "pt2+npz": (GOOD_MODEL, None, GOOD_DATA, 719),
     "state_dict+json+csv": (("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET),
                             ("a.json", demo_bytes("digits_mlp_architecture.json"), "text/json"),
                             ("d.csv", demo_bytes("digits_sample.csv"), "text/csv"), 200),
@@ -423,7 +368,6 @@ def _csv(columns: int) -> bytes:
     return frame.assign(label=1).to_csv(index=False).encode()
 
 
-GOOD_MODEL, GOOD_DATA = GOOD_UPLOADS["pt2+npz"][0], GOOD_UPLOADS["pt2+npz"][2]
 STATE_DICT = ("w.pt", demo_bytes("digits_mlp_state_dict.pt"), OCTET)
 BAD_UPLOADS = {  # name: (model, architecture, data, words the message must contain)
     "empty model": (("m.pt2", b"", OCTET), None, GOOD_DATA, "empty"),
@@ -501,21 +445,6 @@ def test_bad_own_gradient_file_is_reported_and_a_good_one_checked():
 def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
                + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
-
-
-def stall_after_first_points(monkeypatch) -> None:
-    """Make the pruning page's curve stall after its first progress update, re-sending that
-    update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
-    real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
-
-    def stalling(*args, progress, **kwargs):
-        def stall(fraction, partial):
-            while True:  # each update is a Streamlit call, where a requested stop is raised
-                progress(fraction, partial)
-                time.sleep(0.02)
-        return real(*args, progress=stall, **kwargs)
-
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
 
 
 def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
@@ -629,9 +558,9 @@ def test_a_cluster_kept_when_it_exists_and_replaced_visibly_after_new_data():
 
 
 def test_export_page_pruning_page_and_report_compute_identical_curves(tmp_path):
-    """One set of settings, one answer (issue 10.4): the Share & export page once computed
-    every k of a wide layer and kept it under the Pruning page's key (which evaluates
-    evenly spaced k), and the report passed a seed the pages did not."""
+    """One set of settings, one answer: on a wide layer the Pruning page evaluates evenly
+    spaced k, and the Share & export page and the report compute the same curve under the
+    same key (the same k and the same seed)."""
     app = _wide_layer_on_the_pruning_page(tmp_path, {"random": "5"})
     assert_clean(app)
     ctx = app.session_state["context"]
@@ -700,7 +629,7 @@ def _figure_texts(app: AppTest) -> list[str]:
 def test_names_from_the_data_are_never_rendered_as_markup(tmp_path, page):
     """Class names and cluster ids of an upload reach every page as plain text: no live link,
     image, HTML tag or formatting in Markdown-rendered elements, no tag in plotly's HTML-like
-    text (issue 9.5)."""
+    text."""
     app = _hostile_upload(tmp_path)
     sidebar_widget(app, "w_cluster").set_value(HOSTILE[0]).run()
     sidebar_widget(app, "w_target").set_value("fixed").run()
@@ -725,7 +654,7 @@ SCREEN_ONLY = re.compile(r"reduce=|metric=|mean_abs|target_logit|gradient_x_acti
 
 
 def test_words_on_the_scores_and_diagnosis_pages_match_the_numbers_and_the_sidebar():
-    """Issue 10.5: in mean |·| mode the heatmap caption does not describe signed colours and
+    """In mean |·| mode the heatmap caption does not describe signed colours and
     the samples heatmap ranks neurons by mean |·|; findings speak the sidebar's words."""
     app = run_app({"reduce": "mean_abs", "method": "gradient"})
     assert_clean(app)

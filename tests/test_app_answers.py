@@ -1,4 +1,4 @@
-"""The dashboard answers (issue 12) through Streamlit's AppTest: the Diagnosis page's verdict
+"""The dashboard answers through Streamlit's AppTest: the Diagnosis page's verdict
 and remedies, the neuron view, and pruning curves that survive leaving the page."""
 import io
 import time
@@ -12,9 +12,9 @@ from attribution.analyses.verdict import CHECK_NAMES, verdict
 from pages.shared.routing import NEURON_CHOICE
 import attribution as at
 from attribution.analyses import settings as analysis
-from tests.test_app import (OCTET, assert_clean, figure, run_app, sidebar_widget,
-                            stall_after_first_points, upload, values)
-from tests.zoo import token_files
+from tests.support.app import (OCTET, assert_clean, demo_bytes, figure, run_app,
+                               sidebar_widget, stall_after_first_points, upload, values)
+from tests.support.models import token_files
 
 MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every digit at once
 
@@ -298,8 +298,6 @@ def test_scores_from_a_loop_that_feeds_the_whole_batch_decide_the_verdict():
 
 
 def test_a_csv_reshaped_to_fit_the_model_says_so():
-    from tests.test_app import demo_bytes
-
     app = upload(run_app(), ("w.safetensors", demo_bytes("digits_cnn_state_dict.safetensors"),
                              OCTET),
                  ("d.csv", demo_bytes("digits_sample.csv"), "text/csv"),

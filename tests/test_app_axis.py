@@ -3,8 +3,8 @@ import numpy as np
 import torch
 
 import attribution as at
-from tests.test_app import OCTET, assert_clean, run_app, sidebar_widget, upload
-from tests.zoo import SequenceNet
+from tests.support.app import OCTET, assert_clean, run_app, sidebar_widget, upload
+from tests.support.models import SequenceNet
 
 N, T = 48, 5  # SequenceNet's per-position layers: [N, T=5, 6 features]
 

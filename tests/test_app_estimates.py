@@ -1,22 +1,15 @@
 """Long work says how long it takes: the estimator (`attribution.progress.TimeLeft`) with an
 injected clock, and the app's progress lines on slowed-down computations (AppTest)."""
-import re
-import time
-
 import pytest
-import streamlit as st
 import torch
-from streamlit.delta_generator import DeltaGenerator
 from torch import nn
 
 import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
 from pages.shared import context
-from tests.test_app import assert_clean, run_app
-
-ESTIMATE = re.compile(r"about \d+ (s|min) left")
-FIRST_STEP_SECONDS = 2.5  # the slowed first step: at 40% done or less, >= 3.75 s left
+from tests.support.app import (ESTIMATE, assert_clean, assert_no_line_left, run_app,
+                               slowed_first_step)
 
 
 class Clock:
@@ -79,26 +72,10 @@ def test_a_clock_that_did_not_move_gives_no_estimate():
 
 
 def test_the_app_says_above_a_few_seconds():
-    assert 2.0 <= SAY_ABOVE_SECONDS <= 5.0  # the issue: "more than a few seconds"
+    assert 2.0 <= SAY_ABOVE_SECONDS <= 5.0  # "more than a few seconds"
 
 
 # ------------------------------------------------------------------ the app
-
-
-@pytest.fixture
-def drawn(monkeypatch) -> list[str]:
-    """Every progress text drawn while the app runs (the lines are gone when a run ends)."""
-    texts: list[str] = []
-    real = DeltaGenerator.progress
-
-    def recording(self, value, text=None, **kwargs):
-        texts.append(text or "")
-        return real(self, value, text=text, **kwargs)
-
-    monkeypatch.setattr(DeltaGenerator, "progress", recording)
-    monkeypatch.setattr(st, "progress", lambda *args, **kwargs: recording(st._main, *args,
-                                                                          **kwargs))
-    return texts
 
 
 @pytest.fixture
@@ -112,31 +89,9 @@ def cold():
         function.clear()  # no slowed results left for other tests
 
 
-def slowed_first_step(monkeypatch, module, name: str) -> list[float]:
-    """Patch `module.name` (what the app really calls) so that its first progress report
-    comes FIRST_STEP_SECONDS late; returns the fractions it reported."""
-    real, reported = getattr(module, name), []
-
-    def slow(*args, progress=None, **kwargs):
-        def late(fraction, *rest):
-            if not reported:
-                time.sleep(FIRST_STEP_SECONDS)
-            reported.append(fraction)
-            return progress(fraction, *rest)
-        return real(*args, progress=None if progress is None else late, **kwargs)
-
-    monkeypatch.setattr(module, name, slow)
-    return reported
-
-
 def build(app) -> None:
     next(button for button in app.button if button.label == "Build report").click().run()
     assert_clean(app)
-
-
-def assert_no_line_left(app) -> None:
-    assert_clean(app)
-    assert not app.get("progress"), [e.proto for e in app.get("progress")]
 
 
 def test_a_slow_diagnosis_says_how_long_it_takes(monkeypatch, drawn, cold):

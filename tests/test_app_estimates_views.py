@@ -1,4 +1,4 @@
-"""Long work says how long it takes, also where it used to show a plain spinner: k-means
+"""Long work says how long it takes, with a line rather than a plain spinner: k-means
 clustering (and the model's passes before it) in the sidebar and the Neuron page's view.
 AppTest on the demo, with the library call the page makes slowed at its first progress report
 (as tests/test_app_estimates.py does); fast work shows no line."""
@@ -12,9 +12,8 @@ import attribution as at
 from attribution.analyses import neuron as neuron_module
 from attribution.inputs.data import KMEANS_RUNS
 from pages.shared import workspace
-from tests.test_app import run_app, sidebar_widget
-from tests.test_app_estimates import (ESTIMATE, assert_no_line_left, drawn,  # noqa: F401
-                                      slowed_first_step)
+from tests.support.app import (ESTIMATE, assert_no_line_left, run_app, sidebar_widget,
+                               slowed_first_step)
 
 
 @pytest.fixture

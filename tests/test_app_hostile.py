@@ -3,9 +3,9 @@ loaded again on the reruns that follow, and leaves the app working on the demo."
 import pytest
 
 from pages.shared import workspace
-from tests.test_app import (GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, figure, run_app,
-                            sidebar_widget, upload)
-from tests.test_hostile_files import MatmulBomb, exported, pickle_laughs
+from tests.support.app import (GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, figure, run_app,
+                               sidebar_widget, upload)
+from tests.support.hostile import MatmulBomb, exported, pickle_laughs
 
 
 def counting(monkeypatch, name: str, replacement=None) -> list:

@@ -8,11 +8,10 @@ import torch
 import attribution as at
 from attribution import cli
 from attribution.analyses import distributed
-from attribution.analyses import pruning
 from attribution.analyses.settings import AnalysisSettings
 from attribution.presentation.report import assemble
 from attribution.methods.scores import scored_layer
-from tests.zoo import SequenceNet
+from tests.support.models import SequenceNet
 
 N, T = 24, 5  # SequenceNet's per-position layers: [N, T=5, 6 features]
 

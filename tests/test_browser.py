@@ -1,46 +1,24 @@
 """The dashboard in a real headless Chromium: `streamlit run app.py` on a free port, real file
 inputs, every page, the exported report opened offline; screenshots in test-artifacts/ and
-the timings the issue asks for (cold start, redraw, first pruning points)."""
+the timings of a cold start, a redraw and the first pruning points, against their budgets."""
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 import torch
-from playwright.sync_api import Browser, Page, sync_playwright
 from torch import nn
 
 import attribution as at
 from attribution.inputs.demo import DEMO_DIR, load_demo
-from tests.conftest import BROWSER_TIMINGS, ROOT
+from tests.support.browser import (ARTIFACTS, BROWSER_TIMINGS, CHART_WITH_TITLE, COLD_START_S,
+                                   FIRST_POINTS_S, RANKED_POINTS, REDRAW_S, check_and_close,
+                                   open_tab, streamlit_server, within_budget)
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-ARTIFACTS = ROOT / "test-artifacts"
-BASE_PATH_PROBE = re.compile(r"^http://localhost:\d+/[a-z]+/_stcore/(health|host-config)$")
-COLD_START_S, REDRAW_S, FIRST_POINTS_S = 10.0, 2.0, 1.0  # on this 2-core machine, idle
-# Other work on the machine (1-minute load average above the core count when the tests start)
-# stretches every budget by the same factor, so a busy machine does not fail the app.
-CONTENTION = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-CHART_WITH_TITLE = """([part, exact]) => [...document.querySelectorAll('.js-plotly-plot')]
-    .some(e => { const t = (e.layout && e.layout.title && e.layout.title.text) || '';
-                 return exact ? t.startsWith(part) : t.includes(part); })"""
 CHART_DRAWS = """() => { window.chartDraws = []; const seen = new WeakSet();
     const watch = () => document.querySelectorAll('.js-plotly-plot').forEach(chart => {
         if (seen.has(chart) || !chart.on) return;
@@ -51,228 +29,6 @@ CHART_DRAWS = """() => { window.chartDraws = []; const seen = new WeakSet();
     watch(); }"""
 CHART_WIDTHS = """() => [...document.querySelectorAll('.js-plotly-plot')]
     .map(e => e.layout && e.layout.width ? e._fullLayout.width : 0)"""
-CLICK_CLOCK = """() => { window.lastClick = null;
-    document.addEventListener('click', () => { window.lastClick = performance.now(); }, true); }"""
-RANKED_POINTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
-    .filter(e => ((e.layout && e.layout.title && e.layout.title.text) || '')
-                 .includes('neurons are removed'))
-    .flatMap(e => e._fullData.filter(t => (t.name || '').startsWith('top-k'))
-                             .map(t => t.x.length))"""
-
-
-@dataclass
-class Server:
-    url: str
-    started: float
-    process: subprocess.Popen
-
-
-@dataclass
-class App:
-    """One browser tab on the dashboard, with what it logged."""
-
-    page: Page
-    server: Server
-    problems: list[str] = field(default_factory=list)
-
-    def open(self, path: str = "") -> float:
-        started = time.monotonic()
-        self.page.goto(self.server.url + path)
-        return started
-
-    def wait_for_chart(self, title_part: str, *, exact: bool = False,
-                       timeout_s: float = 60) -> None:
-        self.page.wait_for_function(CHART_WITH_TITLE, arg=[title_part, exact],
-                                    timeout=timeout_s * 1000, polling=20)
-
-    def seconds_since_click_to_charts(self, *title_parts: str) -> float:
-        """Seconds from the page's last click event to charts titled with each of `title_parts`
-        (a title starts with it) being drawn, timed in the page by its own clock after
-        `start_click_clock`: Playwright's click (actionability checks, ~60 ms here) is left
-        out."""
-        every = " && ".join(f"({CHART_WITH_TITLE})([{part!r}, true])" for part in title_parts)
-        return self.page.wait_for_function(
-            f"() => window.lastClick !== null && {every} && performance.now() - window.lastClick",
-            polling="raf", timeout=60_000).json_value() / 1000
-
-    def start_click_clock(self) -> None:
-        self.page.evaluate(CLICK_CLOCK)
-
-    def chart_titles(self) -> list[str]:
-        return self.page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
-            .map(e => (e.layout && e.layout.title && e.layout.title.text) || '')""")
-
-    def go_to(self, page_title: str) -> float:
-        started = time.monotonic()
-        self.page.get_by_role("link", name=page_title).click()
-        return started
-
-    def choose(self, label: str, option: str) -> float:
-        """Pick `option` (its visible text, or its start) in the sidebar selectbox `label`."""
-        label_text = self.page.get_by_test_id("stWidgetLabel").get_by_text(label, exact=True)
-        box = self.page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").filter(
-            has=label_text)
-        box.click()
-        choice = self.page.get_by_role("option").filter(has_text=option).first
-        started = time.monotonic()
-        choice.click()
-        return started
-
-    def upload(self, label: str, path: Path) -> None:
-        """Upload through the real file input; wait until the widget lists the file, so the
-        rerun it triggers cannot swallow a following upload."""
-        uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
-        uploader.locator("input[type=file]").set_input_files(path)
-        uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
-
-    def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
-        self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
-
-    def ranked_points(self) -> list[int]:
-        """The number of points of each top-k curve on the page, once a curve is drawn (a
-        chart being redrawn is briefly missing from the page)."""
-        return self.page.wait_for_function(
-            f"() => {{ const n = ({RANKED_POINTS})(); return n.length ? n : null; }}",
-            polling=20, timeout=30_000).json_value()
-
-    @contextmanager
-    def server_paused_mid_curve(self) -> Iterator[list[int]]:
-        """Freeze the Streamlit server (SIGSTOP) at the first points of the pruning curve it is
-        computing, for the block: a click there lands mid-curve however fast the machine is
-        (the browser's message waits in the socket, and the resumed server acts on it at its
-        next yield). A demo curve ends 1-2 s after its first points and a busy browser can lag
-        the server by more, so the server runs in 30 ms steps, each followed by a pause in
-        which the browser draws what it was sent. Yields the points then on the page."""
-        pid = self.server.process.pid
-        self.page.get_by_role("button", name="Stop the curve").wait_for(timeout=120_000)
-        deadline = time.monotonic() + 120
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            while not any(points := self.page.evaluate(RANKED_POINTS)):
-                assert time.monotonic() < deadline, "no curve points within 2 minutes"
-                os.kill(pid, signal.SIGCONT)
-                time.sleep(0.03)
-                os.kill(pid, signal.SIGSTOP)
-                self.page.wait_for_timeout(250)
-            yield points
-        finally:
-            os.kill(pid, signal.SIGCONT)
-
-    def screenshot(self, name: str) -> None:
-        """The whole page (Streamlit scrolls inside its main block, so grow the window)."""
-        height = self.page.evaluate(
-            "document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-        self.page.set_viewport_size({"width": 1440, "height": min(int(height) + 40, 8000)})
-        self.page.wait_for_timeout(600)
-        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-        self.page.set_viewport_size({"width": 1440, "height": 1000})
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_healthy(url: str, process: subprocess.Popen, log: Path,
-                        timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"streamlit did not answer within {timeout_s} s")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@contextmanager
-def _streamlit_server(log_name: str) -> Iterator[Server]:
-    """`streamlit run app.py` on a free port, its output in test-artifacts/<log_name>."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    port = _free_port()
-    url = f"http://localhost:{port}"
-    log_path = ARTIFACTS / log_name
-    with open(log_path, "w") as log:
-        started = time.monotonic()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-             "--server.headless", "true"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_until_healthy(url, process, log_path)
-            yield Server(url, started, process)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-@pytest.fixture(scope="module")
-def server(browser):  # the browser starts first: the cold start measured is the app's
-    with _streamlit_server("streamlit.log") as started:
-        yield started
-
-
-def _tab(browser: Browser, server: Server) -> tuple[App, object]:
-    """A fresh tab (its own Streamlit session) that records console errors, page errors and
-    failed requests. Opening a page's own address (/pruning) makes Streamlit's frontend
-    probe /pruning/_stcore/health and /pruning/_stcore/host-config for a base path before it
-    uses /; those two expected 404s (logged by Chromium as "Failed to load resource") are
-    the only failures let through."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000},
-                                  accept_downloads=True)
-    app = App(context.new_page(), server)
-
-    def on_console(message) -> None:
-        if message.type == "error" and not message.text.startswith("Failed to load resource"):
-            app.problems.append(f"console {message.type}: {message.text}")
-
-    def on_response(response) -> None:
-        if response.status >= 400 and not BASE_PATH_PROBE.search(response.url):
-            app.problems.append(f"HTTP {response.status}: {response.url}")
-
-    app.page.on("console", on_console)
-    app.page.on("response", on_response)
-    app.page.on("requestfailed", lambda request: app.problems.append(
-        f"request failed: {request.url} {request.failure}"))
-    app.page.on("pageerror", lambda error: app.problems.append(f"page error: {error}"))
-    return app, context
-
-
-def _check_and_close(app: App, context) -> None:
-    exceptions = app.page.get_by_test_id("stException").all_inner_texts()
-    # app.py ran (its pages in the top bar, its choices in the sidebar), not a page alone
-    navigation = app.page.get_by_role("link", name="Neuron scores").count()
-    choices = app.page.get_by_test_id("stSidebar").get_by_text("Model and data").count()
-    context.close()
-    assert not exceptions, exceptions
-    assert navigation == 1 and choices == 1
-    assert not app.problems, app.problems
-
-
-@pytest.fixture
-def app(browser, server):
-    tab, context = _tab(browser, server)
-    yield tab
-    _check_and_close(tab, context)
-
-
-def within_budget(seconds: float, budget: float) -> bool:
-    return seconds < budget * CONTENTION
 
 
 def test_cold_start_opens_the_demo_with_charts(app, server):
@@ -451,7 +207,7 @@ def test_export_report_and_open_it_offline(app, browser):
 
 def test_two_sessions_at_once_get_their_own_correct_results(browser, server):
     loaded, data = load_demo("digits_mlp")
-    tabs = [_tab(browser, server) for _ in range(2)]
+    tabs = [open_tab(browser, server) for _ in range(2)]
     methods = ("ablation", "gradient")
     for (tab, _), method in zip(tabs, methods):  # both sessions compute at the same time
         tab.page.goto(f"{server.url}/?method={method}&compare=activation", wait_until="commit")
@@ -464,15 +220,15 @@ def test_two_sessions_at_once_get_their_own_correct_results(browser, server):
                                      data.labels.numpy(), method=method)
         np.testing.assert_allclose(shown, expected.drop(columns="n").to_numpy(), rtol=1e-4,
                                    atol=1e-6)
-        _check_and_close(tab, context)
+        check_and_close(tab, context)
 
 
 def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_settings(browser):
     """Until st.navigation first runs in a server process, Streamlit runs a pages/ script
     alone for its address (legacy folder navigation); the page must run app.py in its place
     and show itself with the link's settings, not fail without the sidebar's context."""
-    with _streamlit_server("streamlit-shared-link.log") as fresh:
-        app, context = _tab(browser, fresh)
+    with streamlit_server("streamlit-shared-link.log") as fresh:
+        app, context = open_tab(browser, fresh)
         app.open("/pruning?layer=relu1&method=ablation&random=5")
         app.wait_for_text("Verdict:", timeout_s=120)
         assert app.page.locator("h1").all_inner_texts() == ["Pruning curves"]
@@ -487,7 +243,7 @@ def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_setting
         for parameter in ("layer=relu1", "method=ablation", "random=5"):
             assert re.search(f"[?&]{parameter}(&|$)", address), address
         app.screenshot("10-shared-link-fresh-server")
-        _check_and_close(app, context)
+        check_and_close(app, context)
 
 
 COLD_START_SERVERS, COLD_START_TABS = 5, 3
@@ -499,26 +255,26 @@ STARTED = """() => document.querySelector('[data-testid="stException"]') || ((%s
 
 
 def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
-    """Collaborators opening the app at once on a cold server (issue 10.2): a session's first
+    """Collaborators opening the app at once on a cold server: a session's first
     run draws a placeholder chart, and plotly takes numpy and pandas from sys.modules as it
     finds them, half-initialised while another session's thread is still importing them.
     The imports of the first session last about two seconds, so the tabs open a little apart
     (a different spacing on each fresh server); every tab must reach its charts and sidebar
     without an exception."""
     for round_, stagger_s in enumerate(COLD_START_STAGGER_S[:COLD_START_SERVERS]):
-        with _streamlit_server(f"streamlit-cold-{round_}.log") as fresh:
-            tabs = [_tab(browser, fresh) for _ in range(COLD_START_TABS)]
+        with streamlit_server(f"streamlit-cold-{round_}.log") as fresh:
+            tabs = [open_tab(browser, fresh) for _ in range(COLD_START_TABS)]
             for index, (tab, _) in enumerate(tabs):
                 time.sleep(stagger_s if index else 0.0)
                 tab.page.goto(fresh.url, wait_until="commit")
             for tab, context in tabs:
                 tab.page.wait_for_function(STARTED, timeout=120_000, polling=50)
-                _check_and_close(tab, context)
+                check_and_close(tab, context)
 
 
 def test_the_cluster_box_shows_the_current_partition_and_keeps_it_across_pages(app):
-    """Issue 10.3 in the browser, where Streamlit's selectbox keeps the option's label as its
-    value: after the clusters change, the box must show a cluster of the new partition with
+    """The cluster box in the browser, where Streamlit's selectbox keeps the option's label as
+    its value: after the clusters change, the box must show a cluster of the new partition with
     its own size, say so when the old one is gone, and keep it on the next page."""
     loaded, data = load_demo("digits_mlp")
     predicted = int((at.predict_classes(loaded, data.inputs) == 3).sum())

@@ -1,4 +1,4 @@
-"""The dashboard's answers (issue 12) in a real headless Chromium: the Diagnosis verdict on the
+"""The dashboard's answers in a real headless Chromium: the Diagnosis verdict on the
 demo's healthy view and on a cancelling mixed cluster, a remedy button moving the curve, a
 click on a bar opening the neuron with its top samples drawn as images, and a pruning curve
 that survives leaving its page. Screenshots in test-artifacts/answers-*.png; timings in the
@@ -14,13 +14,11 @@ import torch
 from torch import nn
 
 from attribution.inputs.demo import DEMO_DIR
-from tests.conftest import BROWSER_TIMINGS
-from tests.test_browser import (RANKED_POINTS, REDRAW_S, app, browser,  # noqa: F401 (fixtures)
-                                server, within_budget)
+from tests.support.browser import BROWSER_TIMINGS, RANKED_POINTS, REDRAW_S, within_budget
 
 pytestmark = pytest.mark.browser
 
-NEURON_OPEN_S = 1.0  # the issue's goal on an idle machine (stretched by CONTENTION)
+NEURON_OPEN_S = 1.0  # the goal on an idle machine (stretched by CONTENTION)
 COLD_HEATMAP_S = 5.0
 DIAGNOSIS_CURVE = "What happens when neurons are removed"
 CURVE_Y = """(title) => { const plot = [...document.querySelectorAll('.js-plotly-plot')]
@@ -210,8 +208,8 @@ def test_clicking_a_cluster_heatmap_cell_opens_that_neuron_of_that_cluster(app):
 
 def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neuron(app, tmp_path):
     """A 3072-wide layer (a transformer MLP's width) with 10 clusters: the cluster heatmap
-    shows 128 of its neurons, so a redraw no longer makes the browser draw 30,720 click
-    markers (~3.5 s), and a click on a cell still opens that neuron of that cluster."""
+    shows 128 of its neurons, so a redraw does not make the browser draw 30,720 click
+    markers (~3.5 s), and a click on a cell opens that neuron of that cluster."""
     torch.manual_seed(0)
     model = nn.Sequential()
     model.add_module("fc1", nn.Linear(64, 3072))

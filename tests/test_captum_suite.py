@@ -114,7 +114,7 @@ from torch import nn
 from attribution import AttributionError, NamedInputs, neuron_scores
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, runner_for
-from tests.references import replaced_output
+from tests.support.references import replaced_output
 
 
 class Bound(nn.Module):

@@ -14,13 +14,13 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from pages.shared.figures import drawn_once
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
-from tests.test_plots import _every_figure
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.figures import every_figure
 
 pytestmark = pytest.mark.browser
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-FIGURES = _every_figure()
+FIGURES = every_figure()
 # plotly.js's full figure as JSON: no private (_) keys, functions or DOM nodes, typed arrays as
 # arrays; trace uids are random, and the template (and items' references to it) is what
 # drawn_once writes into the figure

@@ -19,7 +19,7 @@ from attribution.analyses import settings
 from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import load_model
 
-from .zoo import token_files
+from tests.support.models import token_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "demo" / "digits_mlp.pt2"

@@ -4,11 +4,10 @@ need no streamlit import none."""
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PAGES_DIR = ROOT / "pages"
 SHARED = PAGES_DIR / "shared"

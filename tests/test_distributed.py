@@ -20,7 +20,7 @@ from attribution.analyses import distributed
 from attribution.analyses import pruning
 from attribution.inputs.streaming import NpyRows
 
-from .zoo import build
+from tests.support.models import build
 
 WORLD_SIZE = 2
 SCORED = [("gradient", "std"), ("random", "mean"), ("ablation", "mean_abs"),

@@ -13,8 +13,9 @@ from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import eval_mode
 from attribution.methods.registry import REGISTRY, gauss_legendre
 
-from . import references
-from .zoo import SequenceNet, ThreeBranchNet, TokenNet, UntraceableSequenceNet, build
+from tests.support import references
+from tests.support.models import (SequenceNet, ThreeBranchNet, TokenNet,
+                                  UntraceableSequenceNet, build)
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
@@ -30,7 +31,8 @@ def method(request):
 def captum_scores(model, module, x, targets, method, n_steps=32):
     """Captum's per-position attribution reduced to one value per neuron (our convention)."""
     if method == "gradient":
-        result = LayerGradientXActivation(model, module, multiply_by_inputs=False).attribute(x, target=targets)
+        result = LayerGradientXActivation(model, module, multiply_by_inputs=False).attribute(
+            x, target=targets)
     elif method == "gradient_x_activation":
         result = LayerGradientXActivation(model, module).attribute(x, target=targets)
     elif method == "activation":
@@ -135,9 +137,12 @@ def test_conv_channel_conventions():
         model[2].weight.copy_(torch.ones(2, 8))
     x = torch.arange(4.0).view(1, 1, 2, 2)  # positions 0, 1, 2, 3
     y = torch.tensor([0])
-    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "gradient"), torch.tensor([[4.0, 4.0]]))
-    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "activation"), torch.tensor([[1.5, 3.0]]))
-    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "ablation"), torch.tensor([[6.0, 12.0]]))
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "gradient"),
+                               torch.tensor([[4.0, 4.0]]))
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "activation"),
+                               torch.tensor([[1.5, 3.0]]))
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, y, "ablation"),
+                               torch.tensor([[6.0, 12.0]]))
 
 
 # ---------------------------------------------------------------- every registered method
@@ -147,7 +152,6 @@ def test_every_method_shape_dtype_and_batch_size_independence(method, arch, laye
     model, x, y = build(arch)
     small = at.neuron_scores(model, layer, x, y, method, batch_size=7, n_steps=8)
     large = at.neuron_scores(model, layer, x, y, method, batch_size=64, n_steps=8)
-    n_neurons = dict(model.named_modules())[layer]
     assert small.dtype == torch.float32 and small.device.type == "cpu"
     assert small.shape[0] == x.shape[0]
     torch.testing.assert_close(small, large, rtol=1e-4, atol=1e-5)
@@ -265,7 +269,8 @@ def test_threads_on_the_hook_path_do_not_see_each_others_hooks():
     model, x, y = build("untraceable")
     with eval_mode(model):
         assert isinstance(runner_for(model, "fc1", model.fc1, x), HookRunner)
-    expected = {name: at.neuron_scores(model, "fc1", x, y, name) for name in ("gradient", "ablation")}
+    expected = {name: at.neuron_scores(model, "fc1", x, y, name)
+                for name in ("gradient", "ablation")}
     results, barrier = [], threading.Barrier(6)
 
     def work(name):
@@ -488,7 +493,7 @@ def test_layers_on_a_sequence_have_their_features_as_neurons(network):
     torch.manual_seed(0)
     model, x = network().eval(), torch.randn(12, 9, 3)
     y = torch.randint(0, 3, (12,))
-    assert [(l.name, l.n_neurons, l.neuron_axis) for l in at.list_layers(model, x[:2])] == [
+    assert [(i.name, i.n_neurons, i.neuron_axis) for i in at.list_layers(model, x[:2])] == [
         ("proj", 6, 2), ("act", 6, 2), ("norm", 6, 2), ("mix", 6, 2), ("head", 3, 1)]
     for layer in ("proj", "act", "mix"):
         module = dict(model.named_modules())[layer]
@@ -659,7 +664,7 @@ def test_non_finite_scores_are_not_hidden():
 def test_list_layers_lists_in_place_modules_but_not_pass_throughs():
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(inplace=True),
                           nn.Dropout(0.5), nn.Identity(), nn.Linear(6, 3)).eval()
-    assert [(l.name, l.kind) for l in at.list_layers(model, torch.randn(2, 4))] == [
+    assert [(i.name, i.kind) for i in at.list_layers(model, torch.randn(2, 4))] == [
         ("0", "Linear"), ("1", "BatchNorm1d"), ("2", "ReLU"), ("5", "Linear")]
     x = torch.randn(8, 4)
     with torch.no_grad():
@@ -672,7 +677,7 @@ def test_list_layers_lists_in_place_modules_but_not_pass_throughs():
 def test_list_layers_reports_names_kinds_and_shapes():
     model, x, _ = build("residual_conv")
     layers = at.list_layers(model, x[:2])
-    assert [(l.name, l.kind, l.n_neurons, l.shape) for l in layers] == [
+    assert [(i.name, i.kind, i.n_neurons, i.shape) for i in layers] == [
         ("conv1", "Conv2d", 6, (6, 6, 6)), ("bn1", "BatchNorm2d", 6, (6, 6, 6)),
         ("relu", "ReLU", 6, (6, 6, 6)), ("conv2", "Conv2d", 6, (6, 6, 6)),
         ("relu2", "ReLU", 6, (6, 6, 6)), ("head", "Linear", 4, (4,)),
@@ -681,9 +686,9 @@ def test_list_layers_reports_names_kinds_and_shapes():
 
 
 def test_per_batch_work_does_not_list_the_models_parameters():
-    """Was: every batch listed all of the model's parameters to find its float dtype (a cost
-    that grows with the model, paid per batch); facts about the model are read once per call,
-    so one batch or forty list them equally often."""
+    """Facts about the model (such as its float dtype) are read once per call, not per batch
+    (listing every parameter costs more as the model grows): one batch or forty list the
+    parameters equally often."""
     model, x, y = build("residual_mlp")
     listed = []
     parameters = model.parameters

@@ -22,7 +22,7 @@ from attribution.inputs.loading import load_model
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
 
-from .zoo import build
+from tests.support.models import build
 
 
 @contextlib.contextmanager
@@ -227,8 +227,8 @@ CALLER_SETTINGS = {"autocast(cpu, bfloat16)": lambda: torch.autocast("cpu", torc
 
 @pytest.mark.parametrize("setting", list(CALLER_SETTINGS))
 def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
-    """Was: up to 7% off under autocast (conductance), and other random scores under a
-    float64 default dtype."""
+    """The caller's autocast (which would put conductance up to 7% off) and a float64 default
+    dtype (which would give other random scores) change no score, curve or finding."""
     model, x, y = build("residual_mlp")
     clusters = np.array(["a", "b"])[np.arange(len(x)) % 2]
     expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
@@ -247,8 +247,8 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
 
 
 def test_predicted_classes_ignore_the_callers_autocast():
-    """Was: class 0 under autocast(cpu, bfloat16) for a model whose class 1 wins by 0.1%
-    (both weights round to 1.0 in bfloat16), so 'predicted class' clusters changed."""
+    """Class 1 wins by 0.1%, also under autocast(cpu, bfloat16), where both weights round to
+    1.0 and class 0 would win: 'predicted class' clusters do not depend on the caller."""
     model = torch.nn.Linear(4, 2, bias=False)
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.0] * 4, [1.001] * 4]))

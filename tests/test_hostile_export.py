@@ -797,7 +797,7 @@ def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_p
     load the file again (counted: the guard in this process and the watchdog's first run)."""
     from attribution.inputs import loading
     from attribution.inputs.untrusted import watchdog
-    from tests.test_app import OCTET, assert_clean, demo_bytes, run_app, upload
+    from tests.support.app import OCTET, assert_clean, demo_bytes, run_app, upload
 
     checked = []
     for module, name in ((watchdog, "check_first_run"), (loading, "check_export_archive")):

@@ -16,7 +16,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.architectures import parse_architecture
 
-from .zoo import token_files
+from tests.support.models import token_files
 
 
 class TinyMLP(nn.Module):

@@ -9,9 +9,10 @@ import attribution as at
 from attribution.errors import AttributionError
 from attribution.engine.guards import eval_mode, forward_hooks
 from attribution.engine.runners import FxRunner, runner_for
+from tests.support import references
+from tests.support.models import ResNet, build_model, exported, randomize_batchnorm
 
-from . import references
-from .models_zoo import ResNet, build_model, exported, one_thread  # noqa: F401 (fixture)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = ["resnet", "vit", "gpt2", "bert"]
 # a nested layer and a block output of each model, scored against Captum
@@ -236,8 +237,6 @@ def test_ablation_runs_the_ops_that_act_on_each_neuron_once(late_mixing):
     """BatchNorm and ReLU after the layer run once on z and once on zeros, not on every
     ablated copy, and the Linear after them once plus one column per neuron; an op that
     mixes neurons (softmax) ends that chain and is not affine, checked on data."""
-    from .zoo import randomize_batchnorm
-
     torch.manual_seed(0)
     model = SoftmaxAfter() if late_mixing else nn.Sequential(
         nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))

@@ -13,8 +13,12 @@ from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import load_model
 from attribution.methods.registry import REGISTRY, register
 
-from .test_app import assert_clean, figure, run_app, sidebar_widget
-from .test_cli import DATA, LAYER, MODEL
+from tests.support import ROOT
+from tests.support.app import assert_clean, figure, run_app, sidebar_widget
+
+MODEL = ROOT / "demo" / "digits_mlp.pt2"
+DATA = ROOT / "demo" / "digits.npz"
+LAYER = "fc2"
 
 NEW, LABEL = "squared_activation", "squared activation (test)"
 

@@ -8,7 +8,7 @@ from torch import nn
 import attribution as at
 from attribution.analyses.oracle import ORACLE_COLUMNS, agreement
 
-from .zoo import build
+from tests.support.models import build
 
 
 def reversed_importance_net():

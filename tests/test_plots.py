@@ -13,6 +13,7 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.analyses.neuron import neuron_from_point
 from attribution.methods.scores import reduce_scores
+from tests.support.figures import every_figure, examples
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +225,9 @@ def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
 
 
 def test_a_wide_layers_cluster_heatmap_shows_each_clusters_strongest_neurons_and_says_so():
-    """10 clusters x 3072 neurons (a transformer MLP): one clickable marker per cell was 30,720
-    points for the browser (~3 s a redraw) in cells narrower than a pixel."""
+    """10 clusters x 3072 neurons (a transformer MLP): 128 neurons shown, each cluster's
+    strongest first, and the axis title says so (one clickable marker per cell would be 30,720
+    points for the browser, ~3 s a redraw, in cells narrower than a pixel)."""
     rng = np.random.default_rng(0)
     z = rng.normal(size=(10, 3072))
     strongest = {c: 300 * c + 7 for c in range(10)}  # each cluster's own, one of them negative
@@ -264,18 +266,12 @@ def test_neuron_summary_spread_is_across_samples():
     assert list(magnitude["spread"]) == pytest.approx([np.sqrt(2), 0.0])
 
 
-# --- the answers' figures (issue 12) -------------------------------------------------------
-
-def _examples(inputs: list, positions: list, sides=("most", "most", "least")) -> pd.DataFrame:
-    return pd.DataFrame({"sample": range(len(inputs)), "rank": 1, "side": list(sides),
-                         "activation": [3.0, 2.0, 0.0], "score": 0.1, "in_cluster": True,
-                         "label": [4, None, 1], "input": inputs, "positions": positions})
-
+# --- the answers' figures ------------------------------------------------------------------
 
 def test_example_images_tile_each_sample_with_its_channel_map_on_two_rows():
     images = [np.full((1, 8, 8), float(i)) + np.eye(8) for i in range(3)]
     maps = [np.arange(4.0).reshape(2, 2) * (i + 1) for i in range(3)]
-    fig = plots.example_images(_examples(images, maps), neuron=5)
+    fig = plots.example_images(examples(images, maps), neuron=5)
     mosaic, overlay = (np.asarray(t.z, dtype=float) for t in fig.data)
     assert mosaic.shape == overlay.shape == (2 * 12, 2 * 9)  # rows: caption band 4 + 8
     np.testing.assert_array_equal(mosaic[4:12, 9:17], np.eye(8))  # sample 1, scaled to 0..1
@@ -288,17 +284,17 @@ def test_example_images_tile_each_sample_with_its_channel_map_on_two_rows():
     assert [c[0] for c in captions] == ["#0 · 4<br>3", "#1<br>2", "#2 · 1<br>0"]
     assert captions[2][1] == captions[0][1] and captions[2][2] > captions[0][2]  # row 2
     assert "most (top)" in fig.layout.title.text
-    rgb = plots.example_images(_examples([np.random.rand(3, 4, 4)] * 3, [None] * 3), neuron=1)
+    rgb = plots.example_images(examples([np.random.rand(3, 4, 4)] * 3, [None] * 3), neuron=1)
     assert [t.type for t in rgb.data] == ["image"]
 
 
 def test_example_values_colour_tokens_by_the_neuron_output_or_show_feature_values():
     tokens = [np.array([5, 9, 2]), np.array([1, 1, 7]), np.array([3, 0, 4])]
     per_token = [np.array([0.5, -1.0, 2.0])] * 3
-    fig = plots.example_values(_examples(tokens, per_token), neuron=2)
+    fig = plots.example_values(examples(tokens, per_token), neuron=2)
     assert np.asarray(fig.data[0].text)[0].tolist() == ["5", "9", "2"]
     assert np.asarray(fig.data[0].z)[0].tolist() == [0.5, -1.0, 2.0]
-    table = plots.example_values(_examples([np.array([0.1, 0.2])] * 3, [None] * 3), neuron=2,
+    table = plots.example_values(examples([np.array([0.1, 0.2])] * 3, [None] * 3), neuron=2,
                                  feature_names=["<b>a</b>", "b"])
     assert list(table.data[0].x) == ["&lt;b&gt;a&lt;/b&gt;", "b"]  # names are inert
     assert table.data[0].text is None
@@ -403,67 +399,12 @@ def test_heatmap_cells_are_clickable_points_with_the_cells_hover_text():
 
 # --- figures built without plotly's validation are still what plotly would read -----------
 
-def _every_figure() -> dict[str, go.Figure]:
-    """Each figure builder on small inputs, signed and not, one panel and several."""
-    rng = np.random.default_rng(3)
-    signed, magnitude = rng.normal(size=(30, 5)), rng.random((30, 5))
-    clusters = np.array(["a", "<b>b</b>", "c"] * 10)
-    summaries = pd.concat([plots.neuron_summary(signed[:10], "mean", "gradient"),
-                           plots.neuron_summary(magnitude[:10], "mean_abs", "ablation")],
-                          ignore_index=True)
-    curves = pd.DataFrame([dict(subset=subset, k=k, ranked=1 - k / 5, bottom=1 - k / 9,
-                                random_mean=1 - k / 7, random_lo=np.nan if k == 2 else 0.5,
-                                random_hi=np.nan if k == 2 else 0.9)
-                           for subset in ("cluster", "rest") for k in range(6)])
-    samples = pd.DataFrame({"score": [1.0, -1.0, 0.5], "activation": [2.0, 0.0, 1.0],
-                            "in_cluster": [True, False, True]})
-    images = [np.full((1, 6, 6), float(i)) + np.eye(6) for i in range(3)]
-    tokens = _examples([np.array([5, 9, 2])] * 3, [None] * 3).assign(
-        tokens=[["a", "<b>", "c"], ["d"], ["e", "f"]],
-        token_scores=[np.array([1.0, -2, 3]), np.array([0.5]), np.array([0.1, 0.2])])
-    figures = {}
-    for name, per_sample in (("signed", signed), ("magnitude", magnitude)):
-        tidy = plots.tidy_cluster_scores(plots.cluster_table(per_sample, clusters, "mean"),
-                                         "gradient")
-        figures[f"cluster heatmap, {name}"] = plots.cluster_heatmap(
-            tidy, method="gradient", reduce="mean", highlight="c")
-        figures[f"sample heatmap, {name}"] = plots.sample_heatmap(
-            plots.tidy_sample_scores(per_sample[:10], np.arange(10)), method="gradient",
-            cluster="<i>a</i>", n_total=12)
-    figures.update({
-        "neuron bars": plots.neuron_bars(summaries[:5], method="gradient", reduce="mean"),
-        "method bars": plots.method_bars(summaries, reduce="mean", top_n=3),
-        "pruning, two panels": plots.pruning_figure(curves, n_neurons=5,
-                                                    titles={"cluster": "<b>7</b>"}),
-        "pruning, first points": plots.pruning_figure(curves[curves["k"] < 2], n_neurons=5,
-                                                      metric="loss"),
-        "score histogram": plots.score_histogram(samples, method="gradient", neuron=1),
-        "rank correlations": plots.rank_correlation_heatmap(plots.rank_correlations(summaries)),
-        "class mix": plots.class_mix_bars(pd.DataFrame({"name": ["six", "<b>8</b>"],
-                                                        "count": [3, 1], "share": [.75, .25]}),
-                                          cluster=2),
-        "neuron distributions": plots.neuron_distributions(samples, method="gradient",
-                                                           neuron=3, cluster="x"),
-        "example images with maps": plots.example_images(
-            _examples(images, [np.ones((2, 2))] * 3), neuron=5),
-        "example images, colour": plots.example_images(
-            _examples([rng.random((3, 4, 4))] * 3, [None] * 3), neuron=1),
-        "example tokens": plots.example_values(tokens, neuron=2, method="gradient"),
-        "example token ids": plots.example_values(
-            _examples([np.array([5, 9, 2])] * 3, [np.array([0.5, -1.0, 2.0])] * 3), neuron=2),
-        "example features": plots.example_values(
-            _examples([np.array([0.1, 0.2])] * 3, [None] * 3), neuron=2,
-            feature_names=["<b>a</b>", "b"]),
-    })
-    return figures
-
-
-@pytest.mark.parametrize("name", list(_every_figure()))
+@pytest.mark.parametrize("name", list(every_figure()))
 def test_every_figure_is_valid_plotly_and_exactly_what_plotly_would_send(name):
     """Figures are built from dicts without plotly's validation (for speed): validating one
     now must raise on nothing (an unknown or ill-typed property raises ValueError) and change
     nothing plotly.js receives (e.g. a plotly.py-only colour scale name like "RdBu_r")."""
-    figure = _every_figure()[name]
+    figure = every_figure()[name]
     validated = go.Figure(figure.to_dict())
     as_sent = [json.dumps(json.loads(pio.to_json(f, validate=False)), sort_keys=True)
                for f in (figure, validated)]

@@ -13,8 +13,8 @@ import attribution as at
 from attribution.analyses import pruning
 from attribution.analyses.pruning import CURVE_COLUMNS, refinement_rounds, spaced_ks
 
-from . import references
-from .zoo import build
+from tests.support import references
+from tests.support.models import build
 
 CASES = [("residual_mlp", "fc2"), ("residual_mlp", "bn"), ("residual_conv", "conv1"),
          ("branching", "left.0"), ("untraceable", "fc1")]

@@ -13,8 +13,9 @@ import attribution as at
 from attribution.engine.guards import eval_mode
 from attribution.methods.registry import methods_for
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
+from tests.support.models import build_model, exported
 
-from .models_zoo import build_model, exported, one_thread  # noqa: F401 (fixture)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # a layer of each model whose eager output is a tuple (value, None) or a ModelOutput
 TUPLE_LAYERS = {"vit": "blocks.0.attn", "bert": "model.bert.encoder.layer.0.attention.self",

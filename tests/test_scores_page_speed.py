@@ -13,8 +13,8 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 
 from attribution.presentation import plots
 from pages.shared import context, sidebar
-from tests.conftest import ROOT
-from tests.test_app import run_app, sidebar_widget
+from tests.support import ROOT
+from tests.support.app import run_app, sidebar_widget
 
 EVERY_CLUSTER = "Download every cluster (CSV)"
 
@@ -37,7 +37,7 @@ def test_every_cluster_table_has_each_method_cluster_and_neuron():
 
 def test_the_csvs_are_made_on_a_click_not_on_each_redraw(monkeypatch):
     """Both downloads are Streamlit's deferred ones: a redraw makes neither table nor CSV
-    (the cluster's table of a 3072-wide layer took ~30 ms a redraw as CSV)."""
+    (as CSV, the cluster's table of a 3072-wide layer costs ~30 ms a redraw)."""
     from attribution.presentation import report  # noqa: PLC0415
 
     deferred, made, written = {}, [], []
@@ -120,9 +120,9 @@ def test_the_imports_are_left_out_of_the_servers_collection_after_each_run():
 
 def test_a_redraws_figures_build_in_less_time_than_plotly_takes_to_validate_them():
     """The four figures of a Scores-page redraw (a digits-sized layer: 1,797 samples x 16
-    neurons, 10 clusters, 3 methods) are built from plain dicts. Built through plotly's
-    validating setters they took ~90 ms, 4x what validating the finished figures takes and
-    most of the server's time per redraw; now about half of that."""
+    neurons, 10 clusters, 3 methods) are built from plain dicts, in less time than plotly
+    takes to validate the finished figures (built through plotly's validating setters they
+    cost ~90 ms, 4x that validation and most of the server's time per redraw)."""
     import plotly.graph_objects as go  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
@@ -165,9 +165,9 @@ def _median_ms(run, repeats: int = 5) -> float:
 
 
 def test_a_wide_layers_cluster_rows_take_a_fraction_of_what_pandas_reshaping_took():
-    """A transformer MLP layer (719 samples x 3072 neurons, 10 clusters): DataFrame.melt made
-    the tidy rows in ~250 ms a redraw and the table's DataFrame copied the scores once more
-    (~40 ms); side by side with what they did, medians."""
+    """A transformer MLP layer (719 samples x 3072 neurons, 10 clusters): the tidy rows take
+    under a fifth of what DataFrame.melt takes (~250 ms a redraw), and the cluster table less
+    than one DataFrame copy of the scores (~40 ms); medians, side by side."""
     rng = np.random.default_rng(0)
     per_sample, clusters = rng.normal(size=(719, 3072)).astype(np.float32), \
         rng.integers(0, 10, 719)
@@ -178,7 +178,7 @@ def test_a_wide_layers_cluster_rows_take_a_fraction_of_what_pandas_reshaping_too
     copying = _median_ms(lambda: pd.DataFrame(per_sample.astype(np.float64),
                                               columns=range(3072)).groupby(clusters).size())
     tabling = _median_ms(lambda: plots.cluster_table(per_sample, clusters, "mean"))
-    assert tabling < copying, (tabling, copying)  # was ~1.8x, now ~0.3x
+    assert tabling < copying, (tabling, copying)  # ~0.3x
 
 
 def test_a_redraw_names_each_cluster_a_few_times_not_once_per_heatmap_cell(monkeypatch):

@@ -1,5 +1,5 @@
-"""Paths that used to give numbers that look like data where the truth was something else:
-each now gives the right numbers or an AttributionError that says what happened."""
+"""Paths where a plausible-looking number would hide what really happened: each gives the
+right numbers or an AttributionError that says what happened."""
 import numpy as np
 import pytest
 import torch
@@ -13,7 +13,7 @@ from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.methods.registry import REGISTRY
 
-from .zoo import ResidualMLP, build
+from tests.support.models import ResidualMLP, build
 
 GRADIENT_METHODS = tuple(name for name in at.METHODS if REGISTRY[name].uses_gradients)
 
@@ -33,7 +33,8 @@ class DetachedTail(nn.Module):
 @pytest.mark.parametrize("method", GRADIENT_METHODS)
 @pytest.mark.parametrize("frozen", [False, True])
 def test_a_detached_tail_is_named_not_scored_zero(method, frozen):
-    """Was: zeros (frozen parameters) or torch's 'appears to not have been used' error."""
+    """An AttributionError that names the cut, neither zeros (frozen parameters) nor torch's
+    'appears to not have been used' error."""
     torch.manual_seed(0)
     model = DetachedTail().eval()
     for parameter in model.parameters():
@@ -65,7 +66,8 @@ def test_frozen_parameters_give_the_same_scores(method):
 
 
 def test_a_sample_with_nan_logits_gets_nan_gradient_scores_and_is_named_by_diagnose():
-    """Was: finite gradients for the NaN sample, and diagnose said every score is finite."""
+    """The NaN sample's gradient scores are NaN (not finite), the others finite, and diagnose
+    names the sample."""
     model, x, y = build("residual_mlp")
     x = x.clone()
     x[[3, 17]] = float("nan")
@@ -106,7 +108,8 @@ def test_the_sample_ids_of_non_finite_logits_are_positions_in_the_inputs():
 
 
 def test_a_pruning_curve_refuses_samples_with_nan_logits():
-    """Was: an accuracy curve that counted the NaN samples as correct or wrong at random."""
+    """Refused, naming the sample: an accuracy curve would count it as correct or wrong at
+    random."""
     model, x, y = build("residual_mlp")
     x = x.clone()
     x[7] = float("nan")
@@ -115,7 +118,8 @@ def test_a_pruning_curve_refuses_samples_with_nan_logits():
 
 
 def test_a_forward_hook_on_the_model_counts_on_both_runners_even_when_added_later():
-    """Was: the fx runner cached before the hook skipped it (scores x1 where hooks gave x2)."""
+    """A forward hook on the model added after the fx runner was cached still counts: the
+    layer moves to the hook runner and the scores double."""
     model, x, y = build("residual_mlp")
     plain = at.neuron_scores(model, "fc1", x, y, "gradient")
     with eval_mode(model):
@@ -158,8 +162,9 @@ def test_forward_hooks_on_submodules_and_pre_hooks_count_the_same_on_both_runner
 ], ids=["pre-hook on the layer", "hook after the layer", "hook on the model"])
 @pytest.mark.parametrize("runner_kind", ["fx", "hooks"])
 def test_backward_hooks_are_refused_for_gradients_on_both_runners(register, runner_kind):
-    """Was: x3 on the hook runner but x1 on fx for a pre-hook on the layer, x5 on both for a
-    hook after it: gradients that were not the model's derivatives, differently per runner."""
+    """A backward hook changes gradients without changing the model's derivatives (x3 on the
+    hook runner but x1 on fx for a pre-hook on the layer, x5 on both for a hook after it), so
+    gradient methods refuse it on both runners; activation and ablation are unaffected."""
     model, x, y = build("residual_mlp")
     expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
                 for method in ("activation", "ablation")}
@@ -182,8 +187,8 @@ def test_backward_hooks_are_refused_for_gradients_on_both_runners(register, runn
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_every_method_runs_a_model_of_another_float_dtype(dtype):
-    """Was: integrated_gradients and conductance failed on half-precision models (float32
-    interpolation steps fed to float16 layers)."""
+    """Every method, integrated_gradients and conductance included (their interpolation steps
+    take the model's dtype), scores float64, float16 and bfloat16 models as float32."""
     model, x, y = build("residual_mlp")
     tolerance = {torch.float64: 1e-5, torch.float16: 2e-2, torch.bfloat16: 0.15}[dtype]
     cast = build("residual_mlp")[0].to(dtype)
@@ -196,7 +201,8 @@ def test_every_method_runs_a_model_of_another_float_dtype(dtype):
 
 
 def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
-    """Was: torch's 'Tensor.item() cannot be called on meta tensors'."""
+    """An AttributionError that says what to do (to_empty), not torch's 'Tensor.item() cannot
+    be called on meta tensors'."""
     with torch.device("meta"):
         model = ResidualMLP()
     x, y = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
@@ -250,7 +256,8 @@ class NanAtTheRealInput(nn.Module):
 
 @pytest.mark.parametrize("method", GRADIENT_METHODS)
 def test_a_logit_that_is_nan_only_at_the_real_input_gives_nan_path_scores(method):
-    """Was: finite integrated gradients and conductance (their steps never reach alpha = 1)."""
+    """NaN path scores for the samples whose logit is NaN at the real input, even though the
+    interpolation steps never reach alpha = 1; finite scores for the others."""
     torch.manual_seed(0)
     model = NanAtTheRealInput().eval()
     x = torch.randn(3, 4)

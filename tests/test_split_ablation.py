@@ -11,8 +11,8 @@ import attribution as at
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, runner_for
 
-from . import references
-from .zoo import randomize_batchnorm
+from tests.support import references
+from tests.support.models import randomize_batchnorm
 
 
 def _mlp() -> nn.Module:

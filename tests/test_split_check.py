@@ -12,7 +12,7 @@ from attribution.engine.layers import output_tensor, run_logits
 from attribution.engine.model_io import NamedInputs, n_rows
 from attribution.engine.runners import CHECK_ROWS, FxRunner, HookRunner, check_rows, runner_for
 
-from .zoo import build
+from tests.support.models import build
 
 
 def padded_gpt2(n: int):

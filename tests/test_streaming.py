@@ -9,7 +9,7 @@ import attribution as at
 from attribution.methods.scores import cluster_codes, cluster_statistics, on_device, score_batches
 from attribution.inputs.streaming import NpyRows
 
-from .zoo import build
+from tests.support.models import build
 
 CASES = [("residual_mlp", "fc1"), ("residual_conv", "conv2")]
 METHODS = ["gradient", "gradient_x_activation", "integrated_gradients", "ablation", "random"]
@@ -175,8 +175,8 @@ def test_unknown_devices_are_refused(case, device, message):
 
 
 def test_out_of_range_targets_are_refused_before_any_batch_is_scored(case):
-    """Was: class ids were checked batch by batch, so the batches before a bad id were scored
-    and handed out first; every id is now checked once, before the first batch."""
+    """Every class id is checked once, before the first batch: no batch before a bad id is
+    scored and handed out."""
     model, layer, x, y = case
     bad = y.clone()
     bad[-1] = 99

@@ -24,7 +24,7 @@ from attribution.inputs.data import check_data, load_data
 from attribution.methods.registry import gauss_legendre
 from attribution.engine.model_io import NamedInputs, logits_of, select_output
 
-from .references import replaced_output
+from tests.support.references import replaced_output
 
 transformers = pytest.importorskip("transformers")
 
@@ -629,7 +629,7 @@ def test_mean_ablation_fills_each_position_with_its_mean_over_real_tokens(case):
 def test_a_vit_embeddings_output_has_its_features_as_neurons_not_its_patches():
     """The embeddings' parameters hold both the patch count (position embeddings [1, 5, 16])
     and the width, and a ViT refuses half-size images, so only the layers it feeds tell its
-    axes apart: 16 features, not 5 positions (it was 'channels first', dim 1)."""
+    axes apart: 16 features, not 5 positions ('channels first', dim 1, would be wrong)."""
     torch.manual_seed(0)
     config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16,
                                     num_hidden_layers=1, num_attention_heads=2,

@@ -13,8 +13,8 @@ from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES
                                           verdict)
 from attribution.methods.registry import REGISTRY
 
-from .test_diagnose import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
-                            seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
+from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
+                                     seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
 
 LOOPED = [name for name in at.METHODS if REGISTRY[name].score_line]  # a slow-loop line each
 

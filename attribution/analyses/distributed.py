@@ -104,9 +104,9 @@ class Shard:
 def shards(inputs: Inputs, rank: int, size: int) -> Iterator[Shard]:
     """This rank's pieces of `inputs`.
 
-    Arrays, tensors, named inputs and `NpyRows` are sliced lazily into one contiguous range per rank; a
-    DataLoader over a map-style dataset read in order gets a DataLoader over its range; any
-    other iterable is dealt out batch by batch (every rank reads every batch, and scores
+    Arrays, tensors, named inputs and `NpyRows` are sliced lazily into one contiguous range
+    per rank; a DataLoader over a map-style dataset read in order gets a DataLoader over its
+    range; any other iterable is dealt out batch by batch (every rank reads every batch, and scores
     batches rank, rank + size, ...).
     """
     inputs = model_io.named(inputs)

@@ -195,7 +195,8 @@ def _survey(model: nn.Module, example_input) -> _Survey:
                 return None
             entries[name] = output_entry(returned)
             first_input = args[0] if args else None
-            source = produced.get(id(first_input)) if isinstance(first_input, torch.Tensor) else None
+            source = (produced.get(id(first_input)) if isinstance(first_input, torch.Tensor)
+                      else None)
             if source is not None and source[1] == first_input._version:
                 feeders[name] = source[2]
             earlier = produced.get(id(output))

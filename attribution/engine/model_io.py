@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 import math
 

@@ -347,7 +347,8 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
                                f"{list(shape)} {dtype} but the data has {size - header_size} "
                                "bytes.")
     if count * dtype.itemsize > limits.max_decoded_bytes:
-        raise AttributionError(over_budget(f"{name} holds", f"{count * dtype.itemsize / MB:,.0f} MB",
+        raise AttributionError(over_budget(f"{name} holds",
+                                           f"{count * dtype.itemsize / MB:,.0f} MB",
                                            f"{limits.max_decoded_bytes / MB:,.0f} MB",
                                            "max_decoded_bytes"))
     if shape and shape[0] > limit:
@@ -638,8 +639,9 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
     """Check `dataset` against `model` before any scoring; returns it shaped for the model.
 
     Inputs of the right size but flattened (e.g. a CSV of 64 pixels for a [1, 8, 8] model) are
-    reshaped; for a model of integer inputs (token ids) they become integers. Raises AttributionError for a wrong feature count/shape, labels outside
-    0..n_classes-1, or provided clusters with fewer than 2 samples.
+    reshaped; for a model of integer inputs (token ids) they become integers. Raises
+    AttributionError for a wrong feature count/shape, labels outside 0..n_classes-1, or
+    provided clusters with fewer than 2 samples.
     """
     inputs = dataset.inputs
     reshaped_from = dataset.reshaped_from

@@ -41,7 +41,7 @@ class NpyRows:
         except ValueError as error:
             raise AttributionError(f"{self.path} is not a valid .npy file ({error}); save the "
                                    "inputs with numpy.save.") from None
-        if fortran_order or dtype.hasobject or not (dtype.kind in "biuf") or not shape:
+        if fortran_order or dtype.hasobject or dtype.kind not in "biuf" or not shape:
             raise AttributionError(
                 f"{self.path} must hold a numeric array [N, ...] in C order (it has dtype "
                 f"{dtype}, shape {shape}); save it with numpy.save(path, "

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from ..analyses.settings import METRIC_LABELS, REDUCTION_LABELS
+from ..analyses.settings import REDUCTION_LABELS
 from ..methods.registry import REGISTRY, colour_from_name, method_label
 from ..methods.scores import averaged, cluster_table, reduce_scores
 

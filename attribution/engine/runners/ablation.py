@@ -2,13 +2,16 @@
 maybe an affine op after them), ablating K neurons runs those ops once, not K times."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
 
-from .base import LayerRunner, zeroed_variants
+from .base import zeroed_variants
+
+if TYPE_CHECKING:  # the fx runner calls this module; its type only names the argument
+    from .fx import FxRunner
 
 
 def per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:

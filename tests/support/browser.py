@@ -1,0 +1,240 @@
+"""Driving the dashboard in a real headless Chromium: `streamlit run app.py` on a free port, a
+tab that records what went wrong in it, and the helpers the browser tests and benchmarks share
+(the fixtures `browser`, `server` and `app` are in tests/conftest.py)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from tests.support import ROOT
+
+if TYPE_CHECKING:  # playwright is imported by the tests that drive a browser
+    from playwright.sync_api import Browser, Page
+
+BROWSER_TIMINGS: dict[str, float] = {}
+"""Seconds measured by the browser tests, shown after the run (tests/conftest.py)."""
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = ROOT / "test-artifacts"
+BASE_PATH_PROBE = re.compile(r"^http://localhost:\d+/[a-z]+/_stcore/(health|host-config)$")
+COLD_START_S, REDRAW_S, FIRST_POINTS_S = 10.0, 2.0, 1.0  # on this 2-core machine, idle
+# Other work on the machine (1-minute load average above the core count when the tests start)
+# stretches every budget by the same factor, so a busy machine does not fail the app.
+CONTENTION = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+CHART_WITH_TITLE = """([part, exact]) => [...document.querySelectorAll('.js-plotly-plot')]
+    .some(e => { const t = (e.layout && e.layout.title && e.layout.title.text) || '';
+                 return exact ? t.startsWith(part) : t.includes(part); })"""
+CLICK_CLOCK = """() => { window.lastClick = null;
+    document.addEventListener('click', () => { window.lastClick = performance.now(); }, true); }"""
+RANKED_POINTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(e => ((e.layout && e.layout.title && e.layout.title.text) || '')
+                 .includes('neurons are removed'))
+    .flatMap(e => e._fullData.filter(t => (t.name || '').startsWith('top-k'))
+                             .map(t => t.x.length))"""
+
+
+@dataclass
+class Server:
+    url: str
+    started: float
+    process: subprocess.Popen
+
+
+@dataclass
+class App:
+    """One browser tab on the dashboard, with what it logged."""
+
+    page: Page
+    server: Server
+    problems: list[str] = field(default_factory=list)
+
+    def open(self, path: str = "") -> float:
+        started = time.monotonic()
+        self.page.goto(self.server.url + path)
+        return started
+
+    def wait_for_chart(self, title_part: str, *, exact: bool = False,
+                       timeout_s: float = 60) -> None:
+        self.page.wait_for_function(CHART_WITH_TITLE, arg=[title_part, exact],
+                                    timeout=timeout_s * 1000, polling=20)
+
+    def seconds_since_click_to_charts(self, *title_parts: str) -> float:
+        """Seconds from the page's last click event to charts titled with each of `title_parts`
+        (a title starts with it) being drawn, timed in the page by its own clock after
+        `start_click_clock`: Playwright's click (actionability checks, ~60 ms here) is left
+        out."""
+        every = " && ".join(f"({CHART_WITH_TITLE})([{part!r}, true])" for part in title_parts)
+        return self.page.wait_for_function(
+            f"() => window.lastClick !== null && {every} && performance.now() - window.lastClick",
+            polling="raf", timeout=60_000).json_value() / 1000
+
+    def start_click_clock(self) -> None:
+        self.page.evaluate(CLICK_CLOCK)
+
+    def chart_titles(self) -> list[str]:
+        return self.page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .map(e => (e.layout && e.layout.title && e.layout.title.text) || '')""")
+
+    def go_to(self, page_title: str) -> float:
+        started = time.monotonic()
+        self.page.get_by_role("link", name=page_title).click()
+        return started
+
+    def choose(self, label: str, option: str) -> float:
+        """Pick `option` (its visible text, or its start) in the sidebar selectbox `label`."""
+        label_text = self.page.get_by_test_id("stWidgetLabel").get_by_text(label, exact=True)
+        box = self.page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").filter(
+            has=label_text)
+        box.click()
+        choice = self.page.get_by_role("option").filter(has_text=option).first
+        started = time.monotonic()
+        choice.click()
+        return started
+
+    def upload(self, label: str, path: Path) -> None:
+        """Upload through the real file input; wait until the widget lists the file, so the
+        rerun it triggers cannot swallow a following upload."""
+        uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
+        uploader.locator("input[type=file]").set_input_files(path)
+        uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
+
+    def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
+        self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
+
+    def ranked_points(self) -> list[int]:
+        """The number of points of each top-k curve on the page, once a curve is drawn (a
+        chart being redrawn is briefly missing from the page)."""
+        return self.page.wait_for_function(
+            f"() => {{ const n = ({RANKED_POINTS})(); return n.length ? n : null; }}",
+            polling=20, timeout=30_000).json_value()
+
+    @contextmanager
+    def server_paused_mid_curve(self) -> Iterator[list[int]]:
+        """Freeze the Streamlit server (SIGSTOP) at the first points of the pruning curve it is
+        computing, for the block: a click there lands mid-curve however fast the machine is
+        (the browser's message waits in the socket, and the resumed server acts on it at its
+        next yield). A demo curve ends 1-2 s after its first points and a busy browser can lag
+        the server by more, so the server runs in 30 ms steps, each followed by a pause in
+        which the browser draws what it was sent. Yields the points then on the page."""
+        pid = self.server.process.pid
+        self.page.get_by_role("button", name="Stop the curve").wait_for(timeout=120_000)
+        deadline = time.monotonic() + 120
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            while not any(points := self.page.evaluate(RANKED_POINTS)):
+                assert time.monotonic() < deadline, "no curve points within 2 minutes"
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.03)
+                os.kill(pid, signal.SIGSTOP)
+                self.page.wait_for_timeout(250)
+            yield points
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def screenshot(self, name: str) -> None:
+        """The whole page (Streamlit scrolls inside its main block, so grow the window)."""
+        height = self.page.evaluate(
+            "document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+        self.page.set_viewport_size({"width": 1440, "height": min(int(height) + 40, 8000)})
+        self.page.wait_for_timeout(600)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+        self.page.set_viewport_size({"width": 1440, "height": 1000})
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, log: Path,
+                        timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"streamlit did not answer within {timeout_s} s")
+
+
+@contextmanager
+def streamlit_server(log_name: str) -> Iterator[Server]:
+    """`streamlit run app.py` on a free port, its output in test-artifacts/<log_name>."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = free_port()
+    url = f"http://localhost:{port}"
+    log_path = ARTIFACTS / log_name
+    with open(log_path, "w") as log:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+             "--server.headless", "true"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until_healthy(url, process, log_path)
+            yield Server(url, started, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def open_tab(browser: Browser, server: Server) -> tuple[App, object]:
+    """A fresh tab (its own Streamlit session) that records console errors, page errors and
+    failed requests. Opening a page's own address (/pruning) makes Streamlit's frontend
+    probe /pruning/_stcore/health and /pruning/_stcore/host-config for a base path before it
+    uses /; those two expected 404s (logged by Chromium as "Failed to load resource") are
+    the only failures let through."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000},
+                                  accept_downloads=True)
+    app = App(context.new_page(), server)
+
+    def on_console(message) -> None:
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            app.problems.append(f"console {message.type}: {message.text}")
+
+    def on_response(response) -> None:
+        if response.status >= 400 and not BASE_PATH_PROBE.search(response.url):
+            app.problems.append(f"HTTP {response.status}: {response.url}")
+
+    app.page.on("console", on_console)
+    app.page.on("response", on_response)
+    app.page.on("requestfailed", lambda request: app.problems.append(
+        f"request failed: {request.url} {request.failure}"))
+    app.page.on("pageerror", lambda error: app.problems.append(f"page error: {error}"))
+    return app, context
+
+
+def check_and_close(app: App, context) -> None:
+    exceptions = app.page.get_by_test_id("stException").all_inner_texts()
+    # app.py ran (its pages in the top bar, its choices in the sidebar), not a page alone
+    navigation = app.page.get_by_role("link", name="Neuron scores").count()
+    choices = app.page.get_by_test_id("stSidebar").get_by_text("Model and data").count()
+    context.close()
+    assert not exceptions, exceptions
+    assert navigation == 1 and choices == 1
+    assert not app.problems, app.problems
+
+
+def within_budget(seconds: float, budget: float) -> bool:
+    return seconds < budget * CONTENTION

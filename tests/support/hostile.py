@@ -1,0 +1,295 @@
+"""Hostile files, built by scripts: zips whose headers lie, decompression bombs in .npz and
+parquet, pickles that expand or contain themselves, tensors whose storage or strides lie,
+architectures of absurd depth or size, and models that compute or allocate far too much."""
+import io
+import json
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+import attribution as at
+
+
+# ------------------------------------------------------------------ building blocks
+
+def raw_zip(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
+    """A zip of (name, method, packed bytes, crc, declared size) entries, written by hand so
+    that a header may lie."""
+    out, central = io.BytesIO(), []
+    for name, method, packed, crc, size in entries:
+        offset, encoded = out.tell(), name.encode()
+        out.write(struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc,
+                              len(packed), size, len(encoded), 0) + encoded + packed)
+        central.append(struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, method, 0, 0x21,
+                                   crc, len(packed), size, len(encoded), 0, 0, 0, 0, 0, offset)
+                       + encoded)
+    start, directory = out.tell(), b"".join(central)
+    out.write(directory)
+    count = len(entries)
+    if count > 0xFFFF:  # the zip64 end records carry the count
+        end64 = out.tell()
+        out.write(struct.pack("<4sQ2H2I4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
+                              len(directory), start))
+        out.write(struct.pack("<4sIQI", b"PK\x06\x07", 0, end64, 1))
+        count = 0xFFFF
+    out.write(struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, count, count, len(directory),
+                          start, 0))
+    return out.getvalue()
+
+
+def deflated_zeros(prefix: bytes, zeros: int) -> tuple[bytes, int]:
+    """(deflate stream, crc) of `prefix` + `zeros` zero bytes, made in well under a second:
+    after a full flush the compressor restarts, so every 16 MiB block compresses alike."""
+    block = 1 << 24
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = compressor.compress(prefix) + compressor.flush(zlib.Z_FULL_FLUSH)
+    segment = compressor.compress(bytes(block)) + compressor.flush(zlib.Z_FULL_FLUSH)
+    tail = compressor.compress(bytes(zeros % block)) + compressor.flush()
+    crc, zero_block = zlib.crc32(prefix), bytes(block)
+    for _ in range(zeros // block):
+        crc = zlib.crc32(zero_block, crc)
+    crc = zlib.crc32(bytes(zeros % block), crc)
+    return head + segment * (zeros // block - 1) + segment + tail, crc
+
+
+def npy_header(dtype: str, shape: tuple) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": dtype, "fortran_order": False,
+                                                  "shape": shape})
+    return buffer.getvalue()
+
+
+def npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def saved(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def parquet(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+TINY = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+TINY_ARCHITECTURE = {"kind": "mlp", "input_shape": [4], "hidden": [3], "n_classes": 2}
+
+
+# ------------------------------------------------------------------ the hostile files
+
+def npz_bomb() -> bytes:
+    """2.4 GB of float64 zeros in a 2.4 MB .npz (an honest header: the sizes are true)."""
+    count = 300_000_000
+    header = npy_header("<f8", (count,))
+    packed, crc = deflated_zeros(header, count * 8)
+    return raw_zip([("inputs.npy", 8, packed, crc, len(header) + count * 8)])
+
+
+def npz_bomb_in_parts() -> bytes:
+    """Three entries of 0.8 GB, each under the budget, 2.4 GB together."""
+    count = 100_000_000
+    header = npy_header("<f8", (count,))
+    packed, crc = deflated_zeros(header, count * 8)
+    return raw_zip([(f"{name}.npy", 8, packed, crc, len(header) + count * 8)
+                    for name in ("inputs", "labels", "clusters")])
+
+
+def lying_zip_header() -> bytes:
+    """An entry declaring 2 x 2 float64 values whose stream inflates to 1 GB."""
+    header = npy_header("<f8", (2, 2))
+    packed, _ = deflated_zeros(header, 10 ** 9)
+    declared = header + bytes(32)
+    return raw_zip([("inputs.npy", 8, packed, zlib.crc32(declared), len(declared))])
+
+
+def many_zip_entries() -> bytes:
+    """150,000 empty entries: a directory that would take ~100 MB of Python objects."""
+    return raw_zip([(f"{index}.npy", 0, b"", 0, 0) for index in range(150_000)])
+
+
+def parquet_number_bomb() -> bytes:
+    """200,000 rows x 1,300 columns of zeros: 2.1 GB decoded from a few MB (one shared
+    buffer, written with dictionary and run-length encoding)."""
+    zeros = pa.array(np.zeros(200_000))
+    return parquet(pa.table({f"f{index}": zeros for index in range(1_300)}))
+
+
+def parquet_text_bomb() -> bytes:
+    """200,000 rows of one 20 kB string: 4 GB of text behind a one-entry dictionary."""
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(200_000, np.int32)),
+                                            pa.array(["x" * 20_000]))
+    return parquet(pa.table({"f0": pa.array(np.zeros(200_000)), "cluster": column}))
+
+
+def parquet_row_groups() -> bytes:
+    """12,000 one-row row groups: a footer whose parsing grows with the file."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"f0": np.zeros(12_000), "label": np.zeros(12_000, np.int64)}),
+                   buffer, row_group_size=1)
+    return buffer.getvalue()
+
+
+def parquet_nested() -> bytes:
+    """A list column: one row may hold any number of values."""
+    values = pa.array([np.zeros(1000)] * 10, type=pa.list_(pa.float64()))
+    return parquet(pa.table({"f0": values, "label": np.zeros(10, np.int64)}))
+
+
+def long_cluster_ids() -> bytes:
+    """200,000 rows of 100 short cluster ids and one of 100 kB: 80 GB as a text array."""
+    clusters = np.array(["a"] * 199_999 + ["x" * 100_000], dtype=object)
+    return parquet(pa.table({"f0": pa.array(np.zeros(200_000)), "cluster": clusters}))
+
+
+def pickle_laughs() -> bytes:
+    """10 shared references per level, 9 levels: 1e9 values behind a 1.5 kB .pt."""
+    value = [0.0] * 10
+    for _ in range(8):
+        value = [value] * 10
+    return saved({"inputs": value})
+
+
+def pickle_cycle() -> bytes:
+    value: list = [[0.0, 1.0]]
+    value.append(value)
+    return saved({"inputs": value})
+
+
+def many_tensors() -> bytes:
+    """60,000 views of one storage: a 5 MB pickle that PyTorch's safe unpickler reads for
+    ~15 s (200,000 views: 42 s)."""
+    base = torch.zeros(4)
+    return saved({f"t{index}": base[:2] for index in range(60_000)})
+
+
+def stride_zero_tensor() -> bytes:
+    """One float stored, viewed as 1e6 x 1e6 (stride 0): 4 TB once converted."""
+    return saved({"inputs": torch.zeros(1).expand(10 ** 6, 10 ** 6)})
+
+
+def storage_declared_larger() -> bytes:
+    """A torch.save zip whose pickle declares a 2**31-element storage over a 49 kB record."""
+    source = zipfile.ZipFile(io.BytesIO(saved({"inputs": torch.zeros(12345, 1)})))
+    small, large = b"M" + (12345).to_bytes(2, "little"), b"J" + (2 ** 31 - 1).to_bytes(4, "little")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name in source.namelist():
+            content = source.read(name)
+            archive.writestr(name, content.replace(small, large) if name.endswith("data.pkl")
+                             else content)
+    return out.getvalue()
+
+
+def wide_csv() -> bytes:
+    """1e6 columns (14 MB): parsed without a budget, 145 s and then MemoryError."""
+    names = ",".join(f"c{index}" for index in range(1_000_000))
+    return (names + "\n" + ",".join(["0"] * 1_000_000) + "\n").encode()
+
+
+def deep_architecture(form: str) -> bytes:
+    """21,000 layers in a 63 kB description."""
+    if form == "json":
+        return json.dumps(dict(TINY_ARCHITECTURE, hidden=[3] * 21_000)).encode()
+    return ("kind: mlp\ninput_shape: [4]\nn_classes: 2\nhidden: [" + "3," * 20_999
+            + "3]\n").encode()
+
+
+def yaml_laughs() -> bytes:
+    lines = ["kind: mlp", "input_shape: [4]", "n_classes: 2", "a0: &a0 [3, 3, 3, 3, 3, 3, 3, 3]"]
+    lines += [f"a{index}: &a{index} [" + ", ".join([f"*a{index - 1}"] * 8) + "]"
+              for index in range(1, 10)]
+    return ("\n".join(lines) + "\nhidden: *a9\n").encode()
+
+
+def huge_parameter_count() -> bytes:
+    return json.dumps(dict(TINY_ARCHITECTURE, input_shape=[65536],
+                           hidden=[65536] * 300)).encode()
+
+
+def exotic_tensor(kind: str) -> torch.Tensor:
+    values = torch.ones(4, 4)
+    if kind == "sparse":
+        return values.to_sparse()
+    if kind == "quantized":
+        return torch.quantize_per_tensor(values, 0.1, 0, torch.quint8)
+    if kind == "meta":
+        return torch.ones(4, 4, device="meta")
+    return values.to(torch.complex64)
+
+
+def state_dict_with(kind: str) -> bytes:
+    state = dict(TINY.state_dict())
+    state["0.weight"] = exotic_tensor(kind)[:3, :4] if kind != "sparse" else \
+        torch.ones(3, 4).to_sparse()
+    return saved(state)
+
+
+def expanded_state_dict() -> bytes:
+    state = dict(TINY.state_dict())
+    state["0.weight"] = torch.zeros(1).expand(100_000, 100_000)
+    return saved(state)
+
+
+def conv_bomb() -> tuple[bytes, bytes]:
+    """A 3 MB state dict whose architecture convolves a 1024 x 1024 image with 31 x 31
+    kernels: ~800 GFLOP for the probe batches of 1 and 3 samples."""
+    description = {"kind": "cnn", "input_shape": [1, 1024, 1024], "channels": [16] * 4,
+                   "kernel_size": 31, "pool": 2, "hidden": [], "n_classes": 2}
+    module = at.parse_architecture(description).build(device="meta")
+    state = {key: torch.zeros(value.shape) for key, value in module.state_dict().items()}
+    return saved(state), json.dumps(description).encode()
+
+
+def conv_memory_bomb() -> tuple[bytes, bytes]:
+    """A 20 kB state dict whose first convolution outputs 64 maps of 2048 x 2048: 1 GB per
+    sample."""
+    description = {"kind": "cnn", "input_shape": [1, 2048, 2048], "channels": [64, 1, 1, 1, 1],
+                   "kernel_size": 3, "pool": 2, "hidden": [], "n_classes": 2}
+    module = at.parse_architecture(description).build(device="meta")
+    state = {key: torch.zeros(value.shape) for key, value in module.state_dict().items()}
+    return saved(state), json.dumps(description).encode()
+
+
+class MatmulBomb(nn.Module):
+    """A legal aten graph: 20 products of 6000 x 6000 matrices made inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        big = torch.ones(6000, 6000)
+        for _ in range(20):
+            big = big @ big * 0.0
+        return self.fc(x) + big[:1, :2].sum()
+
+
+class MemoryBomb(nn.Module):
+    """Asks for 40 GB inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x) + torch.ones(100_000, 100_000)[:1, :2].sum()
+
+
+def exported(module: nn.Module) -> bytes:
+    program = torch.export.export(module.eval(), (torch.zeros(2, 4),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
