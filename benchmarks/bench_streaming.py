@@ -6,9 +6,9 @@ grows 100-fold, with and without the per-sample matrix (which goes to disk batch
 For comparison, the library on `np.load(mmap_mode="r")` (also streamed, but every page read
 stays resident) and on the data loaded into memory.
 
-Flat means: from 1x to 100x the streamed peak grows by less than `FLAT` of what the 100x
-inputs occupy in memory, i.e. the inputs are never resident (what remains is O(N) small ids:
-labels and cluster ids, 8-16 bytes a sample). Exit status 1 otherwise.
+Flat means: from 1x to 100x the streamed peak grows by less than half (`FLAT`) of what the
+100x inputs occupy in memory, i.e. the inputs are never resident (what remains is O(N)
+small ids: labels and cluster ids, 8-16 bytes a sample). Exit status 1 otherwise.
 
     python -m benchmarks.bench_streaming [--results FILE]
 """

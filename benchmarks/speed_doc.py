@@ -24,8 +24,9 @@ OUT = ROOT / "docs" / "speed.md"
 
 PREAMBLE = """\
 How fast the engine and the dashboard are, against the obvious way to compute the same
-numbers and against the cost no method can go below. Every benchmark in `benchmarks/` ran
-once, in one `make bench`, on the commit and machine above.
+numbers and against the cost no method can go below. The benchmarks in `benchmarks/` ran
+once, one after the other, on the commit and machine above; a benchmark that did not run
+in that run says so, and its section has no figures.
 
 How to read the tables:
 
@@ -35,9 +36,9 @@ How to read the tables:
   call: 10x means that row took ten times as long as X; 0.5x, half as long.
 - The candidates compute the same numbers (the benchmarks that say so check it before
   timing).
-- The floor is one plain forward and backward pass of the model, what any gradient at a
-  layer costs at least. A layer's gradient stops at the layer, while the floor's backward
-  runs to the inputs, so a score can take less than the floor.
+- The floor is one plain forward and backward pass of the model: a gradient at a layer
+  needs a forward pass and a backward pass down to that layer. The floor's backward runs
+  all the way to the inputs, so the scores of a layer far from the inputs can take less.
 - Threads matter: each benchmark says how many intra-op threads it used.
 
 The dashboard's timings in a real browser (first page with charts after `streamlit run`, a
@@ -118,6 +119,10 @@ def render(results: dict[str, dict], scripts: Optional[list[Path]] = None) -> st
     facts = [
         ("commit", ", ".join(f"`{commit}`" for commit in commits)),
         ("started", started(min(data["started"] for data in measured))),
+        ("benchmarks run", f"{len(measured)} of {len(scripts)}: "
+         + ", ".join(data["benchmark"] + (f" ({' '.join(data['arguments'])})"
+                                          if data.get("arguments") else "")
+                     for data in measured)),
         ("machine", describe_machine(first["machine"])),
         ("software", describe_software(first["machine"])),
     ]
@@ -130,7 +135,7 @@ def render(results: dict[str, dict], scripts: Optional[list[Path]] = None) -> st
                   "machines; each section says which.", ""]
     for script in scripts:
         title, body = explanation(docstring(script))
-        parts += [f"## {title}", "", f"`benchmarks/{script.name}`. {body}", ""]
+        parts += [f"## {title.rstrip('.')}", "", f"`benchmarks/{script.name}`. {body}", ""]
         data = results.get(script.stem)
         if data is None:
             parts += ["*Not measured in this run.*", ""]

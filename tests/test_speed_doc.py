@@ -69,10 +69,11 @@ def test_the_page_carries_commit_machine_explanations_and_tables(tmp_path):
     assert "Example CPU 9000, 2 cores, 7.5 GiB memory" in page
     assert "torch 2.13.0+cpu, Python 3.11.7" in page and "2030-01-02 03:04:05 UTC" in page
     assert "make bench" in page and "Do not edit by hand" in page
-    assert "## Pruning curves against hooks." in page
+    assert "## Pruning curves against hooks\n" in page
+    assert "| benchmarks run | 1 of 2: bench_one |" in page
     assert "What it measures, and its floor." in page and "python -m" not in page
     assert "| a \\| b | 520.0 ms | 40.00x |" in page and "2 threads." in page
-    two = page[page.index("## Peak memory of streaming."):]
+    two = page[page.index("## Peak memory of streaming\n"):]
     assert "Flat means: less than half." in two and "*Not measured in this run.*" in two
     assert "Not one run" not in page
 
