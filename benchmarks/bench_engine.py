@@ -18,6 +18,9 @@ A digits MLP 64-128-64-10 (trained briefly), the digits repeated to 10,782 sampl
 - targets="all" (10 classes): one forward and a retain_graph backward per class, bare and
   keeping its gradients [N, C, n] as "all" returns them, and a forward+backward per class.
 
+On a model this small the ratios against Captum measure per-call overheads; on a resnet18
+both sit at the forward+backward floor (`bench_models.py captum`).
+
     python -m benchmarks.bench_engine [--results FILE]
 """
 import sys
