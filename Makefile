@@ -1,10 +1,12 @@
 # Two entry points for a fresh machine:
 #   make run   - set up .venv and start the dashboard on the built-in demo
 #   make test  - set up .venv (plus headless Chromium), lint with ruff, run the whole test suite
+#   make bench - run every benchmark and write docs/speed.md (long: tens of minutes)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PORT ?= 8501
+BENCH_RESULTS := benchmarks/results
 
 .PHONY: run test lint setup setup-dev browser bench demo clean
 
@@ -38,8 +40,14 @@ test: setup-dev browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-bench: setup-dev
-	for script in benchmarks/bench_*.py; do $(PY) -m benchmarks.$$(basename $$script .py) || exit 1; done
+# Every benchmark, one JSON file of figures each, then docs/speed.md written from them.
+bench: setup-dev browser
+	rm -rf $(BENCH_RESULTS)
+	for script in benchmarks/bench_*.py; do \
+	  name=$$(basename $$script .py); \
+	  $(PY) -m benchmarks.$$name --results $(BENCH_RESULTS)/$$name.json || exit 1; \
+	done
+	$(PY) -m benchmarks.speed_doc $(BENCH_RESULTS) docs/speed.md
 
 demo: setup
 	$(PY) scripts/make_demo.py

@@ -1,13 +1,31 @@
-"""Speed on the models people study, side by side in one run (medians of interleaved repeats).
+"""The models people study: nested layers, a resnet18, a GPT-2-small-sized MLP layer.
 
-Targets: a .pt2 within 1.5x of the eager model on nested layers; on a resnet18-sized conv
-net gradient x activation and conductance at parity with Captum (both at the forward+backward
-floor); a GPT-2-small-sized MLP layer (3072 features, 128 tokens): gradient, gradient x
-activation and a 20-order pruning curve beside one plain forward+backward, and its first
-call (export and the split's check included) beside a warm one; exact ablation of
-the last hidden layer of a digits MLP with BatchNorm >= 3x faster than one hooked forward per
-neuron, first call included. One CPU thread (the machine is shared; two threads run small
-convolutions ~80x slower under load). Run: .venv/bin/python -m benchmarks.bench_models [part]
+One CPU thread (on a shared machine two threads ran small convolutions about 80x slower
+under load). Parts, each runnable alone:
+- pt2: a .pt2 (torch.export, unflattened) against the eager model on nested layers of a
+  hand-built resnet18 (11M parameters, 64x64 images) and a GPT-2-style model (2 blocks,
+  d=64, 16 sequences of 16 tokens); target: the .pt2 within 1.5x of the eager model. Both
+  run on the same split: torch.export's unflattened modules are inlined into one graph, and
+  an eager model that torch.fx cannot trace (transformers') is exported once per input
+  shape and split the same way;
+- captum: resnet18 layer3.0.bn2, 8 images: gradient x activation and conductance (8 steps)
+  against Captum and against the floor, one plain forward+backward per evaluation (9 for
+  conductance); target: parity with Captum, both near the floor. The floor's backward runs
+  to the inputs while a layer's gradient stops at the layer, so the engine can be under it;
+- gpt2: GPT-2 small's widths (d=768, 12 heads, MLP 3072) at 128 tokens, 256 sequences
+  through 1 of its 12 blocks and a 2-class head (the scored layer, h.0.mlp.act, is full
+  size): gradient, gradient x activation and a pruning curve (20 random orders, 5 k)
+  against one forward+backward of the 256; wall medians of 2 interleaved runs after a
+  warm-up, then each one's CPU time and peak resident memory. A curve's masks re-run only
+  the part after the layer (here c_proj and the head), so its ratio depends on where the
+  layer sits: more blocks after it lengthen both that part and the floor;
+- first: on that layer, a first gradient x activation call (torch.export of the model and
+  the check of the split on 4 rows of the first batch included) against a warm call;
+- ablation: exact ablation of the 48 units of a 64-96-48-10 MLP with BatchNorm (layers "3"
+  and "5", 1,797 digits), first call included, against one hooked forward per neuron;
+  target: at least 3x faster.
+
+    python -m benchmarks.bench_models [PART ...] [--results FILE]
 """
 import copy
 import statistics
@@ -22,7 +40,7 @@ from captum.attr import LayerConductance, LayerGradientXActivation
 from torch import nn
 
 import attribution as at
-from benchmarks.common import (interleaved_medians, report, trained_on_digits,
+from benchmarks.common import (interleaved_medians, record, report, run, trained_on_digits,
                                zeroed)
 from tests.support.models import ResNet, exported
 
@@ -158,10 +176,16 @@ def gpt2_small_mlp(n_samples: int = 256, n_layer: int = 1):
                                 for name, run in candidates.items()}, repeats=2),
            "one plain forward+backward")
     floor = statistics.median(seconds for seconds, _ in calls["one plain forward+backward"][1:])
+    rows = []
     for name, measured in calls.items():  # the first call of each is the warm-up
         seconds = statistics.median(seconds for seconds, _ in measured[1:])
         print(f"  {name:<48} {seconds * 1000:10.1f} ms CPU {seconds / floor:5.2f}x, "
               f"peak resident memory {max(mib for _, mib in measured):6.0f} MiB")
+        rows.append((name, f"{seconds * 1000:.1f} ms", f"{seconds / floor:.2f}x",
+                     f"{max(mib for _, mib in measured):.0f} MiB"))
+    record(f"the same, CPU time and peak resident memory of each ({n_samples} sequences)",
+           ("", "CPU time", "CPU time / one plain forward+backward", "peak resident memory"),
+           rows)
 
 
 def _gpt2_small(n_samples: int, n_layer: int = 1):
@@ -230,7 +254,12 @@ PARTS = {"ablation": ablation_of_the_last_hidden_layer, "pt2": pt2_against_eager
          "captum": resnet18_against_captum, "gpt2": gpt2_small_mlp,
          "first": first_call_against_warm}
 
-if __name__ == "__main__":
+
+def main() -> None:
     torch.set_num_threads(1)
     for part in sys.argv[1:] or PARTS:
         PARTS[part]()
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, "bench_models"))
