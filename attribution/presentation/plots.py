@@ -86,8 +86,8 @@ def _figure(traces: list[dict], layout: dict, *, title: str, height: int, subtit
 
     Built from plain dicts without plotly's per-property validation: setting properties one by
     one (update_layout, add_trace, make_subplots) took 17-36 ms a figure, most of the server's
-    time in a Scores-page redraw, against under 1 ms. tests/test_plots.py validates every
-    figure against plotly's schema instead."""
+    time in a Scores-page redraw, against under 1 ms. tests/presentation/test_plots.py
+    validates every figure against plotly's schema instead."""
     heading = dict(text=title, x=0, xanchor="left", font=dict(size=15))
     if subtitle:
         heading["subtitle"] = dict(text=subtitle, font=dict(size=12, color="#57606A"))

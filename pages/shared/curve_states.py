@@ -1,6 +1,6 @@
 """The life of one pruning curve in a session: the Pruning page's state machine, without
 streamlit, so that every state and transition is tested directly
-(tests/test_dashboard_curve_states.py). The page only draws what `PruningCurve.view` says and
+(tests/dashboard/test_curve_states.py). The page only draws what `PruningCurve.view` says and
 calls the transitions from its buttons, its progress callback and its toolbar-stop watch.
 
 A curve is known by its key (`keys.curve_key`: the workspace and every setting the curve is

@@ -9,8 +9,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from tests.support import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "attribution"
+PACKAGE = ROOT / "attribution"
 LAYERS = ("core", "engine", "methods", "inputs", "analyses", "presentation", "front")
 CORE = {"attribution.errors", "attribution.progress", "attribution.defaults"}
 

@@ -4,7 +4,6 @@ import json
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from attribution.analyses import pruning
 from attribution.inputs.streaming import NpyRows
 
 from tests.support.models import build
+from tests.support import ROOT
 
 WORLD_SIZE = 2
 SCORED = [("gradient", "std"), ("random", "mean"), ("ablation", "mean_abs"),
@@ -202,7 +202,7 @@ def test_mean_ablation_needs_one_process(monkeypatch):
 # ------------------------------------------------------------- the command line under torchrun
 
 def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     # the demo's own even/odd cluster column, the command line's default before the label
     common = ["--model", root / "demo" / "digits_mlp.pt2", "--data", root / "demo" / "digits.npz",
               "--layer", "fc2", "--reduce", "mean_abs", "--clusters", "provided"]

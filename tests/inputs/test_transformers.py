@@ -25,10 +25,10 @@ from attribution.methods.registry import gauss_legendre
 from attribution.engine.model_io import NamedInputs, logits_of, select_output
 
 from tests.support.references import replaced_output
+from tests.support import ROOT
 
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 40
 PAD = 0
 N_STEPS = 8

@@ -1,6 +1,6 @@
 """pages/shared/figures.py without a browser: the plotly.js defaults `drawn_once` writes into a
-figure, rule by rule (tests/test_chart_draws.py compares the results with plotly.js itself,
-in Chromium)."""
+figure, rule by rule (tests/dashboard/test_chart_draws.py compares the results with plotly.js
+itself, in Chromium)."""
 import base64
 
 import numpy as np

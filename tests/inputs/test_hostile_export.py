@@ -27,6 +27,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.untrusted import export_guard
 from attribution.inputs.untrusted.limits import Limits
+from tests.support import ROOT
 
 B = torch.export.Dim("batch")
 
@@ -641,7 +642,7 @@ def refusals(bases, tmp_path_factory) -> dict:
     (folder / "cases.pkl").write_bytes(pickle.dumps(cases))
     run = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "cases.pkl")],
                          capture_output=True, text=True, timeout=600,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
     return {"results": results, "folder": folder}
@@ -747,7 +748,7 @@ def test_ordinary_exports_pass_the_guard_and_load(name):
 
 
 def test_demo_archives_pass_the_guard():
-    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo")
+    demo = os.path.join(ROOT, "demo")
     names = [name for name in os.listdir(demo) if name.endswith(".pt2")]
     assert names
     for name in names:

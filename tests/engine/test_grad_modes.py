@@ -3,7 +3,6 @@ entry point and the command line give under `torch.no_grad()`, after
 `torch.set_grad_enabled(False)` and under `torch.inference_mode()` what they give normally,
 or (where autograd is impossible) an AttributionError that says so."""
 import contextlib
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,6 +22,7 @@ from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
 
 from tests.support.models import build
+from tests.support import ROOT
 
 
 @contextlib.contextmanager
@@ -170,7 +170,6 @@ def test_every_entry_point_ignores_the_callers_grad_mode(entry, grad_mode):
         assert result == expected
 
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_command_line_ignores_the_callers_grad_mode_and_leaks_none(tmp_path, grad_mode,

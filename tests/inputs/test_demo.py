@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,8 +17,8 @@ from hypothesis import strategies as st
 
 import attribution as at
 from attribution.inputs.demo import DEMO_DIR, DEMO_FILES, DigitsMLP
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ACCURACY_FLOOR = {"digits_mlp": 0.93, "digits_cnn": 0.93, "sanity": 0.97, "text": 0.9}
 EXPORTED = [demo for demo in at.DEMOS if any(f.demo == demo and f.name.endswith(".pt2")
                                              for f in DEMO_FILES)]

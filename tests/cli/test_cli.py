@@ -20,8 +20,8 @@ from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import load_model
 
 from tests.support.models import token_files
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "demo" / "digits_mlp.pt2"
 DATA = ROOT / "demo" / "digits.npz"
 LAYER = "fc2"

@@ -1,7 +1,7 @@
 """Long work says how long it takes, with a line rather than a plain spinner: k-means
 clustering (and the model's passes before it) in the sidebar and the Neuron page's view.
 AppTest on the demo, with the library call the page makes slowed at its first progress report
-(as tests/test_app_estimates.py does); fast work shows no line."""
+(as tests/dashboard/test_app_estimates.py does); fast work shows no line."""
 import numpy as np
 import pytest
 import streamlit as st
