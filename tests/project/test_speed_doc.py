@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from benchmarks import common, speed_doc
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_a_benchmark_run_with_results_writes_its_figures_commit_and_machine(tmp_path,
