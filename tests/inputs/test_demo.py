@@ -2,7 +2,6 @@
 from it, and property-based fuzzing of the loaders: only AttributionError, and nothing hangs."""
 import io
 import json
-import re
 import subprocess
 import sys
 import time
@@ -116,28 +115,6 @@ def test_unknown_demo_lists_the_choices():
         at.load_demo("mnist")
 
 
-_SIZE = re.compile(r"^\| `([^`]+)` \| ([0-9.]+) KiB \|", re.M)
-
-
-def _sizes_masked(readme) -> str:
-    return _SIZE.sub(lambda match: f"| `{match[1]}` | ? KiB |", readme.read_text())
-
-
-def _listed_sizes(readme) -> dict[str, str]:
-    return dict(_SIZE.findall(readme.read_text()))
-
-
-def _file_sizes(folder) -> dict[str, str]:
-    """Each demo file's size in KiB as the demo README writes it (a folder: its files)."""
-    sizes = {}
-    for demo_file in DEMO_FILES:
-        path = folder / demo_file.name
-        size = sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() \
-            else path.stat().st_size
-        sizes[demo_file.name] = f"{size / 1024:.1f}"
-    return sizes
-
-
 @pytest.mark.slow
 def test_make_demo_reproduces_the_shipped_files(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo.py"), "--out",
@@ -146,11 +123,7 @@ def test_make_demo_reproduces_the_shipped_files(tmp_path):
     assert result.returncode == 0, result.stderr
     for demo in at.DEMOS:
         assert f"{demo}: held-out accuracy" in result.stdout
-    # compressed sizes follow the weights' last bits, which depend on the CPU model: the
-    # text must match apart from them, and each folder's README gives its own files' sizes
-    assert _sizes_masked(tmp_path / "README.md") == _sizes_masked(DEMO_DIR / "README.md")
-    for folder in (tmp_path, DEMO_DIR):
-        assert _listed_sizes(folder / "README.md") == _file_sizes(folder)
+    assert (tmp_path / "README.md").read_text() == (DEMO_DIR / "README.md").read_text()
     for name in ("digits.npz", "digits_images.npz", "sanity.npz"):
         fresh, shipped = np.load(tmp_path / name), np.load(DEMO_DIR / name)
         assert fresh.files == shipped.files

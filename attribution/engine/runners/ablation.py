@@ -2,20 +2,17 @@
 maybe an affine op after them), ablating K neurons runs those ops once, not K times."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
 
-from .base import zeroed_variants
-
-if TYPE_CHECKING:  # the fx runner calls this module; its type only names the argument
-    from .fx import FxRunner
+from .base import LayerRunner, zeroed_variants
 
 
-def per_neuron_prefix(runner: FxRunner, z: torch.Tensor) -> tuple:
-    """(chain, affine, rest): the runner's tail cut after its longest chain of ops from z
+def per_neuron_prefix(runner: LayerRunner, z: torch.Tensor) -> tuple:
+    """(chain, affine, rest): an `FxRunner`'s tail cut after its longest chain of ops from z
     that act on each neuron alone (chain: their nodes, maybe none), then, for z [B, n], the
     op after it when it is affine (its node, else None); rest runs what follows
     (`_tail_after`). () when there is neither. The chain is read from the graph (one op after
@@ -128,7 +125,7 @@ def _run_node(owner: nn.Module, node: fx.Node, env: dict) -> Any:
     return node.target(*args, **kwargs)
 
 
-def _tail_after(runner: FxRunner, last: fx.Node) -> Callable[..., Any]:
+def _tail_after(runner: LayerRunner, last: fx.Node) -> Callable[..., Any]:
     """(value of `last`, live state...) -> output: the runner's tail after node `last` of a
     chain of ops from z (each the only user of the one before)."""
     nodes = list(runner.tail_graph.nodes)
