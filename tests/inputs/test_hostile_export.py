@@ -28,6 +28,7 @@ import attribution as at
 from attribution.inputs.untrusted import export_guard
 from attribution.inputs.untrusted.limits import Limits
 from tests.support import ROOT
+from tests.support.hostile import program_edit, rebuilt
 
 B = torch.export.Dim("batch")
 
@@ -210,27 +211,6 @@ def bases() -> dict:
 
 
 # ---------------------------------------------------------------- editing archives
-
-def rebuilt(data: bytes, edit, compression=zipfile.ZIP_STORED) -> bytes:
-    """The archive with `edit(entries)` applied to its {name below the root: bytes}."""
-    source = zipfile.ZipFile(io.BytesIO(data))
-    root = source.namelist()[0].split("/")[0]
-    entries = {name.split("/", 1)[1]: source.read(name) for name in source.namelist()}
-    edit(entries)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", compression) as archive:
-        for name, content in entries.items():
-            archive.writestr(name[1:] if name.startswith("/") else f"{root}/{name}", content)
-    return out.getvalue()
-
-
-def program_edit(change):
-    """An edit of models/model.json through `change(program)`."""
-    def edit(entries):
-        program = json.loads(entries["models/model.json"])
-        change(program)
-        entries["models/model.json"] = json.dumps(program).encode()
-    return edit
 
 
 def config_edit(change, which="weights"):

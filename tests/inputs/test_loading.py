@@ -4,7 +4,6 @@ import io
 import json
 import os
 import pickle
-import zipfile
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.architectures import parse_architecture
 
+from tests.support.hostile import program_edit, rebuilt, saved
 from tests.support.models import token_files
 
 
@@ -67,33 +67,6 @@ def exported_bytes(model, example, dynamic=True, **save_kwargs) -> bytes:
     buffer = io.BytesIO()
     torch.export.save(program, buffer, **save_kwargs)
     return buffer.getvalue()
-
-
-def saved_bytes(obj) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
-
-
-def rebuilt_archive(data: bytes, edit) -> bytes:
-    """The archive with `edit(entries)` applied to its {relative name: bytes}; CRCs recomputed."""
-    source = zipfile.ZipFile(io.BytesIO(data))
-    root = source.namelist()[0].split("/")[0]
-    entries = {name.split("/", 1)[1]: source.read(name) for name in source.namelist()}
-    edit(entries)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-        for name, content in entries.items():
-            archive.writestr(f"{root}/{name}", content)
-    return out.getvalue()
-
-
-def edit_program(change):
-    def edit(entries):
-        program = json.loads(entries["models/model.json"])
-        change(program)
-        entries["models/model.json"] = json.dumps(program).encode()
-    return edit
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +163,13 @@ def sympy_payload(marker):
             f"__import__(\\u0027os\\u0027).system(\\u0027touch {marker}\\u0027)")
         program.clear()
         program.update(json.loads(text))
-    return edit_program(change)
+    return program_edit(change)
 
 
 def guard_payload(marker):
     def change(program):
         program["guards_code"] = [f"__import__('os').system('touch {marker}') or True"]
-    return edit_program(change)
+    return program_edit(change)
 
 
 def pickle_payload(marker):
@@ -205,14 +178,14 @@ def pickle_payload(marker):
         first = next(iter(config["config"].values()))
         first["use_pickle"] = True
         entries["data/weights/model_weights_config.json"] = json.dumps(config).encode()
-        entries["data/weights/" + first["path_name"]] = saved_bytes(Exploit(marker))
+        entries["data/weights/" + first["path_name"]] = saved(Exploit(marker))
     return edit
 
 
 @pytest.mark.parametrize("payload", [sympy_payload, guard_payload, pickle_payload])
 def test_crafted_pt2_runs_code_in_plain_torch_but_is_refused_here(mlp_pt2, tmp_path, payload):
     marker = tmp_path / "ran"
-    crafted = rebuilt_archive(mlp_pt2, payload(marker))
+    crafted = rebuilt(mlp_pt2, payload(marker))
     with contextlib.suppress(Exception):  # torch may fail after the payload has run
         torch.export.load(io.BytesIO(crafted)).module()(INPUTS)
     assert marker.exists(), "torch.export.load no longer runs this payload; update the docs"
@@ -221,20 +194,20 @@ def test_crafted_pt2_runs_code_in_plain_torch_but_is_refused_here(mlp_pt2, tmp_p
 
 
 @pytest.mark.parametrize("edit, reason", [
-    (edit_program(lambda p: p["graph_module"]["graph"]["nodes"][0].update(
+    (program_edit(lambda p: p["graph_module"]["graph"]["nodes"][0].update(
         target="torch.os.system")), "torch.os.system"),
-    (edit_program(lambda p: p["graph_module"]["graph"]["inputs"][-1]["as_tensor"].update(
+    (program_edit(lambda p: p["graph_module"]["graph"]["inputs"][-1]["as_tensor"].update(
         name="x=print(1)")), "not an identifier"),
-    (edit_program(lambda p: p["graph_module"]["graph"]["nodes"][0]["metadata"].update(
+    (program_edit(lambda p: p["graph_module"]["graph"]["nodes"][0]["metadata"].update(
         stack_trace='File "a", line 1, in f\rprint(1)')), "line breaks"),
     (lambda entries: entries.update({"data/aotinductor/model/model.so": b"\x7fELF"}),
      "does not write"),
-    (lambda entries: entries.update({"data/sample_inputs/model.pt": saved_bytes(
+    (lambda entries: entries.update({"data/sample_inputs/model.pt": saved(
         Exploit("/nonexistent/marker"))}), "sample inputs"),
 ])
 def test_unsafe_archive_features_are_refused(mlp_pt2, edit, reason):
     with pytest.raises(at.AttributionError, match="refused") as error:
-        at.load_model(rebuilt_archive(mlp_pt2, edit))
+        at.load_model(rebuilt(mlp_pt2, edit))
     assert reason in str(error.value)
     assert "torch.export.export" in str(error.value)
 
@@ -247,11 +220,11 @@ def test_archive_declaring_a_tensor_without_data_is_refused(mlp_pt2):
         entries["data/weights/model_weights_config.json"] = json.dumps(config).encode()
         entries["data/weights/" + first["path_name"]] = b""
     with pytest.raises(at.AttributionError, match="missing tensor data"):
-        at.load_model(rebuilt_archive(mlp_pt2, empty_weight_of_huge_size))
+        at.load_model(rebuilt(mlp_pt2, empty_weight_of_huge_size))
 
 
 def test_rebuilt_archive_without_changes_still_loads(mlp_pt2):
-    assert at.load_model(rebuilt_archive(mlp_pt2, lambda entries: None)).n_classes == 3
+    assert at.load_model(rebuilt(mlp_pt2, lambda entries: None)).n_classes == 3
 
 
 # ---------------------------------------------------------------- state dicts
@@ -264,14 +237,14 @@ MLP_DESCRIPTION = {"kind": "mlp", "input_shape": [4], "hidden": [5], "n_classes"
     MLP_DESCRIPTION, json.dumps(MLP_DESCRIPTION), json.dumps(MLP_DESCRIPTION).encode(),
     yaml.safe_dump(MLP_DESCRIPTION).encode(), parse_architecture(MLP_DESCRIPTION)])
 def test_state_dict_with_description_reproduces_the_model(architecture):
-    loaded = at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=architecture)
+    loaded = at.load_model(saved(TinyMLP().state_dict()), architecture=architecture)
     assert loaded.source_format == "state dict" and loaded.class_names == ("a", "b", "c")
     torch.testing.assert_close(loaded.module(INPUTS), TinyMLP()(INPUTS))
     assert [i.name for i in loaded.layers()] == ["fc1", "relu1", "out"]
 
 
 def test_description_files_by_path(tmp_path):
-    (tmp_path / "w.pt").write_bytes(saved_bytes(TinyMLP().state_dict()))
+    (tmp_path / "w.pt").write_bytes(saved(TinyMLP().state_dict()))
     (tmp_path / "arch.yaml").write_text(yaml.safe_dump(MLP_DESCRIPTION))
     loaded = at.load_model(tmp_path / "w.pt", architecture=tmp_path / "arch.yaml")
     torch.testing.assert_close(loaded.module(INPUTS), TinyMLP()(INPUTS))
@@ -283,7 +256,7 @@ def test_sequential_state_dict_needs_no_names_and_wrappers_are_unwrapped():
                    "activation": "tanh"}
     wrapped = {"epoch": 3, "state_dict": {f"module.{k}": v
                                           for k, v in model.state_dict().items()}}
-    loaded = at.load_model(saved_bytes(wrapped), architecture=description)
+    loaded = at.load_model(saved(wrapped), architecture=description)
     torch.testing.assert_close(loaded.module(INPUTS), model(INPUTS))
 
 
@@ -300,14 +273,14 @@ def test_safetensors_with_cnn_description():
 
 def test_state_dict_without_architecture_explains_the_options():
     with pytest.raises(at.AttributionError, match="state dict") as error:
-        at.load_model(saved_bytes(TinyMLP().state_dict()))
+        at.load_model(saved(TinyMLP().state_dict()))
     assert "fc1.weight [5, 4]" in str(error.value) and "torch.export" in str(error.value)
 
 
 def test_mismatched_state_dict_names_keys_shapes_and_suggests_names():
     description = {"kind": "mlp", "input_shape": [4], "hidden": [5], "n_classes": 3}
     with pytest.raises(at.AttributionError) as error:
-        at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=description)
+        at.load_model(saved(TinyMLP().state_dict()), architecture=description)
     message = str(error.value)
     assert "missing from the file: 0.weight [5, 4]" in message
     assert "in the file but not in the architecture: fc1.weight [5, 4]" in message
@@ -315,7 +288,7 @@ def test_mismatched_state_dict_names_keys_shapes_and_suggests_names():
     wrong_width = dict(MLP_DESCRIPTION, hidden=[6])
     with pytest.raises(at.AttributionError, match=r"fc1.weight file \[5, 4\] vs architecture "
                                                    r"\[6, 4\]"):
-        at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=wrong_width)
+        at.load_model(saved(TinyMLP().state_dict()), architecture=wrong_width)
 
 
 def test_description_errors_stay_short_even_for_a_yaml_alias_bomb():
@@ -324,7 +297,7 @@ def test_description_errors_stay_short_even_for_a_yaml_alias_bomb():
     for key in ("hidden", "activation", "n_classes", "class_names", "kind"):
         text = f"kind: mlp\ninput_shape: [4]\nn_classes: 3\n{key}: {bomb}\n"
         with pytest.raises(at.AttributionError) as error:
-            at.load_model(saved_bytes(TinyMLP().state_dict()), architecture=text.encode())
+            at.load_model(saved(TinyMLP().state_dict()), architecture=text.encode())
         assert len(str(error.value)) < 400
 
 
@@ -351,9 +324,9 @@ def test_description_mistakes_are_explained(change, message):
 
 def test_pickled_module_is_refused_with_the_export_recipe(tmp_path):
     with pytest.raises(at.AttributionError, match="arbitrary code") as error:
-        at.load_model(saved_bytes(TinyMLP()))
+        at.load_model(saved(TinyMLP()))
     assert "TinyMLP" in str(error.value) and "torch.export.save" in str(error.value)
-    loaded = at.load_model(saved_bytes(TinyMLP()), trust_code=True)
+    loaded = at.load_model(saved(TinyMLP()), trust_code=True)
     assert loaded.source_format == "pickled module" and loaded.input_shape == (4,)
     torch.testing.assert_close(loaded.module(INPUTS), TinyMLP()(INPUTS))
 
@@ -364,9 +337,9 @@ def test_models_and_data_refuse_pickled_objects_with_one_policy():
     from attribution.inputs.untrusted.pickles import WEIGHTS_ONLY
 
     with pytest.raises(at.AttributionError) as model_error:
-        at.load_model(saved_bytes(TinyMLP()))
+        at.load_model(saved(TinyMLP()))
     with pytest.raises(at.AttributionError) as data_error:
-        at.load_data(saved_bytes({"inputs": torch.zeros(3, 4), "note": TinyMLP()}))
+        at.load_data(saved({"inputs": torch.zeros(3, 4), "note": TinyMLP()}))
     for error, remedy in ((model_error, "state_dict()"), (data_error, "torch.save({'inputs'")):
         assert "contains pickled Python objects" in str(error.value)
         assert WEIGHTS_ONLY in str(error.value) and remedy in str(error.value)
@@ -376,8 +349,8 @@ def test_models_and_data_refuse_pickled_objects_with_one_policy():
 
 def test_pickled_module_of_a_conv_net_needs_its_input_shape():
     with pytest.raises(at.AttributionError, match="example_input"):
-        at.load_model(saved_bytes(TinyCNN()), trust_code=True)
-    loaded = at.load_model(saved_bytes(TinyCNN()), trust_code=True, example_input=(1, 4, 4))
+        at.load_model(saved(TinyCNN()), trust_code=True)
+    loaded = at.load_model(saved(TinyCNN()), trust_code=True, example_input=(1, 4, 4))
     assert loaded.input_shape == (1, 4, 4) and loaded.n_classes == 3
 
 
@@ -386,7 +359,7 @@ def test_pickled_module_of_a_conv_net_needs_its_input_shape():
                                                    "x": exploit}])
 def test_malicious_pickle_never_runs_without_trust(tmp_path, wrap):
     marker = tmp_path / "ran"
-    data = saved_bytes(wrap(Exploit(marker)))
+    data = saved(wrap(Exploit(marker)))
     for attempt in (lambda: at.load_model(data), lambda: at.load_data(data)):
         with pytest.raises(at.AttributionError):
             attempt()
@@ -415,7 +388,7 @@ class Net(nn.Module):
 def test_python_architecture_runs_only_with_trust_code(tmp_path):
     script = tmp_path / "net.py"
     script.write_bytes(PYTHON_ARCHITECTURE + b"MARKER.touch()\n")
-    weights = saved_bytes(TinyMLP().state_dict())
+    weights = saved(TinyMLP().state_dict())
     for architecture in (script, script.read_bytes()):
         with pytest.raises(at.AttributionError, match="trust_code=True"):
             at.load_model(weights, architecture=architecture)
@@ -427,7 +400,7 @@ def test_python_architecture_runs_only_with_trust_code(tmp_path):
 
 def test_python_architecture_with_build_model_from_bytes():
     source = PYTHON_ARCHITECTURE + b"class Other(nn.Module):\n    pass\n"
-    weights = saved_bytes(TinyMLP().state_dict())
+    weights = saved(TinyMLP().state_dict())
     with pytest.raises(at.AttributionError, match="build_model"):
         at.load_model(weights, architecture=source.replace(b"__file__", b"'x'"),
                       trust_code=True)
