@@ -17,7 +17,8 @@ from .model_io import (NamedInputs, call, describe, is_batch, is_floating, logit
 
 AXIS_RULES = {
     "only axis": "the output is [N, n]",
-    "lengths": "the other axes follow the length of the inputs (positions)",
+    "lengths": "the other axes follow the length of the inputs (positions); when every axis "
+               "follows an input dim, the rules below decide",
     "parameters": "the only axis whose size is a dim of the module's parameters",
     "input": "as the layer feeding it (same shape, no parameters of its own)",
     "users": "as the layers it feeds (same shape), where nothing above told its axes apart",
@@ -374,6 +375,8 @@ def _neuron_axis(shape: torch.Size, followed: set[int], module: nn.Module,
     if len(shape) == 2:
         return 1, "only axis"
     candidates = [axis for axis in range(1, len(shape)) if axis not in followed]
+    if not candidates:  # every axis follows some input dim (a pooling keeps the channels):
+        followed, candidates = set(), list(range(1, len(shape)))  # lengths tell nothing apart
     candidates = [axis for axis in candidates if shape[axis] > 1] or candidates
     if len(candidates) == 1:
         return candidates[0], "lengths" if followed else "only axis"

@@ -107,11 +107,12 @@ import torch
 from captum.attr import (IntegratedGradients, LayerActivation, LayerConductance,
                          LayerFeatureAblation, LayerGradientXActivation)
 from captum.testing.helpers.basic_models import (
-    BasicEmbeddingModel, BasicModel_ConvNet, BasicModel_ConvNet_One_Conv, BasicModel_MultiLayer,
-    BasicModel_MultiLayer_MultiInput, BasicModel_MultiLayer_TrueMultiInput, Conv1dSeqModel)
+    BasicEmbeddingModel, BasicModel_ConvNet, BasicModel_ConvNet_One_Conv, BasicModel_MaxPool_ReLU,
+    BasicModel_MultiLayer, BasicModel_MultiLayer_MultiInput, BasicModel_MultiLayer_TrueMultiInput,
+    Conv1dSeqModel)
 from torch import nn
 
-from attribution import AttributionError, NamedInputs, neuron_scores
+from attribution import METHODS, AttributionError, NamedInputs, list_layers, neuron_scores
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, runner_for
 from tests.support.references import replaced_output
@@ -630,3 +631,22 @@ def test_integrated_gradients_at_submodels_with_named_inputs(four_inputs):
                 x["x2"], x["x3"], x.get("x4", x["x1"]), scale=1)
         torch.testing.assert_close(scores[:, 0], z[:, 0])
         assert float(scores[:, 1].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_parameter_free_layers_whose_every_axis_follows_the_input(channels):
+    """BasicModel_MaxPool_ReLU on [N, C, 6]: MaxPool1d and ReLU keep the input's channels and
+    the model sums over them at the end, so halving either input dim changes each output
+    axis. The channels are the neurons (as Captum's layer methods keep them), every method
+    scores them, and gradient x activation equals Captum's summed over positions."""
+    torch.manual_seed(0)
+    model, x = BasicModel_MaxPool_ReLU().eval(), torch.randn(4, channels, 6)
+    layers = {info.name: info for info in list_layers(model, x)}
+    assert {name: (info.neuron_axis, info.n_neurons) for name, info in layers.items()} == {
+        "maxpool": (1, channels), "relu": (1, channels)}
+    for layer in layers:
+        for method in METHODS:
+            assert ours(model, layer, x, method).shape == (4, channels), (layer, method)
+        captum = LayerGradientXActivation(model, getattr(model, layer)).attribute(x, target=0)
+        torch.testing.assert_close(ours(model, layer, x, "gradient_x_activation"),
+                                   per_neuron(captum))
