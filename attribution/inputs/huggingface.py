@@ -5,7 +5,8 @@ directory path, as its files uploaded together ({file name: bytes}), or as a zip
 
 Threat model: the files come from anyone. transformers can run code from a checkpoint in
 three ways, all closed here: (1) `auto_map` / custom classes in config.json make
-`trust_remote_code` import Python shipped with the model: any config naming code is refused,
+`trust_remote_code` import Python shipped with the model, and an `attn_implementation` other
+than eager / sdpa fetches a kernel's code: a config naming code at any depth is refused,
 and the class is looked up by name only in transformers' own tables of sequence- and
 image-classification models (`architectures` must be the class those tables name for the
 config's `model_type`; an unknown `model_type` is refused); (2) pickled weights
@@ -50,9 +51,18 @@ MAX_CONFIG_INTEGER = 1 << 24
 """Largest integer a config may hold (vocabulary, widths, positions): far above real models,
 far below what a crafted config would need to exhaust memory in one dimension."""
 MAX_LAYERS = 256
+MAX_CONFIG_DEPTH = 32
+"""Most levels of nested objects and lists in config.json (transformers' own nest 3-4)."""
 EXAMPLE_LENGTH = 8
 """Tokens per sample of the example batch (the layer list shows T = 8 positions)."""
 _CODE_KEYS = ("auto_map", "custom_pipelines", "trust_remote_code", "quantization_config")
+"""Config keys that make transformers import code or optional backends, at any depth (a
+composite model's text_config / vision_config is a config too)."""
+_ATTENTION_KEYS = ("attn_implementation", "_attn_implementation",
+                   "_attn_implementation_internal")
+_BUILT_IN_ATTENTION = (None, "eager", "sdpa")
+"""The attention implementations transformers runs from its own code; any other value (a
+hub kernel such as "kernels-community/flash-attn") makes it fetch and import code."""
 
 Files = Mapping[str, bytes]
 FolderSource = Union[str, os.PathLike, bytes, Files]
@@ -150,17 +160,43 @@ def read_config(text: bytes) -> dict:
         config = json.loads(text)
     except (ValueError, UnicodeDecodeError) as error:
         raise AttributionError(f"config.json is not valid JSON ({error}).") from None
+    except RecursionError:
+        raise AttributionError(f"config.json nests objects or lists deeper than the parser "
+                               f"allows; a model config nests at most {MAX_CONFIG_DEPTH} "
+                               "levels.") from None
     if not isinstance(config, dict):
         raise AttributionError("config.json must hold a JSON object.")
-    named_code = [key for key in _CODE_KEYS if key in config]
+    named_code = list(_keys_naming_code(config))
     if named_code:
         raise AttributionError(
             f"config.json sets {', '.join(named_code)}: it asks to run code shipped with the "
-            "model (or optional quantization backends). Only transformers' own architectures "
-            "are loaded here; save the model with a built-in class (e.g. "
+            "model or fetched for it (custom classes, attention kernels, quantization "
+            "backends). Only transformers' own architectures and attention (eager, sdpa) are "
+            "loaded here; save the model with a built-in class (e.g. "
             "BertForSequenceClassification) and without custom code.")
     _check_numbers(config)
     return config
+
+
+def _keys_naming_code(value: Any, path: str = "", depth: int = 0):
+    """The dotted paths of config entries that name code (`_CODE_KEYS`, or an attention
+    implementation other than `_BUILT_IN_ATTENTION`), searched through nested objects and
+    lists, at most MAX_CONFIG_DEPTH deep."""
+    if depth > MAX_CONFIG_DEPTH:
+        raise AttributionError(f"config.json nests deeper than {MAX_CONFIG_DEPTH} levels (at "
+                               f"{path[:80]}); a model config is not that deep.")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in _CODE_KEYS:
+                yield where
+            elif key in _ATTENTION_KEYS and item not in _BUILT_IN_ATTENTION:
+                yield f"{where} = {item!r}"[:120]
+            else:
+                yield from _keys_naming_code(item, where, depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _keys_naming_code(item, f"{path}[{index}]", depth + 1)
 
 
 def _check_numbers(value: Any, key: str = "") -> None:

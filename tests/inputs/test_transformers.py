@@ -406,6 +406,13 @@ def _npz_bytes(**arrays) -> bytes:
     return buffer.getvalue()
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 def _hostile(tmp_path: Path, name: str, edit=None, weights: str = "model.safetensors") -> Path:
     folder = _folder_files(build("bert"), tmp_path, name)
     config = json.loads((folder / "config.json").read_text())
@@ -436,11 +443,34 @@ def _hostile(tmp_path: Path, name: str, edit=None, weights: str = "model.safeten
      "model.safetensors", "quantization_config"),
     ("missing_weights", lambda c: c.update(num_hidden_layers=3), "model.safetensors",
      "lacks .* weight"),
+    ("nested_auto_map", lambda c: c.update(text_config={"auto_map": {
+        "AutoModel": "modeling_evil.Evil"}}), "model.safetensors", "text_config.auto_map"),
+    ("listed_auto_map", lambda c: c.update(sub_configs=[{}, {"trust_remote_code": True}]),
+     "model.safetensors", r"sub_configs\[1\].trust_remote_code"),
+    ("attention_kernel", lambda c: c.update(attn_implementation="kernels-community/evil"),
+     "model.safetensors", "attn_implementation = 'kernels-community/evil'"),
+    ("nested_attention_kernel", lambda c: c.update(
+        vision_config={"_attn_implementation": "flash_attention_2"}), "model.safetensors",
+     "vision_config._attn_implementation"),
+    ("deep", lambda c: c.update(deep=_nested(40)), "model.safetensors", "deeper than 32"),
 ])
 def test_hostile_folders_are_refused(tmp_path, name, edit, weights, words):
     folder = _hostile(tmp_path, name, edit, weights)
     with pytest.raises(at.AttributionError, match=words):
         at.load_model(folder)
+
+
+def test_a_config_nested_past_the_json_parser_is_refused_with_the_projects_error(tmp_path):
+    folder = _hostile(tmp_path, "deeper_than_the_parser")
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(at.AttributionError, match="nests"):
+        at.load_model(folder)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_transformers_own_attention_implementations_load(tmp_path, attention):
+    folder = _hostile(tmp_path, attention, lambda c: c.update(attn_implementation=attention))
+    assert at.load_model(folder).n_classes == build("bert").config.num_labels
 
 
 def _word_tokenizer(words: list[str]):
