@@ -21,11 +21,9 @@ tokenizer's JSON; no Python); slow tokenizers (sentencepiece / vocab files with 
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import os
 import tempfile
-import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -35,7 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
-from .untrusted.files import open_zip, sniff
+from .untrusted.files import open_zip, sniff, zip_entry_names
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
 from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
@@ -107,12 +105,19 @@ def is_folder(source: Any) -> bool:
     if isinstance(source, Mapping):
         return CONFIG in {Path(name).name for name in source}
     if isinstance(source, (bytes, bytearray)) and sniff(bytes(source[:4])) == "zip":
-        try:
-            with zipfile.ZipFile(io.BytesIO(bytes(source))) as archive:
-                return any(Path(name).name == CONFIG for name in archive.namelist())
-        except zipfile.BadZipFile:
-            return False
+        return any(Path(name).name == CONFIG for name in zip_entry_names(bytes(source)))
     return False
+
+
+def _one_each(names: Sequence[str]) -> None:
+    """Refuse a folder where two files would be read as one of the files this module reads
+    (a nested config.json beside the top-level one): which one wins must not be a guess."""
+    for wanted in (CONFIG, WEIGHTS, TOKENIZER):
+        found = [name for name in names if Path(name).name == wanted]
+        if len(found) > 1:
+            raise AttributionError(
+                f"The folder holds {len(found)} files named {wanted} ({', '.join(found[:3])}); "
+                "upload one save_pretrained folder, with one of each.")
 
 
 def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
@@ -129,9 +134,11 @@ def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
                 files[name] = path.read_bytes()
         return {**{name: b"" for name in names if name not in files}, **files}
     if isinstance(source, Mapping):
+        _one_each(list(source))
         files = {Path(name).name: bytes(data) for name, data in source.items()}
     else:
         archive = open_zip(bytes(source), limits)
+        _one_each(archive.namelist())
         files = {}
         for entry in archive.infolist():
             name = Path(entry.filename).name

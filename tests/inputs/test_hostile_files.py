@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 import zlib
 
 import numpy as np
@@ -33,7 +34,7 @@ from tests.support.hostile import (TINY, TINY_ARCHITECTURE, MatmulBomb, MemoryBo
                                    parquet_nested, parquet_number_bomb, parquet_row_groups,
                                    parquet_text_bomb, pickle_cycle, pickle_laughs, saved,
                                    state_dict_with, storage_declared_larger, stride_zero_tensor,
-                                   wide_csv, yaml_laughs)
+                                   wide_csv, yaml_laughs, zip_with_names)
 
 GiB = 2 ** 30
 SECONDS = 10.0
@@ -46,6 +47,14 @@ DATA_CASES = {  # name: (builder, regex of the message)
     "npz bomb in three 0.8 GB entries": (npz_bomb_in_parts, "unpacks to"),
     "zip entry lying about its size": (lying_zip_header, "more than the"),
     "zip of 150,000 entries": (many_zip_entries, "entries"),
+    "zip claiming 1 entry, holding 150,000": (lambda: many_zip_entries(claimed=1),
+                                              "more than 100,000 entries"),
+    "zip entry name marked UTF-8 that is not": (
+        lambda: zip_with_names(b"inputs\xff.npy", flags=0x800), "marked UTF-8"),
+    "zip naming one entry twice (a/../b, b)": (
+        lambda: zip_with_names("x/../inputs.npy", "inputs.npy"), "denote the same path"),
+    "zip naming one entry twice (\\ and /)": (
+        lambda: zip_with_names("d\\inputs.npy", "d/inputs.npy"), "denote the same path"),
     "parquet of 2.1 GB of numbers": (parquet_number_bomb, "decodes to"),
     "parquet of 4 GB of text": (parquet_text_bomb, "text decodes to"),
     "parquet of 12,000 row groups": (parquet_row_groups, "12,000 row groups"),
@@ -185,6 +194,20 @@ def test_each_hostile_file_is_refused_quickly_within_memory(refusals, name):
 
 
 # ------------------------------------------------------------------ in-process checks
+
+def test_a_zip_directory_is_counted_before_zipfile_reads_it(monkeypatch):
+    """The bounded directory parse refuses 150,000 entries, also where the end record claims
+    one, before Python's zipfile (which reads every entry the directory holds) is called."""
+    def not_reached(*args, **kwargs):
+        raise AssertionError("zipfile read an archive over the entry budget")
+
+    monkeypatch.setattr(zipfile, "ZipFile", not_reached)
+    for data in (many_zip_entries(), many_zip_entries(claimed=1)):
+        with pytest.raises(at.AttributionError, match="max_archive_entries"):
+            at.load_data(data)
+        with pytest.raises(at.AttributionError, match="max_archive_entries"):
+            at.load_model(data)
+
 
 def test_budget_messages_say_the_limit_and_how_to_raise_it():
     with pytest.raises(at.AttributionError) as error:

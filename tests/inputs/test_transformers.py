@@ -460,6 +460,21 @@ def test_hostile_folders_are_refused(tmp_path, name, edit, weights, words):
         at.load_model(folder)
 
 
+def test_a_second_config_in_a_subfolder_is_refused_not_silently_chosen(tmp_path):
+    """A zip or an upload whose files flatten to two config.json: neither may win unseen."""
+    folder = _folder_files(build("bert"), tmp_path, "bert")
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    other = json.dumps({**json.loads(files["config.json"]), "num_labels": 7}).encode()
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as writer:
+        for name, content in files.items():
+            writer.writestr(f"bert/{name}", content)
+        writer.writestr("bert/nested/config.json", other)
+    for source in (archive.getvalue(), {**files, "nested/config.json": other}):
+        with pytest.raises(at.AttributionError, match="2 files named config.json"):
+            at.load_model(source)
+
+
 def test_a_config_nested_past_the_json_parser_is_refused_with_the_projects_error(tmp_path):
     folder = _hostile(tmp_path, "deeper_than_the_parser")
     (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)

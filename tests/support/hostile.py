@@ -6,6 +6,7 @@ import json
 import struct
 import zipfile
 import zlib
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -18,20 +19,23 @@ import attribution as at
 
 # ------------------------------------------------------------------ building blocks
 
-def raw_zip(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
+def raw_zip(entries: list[tuple[str | bytes, int, bytes, int, int]], *,
+            claimed: Optional[int] = None, flags: int = 0) -> bytes:
     """A zip of (name, method, packed bytes, crc, declared size) entries, written by hand so
-    that a header may lie."""
+    that a header may lie: `claimed` is the entry count its end record states (default: the
+    true count), `flags` every entry's general-purpose bits (0x800: names are UTF-8)."""
     out, central = io.BytesIO(), []
     for name, method, packed, crc, size in entries:
-        offset, encoded = out.tell(), name.encode()
-        out.write(struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc,
+        offset = out.tell()
+        encoded = name if isinstance(name, bytes) else name.encode()
+        out.write(struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, flags, method, 0, 0x21, crc,
                               len(packed), size, len(encoded), 0) + encoded + packed)
-        central.append(struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, method, 0, 0x21,
-                                   crc, len(packed), size, len(encoded), 0, 0, 0, 0, 0, offset)
-                       + encoded)
+        central.append(struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, flags, method, 0,
+                                   0x21, crc, len(packed), size, len(encoded), 0, 0, 0, 0, 0,
+                                   offset) + encoded)
     start, directory = out.tell(), b"".join(central)
     out.write(directory)
-    count = len(entries)
+    count = len(entries) if claimed is None else claimed
     if count > 0xFFFF:  # the zip64 end records carry the count
         end64 = out.tell()
         out.write(struct.pack("<4sQ2H2I4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
@@ -114,9 +118,20 @@ def lying_zip_header() -> bytes:
     return raw_zip([("inputs.npy", 8, packed, zlib.crc32(declared), len(declared))])
 
 
-def many_zip_entries() -> bytes:
-    """150,000 empty entries: a directory that would take ~100 MB of Python objects."""
-    return raw_zip([(f"{index}.npy", 0, b"", 0, 0) for index in range(150_000)])
+def many_zip_entries(claimed: Optional[int] = None) -> bytes:
+    """150,000 empty entries: a directory that would take ~100 MB of Python objects; its end
+    record states `claimed` entries (default: the true count)."""
+    return raw_zip([(f"{index}.npy", 0, b"", 0, 0) for index in range(150_000)],
+                   claimed=claimed)
+
+
+def zip_with_names(*names: str | bytes, flags: int = 0) -> bytes:
+    """A zip of one small .npy array under each of `names`."""
+    array = io.BytesIO()
+    np.save(array, np.zeros((2, 2), np.float32))
+    content = array.getvalue()
+    return raw_zip([(name, 0, content, zlib.crc32(content), len(content)) for name in names],
+                   flags=flags)
 
 
 def parquet_number_bomb() -> bytes:

@@ -10,8 +10,10 @@ Each module guards against one kind of harm (its docstring details it):
   and the first run's time and memory; `over_budget` words every refusal alike.
 - `files`: the bytes themselves: a file over the size limit (`read_source`), a format
   claimed by a file name (`sniff` reads the content), zip bombs and crafted archives
-  (`open_zip`: entry count and declared sizes first, then each entry inflated once and
-  refused as soon as it lies about its size or CRC).
+  (`zip_entry_names`: the directory's entries counted and named by a bounded parse of
+  the directory itself, never from the count the file states, names that are not text or
+  that denote one path twice refused; `open_zip`: then the declared sizes, then each
+  entry inflated once and refused as soon as it lies about its size or CRC).
 - `pickles`: code execution by unpickling (`unpickle`, the one `torch.load` of the
   package: weights only, one policy text, unless the caller's own `trust_code`); slow
   pickles (`check_pickle_size`); pickle laughs and self-containing lists (`pickled_size`).

@@ -7,12 +7,15 @@ named for one format holding another (`sniff` reads the first bytes, never the n
 bomb or a crafted archive (`open_zip`: the entry count and the unpacked sizes its directory
 declares within `Limits` before any entry is read; then every entry inflated once, in 1 MB
 steps, refused as soon as it yields more than it declares, and its size and CRC compared;
-duplicate names, encryption and compressions other than deflate refused).
+the directory's entries counted by a bounded parse of the directory itself, not taken from
+the count the file states; names that are not text or that denote one path twice,
+encryption and compressions other than deflate refused).
 """
 from __future__ import annotations
 
 import io
 import os
+import posixpath
 import struct
 import zipfile
 import zlib
@@ -110,27 +113,68 @@ def describe_kind(kind: str) -> str:
 
 # ---------------------------------------------------------------- zip archives
 
-def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
-    """A checked zip archive: its entry count and the unpacked sizes its directory declares
-    within `limits` (before any entry is read), then every entry inflated once, in 1 MB
-    steps, and refused as soon as it yields more than it declares, or when its size or CRC
-    differ at the end."""
+def zip_entry_names(data: bytes, limits: Optional[Limits] = None) -> list[str]:
+    """The entry names of a zip archive, read from its central directory by a bounded parse
+    before anything else reads it: entries are counted from the directory itself (the end
+    record's count is the file's claim), at most `max_archive_entries`; each name must be
+    valid text; two names that normalise to one path (`a/../b` and `b`, `\\` and `/`) are
+    refused."""
     limits = limits or DEFAULT_LIMITS
     with reading("The file looks like a zip archive but is damaged or truncated"):
-        end_record = zipfile._EndRecData(io.BytesIO(data))  # the directory's own entry count
-        if end_record is None:
-            raise AttributionError("The zip archive is damaged or truncated (it has no "
-                                   "directory); upload the file again.")
-        if end_record[zipfile._ECD_ENTRIES_TOTAL] > limits.max_archive_entries:
+        end_record = zipfile._EndRecData(io.BytesIO(data))
+    if end_record is None:
+        raise AttributionError("The zip archive is damaged or truncated (it has no "
+                               "directory); upload the file again.")
+    size, offset = end_record[zipfile._ECD_SIZE], end_record[zipfile._ECD_OFFSET]
+    position = end_record[zipfile._ECD_LOCATION] - size  # as zipfile: data may precede it
+    if end_record[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:
+        position -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator
+    if position < 0 or offset > position:
+        raise AttributionError("The zip archive's directory lies outside the file; it is "
+                               "damaged or crafted. Save the file again.")
+    names, stop = [], position + size
+    while position < stop:
+        if len(names) == limits.max_archive_entries:
             raise AttributionError(over_budget(
-                "The zip archive lists", f"{end_record[zipfile._ECD_ENTRIES_TOTAL]:,} entries",
+                "The zip archive lists", f"more than {len(names):,} entries",
                 f"{limits.max_archive_entries:,}", "max_archive_entries"))
+        header = data[position:position + zipfile.sizeCentralDir]
+        if len(header) < zipfile.sizeCentralDir or header[:4] != zipfile.stringCentralDir:
+            raise AttributionError("The zip archive's directory is damaged or truncated; "
+                                   "upload the file again.")
+        fields = struct.unpack(zipfile.structCentralDir, header)
+        start = position + zipfile.sizeCentralDir
+        raw = data[start:start + fields[zipfile._CD_FILENAME_LENGTH]]
+        try:
+            names.append(raw.decode("utf-8" if fields[zipfile._CD_FLAG_BITS] & 0x800
+                                    else "cp437"))
+        except UnicodeDecodeError:
+            raise AttributionError(f"The zip entry name {raw[:60]!r} is marked UTF-8 but is "
+                                   "not; the archive is damaged or crafted.") from None
+        position = start + sum(fields[i] for i in (zipfile._CD_FILENAME_LENGTH,
+                                                   zipfile._CD_EXTRA_FIELD_LENGTH,
+                                                   zipfile._CD_COMMENT_LENGTH))
+    if len({_normalised(name) for name in names}) != len(names):
+        raise AttributionError("The zip archive lists one entry twice (under names that "
+                               "denote the same path); it is damaged or crafted. Save the "
+                               "file again.")
+    return names
+
+
+def _normalised(name: str) -> str:
+    return posixpath.normpath("/" + name.replace("\\", "/")).lstrip("/")
+
+
+def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+    """A checked zip archive: its directory read by a bounded parse (`zip_entry_names`) and
+    the unpacked sizes it declares within `limits` (before any entry is read), then every
+    entry inflated once, in 1 MB steps, and refused as soon as it yields more than it
+    declares, or when its size or CRC differ at the end."""
+    limits = limits or DEFAULT_LIMITS
+    zip_entry_names(data, limits)
+    with reading("The file looks like a zip archive but is damaged or truncated"):
         archive = zipfile.ZipFile(io.BytesIO(data))
         entries = archive.infolist()
-        names = [entry.filename for entry in entries]
-        if len(set(names)) != len(names):
-            raise AttributionError("The zip archive lists an entry twice; it is damaged or "
-                                   "crafted. Save the file again.")
         unpacked = sum(entry.file_size for entry in entries)
         if unpacked > limits.max_decoded_bytes:
             raise AttributionError(over_budget(
