@@ -133,3 +133,23 @@ def test_the_untrusted_boundary_imports_only_itself_and_the_core():
                                     or name in CORE))
              for module in MODULES if module == boundary or module.startswith(boundary + ".")}
     assert len(found) >= 6 and not any(found.values()), found
+
+
+def _reads_a_zip(node: ast.AST) -> bool:
+    """A call `zipfile.ZipFile(...)` / `ZipFile(...)` that opens an archive for reading."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
+        node.func, "id", "")
+    modes = [arg.value for arg in node.args[1:2] if isinstance(arg, ast.Constant)] + [
+        keyword.value.value for keyword in node.keywords
+        if keyword.arg == "mode" and isinstance(keyword.value, ast.Constant)]
+    return name == "ZipFile" and all(mode == "r" for mode in modes)
+
+
+def test_only_the_files_module_opens_zip_archives_for_reading():
+    """Python's zipfile reads every entry a directory holds: the package opens archives only
+    through `untrusted.files.zip_directory`, after its bounded parse of the directory."""
+    readers = {module for module, path in MODULES.items()
+               if any(_reads_a_zip(node) for node in ast.walk(ast.parse(path.read_text())))}
+    assert readers == {"attribution.inputs.untrusted.files"}, readers

@@ -56,12 +56,12 @@ import operator
 import pickletools
 import re
 import types
-import zipfile
 from typing import Any
 
 import torch
 
 from ...errors import AttributionError, reading
+from .files import zip_directory
 from .limits import DEFAULT_LIMITS, Limits, over_budget
 from .pickles import unpickle
 
@@ -114,7 +114,7 @@ def check_export_archive(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[s
                  f"save it again with torch.export.save:\n{EXPORT_RECIPE}"):
         reader = torch._C.PyTorchFileReader(io.BytesIO(data))
         records = list(reader.get_all_records())
-        _check_layout(data, records)
+        _check_layout(data, records, limits)
         sizes = {name: reader.get_record_size(name) for name in records}
         _within_budget("This .pt2 unpacks to", sum(sizes.values()), limits)
         for name in _SMALL_ENTRIES:
@@ -150,13 +150,13 @@ def _size(n_bytes: int) -> str:
     return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.1f} MB"
 
 
-def _check_layout(data: bytes, records: list[str]) -> None:
+def _check_layout(data: bytes, records: list[str], limits: Limits) -> None:
     """Only the entries torch.export.save writes, listed alike by torch's and Python's readers.
 
     torch.export.load falls back to a legacy reader (Python's zipfile, pickles included) when
     its own reader fails, so both must see the same entries under one folder.
     """
-    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    names = zip_directory(data, limits).namelist()
     root = names[0].split("/", 1)[0] if names else ""
     if len(set(names)) != len(names) or sorted(names) != sorted(f"{root}/{r}" for r in records):
         raise _refuse("its zip directory lists entries twice or differently to different "
@@ -270,7 +270,7 @@ def _concrete(value: Any, where: str) -> int:
 def _check_sample_inputs(data: bytes, weight_bytes: int, limits: Limits) -> None:
     """Sample inputs are a torch.save zip of plain tensors: ((tensors...), {name: tensor});
     their storages and the `weight_bytes` of the weights within `limits` before reading."""
-    archive = zipfile.ZipFile(io.BytesIO(data))
+    archive = zip_directory(data, limits)
     entries = archive.infolist()
     root = entries[0].filename.split("/", 1)[0] if entries else ""
     names = [entry.filename[len(root) + 1:] for entry in entries]

@@ -165,15 +165,23 @@ def _normalised(name: str) -> str:
     return posixpath.normpath("/" + name.replace("\\", "/")).lstrip("/")
 
 
+def zip_directory(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+    """Python's zipfile on `data`, opened only after the bounded parse of `zip_entry_names`
+    accepted its directory (zipfile itself reads every entry the directory holds); no entry
+    is read. The one way this package opens a zip it did not write."""
+    zip_entry_names(data, limits)
+    with reading("The file looks like a zip archive but is damaged or truncated"):
+        return zipfile.ZipFile(io.BytesIO(data))
+
+
 def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
-    """A checked zip archive: its directory read by a bounded parse (`zip_entry_names`) and
+    """A checked zip archive: its directory read by a bounded parse (`zip_directory`) and
     the unpacked sizes it declares within `limits` (before any entry is read), then every
     entry inflated once, in 1 MB steps, and refused as soon as it yields more than it
     declares, or when its size or CRC differ at the end."""
     limits = limits or DEFAULT_LIMITS
-    zip_entry_names(data, limits)
+    archive = zip_directory(data, limits)
     with reading("The file looks like a zip archive but is damaged or truncated"):
-        archive = zipfile.ZipFile(io.BytesIO(data))
         entries = archive.infolist()
         unpacked = sum(entry.file_size for entry in entries)
         if unpacked > limits.max_decoded_bytes:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import io
 import pickle
 import re
-import zipfile
 from typing import Any, Optional
 
 import torch
 
 from ...errors import AttributionError, reading
-from .files import sniff
+from .files import sniff, zip_directory
 from .limits import MB, Limits, over_budget
 from .tensors import check_tensor
 
@@ -79,7 +78,7 @@ def check_pickle_size(data: bytes, limits: Limits) -> None:
     size = len(data)
     if sniff(data) == "zip":
         with reading("The .pt file is damaged"):
-            size = max((entry.file_size for entry in zipfile.ZipFile(io.BytesIO(data)).infolist()
+            size = max((entry.file_size for entry in zip_directory(data, limits).infolist()
                         if entry.filename.endswith("/data.pkl")), default=0)
     if size > limits.max_pickle_bytes:
         raise AttributionError(over_budget(
