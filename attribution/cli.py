@@ -42,7 +42,7 @@ from .presentation import plots
 from .analyses.diagnose import diagnose
 from .errors import AttributionError
 from .engine.layers import resolve_layer
-from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
+from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .inputs.loaded import LoadedModel
 from .inputs.loading import load_model
 from .inputs.untrusted.files import sniff
@@ -365,12 +365,12 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     n = rows.shape[0]
     labels = clusters = None
     if args.labels is not None:
-        labels = data_module.as_labels(_small_npy(args.labels, "labels"), n)
+        labels = data_module.as_labels(_small_npy(args.labels, "labels", limits_from(args)), n)
         if int(labels.max()) >= model.n_classes:
             raise AttributionError(f"{args.labels} has labels up to {int(labels.max())}, but "
                                    f"the model's classes are 0..{model.n_classes - 1}.")
     if args.cluster_ids is not None:
-        clusters = _small_npy(args.cluster_ids, "cluster ids")
+        clusters = _small_npy(args.cluster_ids, "cluster ids", limits_from(args))
         if clusters.shape != (n,) or clusters.dtype.kind not in "biuUS":
             raise AttributionError(f"{args.cluster_ids} must hold one integer or text cluster "
                                    f"id per sample, shape [{n}]; it has shape "
@@ -379,15 +379,25 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     return Problem(model, rows, labels, clusters, model.class_names)
 
 
-def _small_npy(path: Path, what: str) -> np.ndarray:
-    """A 1-D .npy of per-sample values (labels, cluster ids), read whole: N small numbers."""
+def _small_npy(path: Path, what: str, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
+    """A .npy of per-sample values (labels, cluster ids, one's own scores), read whole once
+    its header's size is within `limits.max_decoded_bytes` (it is mapped, not read, until
+    then: a header may claim any size)."""
     try:
-        return np.load(path, allow_pickle=False)
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise AttributionError(f"No such {what} file: {path}.") from None
     except (ValueError, OSError, EOFError) as error:
         raise AttributionError(f"{path} is not a readable .npy file of {what} ({error}); save "
                                "it with numpy.save.") from None
+    if not isinstance(mapped, np.ndarray):
+        raise AttributionError(f"{path} is not a .npy file of {what}; save one array with "
+                               "numpy.save.")
+    if mapped.nbytes > limits.max_decoded_bytes:
+        raise AttributionError(over_budget(
+            f"The {what} file holds", f"{mapped.nbytes / MB:,.0f} MB",
+            f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+    return np.array(mapped)
 
 
 def cluster_source_of(args, problem: Problem) -> str:
@@ -679,8 +689,8 @@ def run_diagnose(args) -> int:
         if clusters is None:
             raise AttributionError("--cluster needs clusters: choose a --clusters source.")
         focus = cluster_id(args.cluster, clusters)
-    user_scores = None if args.user_scores is None else _small_npy(args.user_scores,
-                                                                   "user scores")
+    user_scores = None if args.user_scores is None else _small_npy(
+        args.user_scores, "user scores", limits_from(args))
     with ProgressBar("diagnose", args.quiet) as bar:
         findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
                             args.method, clusters, cluster=focus, reduce=args.reduce,

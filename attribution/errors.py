@@ -3,7 +3,14 @@ untrusted bytes into it."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import functools
+from typing import Callable, Iterator, TypeVar
+
+_NATIVE_PANICS = ("PanicException",)
+"""BaseExceptions that report a failure of native code (pyo3's panic in the Rust tokenizers
+and safetensors libraries): failures like any Exception. Other BaseExceptions (an interrupt,
+a framework's rerun request) pass through."""
+Function = TypeVar("Function", bound=Callable)
 
 
 class AttributionError(ValueError):
@@ -29,9 +36,25 @@ def reading(problem: str, remedy: str = "") -> Iterator[None]:
         raise
     except MemoryError as error:
         raise out_of_memory("the file", error) from None
-    except Exception as error:
+    except BaseException as error:  # noqa: B036 - native code panics as a BaseException
+        if not isinstance(error, Exception) and type(error).__name__ not in _NATIVE_PANICS:
+            raise
         if "can't allocate memory" in str(error):  # torch's allocator (a RuntimeError)
             raise out_of_memory("the file", error) from None
         detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         cause = f" ({type(error).__name__}: {detail})" if detail else ""
         raise AttributionError(problem + cause + (f"; {remedy}" if remedy else ".")) from error
+
+
+def reads_input(what: str) -> Callable[[Function], Function]:
+    """Decorate a public reader of user input (`load_data`, `load_model`) so that every
+    failure on the input's bytes, in whichever parser or native library, reaches the caller
+    as one AttributionError ("The `what` could not be read (type: detail)")."""
+    def decorate(function: Function) -> Function:
+        @functools.wraps(function)
+        def read(*args, **kwargs):
+            with reading(f"The {what} could not be read",
+                         "check that it is one of the formats the README lists"):
+                return function(*args, **kwargs)
+        return read  # type: ignore[return-value]
+    return decorate

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..engine import model_io
-from ..errors import AttributionError, out_of_memory, reading
+from ..errors import AttributionError, out_of_memory, reading, reads_input
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
@@ -249,6 +249,7 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- loading
 
+@reads_input("data file")
 def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
               label: Optional[str] = None, cluster: Optional[str] = None,
               max_bytes: Optional[int] = None, max_rows: Optional[int] = None,

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .architectures import Architecture, is_description, parse_architecture
-from ..errors import AttributionError, out_of_memory, reading
+from ..errors import AttributionError, out_of_memory, reading, reads_input
 from ..engine.model_io import NamedInputs, OutputKey, shape_text
 from . import huggingface
 from .loaded import LoadedModel, checked_model
@@ -259,6 +259,7 @@ def _module_from_python(source: Any, trust_code: bool) -> nn.Module:
 
 # ---------------------------------------------------------------- the public entry point
 
+@reads_input("model file")
 def load_model(source: Source, *, architecture: Any = None,
                example_input: Union[torch.Tensor, Sequence[int], None] = None,
                class_names: Optional[Sequence[str]] = None, trust_code: bool = False,

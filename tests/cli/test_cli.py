@@ -257,6 +257,11 @@ def bad_inputs(tmp: Path):
     np.save(tmp / "short_labels.npy", np.zeros(3, dtype=np.int64))
     np.save(tmp / "big_labels.npy", np.full(5, 40))
     np.save(tmp / "lonely.npy", np.array(["a", "a", "a", "a", "b"]))
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000, 200000), }"
+    header = header.ljust(117) + "\n"  # a header claiming 745 GiB, over 64 bytes of data
+    (tmp / "claims.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+                                     + header.encode() + bytes(64))
+    np.save(tmp / "big_scores.npy", np.zeros((600, 1000), dtype=np.float32))  # 2.4 MB
     score = ["score", "--model", MODEL, "--layer", LAYER, "--out", tmp / "out.csv"]
     return [
         (["score", "--model", tmp / "absent.pt2", "--data", DATA, "--layer", LAYER,
@@ -303,6 +308,10 @@ def bad_inputs(tmp: Path):
           "--out", tmp / "c.csv"], "one target per sample"),
         (["diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--user-scores",
           tmp / "notes.txt"], "not a readable .npy"),
+        (["diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--user-scores",
+          tmp / "claims.npy"], "not a readable .npy"),
+        (["diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--user-scores",
+          tmp / "big_scores.npy", "--max-decoded-mb", "1"], "The user scores file holds 2 MB"),
         (["layers"], "the following arguments are required: --model"),
     ]
 

@@ -306,3 +306,33 @@ def test_streamed_samples_give_the_clusters_they_give_in_memory(tmp_path):
     assert len(fractions) == 2 and np.isnan(fractions).all()
     with pytest.raises(at.AttributionError, match="needs labels"):
         at.make_clusters("label", at.StreamedData(at.NpyRows(tmp_path / "x.npy")))
+
+
+class PanicException(BaseException):
+    """What pyo3 raises when Rust code (the tokenizers library) panics: a BaseException, so
+    an `except Exception` misses it."""
+
+
+class Tokenizer:
+    """A tokenizer whose encoding fails as `error`."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def encode(self, texts):
+        raise self.error
+
+
+@pytest.mark.parametrize("container", ["bare", "dict"])
+def test_a_tensor_numpy_cannot_hold_is_refused_with_the_projects_error(container):
+    tensor = torch.zeros([1] * 70)  # numpy holds at most 64 dims
+    with pytest.raises(at.AttributionError, match="could not be read"):
+        at.load_data(pt_bytes(tensor if container == "bare" else {"inputs": tensor}))
+
+
+def test_a_native_panic_while_reading_is_the_projects_error_and_an_interrupt_is_not():
+    table = csv_bytes(pd.DataFrame({"text": ["a b", "c"], "label": [0, 1]}))
+    with pytest.raises(at.AttributionError, match="PanicException: regex"):
+        at.load_data(table, tokenizer=Tokenizer(PanicException("regex too big")))
+    with pytest.raises(KeyboardInterrupt):
+        at.load_data(table, tokenizer=Tokenizer(KeyboardInterrupt()))
