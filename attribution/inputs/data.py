@@ -450,7 +450,7 @@ def _named_input_keys(arrays: dict, features) -> list[str]:
 
 
 def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
-    _check_table_size(_csv_columns(data, limits), min(data.count(b"\n") + 1, limit + 1), limits)
+    _check_table_size(_csv_columns(data), min(data.count(b"\n") + 1, limit + 1), limits)
     with reading("The text file could not be read as a comma-separated table"):
         frame = pd.read_csv(io.BytesIO(data), nrows=limit + 1)
     if len(frame) > limit:
@@ -461,16 +461,14 @@ def _read_csv(data: bytes, limit: int, limits: Limits) -> pd.DataFrame:
     return frame
 
 
-def _csv_columns(data: bytes, limits: Limits) -> int:
-    """Columns of a CSV's header line (read alone; quoted commas counted only when the quick
-    count is over the limit, which is when it matters)."""
-    end = data.find(b"\n")
-    header = data if end < 0 else data[:end]
-    rough = header.count(b",") + 1
-    if rough <= limits.max_features or b'"' not in header:
-        return rough
-    with reading("The CSV header line could not be read"):
-        return len(next(csv.reader([header.decode("utf-8", "replace")]), []))
+def _csv_columns(data: bytes) -> int:
+    """Columns of a CSV's header record, parsed as CSV the way pandas will read it (a quoted
+    field may hold commas and newlines, so the first line alone can hide columns); a field
+    over the csv module's field size limit is refused, which bounds the work."""
+    with reading("The CSV header could not be read"):
+        text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace",
+                                newline="")
+        return len(next(csv.reader(text), []))
 
 
 def _check_table_size(columns: int, rows: int, limits: Limits) -> None:

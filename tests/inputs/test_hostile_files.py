@@ -27,6 +27,7 @@ from attribution.inputs.loading import FIRST_RUN
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.support import ROOT
 from tests.support.hostile import (TINY, TINY_ARCHITECTURE, MatmulBomb, MemoryBomb, conv_bomb,
+                                   csv_hiding_columns,
                                    conv_memory_bomb, deep_architecture, exotic_tensor,
                                    expanded_state_dict, exported, huge_parameter_count,
                                    long_cluster_ids, lying_zip_header, many_tensors,
@@ -63,11 +64,15 @@ DATA_CASES = {  # name: (builder, regex of the message)
     "pickle laughs (1e9 shared values)": (pickle_laughs, "expands"),
     "pickled list containing itself": (pickle_cycle, "contains itself"),
     "stride-0 tensor of 1e12 values": (stride_zero_tensor, "decodes to"),
+    "bare stride-0 tensor of 1e12 values": (lambda: stride_zero_tensor(bare=True),
+                                            "decodes to"),
     "60,000 tensors in a .pt": (many_tensors, "pickle is"),
     "a .pt of 1e6 floats in lists": (lambda: saved({"inputs": [[0.5] * 10
                                                             for _ in range(100_000)]}),
                                      "pickle is"),
     "CSV of 1e6 columns": (wide_csv, "1,000,000 columns"),
+    "CSV hiding 200,001 columns behind a quoted newline": (csv_hiding_columns,
+                                                           "200,001 columns"),
     ".pt declaring an 8 GB storage over 49 kB": (storage_declared_larger, "record size"),
     **{f"{kind} tensor in a .pt": ((lambda kind=kind: saved({"inputs": exotic_tensor(kind)})),
                                    "sparse" if kind == "sparse" else kind)

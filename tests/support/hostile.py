@@ -189,9 +189,11 @@ def many_tensors() -> bytes:
     return saved({f"t{index}": base[:2] for index in range(60_000)})
 
 
-def stride_zero_tensor() -> bytes:
-    """One float stored, viewed as 1e6 x 1e6 (stride 0): 4 TB once converted."""
-    return saved({"inputs": torch.zeros(1).expand(10 ** 6, 10 ** 6)})
+def stride_zero_tensor(bare: bool = False) -> bytes:
+    """One float stored, viewed as 1e6 x 1e6 (stride 0): 4 TB once converted; saved alone
+    (`bare`) or in a dict."""
+    tensor = torch.zeros(1).expand(10 ** 6, 10 ** 6)
+    return saved(tensor if bare else {"inputs": tensor})
 
 
 def storage_declared_larger() -> bytes:
@@ -211,6 +213,13 @@ def wide_csv() -> bytes:
     """1e6 columns (14 MB): parsed without a budget, 145 s and then MemoryError."""
     names = ",".join(f"c{index}" for index in range(1_000_000))
     return (names + "\n" + ",".join(["0"] * 1_000_000) + "\n").encode()
+
+
+def csv_hiding_columns() -> bytes:
+    """200,001 columns behind a header whose first cell is quoted across a newline: the
+    first line alone reads as one column."""
+    names = ",".join(f"c{index}" for index in range(200_000))
+    return ('"x\n",' + names + "\n" + ",".join(["0"] * 200_001) + "\n").encode()
 
 
 def deep_architecture(form: str) -> bytes:

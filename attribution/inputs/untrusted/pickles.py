@@ -112,13 +112,26 @@ def pickled_size(value: Any, limits: Limits, what: str = "This .pt file") -> tup
             return 1, item.numel() * item.element_size()
         return 1, 4 * len(item) if isinstance(item, (str, bytes)) else 8
 
+    def within_limits(cost: tuple[int, int]) -> tuple[int, int]:
+        values, size = cost
+        if values > limits.max_pickle_nodes:
+            raise AttributionError(over_budget(
+                f"{what} expands (counting shared references) to", f"{values:,} values",
+                f"{limits.max_pickle_nodes:,}", "max_pickle_nodes")
+                + " Save the data as tensors rather than nested lists.")
+        if size > limits.max_decoded_bytes:
+            raise AttributionError(over_budget(
+                f"{what} decodes to", f"{size / MB:,.0f} MB",
+                f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+        return cost
+
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         item, children_done = stack.pop()
         key = id(item)
         children = children_of(item)
-        if children is None:
-            costs[key] = leaf_cost(item)  # only the root can be a leaf here
+        if children is None:  # only the root can be a leaf here: a bare tensor, say
+            costs[key] = within_limits(leaf_cost(item))
         elif children_done:
             open_ids.discard(key)
             values, size = 1, 0
@@ -126,16 +139,7 @@ def pickled_size(value: Any, limits: Limits, what: str = "This .pt file") -> tup
                 child_values, child_size = (costs[id(child)] if isinstance(child, _CONTAINERS)
                                             else leaf_cost(child))
                 values, size = values + child_values, size + child_size
-            costs[key] = values, size
-            if values > limits.max_pickle_nodes:
-                raise AttributionError(over_budget(
-                    f"{what} expands (counting shared references) to", f"{values:,} values",
-                    f"{limits.max_pickle_nodes:,}", "max_pickle_nodes")
-                    + " Save the data as tensors rather than nested lists.")
-            if size > limits.max_decoded_bytes:
-                raise AttributionError(over_budget(
-                    f"{what} decodes to", f"{size / MB:,.0f} MB",
-                    f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
+            costs[key] = within_limits((values, size))
         elif key in open_ids:
             raise AttributionError(f"{what} holds a list or dict that contains itself; save "
                                    "plain tensors, lists or dicts.")
