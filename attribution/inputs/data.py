@@ -30,7 +30,7 @@ from ..engine import model_io
 from ..errors import AttributionError, out_of_memory, reading, reads_input
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import NamedInputs
-from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
+from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, held_bytes, over_budget
 from ..engine.layers import run_logits
 from ..methods.passes import LayerPass
 from ..methods.scores import Progress, neuron_scores
@@ -291,15 +291,17 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
         archive = open_zip(data, limits)
         kind = zip_kind(archive)
         if kind == "npz":
-            arrays = {}
+            arrays, budget = {}, limits.max_decoded_bytes  # shared by all the arrays
             for entry in archive.infolist():
                 with reading(f"{entry.filename} in the .npz could not be read"), \
                         archive.open(entry) as stream:
-                    arrays[entry.filename[:-4]] = _read_npy(stream, entry.file_size,
-                                                            entry.filename, limit, limits)
+                    array = _read_npy(stream, entry.file_size, entry.filename, limit, budget)
+                arrays[entry.filename[:-4]] = array
+                budget -= held_bytes(array.size, array.dtype.itemsize)
             return _from_arrays(arrays, features, label, cluster)
     if kind == "npy":
-        return Dataset(inputs=_read_npy(io.BytesIO(data), len(data), name, limit, limits))
+        return Dataset(inputs=_read_npy(io.BytesIO(data), len(data), name, limit,
+                                        limits.max_decoded_bytes))
     if kind in ("torch.save", "pickle"):
         return _from_torch(data, features, label, cluster, limit, limits)
     if kind == "parquet":
@@ -323,11 +325,12 @@ _NPY_KINDS = {"c": "complex numbers", "M": "dates (datetime64)", "m": "durations
               "V": "structured records", "O": "Python objects (dtype=object)"}
 
 
-def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
+def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, budget: int
               ) -> np.ndarray:
     """One .npy array of `size` bytes from `stream`: its header's dtype, shape and byte count
-    checked against the limits and the size before anything is allocated; big-endian data
-    is converted to the machine's order."""
+    checked against the file's size, `limit` rows and `budget` bytes as the engine will hold
+    it (`held_bytes`) before anything is allocated; big-endian data is converted to the
+    machine's order."""
     with reading(f"{name} is not a valid .npy array"):
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}.get(
@@ -347,11 +350,11 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, limits: Limits
         raise AttributionError(f"{name} is truncated or damaged: its header declares "
                                f"{list(shape)} {dtype} but the data has {size - header_size} "
                                "bytes.")
-    if count * dtype.itemsize > limits.max_decoded_bytes:
-        raise AttributionError(over_budget(f"{name} holds",
-                                           f"{count * dtype.itemsize / MB:,.0f} MB",
-                                           f"{limits.max_decoded_bytes / MB:,.0f} MB",
-                                           "max_decoded_bytes"))
+    if held_bytes(count, dtype.itemsize) > budget:
+        raise AttributionError(over_budget(
+            f"{name} holds", f"{held_bytes(count, dtype.itemsize) / MB:,.0f} MB as float32"
+            if dtype.itemsize < 4 else f"{count * dtype.itemsize / MB:,.0f} MB",
+            f"{budget / MB:,.0f} MB", "max_decoded_bytes"))
     if shape and shape[0] > limit:
         raise _too_many_rows(shape[0], limit)
     body = bytearray(count * dtype.itemsize)

@@ -336,3 +336,19 @@ def test_a_native_panic_while_reading_is_the_projects_error_and_an_interrupt_is_
         at.load_data(table, tokenizer=Tokenizer(PanicException("regex too big")))
     with pytest.raises(KeyboardInterrupt):
         at.load_data(table, tokenizer=Tokenizer(KeyboardInterrupt()))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_])
+def test_budgets_count_the_float32_the_data_becomes(dtype):
+    """1.5 MB of uint8 or bool values becomes 6 MB of float32: over a 4 MB budget, in a .npy,
+    in a .npz (where the arrays share the budget) and in a .pt."""
+    limits = at.inputs.untrusted.limits.Limits(max_decoded_bytes=4 * 10 ** 6)
+    values = np.zeros((1500, 1000), dtype)
+    npy = io.BytesIO()
+    np.save(npy, values)
+    half = values[:750]  # 3 MB each as float32: one fits, the two together do not
+    for data in (npy.getvalue(), npz_bytes(inputs=values), npz_bytes(inputs=half, more=half),
+                 pt_bytes({"inputs": torch.from_numpy(values)})):
+        with pytest.raises(at.AttributionError, match="max_decoded_bytes"):
+            at.load_data(data, limits=limits)
+    assert at.load_data(npz_bytes(inputs=half), limits=limits).inputs.shape == (750, 1000)

@@ -61,3 +61,10 @@ def over_budget(what: str, amount: str, limit: str, setting: str) -> str:
             f"limit on your own machine: limits=Limits({setting}=...) in Python, or the "
             f"matching --{setting.replace('_', '-').replace('bytes', 'mb')} option of the "
             "command line.")
+
+
+def held_bytes(values: int, itemsize: int) -> int:
+    """Bytes `values` numbers of `itemsize` bytes take once the engine holds them: float32 at
+    the least (a bool or uint8 array grows 4x on the way in), wider types as stored. What
+    every decoded-bytes budget counts, whatever the container."""
+    return values * max(itemsize, 4)

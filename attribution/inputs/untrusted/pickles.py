@@ -24,7 +24,7 @@ import torch
 
 from ...errors import AttributionError, reading
 from .files import sniff, zip_directory
-from .limits import MB, Limits, over_budget
+from .limits import MB, Limits, held_bytes, over_budget
 from .tensors import check_tensor
 
 WEIGHTS_ONLY = ("Unpickling Python objects can run arbitrary code, so only tensors, numbers, "
@@ -109,7 +109,7 @@ def pickled_size(value: Any, limits: Limits, what: str = "This .pt file") -> tup
     def leaf_cost(item: Any) -> tuple[int, int]:
         if isinstance(item, torch.Tensor):
             check_tensor(item, f"A tensor in {what[0].lower() + what[1:]}")
-            return 1, item.numel() * item.element_size()
+            return 1, held_bytes(item.numel(), item.element_size())
         return 1, 4 * len(item) if isinstance(item, (str, bytes)) else 8
 
     def within_limits(cost: tuple[int, int]) -> tuple[int, int]:
