@@ -9,6 +9,7 @@ from torch import nn
 
 import attribution as at
 from attribution.inputs.loaded import LoadedModel
+from tests.support.hostile import saved
 
 INPUTS = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]],
                   dtype=np.float32)
@@ -18,12 +19,6 @@ LABELS = np.array([0, 1, 1, 0])
 def npz_bytes(**arrays) -> bytes:
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def pt_bytes(obj) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
     return buffer.getvalue()
 
 
@@ -61,7 +56,7 @@ def picker_model() -> LoadedModel:
     npz_bytes(X=INPUTS, y=LABELS, cluster=np.array([0, 1, 0, 1]),
               cluster_names=np.array(["p", "q"]), feature_names=np.array(["a", "b", "c"]),
               class_names=np.array(["no", "yes"])),
-    pt_bytes({"inputs": torch.from_numpy(INPUTS), "labels": torch.from_numpy(LABELS),
+    saved({"inputs": torch.from_numpy(INPUTS), "labels": torch.from_numpy(LABELS),
               "clusters": ["p", "q", "p", "q"], "feature_names": ["a", "b", "c"],
               "class_names": ["no", "yes"]}),
     csv_bytes(table(label=LABELS, cluster=["p", "q", "p", "q"])),
@@ -77,8 +72,8 @@ def test_every_format_gives_the_same_dataset(data):
 
 def test_pt_tensor_tuple_and_npy_and_images(tmp_path):
     images = np.arange(2 * 1 * 3 * 3, dtype=np.float32).reshape(2, 1, 3, 3)
-    assert at.load_data(pt_bytes(torch.from_numpy(images))).inputs.shape == (2, 1, 3, 3)
-    pair = at.load_data(pt_bytes((torch.from_numpy(INPUTS), torch.from_numpy(LABELS))))
+    assert at.load_data(saved(torch.from_numpy(images))).inputs.shape == (2, 1, 3, 3)
+    pair = at.load_data(saved((torch.from_numpy(INPUTS), torch.from_numpy(LABELS))))
     assert pair.labels.tolist() == LABELS.tolist() and pair.clusters is None
     np.save(tmp_path / "x.npy", np.asfortranarray(INPUTS.astype(np.float64)))
     loaded = at.load_data(tmp_path / "x.npy")
@@ -133,10 +128,10 @@ def test_columns_and_keys_can_be_chosen():
     (npz_bytes(inputs=INPUTS, labels=LABELS[:3]), "one class id per sample"),
     (npz_bytes(inputs=INPUTS, clusters=np.array([0, 5, 0, 1]), cluster_names=np.array(["p", "q"])),
      "integer ids 0..1"),
-    (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.complex64)}),
+    (saved({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.complex64)}),
      "of dtype torch.complex64"),
-    (pt_bytes({"inputs": [[1.0, 2.0], [3.0]]}), "rectangular"),
-    (pt_bytes({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.bfloat16)}),
+    (saved({"inputs": [[1.0, 2.0], [3.0]]}), "rectangular"),
+    (saved({"inputs": torch.ones(2, 2), "labels": torch.ones(2, dtype=torch.bfloat16)}),
      None),
 ], ids=["fractional-label", "text-label", "missing-label", "negative-label", "huge-label",
         "missing-cluster",
@@ -165,7 +160,7 @@ def test_size_and_row_limits_are_configurable(monkeypatch):
     with pytest.raises(at.AttributionError, match="limit"):
         at.load_data(data, max_bytes=100)
     for limited in (csv_bytes(table(label=LABELS)), parquet_bytes(table(label=LABELS)),
-                    pt_bytes(torch.from_numpy(INPUTS))):
+                    saved(torch.from_numpy(INPUTS))):
         with pytest.raises(at.AttributionError, match="in-memory limit"):
             at.load_data(limited, max_rows=2)
     monkeypatch.setattr(at.inputs.data, "MAX_ROWS", 3)
@@ -327,7 +322,7 @@ class Tokenizer:
 def test_a_tensor_numpy_cannot_hold_is_refused_with_the_projects_error(container):
     tensor = torch.zeros([1] * 70)  # numpy holds at most 64 dims
     with pytest.raises(at.AttributionError, match="could not be read"):
-        at.load_data(pt_bytes(tensor if container == "bare" else {"inputs": tensor}))
+        at.load_data(saved(tensor if container == "bare" else {"inputs": tensor}))
 
 
 def test_a_native_panic_while_reading_is_the_projects_error_and_an_interrupt_is_not():
@@ -348,7 +343,7 @@ def test_budgets_count_the_float32_the_data_becomes(dtype):
     np.save(npy, values)
     half = values[:750]  # 3 MB each as float32: one fits, the two together do not
     for data in (npy.getvalue(), npz_bytes(inputs=values), npz_bytes(inputs=half, more=half),
-                 pt_bytes({"inputs": torch.from_numpy(values)})):
+                 saved({"inputs": torch.from_numpy(values)})):
         with pytest.raises(at.AttributionError, match="max_decoded_bytes"):
             at.load_data(data, limits=limits)
     assert at.load_data(npz_bytes(inputs=half), limits=limits).inputs.shape == (750, 1000)
