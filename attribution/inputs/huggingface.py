@@ -52,6 +52,8 @@ MAX_LAYERS = 256
 MAX_CONFIG_DEPTH = 32
 """Most levels of nested objects and lists in config.json (transformers' own nest 3-4)."""
 EXAMPLE_LENGTH = 8
+MAX_TOKEN_CHARS = 64
+"""Longest token text kept for display (`TextEncoder.encode`); longer ones end in "…"."""
 """Tokens per sample of the example batch (the layer list shows T = 8 positions)."""
 _CODE_KEYS = ("auto_map", "custom_pipelines", "trust_remote_code", "quantization_config")
 """Config keys that make transformers import code or optional backends, at any depth (a
@@ -82,7 +84,10 @@ class TextEncoder:
 
     def encode(self, texts: Sequence[str]) -> tuple[NamedInputs, np.ndarray]:
         """(input_ids and attention_mask [N, T] int64, tokens [N, T] str, "" at padding);
-        T is the longest text, at most `max_length` (longer texts are cut there)."""
+        T is the longest text, at most `max_length` (longer texts are cut there). The token
+        texts are for display, cut to MAX_TOKEN_CHARS: numpy stores text at the width of
+        the longest, so one long token (a tokenizer's 20,000-character unknown token, say)
+        would cost that width at every position."""
         encodings = self.tokenizer.encode_batch([str(text) for text in texts])
         length = max(1, min(self.max_length, max((len(e.ids) for e in encodings), default=1)))
         ids = np.full((len(encodings), length), self.pad_id, dtype=np.int64)
@@ -92,7 +97,9 @@ class TextEncoder:
             count = min(length, len(encoding.ids))
             ids[row, :count] = encoding.ids[:count]
             mask[row, :count] = 1
-            tokens[row, :count] = encoding.tokens[:count]
+            tokens[row, :count] = [token if len(token) <= MAX_TOKEN_CHARS
+                                   else token[:MAX_TOKEN_CHARS - 1] + "…"
+                                   for token in encoding.tokens[:count]]
         return (NamedInputs({"input_ids": torch.from_numpy(ids),
                              MASK_NAME: torch.from_numpy(mask)}), tokens.astype(str))
 

@@ -517,6 +517,27 @@ def test_a_text_column_is_tokenized_with_the_folders_tokenizer(tmp_path):
     torch.testing.assert_close(scores[:1], direct, rtol=1e-4, atol=1e-6)
 
 
+def test_token_texts_are_cut_for_display_so_one_long_token_costs_nothing(tmp_path):
+    """A tokenizer whose unknown token is 20,000 characters: numpy would store every
+    position of every row at that width (1.8 GB over 600 rows)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from attribution.inputs.huggingface import MAX_TOKEN_CHARS
+
+    model = build("bert")
+    folder = _folder_files(model, tmp_path, "bert")
+    unknown = "U" * 20_000
+    tokenizer = Tokenizer(models.WordLevel({"[PAD]": 0, unknown: 1, "w2": 2}, unk_token=unknown))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    loaded = at.load_model(folder)
+    table = pd.DataFrame({"text": ["w2 nope", "what w2 never"], "label": [0, 1]})
+    dataset = load_data(table.to_csv(index=False).encode(), tokenizer=loaded.tokenizer)
+    assert dataset.tokens.dtype.itemsize == 4 * MAX_TOKEN_CHARS
+    assert dataset.tokens.tolist()[0][:2] == ["w2", "U" * (MAX_TOKEN_CHARS - 1) + "…"]
+    assert dataset.inputs["input_ids"].tolist() == [[2, 1, 0], [1, 2, 1]]
+
+
 # ------------------------------------------------------------------ command line
 
 def test_the_command_line_on_a_folder_and_named_inputs(tmp_path, capsys):
