@@ -114,9 +114,14 @@ def run_model(model: nn.Module, inputs):
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]  # not fx's dump
-        hint = ("Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
-                if is_batch(inputs) and not is_floating(inputs)
-                else "Check the feature count / image shape the model expects.")
+        if isinstance(error, TypeError) and "required positional argument" in reason:
+            hint = ("The model's forward takes more than one input: pass a dict of named "
+                    "inputs, {argument name: tensor [N, ...]} (in a .npz or .pt: one array "
+                    "per argument, chosen with features=[...] / --input-names).")
+        elif is_batch(inputs) and not is_floating(inputs):
+            hint = "Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
+        else:
+            hint = "Check the feature count / image shape the model expects."
         raise AttributionError(
             f"The model could not run on inputs of shape {describe(inputs)}: {reason}. {hint}"
         ) from error

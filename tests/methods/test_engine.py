@@ -726,3 +726,25 @@ def test_a_failure_while_storing_scores_restores_the_model_at_once(monkeypatch):
         at.neuron_scores(model, "fc1", x, y, "gradient", batch_size=8)
     assert failure.value is not None  # the traceback (and its frames) still alive here
     assert model.training and all(module.training for module in model.modules())
+
+
+class ImageAndTable(nn.Module):
+    """forward(image [N, 1, 4, 4], table [N, 3]) -> logits [N, 2]: two inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Linear(16, 4)
+        self.head = nn.Linear(7, 2)
+
+    def forward(self, image, table):
+        return self.head(torch.cat([self.image(image.flatten(1)), table], dim=1))
+
+
+def test_a_model_with_two_inputs_given_one_is_told_to_pass_named_inputs():
+    model, image, table = ImageAndTable(), torch.randn(5, 1, 4, 4), torch.randn(5, 3)
+    with pytest.raises(at.AttributionError, match="dict of named inputs"):
+        at.list_layers(model, image)
+    named = {"image": image, "table": table}
+    assert [info.name for info in at.list_layers(model, named)] == ["image", "head"]
+    assert at.neuron_scores(model, "image", named, torch.zeros(5, dtype=torch.long)).shape == (
+        5, 4)
