@@ -405,7 +405,8 @@ def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: 
     found = next((key for key in candidates if key in arrays), None)
     if found is None and required:
         raise AttributionError(f"Could not find the {what}: name it one of "
-                               f"{', '.join(candidates)} or choose it explicitly; available: "
+                               f"{', '.join(candidates)}, or choose it (features=\"name\" in "
+                               "Python, --features name on the command line); available: "
                                f"{', '.join(map(str, arrays))}.")
     return found
 

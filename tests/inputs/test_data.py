@@ -347,3 +347,10 @@ def test_budgets_count_the_float32_the_data_becomes(dtype):
         with pytest.raises(at.AttributionError, match="max_decoded_bytes"):
             at.load_data(data, limits=limits)
     assert at.load_data(npz_bytes(inputs=half), limits=limits).inputs.shape == (750, 1000)
+
+
+def test_an_inputs_array_under_another_name_is_found_by_saying_which():
+    data = npz_bytes(pixel_values=np.zeros((3, 4), np.float32), labels=np.arange(3))
+    with pytest.raises(at.AttributionError, match=r'features="name".*--features.*pixel_values'):
+        at.load_data(data)
+    assert at.load_data(data, features="pixel_values").inputs.shape == (3, 4)
