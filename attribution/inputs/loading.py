@@ -292,16 +292,20 @@ def load_model(source: Source, *, architecture: Any = None,
     Returns:
         LoadedModel with the module in eval mode.
     """
-    if huggingface.is_folder(source):  # a save_pretrained folder, its files or their zip
-        if isinstance(source, (bytes, bytearray)) and sandbox is not False:  # an upload
-            watchdog.check_first_run(bytes(source), FIRST_RUN, limits=limits or DEFAULT_LIMITS,
-                                     class_names=class_names, output=output)
+    if not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source):
+        # a save_pretrained folder, or its files uploaded together
         return huggingface.load_folder(source, class_names=class_names, limits=limits,
                                        output=output)
     data, name = read_source(source, max_bytes=max_bytes, what="model")
     limits = limits or DEFAULT_LIMITS
     if sandbox is None:
         sandbox = not isinstance(source, (str, os.PathLike))
+    if huggingface.is_folder(data):  # the folder's zip, by path or uploaded: one route
+        if sandbox:
+            watchdog.check_first_run(data, FIRST_RUN, limits=limits, class_names=class_names,
+                                     output=output)
+        return huggingface.load_folder(data, class_names=class_names, limits=limits,
+                                       output=output)
     try:
         kind = _model_kind(data, name, architecture, limits)
         if sandbox and not trust_code and not isinstance(architecture, nn.Module):

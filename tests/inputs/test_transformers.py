@@ -367,7 +367,9 @@ def test_a_save_pretrained_folder_round_trips_as_a_path_files_and_a_zip(kind, tm
     batch = padded_batch()
     with torch.no_grad():
         expected = model(**batch).logits
-    for source in (folder, files, archive.getvalue()):
+    zipped = tmp_path / f"{kind}.zip"  # the zip by path takes the upload's route
+    zipped.write_bytes(archive.getvalue())
+    for source in (folder, files, archive.getvalue(), zipped, io.BytesIO(archive.getvalue())):
         loaded = (at.load_model(source) if not isinstance(source, dict)
                   else huggingface.load_folder(source))
         assert loaded.source_format == "Hugging Face" and loaded.n_classes == 3
@@ -571,6 +573,12 @@ def test_the_command_line_on_a_folder_and_named_inputs(tmp_path, capsys):
     assert code == 0, err
     listed = {row["name"]: row for row in json.loads(out)}
     assert listed[layer]["neurons"] == 4 * model.config.n_embd
+    with zipfile.ZipFile(tmp_path / "gpt2.zip", "w") as writer:  # the folder zipped
+        for path in folder.iterdir():
+            writer.write(path, f"gpt2/{path.name}")
+    code, out, err = run("layers", "--model", tmp_path / "gpt2.zip", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out) == list(listed.values())
     code, _, err = run("curve", *common, "--n-random", "3", "--ks", "0,8,32",
                        "--out", tmp_path / "curve.csv")
     assert code == 0, err
