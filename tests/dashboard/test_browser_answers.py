@@ -81,8 +81,7 @@ def test_a_mixed_cluster_is_called_cancelling_and_a_remedy_moves_the_curve(app):
                                arg=before, timeout=60_000, polling=50)
     BROWSER_TIMINGS["answers: remedy click to the new verdict and curve"] = \
         time.monotonic() - started
-    address = app.page.evaluate("location.href")
-    assert "cluster_by=label" in address
+    app.page.wait_for_url(re.compile("[?&]cluster_by=label(&|$)"), timeout=60_000)
     app.screenshot("answers-3-remedy-applied")
 
 
@@ -109,9 +108,8 @@ def test_clicking_a_bar_opens_the_neuron_with_its_top_samples_as_images(app):
         '.js-plotly-plot')].find(e => e.layout.title.text.includes('activate it most'));
         return [plot.layout.annotations.length, plot._fullData.map(t => t.type)]; }""")
     assert tiles == 2 * 8 and traces == ["heatmap", "heatmap"]  # 16 images, their maps
-    address = app.page.evaluate("location.href")
-    for parameter in ("source=digits_cnn", "layer=conv2", "cluster=3", f"neuron={neuron}"):
-        assert parameter in address, address
+    app.page.wait_for_url(lambda address: all(parameter in address for parameter in (
+        "source=digits_cnn", "layer=conv2", "cluster=3", f"neuron={neuron}")), timeout=60_000)
     sidebar = app.page.get_by_test_id("stSidebar")
     assert sidebar.get_by_role("combobox", name="Layer").input_value().startswith("conv2")
     BROWSER_TIMINGS["answers: neuron view open after a click (first, computes activations)"] = \
@@ -199,8 +197,9 @@ def test_clicking_a_cluster_heatmap_cell_opens_that_neuron_of_that_cluster(app):
                                polling=20)
     BROWSER_TIMINGS["answers: neuron view open after a heatmap click (digits MLP)"] = \
         time.monotonic() - started
-    address = app.page.evaluate("location.href")
-    assert f"neuron={neuron}" in address and f"cluster={cluster.split()[0]}" in address
+    # the address is synced at the end of the run that drew the heading: wait for it
+    app.page.wait_for_url(lambda address: f"neuron={neuron}" in address
+                          and f"cluster={cluster.split()[0]}" in address, timeout=60_000)
     sidebar = app.page.get_by_test_id("stSidebar")
     assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(
         cluster)
@@ -246,8 +245,9 @@ def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neur
                                                  polling=20).json_value()
     app.page.wait_for_function(HEADING, arg=f"Neuron {neuron} of fc1", timeout=60_000,
                                polling=20)
-    address = app.page.evaluate("location.href")
-    assert f"neuron={neuron}" in address and f"cluster={cluster.split()[0]}" in address
+    # the address is synced at the end of the run that drew the heading: wait for it
+    app.page.wait_for_url(lambda address: f"neuron={neuron}" in address
+                          and f"cluster={cluster.split()[0]}" in address, timeout=60_000)
     assert not cluster.startswith("7")  # the clicked row's cluster, not the one in focus
     sidebar = app.page.get_by_test_id("stSidebar")
     assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(

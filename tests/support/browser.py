@@ -105,11 +105,16 @@ class App:
         return started
 
     def upload(self, label: str, path: Path) -> None:
-        """Upload through the real file input; wait until the widget lists the file, so the
-        rerun it triggers cannot swallow a following upload."""
+        """Upload through the real file input once no run is in progress (a run that ends
+        redraws the uploaders and can drop a file given meanwhile); wait until the widget
+        lists the file and no run is in progress again, so a following upload starts on a
+        settled page."""
+        running = self.page.get_by_test_id("stStatusWidget")
+        running.wait_for(state="hidden", timeout=120_000)
         uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
         uploader.locator("input[type=file]").set_input_files(path)
         uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
+        running.wait_for(state="hidden", timeout=120_000)
 
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
