@@ -357,6 +357,31 @@ def gradient_x_activation(batch: Batch) -> torch.Tensor:
                            _neuron_dim(targets), "sum", _mask(batch))
 
 
+def _loss_taylor_terms(batch: Batch) -> torch.Tensor:
+    """sum_p z * dL/dz per neuron, L the cross-entropy of each sample against its target
+    class (per class for "all"): [B, n] or [B, C, n]. One forward and one backward of the
+    losses, which `_gradients` differentiates as it does logits."""
+    z, logits = batch.runner.forward_with_leaf(batch.x)
+    targets = _resolve_targets(batch.targets, logits)
+    losses = -torch.log_softmax(logits, 1)  # [B, C]: the loss against each class
+    grad = _classes_first(_gradients(batch, losses, z, targets), targets)
+    return _reduce_spatial(_with_class_axis(z.detach(), targets) * grad,
+                           _neuron_dim(targets), "sum", _mask(batch))
+
+
+@register("taylor", "|sum_p z * dL/dz|: first-order Taylor change of the loss (Molchanov 2017)",
+          label="Taylor (loss)", units="loss (nats)", colour="#DDCC77", uses_gradients=True)
+def taylor(batch: Batch) -> torch.Tensor:
+    return _loss_taylor_terms(batch).abs()
+
+
+@register("fisher", "(sum_p z * dL/dz)^2 / 2: the Fisher pruning signal (Theis 2018)",
+          label="Fisher (loss)", units="squared loss (nats²)", colour="#882255",
+          uses_gradients=True)
+def fisher(batch: Batch) -> torch.Tensor:
+    return 0.5 * _loss_taylor_terms(batch).square()
+
+
 def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
     per_pass = max(1, max_rows // max(rows_per_step, 1))
     for begin in range(0, n_steps, per_pass):

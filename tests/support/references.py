@@ -87,3 +87,28 @@ def per_sample_gradient(model, module, x, targets):
         (grad,) = torch.autograd.grad(logit, store["z"])
         rows.append(_per_neuron(grad[0]))
     return torch.stack(rows)
+
+
+def per_sample_loss_taylor(model, module, x, targets, neuron_axis=1):
+    """sum_p z * dL/dz for each sample with its own forward/backward, L the cross-entropy of
+    the sample against its target, summed over every axis of z but the neuron's: [N, n] (the
+    signed term of `taylor` and `fisher`)."""
+    rows = []
+    for i in range(x.shape[0]):
+        store = {}
+
+        def keep(mod, args, out):
+            store["z"] = out
+            return out.clone()  # an in-place op after the layer must not overwrite z
+
+        handle = module.register_forward_hook(keep)
+        try:
+            sample = x[i:i + 1].clone()
+            logits = model(sample.requires_grad_(True) if sample.is_floating_point() else sample)
+        finally:
+            handle.remove()
+        loss = torch.nn.functional.cross_entropy(logits, targets[i:i + 1])
+        (grad,) = torch.autograd.grad(loss, store["z"])
+        term = (store["z"] * grad).detach()[0].movedim(neuron_axis - 1, 0)
+        rows.append(term.flatten(1).sum(1) if term.dim() > 1 else term)
+    return torch.stack(rows)
