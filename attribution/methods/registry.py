@@ -238,15 +238,23 @@ def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Tar
     return _nan_where_not_finite(grad, selected, targets, total)
 
 
+def syncs_are_free(device: torch.device) -> bool:
+    """Can the host read a value of `device` at no cost (the CPU), or does reading one stall
+    the device's queue (a GPU)? The hot loops read no value per batch where they stall."""
+    return device.type == "cpu"
+
+
 def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor, targets: Targets,
                           total: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`values` [(C,) R*B, n, ...] with NaN where the logit they describe, `selected` [R*B]
     (or [R*B, C] for "all"), is NaN or inf: its derivative describes no output.
 
-    One reduction decides, `total` (the sum of `selected`, when already computed): the sum
-    of the logits is finite when every one is (a sum that overflows only costs the exact
-    check)."""
-    if math.isfinite(selected.detach().sum() if total is None else total.detach()):
+    On the CPU one reduction decides whether any is, `total` (the sum of `selected`, when
+    already computed): the sum of the logits is finite when every one is (a sum that
+    overflows only costs the exact check). Elsewhere reading it would make the host wait for
+    the device at every batch, so the fill always runs there (`syncs_are_free`)."""
+    if syncs_are_free(values.device) and math.isfinite(
+            selected.detach().sum() if total is None else total.detach()):
         return values
     broken = ~torch.isfinite(selected.detach())
     broken = broken.T if isinstance(targets, str) else broken

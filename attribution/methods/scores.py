@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..engine import model_io
+from ..engine.memory import empty_table
 from ..errors import AttributionError
 from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEFAULT_REDUCE,
                         DEFAULT_SEED)
@@ -115,7 +116,7 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         result = None  # written batch by batch: no second copy of every score at the end
         for start, scores in batches:
             if result is None:
-                result = scores.new_empty((n_samples(inputs), *scores.shape[1:]))
+                result = empty_table((n_samples(inputs), *scores.shape[1:]))
             result[start:start + scores.shape[0]] = scores
         return result
 

@@ -13,7 +13,7 @@ from ..guards import engine_modes, leaf_like
 from ..layers import run_model
 from ..model_io import call, logits_of, output_key
 from .ablation import columns_of, per_neuron_prefix, run_nodes, shifted
-from .base import LayerRunner, check_differentiable, repeat_batch, runs_own_hooks, zeroed_variants
+from .base import LayerRunner, repeat_batch, runs_own_hooks, zeroed_variants
 from .fx_graph import batch_sizes, graph_of, input_signature, parts_of
 
 
@@ -104,7 +104,7 @@ class FxRunner(LayerRunner):
         saved = [repeat_batch(value, batch, repeats) if per_sample else value
                  for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad:
-            check_differentiable(self.model)
+            self.check_differentiable_once()
             if z.is_leaf:
                 z = z.clone()  # in-place ops after the layer must not touch the leaf
         z = self.from_neurons(z)  # exported graphs view it: keep the model's own layout
@@ -112,6 +112,7 @@ class FxRunner(LayerRunner):
                                               *saved))
 
     def renew(self) -> None:
+        super().renew()
         self._constants = None
 
     @property
@@ -170,6 +171,17 @@ class FxRunner(LayerRunner):
         with engine_modes():
             with torch.no_grad():
                 output, *saved = self._front(x)
-            leaf = leaf_like(self.to_neurons(output))
+            leaf = _leaf(self.to_neurons(output), saved)
             logits = self.tail(leaf, (saved, x.shape[0]), 1)
         return leaf, logits
+
+
+def _leaf(z: torch.Tensor, saved: list) -> torch.Tensor:
+    """The front's output z as an autograd leaf. `tail` copies a leaf before the tail's ops
+    run, so z itself can be the leaf (a copy cost ~15% of a wide layer's gradient) unless a
+    value the tail reads from the front shares its memory (an in-place layer's input kept
+    for a residual): then the leaf is a copy, which no tail op can reach."""
+    memory = z.untyped_storage().data_ptr()
+    shared = any(isinstance(value, torch.Tensor)
+                 and value.untyped_storage().data_ptr() == memory for value in saved)
+    return leaf_like(z) if shared else z.detach().requires_grad_(True)

@@ -7,7 +7,7 @@ from ...errors import AttributionError
 from ..guards import engine_modes, forward_hooks, leaf_like
 from ..layers import output_tensor, run_logits, with_output_tensor
 from ..model_io import n_rows
-from .base import LayerRunner, check_differentiable, repeat_batch
+from .base import LayerRunner, repeat_batch
 
 
 class HookRunner(LayerRunner):
@@ -64,11 +64,11 @@ class HookRunner(LayerRunner):
                 else moved.contiguous()
 
         if z.requires_grad:
-            check_differentiable(self.model)
+            self.check_differentiable_once()
         return self._run(x, swap)
 
     def forward_with_leaf(self, x):
-        check_differentiable(self.model)
+        self.check_differentiable_once()
         captured = {}
 
         def to_leaf(output):
