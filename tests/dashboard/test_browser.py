@@ -259,7 +259,7 @@ def test_the_launcher_passes_streamlit_its_flags_and_the_app_its_arguments(brows
         app, context = open_tab(browser, fresh)
         app.open("/data")
         app.wait_for_text("Sample files", timeout_s=120)
-        app.page.get_by_test_id("stStatusWidget").wait_for(state="hidden", timeout=120_000)
+        app.page.get_by_test_id("stSidebar").get_by_text("Model and data").wait_for()
         assert app.page.locator("h1").all_inner_texts() == ["Model & data"]
         assert app.page.get_by_text("Started with --trust-code").count() == 1
         check_and_close(app, context)
