@@ -11,10 +11,11 @@ spec.loader.exec_module(serve)
 
 
 def test_the_warm_up_imports_what_app_py_imports_first_in_the_same_order():
-    """The placeholder chart's modules, then startup.LIBRARIES but streamlit (the launcher
-    imports it to serve): a library added to the start-up is warmed too, and both threads
-    take the modules' import locks in one order."""
-    placeholder = ("plotly.graph_objects", "numpy", "pandas", "PIL.Image")
+    """plotly, set_page_config's emojis, the placeholder chart's modules, then
+    startup.LIBRARIES but streamlit (the launcher imports it to serve): a library added to
+    the start-up is warmed too, and both threads take the modules' import locks in one
+    order."""
+    placeholder = ("plotly.graph_objects", "streamlit.emojis", "numpy", "pandas", "PIL.Image")
     libraries = tuple(name for name in startup.LIBRARIES if name != "streamlit")
     expected = placeholder + tuple(name for name in libraries if name not in placeholder)
     assert serve.WARMED == expected
