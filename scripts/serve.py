@@ -31,10 +31,9 @@ WARMED = (  # in the order app.py's first run imports them (so both take their l
     # order): plotly, set_page_config's for its emoji icon (~0.2 s), the placeholder chart's,
     # then pages.shared.startup.LIBRARIES but streamlit
     "plotly.graph_objects", "streamlit.emojis", "numpy", "pandas", "PIL.Image", "torch",
-    "attribution",
-    "attribution.presentation.plots", "attribution.inputs.data", "attribution.inputs.demo",
-    "attribution.inputs.loading", "attribution.progress", "attribution.analyses.settings",
-    "attribution.analyses.verdict")
+    "attribution", "attribution.presentation.plots", "attribution.inputs.data",
+    "attribution.inputs.demo", "attribution.inputs.loading", "attribution.progress",
+    "attribution.analyses.settings", "attribution.analyses.verdict")
 WARMED_LINE = "  Warm-up: the first page's libraries imported in {seconds:.1f} s."
 
 
