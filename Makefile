@@ -30,8 +30,9 @@ setup-dev: $(VENV)/.dev
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
+# scripts/serve.py is `streamlit run app.py` plus a warm-up of the first page's imports.
 run: setup
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+	$(PY) scripts/serve.py --server.port $(PORT)
 
 lint: setup-dev
 	$(PY) -m ruff check .

@@ -41,9 +41,11 @@ How to read the tables:
   all the way to the inputs, so the scores of a layer far from the inputs can take less.
 - Threads matter: each benchmark says how many intra-op threads it used.
 
-The dashboard's timings in a real browser (first page with charts after `streamlit run`, a
-redraw after changing the method or the cluster, the first pruning-curve points, opening a
-neuron) are measured by the browser tests and printed at the end of every `make test`.
+The dashboard's timings in a real browser (first page with charts after launching the server
+as `make run` does, a redraw after changing the method or the cluster, the first
+pruning-curve points, opening a neuron) are measured by the browser tests and printed at the
+end of every `make test`; the first heatmap after a launch, `make run` against plain
+`streamlit run app.py`, is also benchmarked below.
 """
 
 

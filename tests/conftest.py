@@ -62,7 +62,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server(browser):  # the browser starts first: the cold start measured is the app's
-    """`streamlit run app.py` on a free port, one per test module."""
+    """The dashboard on a free port as `make run` starts it (scripts/serve.py), one per test
+    module."""
     with streamlit_server("streamlit.log") as started:
         yield started
 

@@ -1,6 +1,7 @@
-"""The dashboard in a real headless Chromium: `streamlit run app.py` on a free port, real file
-inputs, every page, the exported report opened offline; screenshots in test-artifacts/ and
-the timings of a cold start, a redraw and the first pruning points, against their budgets."""
+"""The dashboard in a real headless Chromium, served as `make run` serves it (scripts/serve.py;
+plain `streamlit run app.py` too where a fresh server matters): real file inputs, every page,
+the exported report opened offline; screenshots in test-artifacts/ and the timings of a cold
+start, a redraw and the first pruning points, against their budgets."""
 from __future__ import annotations
 
 import re
@@ -14,8 +15,8 @@ from torch import nn
 import attribution as at
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from tests.support.browser import (ARTIFACTS, BROWSER_TIMINGS, CHART_WITH_TITLE, COLD_START_S,
-                                   FIRST_POINTS_S, RANKED_POINTS, REDRAW_S, check_and_close,
-                                   open_tab, streamlit_server, within_budget)
+                                   ENTRY_POINTS, FIRST_POINTS_S, RANKED_POINTS, REDRAW_S,
+                                   check_and_close, open_tab, streamlit_server, within_budget)
 
 pytestmark = pytest.mark.browser
 
@@ -35,7 +36,7 @@ def test_cold_start_opens_the_demo_with_charts(app, server):
     opened = app.open()
     app.wait_for_chart("score per cluster")
     now = time.monotonic()
-    BROWSER_TIMINGS["first page with charts, from launching `streamlit run` (cold)"] = \
+    BROWSER_TIMINGS["first page with charts, from launching the server as `make run` (cold)"] = \
         now - server.started
     BROWSER_TIMINGS["first page with charts, from opening the page (cold)"] = now - opened
     for part in ("Highest 16 neurons", "Each sample of cluster 0", "under each method"):
@@ -223,11 +224,15 @@ def test_two_sessions_at_once_get_their_own_correct_results(browser, server):
         check_and_close(tab, context)
 
 
-def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_settings(browser):
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_settings(browser,
+                                                                                   entry_point):
     """Until st.navigation first runs in a server process, Streamlit runs a pages/ script
     alone for its address (legacy folder navigation); the page must run app.py in its place
-    and show itself with the link's settings, not fail without the sidebar's context."""
-    with streamlit_server("streamlit-shared-link.log") as fresh:
+    and show itself with the link's settings, not fail without the sidebar's context. Both
+    ways to start the server: `make run`'s launcher and plain `streamlit run app.py`."""
+    log = f"streamlit-shared-link-{entry_point.replace(' ', '-')}.log"
+    with streamlit_server(log, entry_point) as fresh:
         app, context = open_tab(browser, fresh)
         app.open("/pruning?layer=relu1&method=ablation&random=5")
         app.wait_for_text("Verdict:", timeout_s=120)
@@ -246,6 +251,20 @@ def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_setting
         check_and_close(app, context)
 
 
+def test_the_launcher_passes_streamlit_its_flags_and_the_app_its_arguments(browser):
+    """scripts/serve.py (`make run`) serves app.py with every flag it was given: the port and
+    headless mode (`streamlit_server`), and after `--` the app's own `--trust-code`, which
+    the Model & data page shows."""
+    with streamlit_server("streamlit-launcher-flags.log", "make run", ("--trust-code",)) as fresh:
+        app, context = open_tab(browser, fresh)
+        app.open("/data")
+        app.wait_for_text("Sample files", timeout_s=120)
+        app.page.get_by_test_id("stSidebar").get_by_text("Model and data").wait_for()
+        assert app.page.locator("h1").all_inner_texts() == ["Model & data"]
+        assert app.page.get_by_text("Started with --trust-code").count() == 1
+        check_and_close(app, context)
+
+
 COLD_START_SERVERS, COLD_START_TABS = 5, 3
 COLD_START_STAGGER_S = (0.0, 0.4, 0.8, 1.2, 1.6)  # between tabs, one value per fresh server
 STARTED = """() => document.querySelector('[data-testid="stException"]') || ((%s)(
@@ -257,12 +276,14 @@ STARTED = """() => document.querySelector('[data-testid="stException"]') || ((%s
 def test_sessions_opened_together_on_a_fresh_server_all_start(browser):
     """Collaborators opening the app at once on a cold server: a session's first
     run draws a placeholder chart, and plotly takes numpy and pandas from sys.modules as it
-    finds them, half-initialised while another session's thread is still importing them.
-    The imports of the first session last about two seconds, so the tabs open a little apart
-    (a different spacing on each fresh server); every tab must reach its charts and sidebar
-    without an exception."""
+    finds them, half-initialised while another thread is still importing them: another
+    session's, or the launcher's warm-up (`make run`), which lasts a few seconds from the
+    server's start. The imports take seconds, so the tabs open a little apart (a different
+    spacing on each fresh server, started by the launcher and by plain `streamlit run` in
+    turn); every tab must reach its charts and sidebar without an exception."""
     for round_, stagger_s in enumerate(COLD_START_STAGGER_S[:COLD_START_SERVERS]):
-        with streamlit_server(f"streamlit-cold-{round_}.log") as fresh:
+        entry_point = list(ENTRY_POINTS)[round_ % len(ENTRY_POINTS)]
+        with streamlit_server(f"streamlit-cold-{round_}.log", entry_point) as fresh:
             tabs = [open_tab(browser, fresh) for _ in range(COLD_START_TABS)]
             for index, (tab, _) in enumerate(tabs):
                 time.sleep(stagger_s if index else 0.0)

@@ -42,8 +42,8 @@ def verdict_alert(app, headline: str):
 def test_cold_start_to_the_first_heatmap(app, server):
     app.open()
     app.wait_for_chart("score per cluster")
-    BROWSER_TIMINGS["answers: cold start to the first heatmap (from `streamlit run`)"] = \
-        seconds = time.monotonic() - server.started
+    BROWSER_TIMINGS["answers: cold start to the first heatmap (from launching as `make run`)"] \
+        = seconds = time.monotonic() - server.started
     app.start_click_clock()  # the first redraw, while the cold page may still be drawing
     app.choose("Method", "gradient")
     BROWSER_TIMINGS["answers: first redraw after the cold start (method, click to both charts, "

@@ -1,5 +1,6 @@
-"""Driving the dashboard in a real headless Chromium: `streamlit run app.py` on a free port, a
-tab that records what went wrong in it, and the helpers the browser tests and benchmarks share
+"""Driving the dashboard in a real headless Chromium: the server on a free port, started as
+`make run` starts it (scripts/serve.py) or as plain `streamlit run app.py`, a tab that records
+what went wrong in it, and the helpers the browser tests and benchmarks share
 (the fixtures `browser`, `server` and `app` are in tests/conftest.py)."""
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 ARTIFACTS = ROOT / "test-artifacts"
+ENTRY_POINTS = {  # how a server starts: the flags each gets follow
+    "make run": [sys.executable, str(ROOT / "scripts" / "serve.py")],
+    "streamlit run": [sys.executable, "-m", "streamlit", "run", "app.py"]}
 BASE_PATH_PROBE = re.compile(r"^http://localhost:\d+/[a-z]+/_stcore/(health|host-config)$")
 COLD_START_S, REDRAW_S, FIRST_POINTS_S = 10.0, 2.0, 1.0  # on this 2-core machine, idle
 # Other work on the machine (1-minute load average above the core count when the tests start)
@@ -181,17 +185,21 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log: Path,
 
 
 @contextmanager
-def streamlit_server(log_name: str) -> Iterator[Server]:
-    """`streamlit run app.py` on a free port, its output in test-artifacts/<log_name>."""
+def streamlit_server(log_name: str, entry_point: str = "make run",
+                     app_arguments: tuple[str, ...] = ()) -> Iterator[Server]:
+    """The dashboard on a free port, started by `entry_point` (a key of ENTRY_POINTS) with
+    `app_arguments` after `--`; its output in test-artifacts/<log_name>. `started` is when
+    the process was launched."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
     url = f"http://localhost:{port}"
     log_path = ARTIFACTS / log_name
+    flags = ["--server.port", str(port), "--server.headless", "true"]
     with open(log_path, "w") as log:
         started = time.monotonic()
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-             "--server.headless", "true"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            ENTRY_POINTS[entry_point] + flags + (["--", *app_arguments] if app_arguments else []),
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until_healthy(url, process, log_path)
             yield Server(url, started, process)
