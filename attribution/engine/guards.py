@@ -76,25 +76,30 @@ def leaf_like(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone().requires_grad_(True)
 
 
-@contextlib.contextmanager
-def engine_modes() -> Iterator[None]:
+class engine_modes(contextlib.AbstractContextManager):
     """The engine's own modes for the calling thread, whatever the caller's: autograd on
     (under `torch.no_grad()`, `set_grad_enabled(False)`, `inference_mode()`), inference mode
     and autocast off (an autocast context would compute in lower precision). The caller's
     modes are back on exit; tensors made inside are ordinary (not inference) ones. Nested
     inside itself (the engine's modes already on) it changes nothing and costs next to
-    nothing."""
-    autocast_on = [device_type for device_type in ("cpu", "cuda")
-                   if torch.is_autocast_enabled(device_type)]
-    if torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not autocast_on:
-        yield
-        return
-    with contextlib.ExitStack() as stack:
+    nothing: a class, not a generator, as it is entered twice per batch."""
+
+    def __enter__(self) -> None:
+        autocast_on = [device_type for device_type in ("cpu", "cuda")
+                       if torch.is_autocast_enabled(device_type)]
+        self._stack = None
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled() \
+                and not autocast_on:
+            return
+        self._stack = stack = contextlib.ExitStack()
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         for device_type in autocast_on:
             stack.enter_context(torch.autocast(device_type, enabled=False))
-        yield
+
+    def __exit__(self, *exception) -> None:
+        if self._stack is not None:
+            self._stack.__exit__(*exception)
 
 
 def autograd_input(tensor: torch.Tensor) -> torch.Tensor:

@@ -170,9 +170,10 @@ def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
 
     def convert(value):
         value = _tensor(value)
-        if value.is_floating_point():
-            return value.to(device=device, dtype=value.dtype if dtype is None else dtype)
-        return value.to(device)
+        wanted = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        if value.dtype == wanted and value.device == device:
+            return value  # as .to() would, without its call (a batch's inputs, every batch)
+        return value.to(device=device, dtype=wanted)
 
     if isinstance(x, NamedInputs):
         return x.map(convert)

@@ -340,10 +340,12 @@ class LayerPass:
         return LayerBatch(x, start, rows, self._targets(labels, start, rows), runner)
 
     def _steps(self, batch: LayerBatch) -> list[LayerBatch]:
-        """[the batch], or its row chunks (views) of at most `max_rows(runner)` rows."""
+        """[the batch], or its row chunks (views) of at most `max_rows(runner)` rows, of
+        equal sizes (a last chunk of a few rows would cost a whole pass's overhead)."""
         step = batch.rows if self.max_rows is None else max(1, self.max_rows(batch.runner))
         if step >= batch.rows:
             return [batch]
+        step = -(-batch.rows // -(-batch.rows // step))  # ceil(rows / number of chunks)
         chunks = []
         for begin in range(0, batch.rows, step):
             x = model_io.take(batch.x, slice(begin, begin + step))

@@ -208,8 +208,10 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
     """Target logits: [R*B] for class ids (repeated over R stacked variants), [R*B, C] for all."""
     if isinstance(targets, str):
         return logits
-    # always a copy (cat copies even one part; repeat costs ~5x more): gather saves its
-    # index for backward, and the caller's targets may be inference tensors
+    if repeats == 1 and not targets.is_inference():
+        return logits.gather(1, targets.unsqueeze(1)).squeeze(1)
+    # a copy (cat copies even one part; repeat costs ~5x more): gather saves its index for
+    # backward, which an inference tensor cannot be
     return logits.gather(1, torch.cat([targets] * repeats)[:, None]).squeeze(1)
 
 
@@ -254,7 +256,7 @@ def _nan_where_not_finite(values: torch.Tensor, selected: torch.Tensor, targets:
     overflows only costs the exact check). Elsewhere reading it would make the host wait for
     the device at every batch, so the fill always runs there (`syncs_are_free`)."""
     if syncs_are_free(values.device) and math.isfinite(
-            selected.detach().sum() if total is None else total.detach()):
+            (selected.detach().sum() if total is None else total).item()):
         return values
     broken = ~torch.isfinite(selected.detach())
     broken = broken.T if isinstance(targets, str) else broken

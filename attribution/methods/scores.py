@@ -22,6 +22,15 @@ from ..engine.runners import layer_attrs
 
 REDUCTIONS = ("mean", "mean_abs", "std")
 _MAX_ELEMENTS_PER_PASS = 1 << 24  # bounds stacked variants (steps, ablated neurons, masks)
+_LAYER_ELEMENTS_PER_CHUNK = 1 << 19
+"""On a CPU a batch is scored in equal row chunks of at most this many layer-output values
+(2 MiB of float32), so the layer's output, its gradient and their product stay in cache: a
+3-conv net's 32-channel 16x16 layer scored in 0.6-0.7x the time of whole batches of 256, a
+3072-wide Linear in 0.64-1.03x, a 64-unit one unchanged (one chunk)."""
+
+
+def _rows_per_chunk(runner) -> int:
+    return max(1, _LAYER_ELEMENTS_PER_CHUNK // max(1, runner.layer_size))
 
 
 def check_method(method: str) -> None:
@@ -34,8 +43,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
                   seed: int = DEFAULT_SEED, device=None, first_index: int = 0,
-                  about_layer: Optional[dict] = None) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield (start index, scores) per batch: scores [B, n] (or [B, n_classes, n] for "all").
+                  about_layer: Optional[dict] = None, on_host: bool = True
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield (start index, scores) per batch: float32 scores [B, n] (or [B, n_classes, n] for
+    "all"), on the CPU, or where they were computed when `on_host` is False (a GPU then
+    copies nothing back, nor waits, per batch).
 
     The streaming core of `neuron_scores` and `cluster_scores`; the model is in eval mode
     while the generator runs and restored when it finishes or is closed. `device` as in
@@ -62,10 +74,15 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
                                         max(batch.rows, _MAX_ELEMENTS_PER_PASS // per_row)))
-        return scores.detach().to("cpu", torch.float32)
+        scores = scores.detach()
+        if scores.dtype != torch.float32 or (on_host and scores.device.type != "cpu"):
+            scores = scores.to("cpu" if on_host else scores.device, torch.float32)
+        return scores
 
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size,
                            device=device, check=floating)
+    if layer_pass.device.type == "cpu":  # a GPU's caches gain nothing from smaller passes
+        layer_pass.max_rows = _rows_per_chunk
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores
@@ -109,16 +126,19 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all".
     """
     batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
-                            n_steps=n_steps, progress=progress, seed=seed, device=device)
+                            n_steps=n_steps, progress=progress, seed=seed, device=device,
+                            on_host=False)  # a GPU's scores come back once, at the end
     with contextlib.closing(batches):  # a failure here still restores the model at once
         if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N known at the end
-            return torch.cat([scores for _, scores in batches])
+            return torch.cat([scores for _, scores in batches]).cpu()
         result = None  # written batch by batch: no second copy of every score at the end
         for start, scores in batches:
             if result is None:
-                result = empty_table((n_samples(inputs), *scores.shape[1:]))
+                shape = (n_samples(inputs), *scores.shape[1:])
+                result = (empty_table(shape) if scores.device.type == "cpu"
+                          else scores.new_empty(shape))
             result[start:start + scores.shape[0]] = scores
-        return result
+        return result.cpu()
 
 
 def cluster_codes(clusters: Sequence, total: Optional[int]) -> tuple[np.ndarray, pd.Index]:

@@ -748,3 +748,24 @@ def test_a_model_with_two_inputs_given_one_is_told_to_pass_named_inputs():
     assert [info.name for info in at.list_layers(model, named)] == ["image", "head"]
     assert at.neuron_scores(model, "image", named, torch.zeros(5, dtype=torch.long)).shape == (
         5, 4)
+
+
+def test_a_batch_is_scored_in_equal_row_chunks_with_the_same_scores(method, monkeypatch):
+    """On a CPU, rows x layer size above `_LAYER_ELEMENTS_PER_CHUNK` splits a batch into
+    equal chunks (here 30 rows of a 16-unit layer, at most 7 rows: 5 chunks of 6); no score
+    depends on it."""
+    from attribution.methods import scores as scoring
+
+    model, x, y = build("residual_mlp")
+    x, y = x[:30], y[:30]
+    whole = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4)
+    monkeypatch.setattr(scoring, "_LAYER_ELEMENTS_PER_CHUNK", 7 * 16)
+    rows = []
+    handle = model.fc1.register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    try:
+        chunked = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4)
+    finally:
+        handle.remove()
+    # conductance: each chunk once, then its n_steps + 1 interpolated copies together
+    assert rows and set(rows) == ({6, 30} if method == "conductance" else {6}), rows
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
