@@ -468,7 +468,7 @@ def test_stacked_passes_are_bounded_by_the_size_of_the_layer(monkeypatch):
     monkeypatch.setattr(FxRunner, "tail", lambda self, z, state, repeats: (
         rows.append(z.numel()), real_tail(self, z, state, repeats))[1])
     at.neuron_scores(model, "0", x, method="ablation", batch_size=64)
-    assert max(rows) <= (1 << 24) and len(rows) > 1  # 64 MiB of float32 variants per pass
+    assert max(rows) <= (1 << 20) and len(rows) > 1  # on a CPU 4 MiB of float32 per pass
 
 
 def test_integer_inputs_score_with_every_method_but_conductance_which_says_why():
