@@ -128,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "Python file with --trust-code")
     group.add_argument("--trust-code", action="store_true",
                        help="allow pickled modules and Python files (only your own files)")
-    group.add_argument("--device", default="cpu",
-                       help="cpu, cuda or cuda:N (default cpu; under torchrun a bare 'cuda' "
-                            "means cuda:LOCAL_RANK)")
+    group.add_argument("--device",
+                       help="cpu, cuda or cuda:N (default: cuda when a GPU is present, else "
+                            "cpu, as the dashboard; under torchrun a bare 'cuda' means "
+                            "cuda:LOCAL_RANK)")
     group = model.add_argument_group("limits", "budgets checked before a file is decoded; "
                                                "the defaults are far above real files")
     for field, help_text in _LIMIT_FLAGS.items():
@@ -787,6 +788,8 @@ def in_memory(problem: Problem, args) -> data_module.Dataset:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one command; returns the exit code (never raises for a user's mistake)."""
     args = build_parser().parse_args(argv)
+    if hasattr(args, "device") and args.device is None:
+        args.device = analysis.default_device()
     if getattr(args, "neuron_axis", None) is not None:  # one mechanism: the "name:axis" spec
         args.layer = f"{args.layer}:{args.neuron_axis}"
     joined = False

@@ -108,7 +108,8 @@ def commit(root: Path = ROOT) -> str:
 
 
 def machine() -> dict[str, object]:
-    """The machine a run measured: CPU model, cores, memory, torch and Python versions."""
+    """The machine a run measured: CPU model, cores, GPU (None without CUDA), memory, torch
+    and Python versions."""
     cpu = platform.processor() or platform.machine()
     memory_gib = None
     with contextlib.suppress(OSError):
@@ -122,7 +123,8 @@ def machine() -> dict[str, object]:
                 memory_gib = round(int(line.split()[1]) / 2 ** 20, 1)
                 break
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable,
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable, "gpu": gpu,
             "memory_gib": memory_gib, "torch": torch.__version__,
             "python": platform.python_version(), "system": platform.platform()}
 

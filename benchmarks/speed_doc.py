@@ -84,7 +84,7 @@ def describe_machine(machine: dict) -> str:
         f" ({usable} usable)" if usable not in (None, machine.get("cores")) else "")
     memory = machine.get("memory_gib")
     return ", ".join(part for part in (
-        str(machine.get("cpu", "unknown CPU")), cores,
+        str(machine.get("cpu", "unknown CPU")), cores, machine.get("gpu") or "",
         f"{memory} GiB memory" if memory is not None else "") if part)
 
 
@@ -99,20 +99,21 @@ def started(stamp: str) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def load_results(folder: Path) -> dict[str, dict]:
-    """{benchmark name: its results} from the JSON files in `folder`."""
-    results = {}
+def load_results(folder: Path) -> dict[str, list[dict]]:
+    """{benchmark name: its runs' results} from the JSON files in `folder`, in file name
+    order (a benchmark run twice, e.g. on the CPU and with `--device cuda`, has two)."""
+    results: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
-        results[data.get("benchmark", path.stem)] = data
+        results.setdefault(data.get("benchmark", path.stem), []).append(data)
     return results
 
 
-def render(results: dict[str, dict], scripts: Optional[list[Path]] = None) -> str:
-    """docs/speed.md for `results` ({benchmark: results}); `scripts`: the benchmarks that
+def render(results: dict[str, list[dict]], scripts: Optional[list[Path]] = None) -> str:
+    """docs/speed.md for `results` ({benchmark: its runs}); `scripts`: the benchmarks that
     exist (default: benchmarks/bench_*.py), each a section, measured or not."""
     scripts = sorted(BENCHMARKS.glob("bench_*.py")) if scripts is None else scripts
-    measured = [results[script.stem] for script in scripts if script.stem in results]
+    measured = [data for script in scripts for data in results.get(script.stem, [])]
     if not measured:
         raise SystemExit("no benchmark results to write: run the benchmarks with --results")
     commits = sorted({data["commit"] for data in measured})
@@ -121,7 +122,8 @@ def render(results: dict[str, dict], scripts: Optional[list[Path]] = None) -> st
     facts = [
         ("commit", ", ".join(f"`{commit}`" for commit in commits)),
         ("started", started(min(data["started"] for data in measured))),
-        ("benchmarks run", f"{len(measured)} of {len(scripts)}: "
+        ("benchmarks run", f"{sum(script.stem in results for script in scripts)} of "
+         f"{len(scripts)}: "
          + ", ".join(data["benchmark"] + (f" ({' '.join(data['arguments'])})"
                                           if data.get("arguments") else "")
                      for data in measured)),
@@ -138,22 +140,25 @@ def render(results: dict[str, dict], scripts: Optional[list[Path]] = None) -> st
     for script in scripts:
         title, body = explanation(docstring(script))
         parts += [f"## {title.rstrip('.')}", "", f"`benchmarks/{script.name}`. {body}", ""]
-        data = results.get(script.stem)
-        if data is None:
+        runs = results.get(script.stem)
+        if not runs:
             parts += ["*Not measured in this run.*", ""]
             continue
-        run_line = f"Ran with {data.get('threads')} thread(s)"
-        if data.get("arguments"):
-            run_line += f", arguments `{' '.join(data['arguments'])}`"
-        if len(commits) > 1 or len(machines) > 1:
-            run_line += (f", on commit `{data['commit']}`, "
-                         f"{describe_machine(data['machine'])}")
-        parts += [run_line + ".", ""]
-        for entry in data.get("recorded", []):
-            if "note" in entry:
-                parts += [entry["note"], ""]
-            else:
-                parts += [f"**{entry['title']}**", "", table(entry["header"], entry["rows"]), ""]
+        for data in runs:
+            run_line = f"Ran with {data.get('threads')} thread(s)"
+            if data.get("arguments"):
+                run_line += f", arguments `{' '.join(data['arguments'])}`"
+            if len(commits) > 1 or len(machines) > 1:
+                run_line += (f", on commit `{data['commit']}`, "
+                             f"{describe_machine(data['machine'])}, "
+                             f"{describe_software(data['machine'])}")
+            parts += [run_line + ".", ""]
+            for entry in data.get("recorded", []):
+                if "note" in entry:
+                    parts += [entry["note"], ""]
+                else:
+                    parts += [f"**{entry['title']}**", "",
+                              table(entry["header"], entry["rows"]), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

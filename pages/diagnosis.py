@@ -166,7 +166,7 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
            "A useful score ranks neurons like the oracle (Spearman ρ near 1; random is 0). "
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
-methods = at.methods_for(ctx.ws.data.inputs.dtype)
+methods = at.methods_for(ctx.ws.data.inputs.dtype, ctx.layer_info.kind)
 oracle = guarded(lambda: ctx.oracle(methods))
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")

@@ -28,6 +28,7 @@ from ..methods.registry import METHODS, methods_for
 from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
                               n_samples)
+from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
@@ -51,7 +52,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         targets: LongTensor [N] of class ids, or None (the predicted class).
         methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
             all of `METHODS` (as registered now) leaves out those that cannot score integer
-            inputs (`Method.needs_float_inputs`: conductance).
+            inputs (`Method.needs_float_inputs`: conductance) or this kind of layer
+            (`Method.layer_kinds`: bn_scale, weight_norm).
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
@@ -66,7 +68,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     """
     methods = list(dict.fromkeys(methods))
     if tuple(methods) == tuple(METHODS):
-        methods = list(methods_for(_input_dtype(inputs)))
+        name, module = resolve_layer(model, layer)
+        methods = list(methods_for(_input_dtype(inputs), module_kind(name, module)))
     if not methods:
         raise AttributionError("Pass at least one method to compare with the oracle.")
     for method in methods:

@@ -79,11 +79,18 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
     "CURVE_K_STEPS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
     "CLUSTER_SOURCE_LABELS", "DEFAULT_CLUSTER_SOURCE", "DEFAULT_TARGET",
     "cluster_source_choices", "default_cluster_source", "target_choices", "default_target",
-    "default_layer", "k_choices", "default_k", "evidence_ks", "partition_words", "class_label",
+    "default_device", "default_layer", "k_choices", "default_k", "evidence_ks",
+    "partition_words", "class_label",
     "cluster_label", "scoring_targets", "AnalysisSettings",
 ]
 
 # ---------------------------------------------------------------- choices and their words
+
+def default_device() -> str:
+    """Where the dashboard and the command line compute when not told: "cuda" (the first
+    GPU) when one is present, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
 
 DEFAULT_COMPARE = ("gradient", "ablation")
 """Methods shown beside the main one (the dashboard's "Compare with", the report's)."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..engine import model_io
+from ..engine.layers import module_kind
 from ..errors import AttributionError
 from ..engine.runners import LayerRunner
 
@@ -83,6 +84,8 @@ class Method:
         score_line: the per-sample score as one Python expression of z and grad = dF/dz
             ([1, n, ...] -> [n]), the reference line of the own-code check's slow loop
             (`verdict.expected_loop`); None when it has none (the loop leaves a placeholder).
+        layer_kinds: the kinds of layer it scores (`layers.module_kind`: "Linear",
+            "BatchNorm2d", ...); None: any layer (`methods_for`).
     """
 
     name: str
@@ -96,6 +99,7 @@ class Method:
     token_value: Optional[TokenValue] = None
     logit_effect: Optional[str] = None
     score_line: Optional[str] = None
+    layer_kinds: Optional[tuple[str, ...]] = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -112,7 +116,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
              units: str = "arbitrary units", colour: Optional[str] = None,
              needs_float_inputs: bool = False, uses_gradients: bool = False,
              token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
-             score_line: Optional[str] = None) -> Callable[[ScoringFunction], ScoringFunction]:
+             score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None
+             ) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`, with the facts of `Method`;
     `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
     if logit_effect is not None and logit_effect not in LOGIT_EFFECTS:
@@ -124,7 +129,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
             name, function, summary, label=label or name, units=units,
             colour=colour or colour_from_name(name), needs_float_inputs=needs_float_inputs,
             uses_gradients=uses_gradients, token_value=token_value,
-            logit_effect=logit_effect, score_line=score_line)
+            logit_effect=logit_effect, score_line=score_line,
+            layer_kinds=None if layer_kinds is None else tuple(layer_kinds))
         return function
     return add
 
@@ -392,6 +398,84 @@ def fisher(batch: Batch) -> torch.Tensor:
     return 0.5 * _loss_taylor_terms(batch).square()
 
 
+def _per_sample(values: torch.Tensor, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+    """[B, n] -> [B, C, n] for targets "all" (a score that no class changes); else as is."""
+    if isinstance(batch.targets, str):
+        return values.unsqueeze(1).expand(-1, logits.shape[1], -1)
+    return values
+
+
+@register("active_fraction", "share of a neuron's positions where z > 0 (1 - APoZ, Hu 2016)",
+          label="active fraction", units="share of positions", colour="#BBBBBB")
+def active_fraction(batch: Batch) -> torch.Tensor:
+    z, _, logits = batch.runner.capture(batch.x)
+    return _per_sample(_reduce_spatial((z > 0).to(z.dtype), 1, "mean", _mask(batch)), batch,
+                       logits)
+
+
+_WEIGHT_LAYOUTS = {  # kind: (the weight's axis of the output neurons, their output axis)
+    "Linear": (0, -1), "Bilinear": (0, -1), "Conv1D": (1, -1), "Embedding": (1, -1),
+    "Conv1d": (0, 1), "Conv2d": (0, 1), "Conv3d": (0, 1),
+    "ConvTranspose1d": (1, 1), "ConvTranspose2d": (1, 1), "ConvTranspose3d": (1, 1),
+    "BatchNorm1d": (0, 1), "BatchNorm2d": (0, 1), "BatchNorm3d": (0, 1),
+    "SyncBatchNorm": (0, 1), "GroupNorm": (0, 1), "InstanceNorm1d": (0, 1),
+    "InstanceNorm2d": (0, 1), "InstanceNorm3d": (0, 1), "LayerNorm": (0, -1),
+    "RMSNorm": (0, -1)}
+BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+
+
+def _own_weight(batch: Batch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the layer module's own weight with its neurons' axis first [n, ...], logits [B, C]),
+    checked against the layer's neurons: the layer is of a kind `method` scores
+    (`Method.layer_kinds`), has the weight, its neurons are the axis the scores use, and
+    there are as many."""
+    runner = batch.runner
+    kind = module_kind(runner.name, runner.module)
+    if kind not in REGISTRY[method].layer_kinds:
+        what = ("BatchNorm layers by |gamma|" if method == "bn_scale" else
+                "layers by the weights that produce each neuron (Linear, Conv, Embedding, "
+                "norm layers)")
+        raise AttributionError(f"{method} scores {what}; layer {runner.name!r} is a {kind}. "
+                               "Score the layer that owns those weights (list_layers), or "
+                               "use a method that reads the data.")
+    weight = runner.module._parameters.get("weight")
+    if weight is None:
+        raise AttributionError(f"{method}: layer {runner.name!r} ({kind}) has no weight of "
+                               "its own (affine=False or elementwise_affine=False), so there "
+                               "is nothing to score; use a method that reads the data.")
+    weight_axis, output_axis = _WEIGHT_LAYOUTS[kind]
+    if kind.startswith("ConvTranspose") and getattr(runner.module, "groups", 1) != 1:
+        raise AttributionError(f"{method}: layer {runner.name!r} is a grouped {kind}, whose "
+                               "weight does not hold one slice per output channel.")
+    z, _, logits = runner.capture(batch.x)
+    neurons_at = 1 if output_axis == 1 else z.dim() - 1
+    per_neuron = weight.detach().movedim(weight_axis, 0)
+    if runner.axis != neurons_at or per_neuron.shape[0] != z.shape[1]:
+        raise AttributionError(
+            f"{method}: the neurons of layer {runner.name!r} are taken on output axis "
+            f"{runner.axis} ({z.shape[1]} of them), but its {kind} weight produces the "
+            f"{per_neuron.shape[0]} values of axis {neurons_at}; score it as "
+            f"'{runner.name}:{neurons_at}'.")
+    return per_neuron, logits
+
+
+@register("weight_norm", "L1 norm of the layer's own weights that produce each neuron "
+          "(data-free; Li et al. 2017)", label="weight L1 norm", units="weight L1 norm",
+          colour="#8C6D31", layer_kinds=tuple(_WEIGHT_LAYOUTS))
+def weight_norm(batch: Batch) -> torch.Tensor:
+    per_neuron, logits = _own_weight(batch, "weight_norm")
+    norms = per_neuron.abs().reshape(per_neuron.shape[0], -1).sum(1).to(torch.float32)
+    return _per_sample(norms.expand(logits.shape[0], -1), batch, logits)
+
+
+@register("bn_scale", "|gamma| of a BatchNorm layer (data-free; network slimming, Liu 2017)",
+          label="BatchNorm |γ|", units="|γ|", colour="#6B6ECF", layer_kinds=BATCH_NORMS)
+def bn_scale(batch: Batch) -> torch.Tensor:
+    gamma, logits = _own_weight(batch, "bn_scale")
+    return _per_sample(gamma.abs().to(torch.float32).expand(logits.shape[0], -1), batch,
+                       logits)
+
+
 def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
     per_pass = max(1, max_rows // max(rows_per_step, 1))
     for begin in range(0, n_steps, per_pass):
@@ -487,8 +571,12 @@ def random(batch: Batch) -> torch.Tensor:
     return torch.stack(rows).to(z.device)
 
 
-def methods_for(input_dtype: torch.dtype) -> tuple[str, ...]:
+def methods_for(input_dtype: torch.dtype, layer_kind: Optional[str] = None
+                ) -> tuple[str, ...]:
     """The methods that can score inputs of `input_dtype` (integer ids: all but those that
-    need floating-point inputs), read from the registry now."""
+    need floating-point inputs) at a layer of `layer_kind` (`layers.module_kind`; None: any
+    kind), read from the registry now."""
     return tuple(name for name, entry in REGISTRY.items()
-                 if input_dtype.is_floating_point or not entry.needs_float_inputs)
+                 if (input_dtype.is_floating_point or not entry.needs_float_inputs)
+                 and (layer_kind is None or entry.layer_kinds is None
+                      or layer_kind in entry.layer_kinds))

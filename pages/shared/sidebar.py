@@ -237,7 +237,8 @@ def sidebar() -> Optional[Context]:
                                         f"{sizes[c]} samples{mixes.get(c, '')}",
                   help="The cluster whose neurons the pages rank and prune.")
 
-    methods = list(at.methods_for(ws.data.inputs.dtype))
+    layer_kind = info_of[st.session_state["w_layer"]].kind
+    methods = list(at.methods_for(ws.data.inputs.dtype, layer_kind))
     _prepare("w_method", methods, defaults.DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")

@@ -16,6 +16,7 @@ import streamlit as st
 import torch
 
 import attribution as at
+from attribution.analyses import settings as analysis
 from attribution.inputs.data import Dataset, check_data, load_data, make_clusters, predict_classes
 from attribution.inputs import loading
 from attribution.inputs.demo import load_demo
@@ -82,16 +83,25 @@ def _demo(name: str) -> tuple[LoadedModel, Dataset]:
     files (the same weights as the .pt2, written by scripts/make_demo.py): torch.export's
     loader imports about 3 s of torch internals on first use, too slow for a first page."""
     if name not in FAST_DEMOS:
-        return load_demo(name)
+        loaded, data = load_demo(name)
+        return _on_compute_device(loaded), data
     weights, architecture, data = (DEMO_DIR / file for file in FAST_DEMOS[name])
-    loaded = load_model(weights, architecture=architecture)
+    loaded = _on_compute_device(load_model(weights, architecture=architecture))
     return loaded, check_data(load_data(data), loaded)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Reading the model…")
 def _uploaded_model(model_key: str, trust_code: bool, _model: bytes,
                     _architecture: Optional[bytes]) -> LoadedModel:
-    return load_model(_model, architecture=_architecture, trust_code=trust_code)
+    return _on_compute_device(load_model(_model, architecture=_architecture,
+                                         trust_code=trust_code))
+
+
+def _on_compute_device(loaded: LoadedModel) -> LoadedModel:
+    """The loaded model moved to `settings.default_device()` (a GPU when one is present)
+    before it is cached: every computation then runs there, its batches moved by the engine."""
+    loaded.module.to(analysis.default_device())
+    return loaded
 
 
 @st.cache_data(max_entries=4, show_spinner="Reading the data…")

@@ -429,3 +429,25 @@ def test_unlabelled_data_is_grouped_by_the_predicted_class_everywhere(tmp_path, 
     args.clusters = "kmeans_inputs"
     with pytest.raises(at.AttributionError, match="needs the data in memory.*--max-rows"):
         cli.clusters_of(args, problem, LAYER)
+
+
+def test_without_device_the_command_line_computes_where_the_dashboard_does(monkeypatch,
+                                                                          capsys):
+    """One home for the choice: `settings.default_device()`, "cuda" when a GPU is present."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert settings.default_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert settings.default_device() == "cpu"
+    monkeypatch.setattr(settings, "default_device", lambda: "banana")
+    code, _, err = in_process("layers", "--model", MODEL, capsys=capsys)
+    assert code != 0 and "Unknown device 'banana'" in err
+    code, _, _ = in_process("layers", "--model", MODEL, "--device", "cpu", capsys=capsys)
+    assert code == 0
+
+
+def test_the_dashboard_moves_the_model_it_caches_to_the_default_device(monkeypatch):
+    from pages.shared import workspace
+
+    monkeypatch.setattr(settings, "default_device", lambda: "meta")  # any device but the CPU
+    loaded = workspace._on_compute_device(load_model(MODEL))
+    assert {p.device.type for p in loaded.module.parameters()} == {"meta"}

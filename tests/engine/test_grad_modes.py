@@ -20,8 +20,9 @@ from attribution.inputs.data import check_data, load_data, predict_classes
 from attribution.inputs.loading import load_model
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
+from attribution.methods.registry import REGISTRY
 
-from tests.support.models import build
+from tests.support.models import build, methods_scoring
 from tests.support import ROOT
 
 
@@ -38,6 +39,7 @@ def grad_disabled_by_a_call():
 GRAD_MODES = {"no_grad": torch.no_grad, "set_grad_enabled(False)": grad_disabled_by_a_call,
               "inference_mode": torch.inference_mode}
 RUNNERS = {"fx": FxRunner, "hooks": HookRunner}
+LINEAR_METHODS = methods_scoring("Linear")  # the layers scored here are Linear
 N_STEPS = 8
 
 
@@ -70,7 +72,7 @@ def assert_mode_kept(mode) -> None:
         assert not torch.is_grad_enabled()
 
 
-@pytest.mark.parametrize("method", at.METHODS)
+@pytest.mark.parametrize("method", LINEAR_METHODS)
 @pytest.mark.parametrize("targets", ["labels", "all"])
 def test_every_method_on_both_runners_ignores_the_callers_grad_mode(method, targets, grad_mode,
                                                                     runner_kind):
@@ -198,11 +200,11 @@ def test_a_model_built_under_inference_mode_is_refused_for_gradients_only(runner
     say so; the methods without gradients still give the normal numbers."""
     model, x, y = build("residual_mlp")
     expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
-                for method in at.METHODS}
+                for method in LINEAR_METHODS}
     with torch.inference_mode():
         frozen, _, _ = build("residual_mlp")  # the same weights (seeded), made in the mode
-    for method in at.METHODS:
-        if method in ("activation", "ablation", "random"):
+    for method in LINEAR_METHODS:
+        if not REGISTRY[method].uses_gradients:
             torch.testing.assert_close(at.neuron_scores(frozen, "fc1", x, y, method), expected[
                 method])
             continue
@@ -231,12 +233,12 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
     model, x, y = build("residual_mlp")
     clusters = np.array(["a", "b"])[np.arange(len(x)) % 2]
     expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
-                for method in at.METHODS}
+                for method in LINEAR_METHODS}
     calls = entry_points(model, x, y, clusters)
     expected_entries = {name: calls[name]() for name in ("pruning_curve", "diagnose",
                                                          "neuron_view")}
     with CALLER_SETTINGS[setting]():
-        for method in at.METHODS:
+        for method in LINEAR_METHODS:
             torch.testing.assert_close(
                 at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS),
                 expected[method], rtol=1e-6, atol=1e-7, msg=method)

@@ -15,7 +15,7 @@ from attribution.methods.registry import REGISTRY, gauss_legendre
 
 from tests.support import references
 from tests.support.models import (SequenceNet, ThreeBranchNet, TokenNet,
-                                  UntraceableSequenceNet, build)
+                                  UntraceableSequenceNet, build, methods_scoring)
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
@@ -23,7 +23,7 @@ LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv
 CASES = [(arch, layer) for arch in ARCHITECTURES for layer in LAYERS[arch]]
 
 
-@pytest.fixture(params=at.METHODS)
+@pytest.fixture(params=methods_scoring("Linear", "Conv2d"))
 def method(request):
     return request.param
 
@@ -475,7 +475,7 @@ def test_integer_inputs_score_with_every_method_but_conductance_which_says_why()
     torch.manual_seed(0)
     model, ids = TokenNet().eval(), torch.randint(0, 20, (16, 5))
     labels = torch.randint(0, 3, (16,))
-    for name in at.METHODS:
+    for name in methods_scoring("Linear"):
         if REGISTRY[name].needs_float_inputs:
             with pytest.raises(at.AttributionError, match="int64 inputs.*use integrated_gradients"):
                 at.neuron_scores(model, "fc1", ids, labels, name)
@@ -483,7 +483,8 @@ def test_integer_inputs_score_with_every_method_but_conductance_which_says_why()
             assert at.neuron_scores(model, "fc1", ids, labels, name).shape == (16, 6)
     assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
-    assert list(table["method"]) == [m for m in at.METHODS if not REGISTRY[m].needs_float_inputs]
+    assert list(table["method"]) == list(at.methods_for(torch.int64, "Linear"))
+    assert "conductance" not in list(table["method"])
     with pytest.raises(at.AttributionError, match="conductance interpolates"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
 

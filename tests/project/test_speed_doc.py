@@ -95,3 +95,20 @@ def test_every_benchmark_explains_itself_and_records_through_run():
         assert title and body, script.name
         assert f'run(main, "{script.stem}")' in source, script.name
         assert not re.search(r"\bissue\b", title + body, re.IGNORECASE), script.name
+
+
+def test_a_benchmark_run_twice_shows_both_runs_with_their_arguments_and_machines(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "bench_one.json").write_text(json.dumps(results_of("bench_one")))
+    on_gpu = results_of("bench_one")
+    on_gpu["arguments"] = ["--device", "cuda"]
+    on_gpu["machine"] = {**on_gpu["machine"], "cpu": "Example GPU host", "torch": "2.11.0+cu130"}
+    (results / "bench_one_gpu.json").write_text(json.dumps(on_gpu))
+    page = speed_doc.render(speed_doc.load_results(results), fake_scripts(tmp_path))
+    assert "| benchmarks run | 1 of 2: bench_one, bench_one (--device cuda) |" in page
+    section = page[page.index("## Pruning curves against hooks\n"):
+                   page.index("## Peak memory of streaming\n")]
+    assert section.count("| a \\| b | 520.0 ms | 40.00x |") == 2
+    assert "arguments `--device cuda`, on commit `abc1234`, Example GPU host" in section
+    assert "torch 2.11.0+cu130" in section and "**Not one run:**" in page

@@ -314,3 +314,13 @@ def exported(model: nn.Module, x: torch.Tensor, path) -> nn.Module:
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
     torch.export.save(program, path)
     return torch.export.unflatten(torch.export.load(path))
+
+
+def methods_scoring(*kinds: str) -> list[str]:
+    """The registered methods that score float inputs at layers of every kind in `kinds`
+    ("Linear", "Conv2d", ...; `at.methods_for`), in registration order: every method but
+    those of other layers (bn_scale)."""
+    import attribution as at
+
+    return [method for method in at.METHODS
+            if all(method in at.methods_for(torch.float32, kind) for kind in kinds)]
