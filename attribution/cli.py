@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "Python file with --trust-code")
     group.add_argument("--trust-code", action="store_true",
                        help="allow pickled modules and Python files (only your own files)")
-    group.add_argument("--device",
+    group.add_argument("--device", default=analysis.default_device(),
                        help="cpu, cuda or cuda:N (default: cuda when a GPU is present, else "
                             "cpu, as the dashboard; under torchrun a bare 'cuda' means "
                             "cuda:LOCAL_RANK)")
@@ -788,8 +788,6 @@ def in_memory(problem: Problem, args) -> data_module.Dataset:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one command; returns the exit code (never raises for a user's mistake)."""
     args = build_parser().parse_args(argv)
-    if hasattr(args, "device") and args.device is None:
-        args.device = analysis.default_device()
     if getattr(args, "neuron_axis", None) is not None:  # one mechanism: the "name:axis" spec
         args.layer = f"{args.layer}:{args.neuron_axis}"
     joined = False

@@ -35,6 +35,7 @@ from captum.attr import LayerGradientXActivation
 from torch import nn
 
 import attribution as at
+from attribution.engine.layers import module_kind
 from attribution.analyses.pruning import random_orders
 from benchmarks.common import batches, digits_mlp, note, record, run
 
@@ -214,7 +215,8 @@ def equal_to_cpu(device: torch.device) -> bool:
     rows, worst = [], 0.0
     for model, x, y, layers in cases:
         for layer in layers:
-            for method in at.methods_for(x.dtype):
+            kind = module_kind(layer, model.get_submodule(layer))
+            for method in at.methods_for(x.dtype, kind):
                 cpu = at.neuron_scores(model, layer, x, y, method, n_steps=8)
                 other = at.neuron_scores(model, layer, x, y, method, n_steps=8, device=device)
                 scale = float(cpu.abs().max()) or 1.0

@@ -83,7 +83,8 @@ def test_every_page_renders_with_real_results(page):
     elif page.endswith("diagnosis.py"):
         alerts = list(app.success) + list(app.warning) + list(app.error)
         assert len(alerts) == 1 + 7  # the verdict, then one per check (no user scores)
-        assert len(app.dataframe[0].value) == len(at.METHODS)
+        offered = sidebar_widget(app, "w_method").options  # those that score the layer
+        assert len(app.dataframe[0].value) == len(offered)
         assert {"Do the methods rank", "Neuron"} <= {t.split(" ")[0] if t.startswith("Neuron")
                                                       else t[:19] for t in figures(app)}
     elif page.endswith("data.py"):
@@ -280,7 +281,8 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
         app.switch_page(page).run()
         assert_clean(app)
         assert not app.error, (page, [e.value for e in app.error])
-    labels = [plots.method_label(m) for m in at.methods_for(torch.int64)]  # no conductance
+    labels = [plots.method_label(m)  # no conductance, nor bn_scale: fc1 is a Linear
+              for m in at.methods_for(torch.int64, "Linear")]
     assert sidebar_widget(app, "w_method").options == labels
     assert app.dataframe[0].value["method"].tolist() == labels  # the oracle table
     sidebar_widget(app, "w_layer").set_value("fc2")  # 3 neurons: the logits of 3 classes

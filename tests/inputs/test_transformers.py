@@ -32,7 +32,9 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 40
 PAD = 0
 N_STEPS = 8
-METHODS_FOR_IDS = at.methods_for(torch.int64)
+METHODS_FOR_IDS = [m for m in at.methods_for(torch.int64)  # those of LAYERS' kinds
+                   if all(m in at.methods_for(torch.int64, kind)
+                          for kind in ("Linear", "Conv1D", "LayerNorm"))]
 # (model kind, a position-wise MLP layer, a layer after the position mixing)
 LAYERS = {"bert": ("bert.encoder.layer.0.intermediate.dense", "bert.pooler.dense"),
           "gpt2": ("transformer.h.0.mlp.c_fc", "transformer.ln_f")}
@@ -395,8 +397,10 @@ def test_an_image_classifier_folder_takes_image_arrays_and_every_method(tmp_path
     with torch.no_grad():
         torch.testing.assert_close(loaded.module(pixel_values=images).logits,
                                    model(pixel_values=images).logits)
-    layer = next(info.name for info in loaded.layers() if info.n_neurons == 24)
-    for method in at.METHODS:  # conductance too: it scales the pixels
+    info = next(info for info in loaded.layers() if info.n_neurons == 24)
+    layer = info.name
+    assert "conductance" in at.methods_for(torch.float32, info.kind)
+    for method in at.methods_for(torch.float32, info.kind):  # conductance: it scales pixels
         scores = at.neuron_scores(loaded.module, layer, dataset.inputs, dataset.labels, method,
                                   n_steps=8)
         assert scores.shape == (5, 24) and torch.isfinite(scores).all()
