@@ -1,5 +1,6 @@
-"""Each computation against its floor, the least plain PyTorch that computes the same work,
-timed side by side in 5 interleaved runs: each row gives the floor, the median of the 5
+"""Each computation against its floor, the least plain PyTorch that does the same work.
+
+Timed side by side in 5 interleaved runs: each row gives the floor, the median of the 5
 per-run ratios, and their spread (min-max), so a slow run shows as the machine (every ratio
 holds) or as the code (the ratio moves).
 

@@ -96,7 +96,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def commit(root: Path = ROOT) -> str:
     """`git rev-parse --short HEAD`, plus "-dirty" when tracked files differ from it (as `git
-    describe --dirty`); "unknown" outside a git checkout."""
+    describe --dirty`); "unknown" outside a git checkout. $BENCH_COMMIT, where set, instead:
+    a tree copied to another machine (a GPU's) may carry a stale .git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
                               capture_output=True, text=True).stdout.strip()
