@@ -318,7 +318,7 @@ class _LayerPasses:
             yield captured
 
     def _captured(self, batch: LayerBatch) -> _Captured:
-        """Capture one batch of the pass (on a CPU a row chunk: `_capture_rows`)."""
+        """Capture one batch of the pass (on a CPU a row chunk: `_CPU_ELEMENTS_PER_CAPTURE`)."""
         z, state, logits = batch.runner.capture(batch.x)
         broken = torch.nonzero(~torch.isfinite(logits).all(1))[:, 0].cpu() + batch.start
         if len(broken):
@@ -340,14 +340,6 @@ class _LayerPasses:
         real = (mask[:, None, :].to(z.dtype) if mask is not None and z.dim() == 3
                 and z.shape[-1] == mask.shape[1] else None)
         return _Captured(z, state, targets, groups, real)
-
-
-def _capture_rows(device: torch.device):
-    """The most rows one capture takes on `device` (`LayerPass`'s max_rows): on a CPU, as
-    many as keep the layer output within `_CPU_ELEMENTS_PER_CAPTURE`; elsewhere the batch."""
-    if device.type != "cpu":
-        return None
-    return lambda runner: _CPU_ELEMENTS_PER_CAPTURE // max(1, runner.layer_size)
 
 
 def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
@@ -438,8 +430,8 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
     _check_options(ablation, metric, n_random, batch_size)
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, device=device,
                            grad=False, accepts=("labels",), what="evaluate",
-                           need="Pruning curves need one target per sample")
-    layer_pass.max_rows = _capture_rows(layer_pass.device)
+                           need="Pruning curves need one target per sample",
+                           cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE)
     n_groups = 1 if groups is None else len(subset_names)
     with eval_mode(layer_pass.model):  # the cached captures' masked passes too
         passes = _LayerPasses(layer_pass, groups, n_groups)

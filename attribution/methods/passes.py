@@ -275,15 +275,16 @@ class LayerPass:
         what: the work, for the message on empty inputs ("score", "evaluate").
         check: called with each batch's x before anything runs on it (e.g. a method that
             needs floating-point inputs says so before the layer is split).
-        max_rows: called with the runner: the most rows one step computes; a bigger batch
-            is computed in row chunks, each its own `LayerBatch` (None = whole batches).
+        cpu_layer_elements: on a CPU, a batch whose layer output holds more values than
+            this is computed in equal row chunks, each its own `LayerBatch` (memory the
+            caches or the allocator keep); elsewhere, and for None, whole batches.
     """
 
     def __init__(self, model: nn.Module, layer, inputs: Inputs, targets: Targets = None, *,
                  batch_size: int = 256, device=None, grad: bool = True,
                  accepts: Sequence[str] = TARGET_WORDS, need: Optional[str] = None,
                  what: str = "score", check: Optional[Callable[[Any], object]] = None,
-                 max_rows: Optional[Callable[[LayerRunner], int]] = None):
+                 cpu_layer_elements: Optional[int] = None):
         self.name: Optional[str] = None
         self.module: Optional[nn.Module] = None
         if layer is not None:
@@ -292,8 +293,9 @@ class LayerPass:
         if layer is not None:
             self.name, self.module = resolve_layer(self.model, self.name)
         self.inputs, self.batch_size, self.grad = inputs, batch_size, grad
-        self.what, self.check, self.max_rows = what, check, max_rows
+        self.what, self.check = what, check
         self.device = model_device(self.model)
+        self.cpu_layer_elements = cpu_layer_elements if self.device.type == "cpu" else None
         self.total = n_samples(inputs)
         self.targets = check_targets(targets, self.total, inputs=inputs, accepts=accepts,
                                      need=need)
@@ -340,9 +342,10 @@ class LayerPass:
         return LayerBatch(x, start, rows, self._targets(labels, start, rows), runner)
 
     def _steps(self, batch: LayerBatch) -> list[LayerBatch]:
-        """[the batch], or its row chunks (views) of at most `max_rows(runner)` rows, of
-        equal sizes (a last chunk of a few rows would cost a whole pass's overhead)."""
-        step = batch.rows if self.max_rows is None else max(1, self.max_rows(batch.runner))
+        """[the batch], or its row chunks (views) within `cpu_layer_elements`, of equal
+        sizes (a last chunk of a few rows would cost a whole pass's overhead)."""
+        limit = self.cpu_layer_elements
+        step = batch.rows if limit is None else max(1, limit // max(1, batch.runner.layer_size))
         if step >= batch.rows:
             return [batch]
         step = -(-batch.rows // -(-batch.rows // step))  # ceil(rows / number of chunks)

@@ -350,15 +350,19 @@ def gradient(batch: Batch) -> torch.Tensor:
     return _reduce_spatial(grad, _neuron_dim(targets), "sum", _mask(batch))
 
 
+def _per_sample(values: torch.Tensor, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+    """[B, n] -> [B, C, n] for targets "all" (a score that no class changes); else as is."""
+    if isinstance(batch.targets, str):
+        return values.unsqueeze(1).expand(-1, logits.shape[1], -1)
+    return values
+
+
 @register("activation", "z: the layer output itself (averaged over positions for conv)",
           units="activation units", colour="#117733", token_value=lambda z, grad: z,
           score_line="z.flatten(2).mean(-1)[0] if z.dim() > 2 else z[0]")
 def activation(batch: Batch) -> torch.Tensor:
     z, _, logits = batch.runner.capture(batch.x)
-    scores = _reduce_spatial(z, 1, "mean", _mask(batch))
-    if isinstance(batch.targets, str):
-        scores = scores.unsqueeze(1).expand(-1, logits.shape[1], -1)
-    return scores
+    return _per_sample(_reduce_spatial(z, 1, "mean", _mask(batch)), batch, logits)
 
 
 @register("gradient_x_activation", "z * dF/dz: first-order Taylor estimate of removing a neuron",
@@ -396,13 +400,6 @@ def taylor(batch: Batch) -> torch.Tensor:
           uses_gradients=True)
 def fisher(batch: Batch) -> torch.Tensor:
     return 0.5 * _loss_taylor_terms(batch).square()
-
-
-def _per_sample(values: torch.Tensor, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
-    """[B, n] -> [B, C, n] for targets "all" (a score that no class changes); else as is."""
-    if isinstance(batch.targets, str):
-        return values.unsqueeze(1).expand(-1, logits.shape[1], -1)
-    return values
 
 
 @register("active_fraction", "share of a neuron's positions where z > 0 (1 - APoZ, Hu 2016)",

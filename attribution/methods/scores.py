@@ -33,10 +33,6 @@ _LAYER_ELEMENTS_PER_CHUNK = 1 << 19
 3072-wide Linear in 0.64-1.03x, a 64-unit one unchanged (one chunk)."""
 
 
-def _rows_per_chunk(runner) -> int:
-    return max(1, _LAYER_ELEMENTS_PER_CHUNK // max(1, runner.layer_size))
-
-
 def check_method(method: str) -> None:
     """AttributionError unless `method` is a registered scoring method."""
     if method not in REGISTRY:
@@ -85,10 +81,9 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         return scores
 
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size,
-                           device=device, check=floating)
-    on_cpu = layer_pass.device.type == "cpu"
-    if on_cpu:  # a GPU's caches gain nothing from smaller passes
-        layer_pass.max_rows = _rows_per_chunk
+                           device=device, check=floating,
+                           cpu_layer_elements=_LAYER_ELEMENTS_PER_CHUNK)
+    on_cpu = layer_pass.device.type == "cpu"  # a GPU's caches gain nothing from less
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores
