@@ -71,7 +71,6 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         if about_layer is not None and batch.start == 0:
             about_layer.update(layer_attrs(batch.runner))
         per_row = max(1, model_io.row_size(batch.x), batch.runner.layer_size)  # a variant
-        per_pass = _MAX_ELEMENTS_PER_PASS["cpu" if on_cpu else "other"]
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
                                         max(batch.rows, per_pass // per_row)))
@@ -83,7 +82,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size,
                            device=device, check=floating,
                            cpu_layer_elements=_LAYER_ELEMENTS_PER_CHUNK)
-    on_cpu = layer_pass.device.type == "cpu"  # a GPU's caches gain nothing from less
+    per_pass = _MAX_ELEMENTS_PER_PASS["cpu" if layer_pass.device.type == "cpu" else "other"]
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores

@@ -69,22 +69,31 @@ def ablation(model, module, x, targets):
     return torch.stack(rows)
 
 
+def _one_sample(model, module, sample):
+    """(the layer's output z as the model computed it, logits [1, C]) for one sample [1, ...]
+    (floating-point inputs require grad, as a user's loop makes them); the model goes on
+    with a copy of z, so an in-place op after the layer does not overwrite it."""
+    store = {}
+
+    def keep(mod, args, out):
+        store["z"] = out
+        return out.clone()
+
+    handle = module.register_forward_hook(keep)
+    try:
+        sample = sample.clone()
+        logits = model(sample.requires_grad_(True) if sample.is_floating_point() else sample)
+    finally:
+        handle.remove()
+    return store["z"], logits
+
+
 def per_sample_gradient(model, module, x, targets):
     """dF/dz for each sample with its own forward/backward (the correct hand-written loop)."""
     rows = []
     for i in range(x.shape[0]):
-        store = {}
-
-        def keep(mod, args, out):
-            store["z"] = out
-            return out.clone()  # an in-place op after the layer must not overwrite z
-
-        handle = module.register_forward_hook(keep)
-        try:
-            logit = model(x[i:i + 1].clone().requires_grad_(True))[0, targets[i]]
-        finally:
-            handle.remove()
-        (grad,) = torch.autograd.grad(logit, store["z"])
+        z, logits = _one_sample(model, module, x[i:i + 1])
+        (grad,) = torch.autograd.grad(logits[0, targets[i]], z)
         rows.append(_per_neuron(grad[0]))
     return torch.stack(rows)
 
@@ -95,20 +104,9 @@ def per_sample_loss_taylor(model, module, x, targets, neuron_axis=1):
     signed term of `taylor` and `fisher`)."""
     rows = []
     for i in range(x.shape[0]):
-        store = {}
-
-        def keep(mod, args, out):
-            store["z"] = out
-            return out.clone()  # an in-place op after the layer must not overwrite z
-
-        handle = module.register_forward_hook(keep)
-        try:
-            sample = x[i:i + 1].clone()
-            logits = model(sample.requires_grad_(True) if sample.is_floating_point() else sample)
-        finally:
-            handle.remove()
+        z, logits = _one_sample(model, module, x[i:i + 1])
         loss = torch.nn.functional.cross_entropy(logits, targets[i:i + 1])
-        (grad,) = torch.autograd.grad(loss, store["z"])
-        term = (store["z"] * grad).detach()[0].movedim(neuron_axis - 1, 0)
+        (grad,) = torch.autograd.grad(loss, z)
+        term = (z * grad).detach()[0].movedim(neuron_axis - 1, 0)
         rows.append(term.flatten(1).sum(1) if term.dim() > 1 else term)
     return torch.stack(rows)
