@@ -34,6 +34,8 @@ ENTRY_POINTS = {  # how a server starts: the flags each gets follow
     "make run": [sys.executable, str(ROOT / "scripts" / "serve.py")],
     "streamlit run": [sys.executable, "-m", "streamlit", "run", "app.py"]}
 BASE_PATH_PROBE = re.compile(r"^http://localhost:\d+/[a-z]+/_stcore/(health|host-config)$")
+SCRIPT_IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+"""The app when its frontend has no script run in progress, requested or running."""
 COLD_START_S, REDRAW_S, FIRST_POINTS_S = 10.0, 2.0, 1.0  # on this 2-core machine, idle
 # Other work on the machine (1-minute load average above the core count when the tests start)
 # stretches every budget by the same factor, so a busy machine does not fail the app.
@@ -112,13 +114,14 @@ class App:
         """Upload through the real file input once no run is in progress (a run that ends
         redraws the uploaders and can drop a file given meanwhile); wait until the widget
         lists the file and no run is in progress again, so a following upload starts on a
-        settled page."""
-        running = self.page.get_by_test_id("stStatusWidget")
-        running.wait_for(state="hidden", timeout=120_000)
+        settled page. "No run" is the frontend's own script state on stApp: the status
+        widget shows a run only after a delay, so its absence let an upload in mid-run."""
+        idle = self.page.locator(SCRIPT_IDLE)
+        idle.wait_for(timeout=120_000)
         uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
         uploader.locator("input[type=file]").set_input_files(path)
         uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
-        running.wait_for(state="hidden", timeout=120_000)
+        idle.wait_for(timeout=120_000)
 
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
