@@ -4,12 +4,14 @@
     at.list_layers(model, example_input)
     at.neuron_scores(model, "fc2", inputs, targets, method="gradient")        # [N, n_neurons]
     at.cluster_scores(model, "fc2", inputs, targets, clusters, reduce="mean_abs")
+    at.prune(model, "fc2", scores, k=8, inputs=inputs)                        # a pruned copy
 """
 from .errors import AttributionError
 from .engine.layers import LayerInfo, list_layers
 from .methods.registry import METHODS, methods_for
 from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores, reduce_scores
-from .analyses.pruning import cluster_pruning_curves, curve_summary, pruning_curve
+from .analyses.pruning import cluster_pruning_curves, curve_summary, model_metric, pruning_curve
+from .analyses.prune import prune, save_pt2
 from .analyses.oracle import oracle_agreement
 from .analyses.diagnose import Finding, diagnose
 from .inputs.architectures import Architecture, parse_architecture
@@ -26,7 +28,8 @@ from .analyses import distributed
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
     "list_layers", "neuron_scores", "reduce_scores",
-    "pruning_curve", "cluster_pruning_curves", "curve_summary", "oracle_agreement",
+    "pruning_curve", "cluster_pruning_curves", "curve_summary", "model_metric", "prune",
+    "save_pt2", "oracle_agreement",
     "Finding", "diagnose",
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
     "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters",

@@ -41,13 +41,15 @@ from .analyses import distributed
 from .presentation import plots
 from .analyses.diagnose import diagnose
 from .errors import AttributionError
+from .engine import model_io
 from .engine.layers import resolve_layer
 from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
 from .inputs.loaded import LoadedModel
 from .inputs.loading import load_model
 from .inputs.untrusted.files import sniff
 from .methods.registry import METHODS
-from .analyses.pruning import ABLATIONS, METRICS, curve_summary
+from .analyses.prune import REMOVALS, prune, save_pt2
+from .analyses.pruning import ABLATIONS, METRICS, curve_summary, model_metric
 from .analyses import settings as analysis
 from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
                                 scoring_targets)
@@ -104,14 +106,49 @@ def limits_from(args) -> Limits:
                      * (MB if field.endswith("_bytes") else 1) for field in _LIMIT_FLAGS})
 
 
+def _data_arguments(group, kmeans_flag: str) -> None:
+    """The data options of every command that reads data; `kmeans_flag` names the number of
+    k-means clusters."""
+    group.add_argument("--data", required=True, type=Path,
+                       help=".npy (streamed from disk), .npz, .pt, .csv or .parquet")
+    group.add_argument("--labels", type=Path,
+                       help="labels [N] as .npy, for .npy data")
+    group.add_argument("--cluster-ids", type=Path,
+                       help="cluster ids [N] as .npy, for .npy data (used with --clusters "
+                            "provided, or by default when there are no --labels)")
+    group.add_argument("--features", help="inputs key (.npz/.pt), comma-separated feature "
+                                          "columns (.csv/.parquet), or the text column for a "
+                                          "model with a tokenizer; detected by default")
+    group.add_argument("--input-names",
+                       help="comma-separated arrays of a .npz/.pt that are the model's named "
+                            "inputs (e.g. input_ids,attention_mask); default: input_ids, "
+                            "attention_mask and token_type_ids when the data has input_ids")
+    group.add_argument("--label-key", help="labels key or column ('' for none); detected by "
+                                           "default")
+    group.add_argument("--cluster-key", help="cluster key or column ('' for none); detected "
+                                             "by default")
+    group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
+                       help="most samples loaded into memory (default %(default)s); larger "
+                            "data: save the inputs as .npy")
+    group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
+                       help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
+                            "the label when the data has labels, else the data's cluster ids, "
+                            "else the predicted class; none: one cluster 'all')")
+    group.add_argument(kmeans_flag, dest="kmeans_k", type=_positive, default=analysis.DEFAULT_K,
+                       help="k-means clusters (default %(default)s)")
+    group.add_argument("--targets", default=None,
+                       help="label, predicted, all or a class id (default: label when the "
+                            "data has labels, else predicted)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `python -m attribution` parser with its five commands."""
+    """The `python -m attribution` parser with its six commands."""
     parser = _Parser(prog="python -m attribution",
                      description="Neuron importance for PyTorch classifiers, from the shell.")
     parser.add_argument("--traceback", action="store_true",
                         help="show the full traceback of an internal error")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="{layers,score,curve,diagnose,report}")
+                                     metavar="{layers,score,curve,prune,diagnose,report}")
 
     model = _Parser(add_help=False)
     group = model.add_argument_group("model")
@@ -140,38 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                            default=default // MB if field.endswith("_bytes") else default,
                            help=f"{help_text} (default %(default)s)")
 
-    data = _Parser(add_help=False)
-    group = data.add_argument_group("data")
-    group.add_argument("--data", required=True, type=Path,
-                       help=".npy (streamed from disk), .npz, .pt, .csv or .parquet")
-    group.add_argument("--labels", type=Path,
-                       help="labels [N] as .npy, for .npy data")
-    group.add_argument("--cluster-ids", type=Path,
-                       help="cluster ids [N] as .npy, for .npy data (used with --clusters "
-                            "provided, or by default when there are no --labels)")
-    group.add_argument("--features", help="inputs key (.npz/.pt), comma-separated feature "
-                                          "columns (.csv/.parquet), or the text column for a "
-                                          "model with a tokenizer; detected by default")
-    group.add_argument("--input-names",
-                       help="comma-separated arrays of a .npz/.pt that are the model's named "
-                            "inputs (e.g. input_ids,attention_mask); default: input_ids, "
-                            "attention_mask and token_type_ids when the data has input_ids")
-    group.add_argument("--label-key", help="labels key or column ('' for none); detected by "
-                                           "default")
-    group.add_argument("--cluster-key", help="cluster key or column ('' for none); detected "
-                                             "by default")
-    group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
-                       help="most samples loaded into memory (default %(default)s); larger "
-                            "data: save the inputs as .npy")
-    group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
-                       help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
-                            "the label when the data has labels, else the data's cluster ids, "
-                            "else the predicted class; none: one cluster 'all')")
-    group.add_argument("--k", type=_positive, default=analysis.DEFAULT_K,
-                       help="k-means clusters (default %(default)s)")
-    group.add_argument("--targets", default=None,
-                       help="label, predicted, all or a class id (default: label when the "
-                            "data has labels, else predicted)")
+    def data_options(kmeans_flag: str) -> _Parser:  # prune's --k counts neurons
+        data = _Parser(add_help=False)
+        _data_arguments(data.add_argument_group("data"), kmeans_flag)
+        return data
+
+    data = data_options("--k")
 
     compute = _Parser(add_help=False)
     group = compute.add_argument_group("computation")
@@ -238,6 +249,27 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--out", required=True, help="curve table (.csv, .parquet or '-')")
     command.add_argument("--summary", type=Path, help="summary as JSON")
     command.set_defaults(run=run_curve)
+
+    command = commands.add_parser(
+        "prune", parents=[model, data_options("--kmeans-k"), compute, ablation],
+        help="a copy of the model with a layer's K lowest-ranked neurons removed, as .pt2")
+    command.add_argument("--k", type=_positive, required=True,
+                         help="how many neurons of the layer to remove")
+    command.add_argument("--remove", choices=REMOVALS, default="bottom",
+                         help="the K lowest-ranked neurons (bottom, the default) or the K "
+                              "highest (top)")
+    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
+                         metavar="METHOD", help="the scores that rank the neurons: "
+                                                f"{', '.join(METHODS)} (default %(default)s)")
+    command.add_argument("--cluster", help="rank by this cluster's scores (default: all the "
+                                           "data)")
+    command.add_argument("--metric", choices=METRICS, default=analysis.DEFAULT_METRIC,
+                         help="what is reported before and after (default %(default)s)")
+    command.add_argument("--out", required=True, type=Path,
+                         help="the pruned model (.pt2, torch.export); it loads like any .pt2")
+    command.add_argument("--summary", type=Path, help="what was removed and the metric before "
+                                                      "and after, as JSON")
+    command.set_defaults(run=run_prune)
 
     command = commands.add_parser(
         "diagnose", parents=[model, data, compute, band(analysis.EVIDENCE_METRIC), ablation],
@@ -429,7 +461,7 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
     else:
         data = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
     try:
-        return data_module.make_clusters(source, data, problem.model, layer=layer, k=args.k,
+        return data_module.make_clusters(source, data, problem.model, layer=layer, k=args.kmeans_k,
                                          seed=args.seed, batch_size=args.batch_size)
     except AttributionError as error:
         if not problem.streamed or source not in _STREAMED_HINTS:
@@ -621,29 +653,41 @@ def _ks(text: str) -> Optional[list[int]]:
                                "as 0,1,2,4,8.") from None
 
 
+def _ranking(args, problem: Problem, targets) -> tuple[np.ndarray, object, pd.DataFrame]:
+    """(cluster ids [N], the cluster in focus, its row of `--method` scores reduced by
+    `--reduce`): `--cluster`'s, or all the data's (one cluster "all")."""
+    if args.cluster is None:
+        clusters, focus = np.full(problem.n_samples, "all"), "all"
+    else:
+        clusters = clusters_of(args, problem, args.layer)
+        focus = cluster_id(args.cluster, clusters)
+    with ProgressBar(f"{args.method} scores", args.quiet) as bar:
+        table = distributed.cluster_scores(problem.model.module, args.layer, problem.inputs,
+                                           targets, clusters, args.method, reduce=args.reduce,
+                                           batch_size=args.batch_size, n_steps=args.n_steps,
+                                           progress=bar, seed=args.seed)
+    return clusters, focus, table.loc[[focus]]
+
+
+def _curve_targets(args, problem: Problem):
+    """`targets_of`, refusing "all": pruning measures one target per sample."""
+    targets = targets_of(args, problem)
+    if isinstance(targets, str):
+        raise AttributionError("Pruning needs one target per sample: use --targets label, "
+                               "predicted or a class id, not all.")
+    return targets
+
+
 def run_curve(args) -> int:
     _check_table_path(args.out)
     problem = load_problem(args)
     _check_layer(problem, args.layer)
-    targets = targets_of(args, problem)
-    if isinstance(targets, str):
-        raise AttributionError("Pruning curves need one target per sample: use --targets "
-                               "label, predicted or a class id, not all.")
+    targets = _curve_targets(args, problem)
     ks = _ks(args.ks)
     options = dict(ks=ks, n_random=args.n_random, seed=args.seed, ablation=args.ablation,
                    metric=args.metric, batch_size=args.batch_size)
     module, layer = problem.model.module, args.layer
-    if args.cluster is None:
-        clusters, focus = np.full(problem.n_samples, "all"), "all"
-    else:
-        clusters = clusters_of(args, problem, layer)
-        focus = cluster_id(args.cluster, clusters)
-    with ProgressBar(f"{args.method} scores", args.quiet) as bar:
-        table = distributed.cluster_scores(module, layer, problem.inputs, targets, clusters,
-                                           args.method, reduce=args.reduce,
-                                           batch_size=args.batch_size, n_steps=args.n_steps,
-                                           progress=bar, seed=args.seed)
-    ranking = table.loc[[focus]]
+    clusters, focus, ranking = _ranking(args, problem, targets)
     with ProgressBar("pruning curves", args.quiet) as bar:
         if args.cluster is None:
             curves = distributed.pruning_curve(module, layer, problem.inputs, targets, ranking,
@@ -677,6 +721,38 @@ def _one_process(command: str) -> None:
     if distributed.rank_and_size()[1] > 1:
         raise AttributionError(f"`{command}` runs in one process; start it with "
                                "`python -m attribution`, not torchrun.")
+
+
+def run_prune(args) -> int:
+    _one_process("prune")
+    if args.out.suffix.lower() != ".pt2":
+        raise AttributionError(f"--out {args.out}: the pruned model is written as a .pt2 file.")
+    problem = load_problem(args)
+    _check_layer(problem, args.layer)
+    targets = _curve_targets(args, problem)
+    _, focus, ranking = _ranking(args, problem, targets)
+    module, inputs = problem.model.module, problem.inputs
+    if targets is None:  # the unpruned model's predictions, as the curves measure them
+        targets = data_module.predict_classes(module, inputs, batch_size=args.batch_size)
+    pruned = prune(module, args.layer, ranking, args.k, mode=args.ablation, remove=args.remove,
+                   inputs=inputs, batch_size=args.batch_size)
+    options = dict(batch_size=args.batch_size)
+    before = model_metric(module, inputs, targets, args.metric, **options)
+    after = model_metric(pruned, inputs, targets, args.metric, **options)
+    first = torch.as_tensor(next(iter(inputs))) if problem.streamed else inputs
+    example = model_io.take(first, slice(0, 2))
+    save_pt2(pruned, example, _prepare(args.out), class_names=problem.model.class_names)
+    removed = {"k": args.k, "remove": args.remove, "method": args.method,
+               "reduce": args.reduce, "cluster": None if args.cluster is None else focus,
+               "ablation": args.ablation}
+    print(f"{args.metric} {before:.4f} -> {after:.4f} after removing the {args.k} "
+          f"{'lowest' if args.remove == 'bottom' else 'highest'}-ranked neurons of "
+          f"{args.layer} ({args.method}); wrote {args.out}")
+    if args.summary is not None:
+        write_json({"model": str(args.model), "data": str(args.data), "layer": args.layer,
+                    **removed, "metric": args.metric, "before": before, "after": after,
+                    "n_samples": problem.n_samples, "out": str(args.out)}, args.summary)
+    return EXIT_OK
 
 
 def run_diagnose(args) -> int:
@@ -765,7 +841,7 @@ def report_settings(args, problem: Problem) -> AnalysisSettings:
     methods = list(dict.fromkeys(args.method))
     return AnalysisSettings(
         layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,
-        k=args.k, cluster=args.cluster, reduce=args.reduce, target=target,
+        k=args.kmeans_k, cluster=args.cluster, reduce=args.reduce, target=target,
         fixed_class=fixed_class, metric=args.metric, n_random=args.n_random,
         batch_size=args.batch_size, seed=args.seed)
 

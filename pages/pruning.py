@@ -26,6 +26,7 @@ require_entrypoint()
 
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
+PRUNED_FILE = "pruned_file"  # session state: ((curve key, k), the .pt2's bytes) last made
 
 ctx = context()
 s = ctx.settings
@@ -81,9 +82,41 @@ def summarise(curves, heading: str) -> None:
                "ranking does more damage than random.")
 
 
+def take_away(curves) -> None:
+    """Choose k on the curve and download the model with the k lowest-ranked neurons
+    removed; the file is made on request and kept for that curve and k."""
+    st.subheader("Take the pruned model away")
+    ks = sorted(int(k) for k in curves["k"].unique())
+    k = st.select_slider("Neurons to remove, lowest-ranked first", ks,
+                         value=ks[len(ks) // 2], key=f"prune_k_{n_neurons}")
+    at_k = curves[curves["k"] == k]
+    shown = "{:.1%}" if s.metric == "accuracy" else "{:.3g}"
+    measured = ", ".join(f"{titles.get(row.get('subset'), 'all')} "
+                         f"{shown.format(row['bottom'])}" for _, row in at_k.iterrows())
+    st.caption(f"{METRIC_LABELS[s.metric]} with these {k} neurons of {s.layer} removed (the "
+               f"blue curve at k = {k}): {measured}. The file is a torch.export .pt2 that "
+               "loads here and in PyTorch (torch.export.load).")
+    wanted = (ctx.curve_key(), k)
+    kept = st.session_state.get(PRUNED_FILE)
+    if kept is None or kept[0] != wanted:
+        if not st.button(f"Prepare the model with the {k} lowest-ranked neurons removed",
+                         icon=":material/content_cut:"):
+            return
+        with st.spinner("Pruning and exporting the model…"):
+            data = guarded(lambda: ctx.pruned_model_file(k))
+        if data is None:
+            return
+        kept = st.session_state[PRUNED_FILE] = (wanted, data)
+    st.download_button(f"Download this model with the {k} lowest-ranked neurons removed",
+                       kept[1], file_name=f"{s.layer.replace(':', '_')}-pruned-{k}.pt2",
+                       mime="application/octet-stream", icon=":material/download:",
+                       type="primary")
+
+
 if view.state is State.COMPLETE:
     show(view.points, view.note)
     summarise(view.points, view.summary)
+    take_away(view.points)
 elif view.state is State.STOPPED:
     if view.points is not None:
         show(view.points, view.note)

@@ -33,6 +33,7 @@ from ..errors import AttributionError
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_RANDOM,
                         DEFAULT_SEED)
 from ..engine.guards import eval_mode
+from ..engine.layers import run_logits
 from ..engine.model_io import NamedInputs, attention_mask
 from ..methods.passes import Inputs, LayerBatch, LayerPass, n_samples, pass_modes
 from ..methods.scores import cluster_codes, find_cluster
@@ -352,6 +353,24 @@ def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> t
     if metric == "target_logit":
         return logits.gather(1, targets[:, None])[:, 0]
     return functional.cross_entropy(logits, targets, reduction="none")
+
+
+def model_metric(model: nn.Module, inputs: Inputs, targets, metric: str = DEFAULT_METRIC, *,
+                 batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> float:
+    """The model's metric over the inputs (the mean of `metric_values`), e.g. the accuracy
+    of a pruned copy. targets: LongTensor [N], "labels" (the y of each (x, y) batch), or None
+    (this model's own predicted class: to compare a pruned copy with the curve's None, pass
+    the unpruned model's `predict_classes`)."""
+    _check_options(DEFAULT_ABLATION, metric, 1, batch_size)
+    layer_pass = LayerPass(model, None, inputs, targets, batch_size=batch_size, device=device,
+                           grad=False, accepts=("labels",), what="evaluate",
+                           need="A metric needs one target per sample")
+    total, count = 0.0, 0
+    for batch, logits in layer_pass.run(lambda batch: run_logits(layer_pass.model, batch.x)):
+        batch_targets = logits.argmax(1) if batch.targets is None else batch.targets
+        total += float(metric_values(logits.float(), batch_targets, metric).double().sum())
+        count += batch.rows
+    return total / count
 
 
 def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optional[torch.Tensor],

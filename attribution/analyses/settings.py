@@ -63,7 +63,9 @@ from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DE
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
 from ..inputs.data import CLUSTER_SOURCES, Dataset
 from ..errors import AttributionError
+from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
+from .prune import prune, save_pt2
 from .pruning import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
 from ..methods.passes import check_targets
 from ..methods.registry import method_label
@@ -354,6 +356,15 @@ class AnalysisSettings:
             clusters, self.cluster, ranking, ks=self.curve_ks(len(ranking)),
             n_random=self.n_random, seed=self.seed, metric=self.metric,
             batch_size=self.batch_size, **run)
+
+    def pruned_model_file(self, model: nn.Module, dataset: Dataset, ranking: np.ndarray,
+                          k: int, class_names: Optional[Sequence[str]] = None) -> bytes:
+        """A .pt2 of `model` with the layer's k lowest-ranked neurons removed as the pruning
+        curves remove them (its metric is their "bottom" point at k, per subset)."""
+        pruned = prune(model, self.layer, ranking, k, mode=DEFAULT_ABLATION, remove="bottom",
+                       inputs=dataset.inputs, batch_size=self.batch_size)
+        return save_pt2(pruned, model_io.take(dataset.inputs, slice(0, 2)),
+                        class_names=class_names)
 
     # ------------------------------------------------------------ in words
 

@@ -26,6 +26,18 @@ AXIS_RULES = {
     "chosen": "given with the layer as 'name:axis'",
 }
 """How a layer's neuron axis was found (`LayerInfo.axis_rule`), most data-driven first."""
+WEIGHT_LAYOUTS = {
+    "Linear": (0, -1), "Bilinear": (0, -1), "Conv1D": (1, -1), "Embedding": (1, -1),
+    "Conv1d": (0, 1), "Conv2d": (0, 1), "Conv3d": (0, 1),
+    "ConvTranspose1d": (1, 1), "ConvTranspose2d": (1, 1), "ConvTranspose3d": (1, 1),
+    "BatchNorm1d": (0, 1), "BatchNorm2d": (0, 1), "BatchNorm3d": (0, 1),
+    "SyncBatchNorm": (0, 1), "GroupNorm": (0, 1), "InstanceNorm1d": (0, 1),
+    "InstanceNorm2d": (0, 1), "InstanceNorm3d": (0, 1), "LayerNorm": (0, -1),
+    "RMSNorm": (0, -1)}
+"""Modules whose own weight produces their outputs, by kind: (the weight's axis that runs
+over the output neurons, the output axis those neurons are on). `weight_norm` reads the
+slices; `prune` zeroes them."""
+BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 AXIS_FOUND = {
     "only axis": "its only axis besides the batch",
     "lengths": "found by varying the input's length",

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..engine import model_io
-from ..engine.layers import module_kind
+from ..engine.layers import BATCH_NORMS, WEIGHT_LAYOUTS, module_kind
 from ..errors import AttributionError
 from ..engine.runners import LayerRunner
 
@@ -410,15 +410,6 @@ def active_fraction(batch: Batch) -> torch.Tensor:
                        logits)
 
 
-_WEIGHT_LAYOUTS = {  # kind: (the weight's axis of the output neurons, their output axis)
-    "Linear": (0, -1), "Bilinear": (0, -1), "Conv1D": (1, -1), "Embedding": (1, -1),
-    "Conv1d": (0, 1), "Conv2d": (0, 1), "Conv3d": (0, 1),
-    "ConvTranspose1d": (1, 1), "ConvTranspose2d": (1, 1), "ConvTranspose3d": (1, 1),
-    "BatchNorm1d": (0, 1), "BatchNorm2d": (0, 1), "BatchNorm3d": (0, 1),
-    "SyncBatchNorm": (0, 1), "GroupNorm": (0, 1), "InstanceNorm1d": (0, 1),
-    "InstanceNorm2d": (0, 1), "InstanceNorm3d": (0, 1), "LayerNorm": (0, -1),
-    "RMSNorm": (0, -1)}
-BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 
 
 def _own_weight(batch: Batch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -440,7 +431,7 @@ def _own_weight(batch: Batch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise AttributionError(f"{method}: layer {runner.name!r} ({kind}) has no weight of "
                                "its own (affine=False or elementwise_affine=False), so there "
                                "is nothing to score; use a method that reads the data.")
-    weight_axis, output_axis = _WEIGHT_LAYOUTS[kind]
+    weight_axis, output_axis = WEIGHT_LAYOUTS[kind]
     if kind.startswith("ConvTranspose") and getattr(runner.module, "groups", 1) != 1:
         raise AttributionError(f"{method}: layer {runner.name!r} is a grouped {kind}, whose "
                                "weight does not hold one slice per output channel.")
@@ -458,7 +449,7 @@ def _own_weight(batch: Batch, method: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 @register("weight_norm", "L1 norm of the layer's own weights that produce each neuron "
           "(data-free; Li et al. 2017)", label="weight L1 norm", units="weight L1 norm",
-          colour="#8C6D31", layer_kinds=tuple(_WEIGHT_LAYOUTS))
+          colour="#8C6D31", layer_kinds=tuple(WEIGHT_LAYOUTS))
 def weight_norm(batch: Batch) -> torch.Tensor:
     per_neuron, logits = _own_weight(batch, "weight_norm")
     norms = per_neuron.abs().reshape(per_neuron.shape[0], -1).sum(1).to(torch.float32)

@@ -139,6 +139,14 @@ class Context:
         return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
                                 s.ranking(self.scores(s.method), self.clusters), **run)
 
+    def pruned_model_file(self, k: int) -> bytes:
+        """A .pt2 of the model with the layer's k lowest-ranked neurons removed, ranked as
+        the pruning curves rank them (`AnalysisSettings.pruned_model_file`)."""
+        s = self.settings
+        return s.pruned_model_file(self.ws.model, self.ws.data,
+                                   s.ranking(self.scores(s.method), self.clusters), k,
+                                   class_names=self.ws.class_names)
+
     def curve_key(self) -> tuple:
         return keys.curve_key(self.ws.key, self.settings)
 

@@ -63,6 +63,9 @@ def runs(tmp_path_factory):
                           "gradient_x_activation",
                           "--cluster", "odd", "--n-random", "5",
                           "--out", folder / "report.html", "--csv-dir", folder / "tables"),
+        "prune": command("prune", *common, *provided, "--cluster", "odd", "--reduce",
+                         "mean_abs", "--k", "6", "--ablation", "mean", "--out",
+                         folder / "pruned" / "fc2-6.pt2", "--summary", folder / "pruned.json"),
         "bad-file": command("score", "--model", folder / "broken.pt2", "--data", DATA,
                             "--layer", LAYER, "--out", folder / "x.csv"),
     }
@@ -194,6 +197,43 @@ def test_curve_writes_curves_and_summary(runs, demo):
             expected_summary.loc[subset].to_dict())
 
 
+def test_prune_writes_a_pt2_that_measures_the_curves_point(runs, demo):
+    code, out, err, folder = runs["prune"]
+    assert code == 0, err
+    module, dataset = demo
+    ranking = at.cluster_scores(module, LAYER, dataset.inputs, dataset.labels,
+                                dataset.clusters, reduce="mean_abs").loc[["odd"]]
+    curve = at.pruning_curve(module, LAYER, dataset.inputs, dataset.labels, ranking, ks=[0, 6],
+                             ablation="mean", n_random=1)
+    pruned = load_model(folder / "pruned" / "fc2-6.pt2")
+    assert pruned.class_names == load_model(MODEL).class_names
+    after = at.model_metric(pruned.module, dataset.inputs, dataset.labels)
+    assert after == pytest.approx(curve["bottom"].iloc[1], abs=1e-9)
+    summary = json.loads((folder / "pruned.json").read_text())
+    assert summary["before"] == pytest.approx(curve["bottom"].iloc[0], abs=1e-9)
+    assert summary["after"] == pytest.approx(after, abs=1e-9)
+    assert (summary["k"], summary["remove"], summary["cluster"]) == (6, "bottom", "odd")
+    assert f"-> {after:.4f} after removing the 6 lowest-ranked neurons of fc2" in out
+
+
+def test_prune_without_labels_measures_agreement_with_the_unpruned_model(tmp_path, demo, capsys):
+    module, dataset = demo
+    np.savez(tmp_path / "x.npz", inputs=dataset.inputs.numpy())
+    code, out, err = in_process("prune", "--model", MODEL, "--data", tmp_path / "x.npz",
+                                "--layer", "relu2", "--k", "8", "--remove", "top", "--quiet",
+                                "--out", tmp_path / "p.pt2", capsys=capsys)
+    assert code == 0, err
+    predicted = at.predict_classes(module, dataset.inputs)
+    ranking = at.neuron_scores(module, "relu2", dataset.inputs, None,
+                               settings.DEFAULT_METHOD).mean(0)
+    curve = at.pruning_curve(module, "relu2", dataset.inputs, None, ranking, ks=[8],
+                             n_random=1)
+    pruned = load_model(tmp_path / "p.pt2").module
+    assert at.model_metric(pruned, dataset.inputs, predicted) == pytest.approx(
+        curve["ranked"].iloc[0], abs=1e-9)
+    assert out.startswith("accuracy 1.0000 -> ")
+
+
 def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):
     code, out, err, folder = runs["diagnose"]
     findings = json.loads((folder / "findings.json").read_text())["findings"]
@@ -312,6 +352,12 @@ def bad_inputs(tmp: Path):
           tmp / "claims.npy"], "not a readable .npy"),
         (["diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--user-scores",
           tmp / "big_scores.npy", "--max-decoded-mb", "1"], "The user scores file holds 2 MB"),
+        (["prune", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--k", "17",
+          "--out", tmp / "p.pt2"], "k must be an integer in 0..16"),
+        (["prune", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--k", "3",
+          "--out", tmp / "p.pt"], "written as a .pt2 file"),
+        (["prune", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--out",
+          tmp / "p.pt2"], "the following arguments are required: --k"),
         (["layers"], "the following arguments are required: --model"),
     ]
 
@@ -380,9 +426,10 @@ def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
     the same method, cluster source and targets: those of `attribution.analyses.settings`."""
     parser = cli.build_parser()
     common = ["--model", str(MODEL), "--data", str(DATA), "--layer", LAYER]
-    parsed = {name: parser.parse_args([name, *common, "--out", str(tmp_path / out)])
-              for name, out in (("score", "s.csv"), ("curve", "c.csv"),
-                                ("diagnose", "d.json"), ("report", "r.html"))}
+    parsed = {name: parser.parse_args([name, *common, "--out", str(tmp_path / out), *more])
+              for name, out, *more in (("score", "s.csv"), ("curve", "c.csv"),
+                                       ("diagnose", "d.json"), ("report", "r.html"),
+                                       ("prune", "p.pt2", "--k", "1"))}
     problem = cli.load_problem(parsed["score"])
     data = dict(has_labels=problem.labels is not None,
                 has_provided_clusters=problem.provided_clusters is not None)
@@ -395,12 +442,14 @@ def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
         assert method == expected.method, name
         assert cli.cluster_source_of(args, problem) == expected.cluster_source, name
         assert cli.target_choice(args, problem) == (expected.target, expected.fixed_class), name
-        assert (args.reduce, args.k, args.batch_size, args.seed, args.n_steps) == (
+        assert (args.reduce, args.kmeans_k, args.batch_size, args.seed, args.n_steps) == (
             expected.reduce, expected.k, expected.batch_size, expected.seed,
             settings.DEFAULT_N_STEPS), name
     for name in ("curve", "diagnose", "report"):
         assert parsed[name].n_random == expected.n_random
     assert parsed["curve"].metric == parsed["report"].metric == expected.metric
+    assert parsed["prune"].metric == expected.metric
+    assert parsed["curve"].ablation == parsed["prune"].ablation == settings.DEFAULT_ABLATION
     assert parsed["diagnose"].metric == settings.EVIDENCE_METRIC
     assert cli.report_settings(parsed["report"], problem) == expected  # compare included
     # and what `score` computes by default: one row per label and neuron, by that method

@@ -676,3 +676,34 @@ def test_words_on_the_scores_and_diagnosis_pages_match_the_numbers_and_the_sideb
     assert any("(target logit, area under the curve)" in unescaped(text) for text in texts)
     for text in texts:
         assert not SCREEN_ONLY.search(unescaped(text)), text
+
+
+def test_the_pruning_page_hands_over_the_model_its_curve_describes():
+    """Pick k on the finished curve, prepare the file, and the .pt2 offered for download
+    measures on each subset what the curve's blue line (bottom-k) says at that k."""
+    app = run_app({"metric": "target_logit"})
+    app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    ctx = app.session_state["context"]
+    curves = app.session_state["curves"][ctx.curve_key()]
+    assert not any(b.label.startswith("Download") for b in app.get("download_button"))
+    app.select_slider(key=f"prune_k_{ctx.n_neurons}").set_value(5).run()
+    prepare = next(b for b in app.button if b.label.startswith("Prepare the model"))
+    assert prepare.label == "Prepare the model with the 5 lowest-ranked neurons removed"
+    prepare.click().run()
+    assert_clean(app)
+    downloads = app.get("download_button")
+    assert [d.proto.label for d in downloads] == [
+        "Download this model with the 5 lowest-ranked neurons removed"]
+    (key, k), data = app.session_state["pruned_file"]
+    assert (key, k) == (ctx.curve_key(), 5)
+    pruned = at.load_model(data)
+    assert pruned.class_names == ctx.ws.class_names
+    focus = torch.from_numpy(ctx.focus)
+    for subset, rows in (("cluster", focus), ("rest", ~focus)):
+        expected = curves[(curves["subset"] == subset) & (curves["k"] == 5)]["bottom"].item()
+        measured = at.model_metric(pruned.module, ctx.ws.data.inputs[rows],
+                                   ctx.targets[rows], "target_logit")
+        assert measured == pytest.approx(expected, abs=1e-5), subset
+    app.run()  # the prepared file stays offered until the curve or k changes
+    assert len(app.get("download_button")) == 1

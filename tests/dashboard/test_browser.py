@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import attribution as at
+from attribution.analyses import settings as analysis
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from tests.support.browser import (ARTIFACTS, BROWSER_TIMINGS, CHART_WITH_TITLE, COLD_START_S,
                                    ENTRY_POINTS, FIRST_POINTS_S, RANKED_POINTS, REDRAW_S,
@@ -204,6 +205,43 @@ def test_export_report_and_open_it_offline(app, browser):
     tab.screenshot(path=str(ARTIFACTS / "7-report-offline.png"), full_page=True)
     offline.close()
     assert not problems, problems
+
+
+def test_the_pruned_model_downloaded_from_the_page_measures_the_curve(app):
+    """Choose k on the finished curve, prepare the file, download it as a browser does: the
+    downloaded .pt2's accuracy on each subset is the blue curve's point at that k."""
+    app.open("/pruning?layer=fc2&random=5")
+    app.wait_for_text("Take the pruned model away", timeout_s=120)
+    slider = app.page.get_by_test_id("stSlider").filter(
+        has_text="Neurons to remove, lowest-ranked first").get_by_role("slider")
+    slider.focus()
+    slider.press("Home")  # k = 0, then 6 steps right: k = 6 (every k of 16 neurons)
+    for _ in range(6):
+        slider.press("ArrowRight")
+    app.page.get_by_role("button", name="Prepare the model with the 6 lowest-ranked neurons "
+                                        "removed").click()
+    download_button = app.page.get_by_role(
+        "button", name="Download this model with the 6 lowest-ranked neurons removed")
+    download_button.wait_for(timeout=120_000)
+    with app.page.expect_download() as download:
+        download_button.click()
+    path = ARTIFACTS / "fc2-pruned-6.pt2"
+    download.value.save_as(path)
+    assert download.value.suggested_filename == "fc2-pruned-6.pt2"
+    app.screenshot("10-pruning-take-away")
+
+    loaded, data = load_demo("digits_mlp")
+    ranking = at.cluster_scores(loaded.module, "fc2", data.inputs, data.labels,
+                                data.labels.numpy(), analysis.DEFAULT_METHOD,
+                                reduce=analysis.DEFAULT_REDUCE).loc[[0]]
+    curves = at.cluster_pruning_curves(loaded.module, "fc2", data.inputs, data.labels,
+                                       data.labels.numpy(), 0, ranking, ks=[6], n_random=1)
+    pruned = at.load_model(path).module
+    zeros = data.labels == 0
+    for subset, rows in (("cluster", zeros), ("rest", ~zeros)):
+        measured = at.model_metric(pruned, data.inputs[rows], data.labels[rows])
+        expected = curves[curves["subset"] == subset]["bottom"].item()
+        assert measured == pytest.approx(expected, abs=1e-9), subset
 
 
 def test_two_sessions_at_once_get_their_own_correct_results(browser, server):

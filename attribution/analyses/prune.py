@@ -1,0 +1,252 @@
+"""A pruned copy of a model to take away: a layer's lowest-ranked neurons removed exactly as
+the pruning curves remove them, so its metric on the data is the curve's point at k.
+
+    pruned = at.prune(model, "fc2", scores, k=8, inputs=x)   # the 8 lowest-ranked removed
+    at.save_pt2(pruned, x[:2], "pruned.pt2")                  # loads here like any .pt2
+
+Where the layer owns the weights that produce its neurons (`layers.WEIGHT_LAYOUTS`: Linear,
+Conv, norm layers, ...) and each removed neuron gets one value, the removal is folded into
+those weights: the neuron's weight slice becomes 0 and its bias the value (0, or its mean),
+so the copy has the model's modules and names. Elsewhere (a parameter-free layer, neurons
+on another axis than the weight's, a conv channel's mean map, a weight shared with another
+module) the layer's module is wrapped in `PrunedOutput`, which sets those neurons' outputs;
+the layer's name then holds the wrapper and "name.layer" the original module.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..defaults import DEFAULT_BATCH_SIZE
+from ..engine.guards import eval_mode
+from ..engine.layers import (WEIGHT_LAYOUTS, module_kind, output_tensor, resolve_layer,
+                             split_axis, with_output_tensor)
+from ..engine.model_io import NamedInputs, n_rows, repeat
+from ..errors import AttributionError
+from ..methods.passes import Inputs, LayerPass, model_device
+from .pruning import ABLATIONS, _LayerPasses, neuron_vector
+
+REMOVALS = ("bottom", "top")
+"""Which end of the ranking `prune` removes: the k lowest-scored neurons or the k highest."""
+
+
+class PrunedOutput(nn.Module):
+    """A layer module whose removed neurons output fixed values.
+
+    Buffers: `removed` [n] bool (True = removed), `fill` [n, ...] (each neuron's value at
+    each of its positions, neurons first) or a scalar; `axis` is the neuron axis of the
+    layer's output (batch = dim 0). A tuple or ModelOutput output has its first tensor
+    changed (`layers.output_tensor`), as the engine does.
+    """
+
+    def __init__(self, layer: nn.Module, removed: torch.Tensor, fill: torch.Tensor, axis: int):
+        super().__init__()
+        self.layer, self.axis = layer, axis
+        self.register_buffer("removed", removed)
+        self.register_buffer("fill", fill)
+
+    def forward(self, *args, **kwargs):
+        output = self.layer(*args, **kwargs)
+        tensor = output_tensor(output)
+        z = tensor.movedim(self.axis, 1)
+        mask = self.removed.view((1, -1) + (1,) * (z.dim() - 2))
+        pruned = torch.where(mask, self.fill.to(z.dtype), z).movedim(1, self.axis)
+        return with_output_tensor(output, pruned)
+
+
+def prune(model: nn.Module, layer, ranking, k: int, *, mode: str = "zero",
+          remove: str = "bottom", inputs: Inputs = None,
+          batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> nn.Module:
+    """A copy of `model` with `k` neurons of `layer` removed; the model is left as it was.
+
+    Args:
+        model: a classifier (an eager module or a loaded .pt2's).
+        layer: dotted module name, "name:axis" or the module itself.
+        ranking: one score per neuron [n] (as `pruning_curve` takes them: an array, tensor
+            or a `cluster_scores` row); higher = more important.
+        k: how many neurons to remove (0..n).
+        mode: "zero" (their outputs become 0) or "mean" (their mean over `inputs` at each
+            position, as `pruning_curve(ablation="mean")` computes it).
+        remove: "bottom" removes the k lowest-ranked neurons (the curve's column "bottom"),
+            "top" the k highest ("ranked"). Ties keep neuron order, as in the curves.
+        inputs: [N, ...] samples (or batches) at which the layer's neuron axis is read and
+            "mean" is taken; needed for "mean", and for "zero" unless the layer owns the
+            weights that produce its neurons.
+        batch_size, device: as in `pruning_curve` ("mean" only reads the data).
+    Returns:
+        The pruned copy in eval mode, on the model's device. Its metric on `inputs` equals
+        `pruning_curve(model, layer, inputs, ..., ablation=mode)` at k, column `remove`
+        ("bottom", or "ranked" for "top"), to float tolerance.
+    """
+    if mode not in ABLATIONS:
+        raise AttributionError(f"Unknown mode {mode!r}; use one of {', '.join(ABLATIONS)}.")
+    if remove not in REMOVALS:
+        raise AttributionError(f"Unknown remove {remove!r}; use one of {', '.join(REMOVALS)}.")
+    spec, module = resolve_layer(model, layer)
+    name, chosen_axis = split_axis(spec)
+    if inputs is not None:
+        axis, n_dims, n_neurons, fill = _read_layer(model, spec, inputs, mode, batch_size,
+                                                    device)
+    elif mode == "mean":
+        raise AttributionError("mode='mean' sets removed neurons to their mean over the data: "
+                               "pass inputs=.")
+    else:
+        axis = n_dims = fill = None
+        n_neurons = _weight_neurons(name, module, chosen_axis)
+    values = neuron_vector(ranking, n_neurons)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n_neurons:
+        raise AttributionError(f"k must be an integer in 0..{n_neurons} (the layer has "
+                               f"{n_neurons} neurons); got {k!r}.")
+    order = np.argsort(values if remove == "bottom" else -values, kind="stable")
+    removed = torch.zeros(n_neurons, dtype=torch.bool)
+    removed[torch.as_tensor(order[:int(k)], dtype=torch.long)] = True
+    fill = torch.zeros(()) if fill is None else fill
+    pruned = copy_model(model).eval()
+    target = pruned.get_submodule(name)
+    if _fold(pruned, name, target, removed, fill, axis, n_dims):
+        return pruned
+    if axis is None:
+        raise AttributionError(f"The weights of layer {name!r} are shared with another "
+                               "module, so its neurons are removed at its output, whose "
+                               "axis is read from the data: pass inputs= (a batch is enough).")
+    parent, _, child = name.rpartition(".")
+    home = model_device(pruned)
+    setattr(pruned.get_submodule(parent), child,
+            PrunedOutput(target, removed.to(home), fill.to(home), axis))
+    return pruned
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """An independent copy of a model's modules, parameters and buffers. torch.export's
+    unflattened modules share their graphs (which hold symbolic shapes deepcopy cannot copy,
+    and which nothing here changes) with the original."""
+    shared: dict[int, Any] = {}
+    for module in model.modules():
+        for attribute in ("graph", "meta", "input_placeholders"):
+            value = module.__dict__.get(attribute)
+            if value is not None and not isinstance(value, torch.Tensor):
+                shared[id(value)] = value
+    try:
+        return copy.deepcopy(model, shared)
+    except Exception as error:  # noqa: BLE001 - whatever a custom module's copy raises
+        raise AttributionError(f"This model cannot be copied ({type(error).__name__}: "
+                               f"{error}), so no pruned copy can be made of it.") from None
+
+
+def _read_layer(model: nn.Module, spec: str, inputs: Inputs, mode: str, batch_size: int,
+                device) -> tuple[int, int, int, Optional[torch.Tensor]]:
+    """(neuron axis of the layer's output (batch = dim 0), the output's number of dims, of
+    neurons, the removed neurons' values [n, ...] for "mean" or None) of the layer, read from
+    the data as the pruning curves read it: "mean" over all of it, else from one batch."""
+    layer_pass = LayerPass(model, spec, inputs, batch_size=batch_size, device=device,
+                           grad=False, what="prune on")
+    with eval_mode(layer_pass.model):
+        passes = _LayerPasses(layer_pass, None, 1)
+        passes.kept = None  # nothing else is measured: keep no captures
+        if mode == "mean":
+            passes.first_pass(mean=True)
+            z_dims = passes.z_sum.dim() + 1
+        else:
+            first = next(iter(passes))
+            passes.n_neurons, z_dims = first.z.shape[1], first.z.dim()
+    fill = None
+    if mode == "mean":
+        fill = (passes.z_sum / passes.z_count.clamp_min(1)).to(passes.z_dtype).cpu()
+    return passes.runner.axis, z_dims, passes.n_neurons, fill
+
+
+def _weight_neurons(name: str, module: nn.Module, chosen: Optional[int]) -> int:
+    """The number of neurons of a layer that owns the weight producing them (the removal is
+    then folded into that weight, on its own output axis); without data nothing else can
+    be pruned."""
+    kind = module_kind(name, module)
+    weight = module._parameters.get("weight")
+    if kind not in WEIGHT_LAYOUTS or weight is None:
+        raise AttributionError(
+            f"Layer {name!r} is a {kind} without weights of its own that produce its neurons; "
+            "pass inputs= (a batch is enough) so that its neuron axis is read from its output.")
+    if chosen is not None:
+        raise AttributionError(f"A neuron axis chosen by hand ({name}:{chosen}) is read from "
+                               "the layer's output: pass inputs= (a batch is enough).")
+    return weight.shape[WEIGHT_LAYOUTS[kind][0]]
+
+
+def _fold(model: nn.Module, name: str, module: nn.Module, removed: torch.Tensor,
+          fill: torch.Tensor, axis: Optional[int], n_dims: Optional[int]) -> bool:
+    """Fold the removal into `module`'s own weights where that is exact: each removed
+    neuron's weight slice set to 0 and its bias to its one fill value. False (nothing
+    changed) where it is not: no such weights, neurons on another axis than the weight's
+    (`axis` of an output of `n_dims` dims; None = the weight's own), a fill that varies by
+    position, a nonzero fill without a bias, a grouped transposed conv, or a weight or bias
+    that another module also uses."""
+    kind = module_kind(name, module)
+    weight, bias = module._parameters.get("weight"), module._parameters.get("bias")
+    if kind not in WEIGHT_LAYOUTS or weight is None or fill.dim() > 1:
+        return False
+    weight_axis, output_axis = WEIGHT_LAYOUTS[kind]
+    if axis is not None and axis != output_axis % n_dims:
+        return False
+    if (weight.shape[weight_axis] != removed.shape[0] or _shared(model, [weight, bias])
+            or (kind.startswith("ConvTranspose") and getattr(module, "groups", 1) != 1)):
+        return False
+    values = fill.expand(removed.shape[0])[removed]
+    if bias is None and bool((values != 0).any()):
+        return False
+    with torch.no_grad():
+        weight.movedim(weight_axis, 0)[removed.to(weight.device)] = 0
+        if bias is not None:
+            bias[removed.to(bias.device)] = values.to(bias.device, bias.dtype)
+    return True
+
+
+def _shared(model: nn.Module, tensors: Sequence[Optional[torch.Tensor]]) -> bool:
+    """Does any of `tensors` appear more than once among the model's parameters (tied)?"""
+    counts: dict[int, int] = {}
+    for _, parameter in model.named_parameters(remove_duplicate=False):
+        counts[id(parameter)] = counts.get(id(parameter), 0) + 1
+    return any(tensor is not None and counts.get(id(tensor), 0) > 1 for tensor in tensors)
+
+
+def save_pt2(model: nn.Module, example: Any, path=None, *,
+             class_names: Optional[Sequence[str]] = None) -> bytes:
+    """The model as a torch.export .pt2 (batch dim dynamic), written to `path` when given.
+
+    Args:
+        model: any module torch.export can export (a pruned copy included).
+        example: a batch of inputs [B, ...] (or `NamedInputs`); one sample is enough.
+        path: where to write the file; None = only return the bytes.
+        class_names: stored in the archive (extra/class_names.json), read back on loading.
+    Returns:
+        The archive's bytes.
+    """
+    program = export_program(model, example)
+    buffer = io.BytesIO()
+    extra = {} if class_names is None else {"class_names.json": json.dumps(list(class_names))}
+    torch.export.save(program, buffer, extra_files=extra)
+    data = buffer.getvalue()
+    if path is not None:
+        with open(path, "wb") as file:
+            file.write(data)
+    return data
+
+
+def export_program(model: nn.Module, example: Any) -> torch.export.ExportedProgram:
+    """torch.export's program of `model` on `example`, its batch dim dynamic."""
+    rows = example if n_rows(example) >= 2 else repeat(example, 2)  # batch 1 would specialize
+    dims = torch.export.ShapesCollection()
+    tensors = list(rows.values()) if isinstance(rows, NamedInputs) else [rows]
+    for tensor in tensors:
+        dims[tensor] = {0: torch.export.Dim.AUTO}
+    args, kwargs = ((), dict(rows.items())) if isinstance(rows, NamedInputs) else ((rows,), {})
+    try:
+        with eval_mode(model), torch.no_grad():
+            return torch.export.export(model, args, kwargs, dynamic_shapes=dims, strict=False)
+    except Exception as error:  # noqa: BLE001 - torch.export's many refusals
+        raise AttributionError(f"torch.export could not export this model "
+                               f"({type(error).__name__}: {str(error).splitlines()[0]}).") from None
