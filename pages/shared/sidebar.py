@@ -242,13 +242,15 @@ def sidebar() -> Optional[Context]:
     _prepare("w_method", methods, defaults.DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")
-    if not isinstance(st.session_state.get("w_compare"), list) or any(
-            m not in methods for m in st.session_state["w_compare"]):
-        st.session_state["w_compare"] = list(defaults.DEFAULT_COMPARE)
+    compared = st.session_state.get("w_compare")
+    if not isinstance(compared, list) or any(m not in methods for m in compared):
+        compared = list(defaults.DEFAULT_COMPARE)
     wanted = from_url().pop("w_compare", None)
     if wanted is not None:
-        st.session_state["w_compare"] = [m for m in wanted.split(",") if m in methods]
-    bar.multiselect("Compare with", methods, key="w_compare", format_func=plots.method_label,
+        compared = [m for m in wanted.split(",") if m in methods]
+    others = [m for m in methods if m != st.session_state["w_method"]]  # not the main one
+    st.session_state["w_compare"] = [m for m in compared if m in others]
+    bar.multiselect("Compare with", others, key="w_compare", format_func=plots.method_label,
                     help="Methods shown beside the main one on the Scores page.")
 
     reductions = list(defaults.REDUCE_CHOICES)

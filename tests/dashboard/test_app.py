@@ -129,6 +129,18 @@ def test_each_sidebar_control_updates_the_charts(key, value, check):
     assert app.query_params[url.URL_KEYS[key]] == str(value)
 
 
+def test_compare_with_never_offers_the_main_method():
+    app = run_app()
+    assert sidebar_widget(app, "w_compare").value == ["gradient", "ablation"]
+    sidebar_widget(app, "w_method").set_value("gradient").run()
+    compare = sidebar_widget(app, "w_compare")
+    assert "gradient" not in compare.options and compare.value == ["ablation"]
+    panels = figure(app, "under each method")["layout"]["annotations"]
+    assert [a["text"] for a in panels] == ["gradient", "ablation"]
+    app = run_app({"method": "ablation", "compare": "ablation,activation"})  # a link too
+    assert sidebar_widget(app, "w_compare").value == ["activation"]
+
+
 def test_cluster_compare_fixed_class_and_kmeans_controls():
     app = run_app()
     bars = figure(app, "Highest 16")
