@@ -91,12 +91,15 @@ for column, (metric, subset, words) in zip(metrics[1:], (
                   help="Its output set to 0 alone (zero ablation). The logit is the scored "
                        "class's; the change is against the intact model.")
 
+has_positions = bool(ctx.layer_info.positions)
 chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
-                                 cluster=focus_label), key="neuron_distributions")
+                                 cluster=focus_label, positions=has_positions),
+      key="neuron_distributions")
+averaged = ", averaged over positions" if has_positions else ""
 st.caption("Left: how much the neuron matters for each sample (its score) in the cluster and "
-           "in the rest of the data. Right: how strongly it fires (its output, averaged over "
-           "positions). A neuron that fires everywhere but matters only in the cluster is "
-           "specific to it through what follows, not through what it detects.")
+           f"in the rest of the data. Right: how strongly it fires (its output{averaged}). "
+           "A neuron that fires everywhere but matters only in the cluster is specific to it "
+           "through what follows, not through what it detects.")
 
 examples = view.examples.assign(label_name=[
     "" if label is None else cluster_label(label, "label", ctx.ws.class_names)

@@ -544,7 +544,8 @@ def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
                           text=f"mean {mean:.3g}", showarrow=False,
                           font=dict(color=CURVE_COLOURS["ranked"]))],
         xaxis=dict(title=_title(score_axis_title(method))),
-        yaxis=dict(title=_title("samples (count)")))
+        # headroom above the tallest bar for the mean's label
+        yaxis=dict(title=_title("samples (count)"), range=[0, 1.2 * max(1, counts.max())]))
     ratio = abs(mean) / mean_abs if mean_abs > 0 else float("nan")
     return _figure(traces, layout, title=f"Neuron {neuron}: each sample's score",
                    subtitle=f"|mean| / mean |·| = {ratio:.2f} (near 0: signs cancel)",
@@ -599,12 +600,14 @@ SUBSET_COLOURS = {"cluster": CURVE_COLOURS["ranked"], "rest": CURVE_COLOURS["ran
 
 
 def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
-                         cluster: object) -> go.Figure:
+                         cluster: object, positions: bool = True) -> go.Figure:
     """One neuron's per-sample score and activation, the cluster against the rest.
 
     Args:
         samples: rows (score, activation, in_cluster), one per sample
             (`attribution.analyses.neuron.NeuronView.samples`).
+        positions: does the layer have positions (the activation is their mean) or one
+            value per neuron (a Linear on [N, F])?
     """
     layout, panels = _panels([f"{method_label(method)} score", "activation"], spacing=0.1)
     in_cluster = samples["in_cluster"].to_numpy(dtype=bool)
@@ -622,8 +625,9 @@ def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
                 marker=dict(color=SUBSET_COLOURS[subset]),
                 hovertemplate=f"{value} %{{x}}<br>%{{y:.1%}} of the samples<extra>"
                               f"{name}</extra>", **anchor))
-        x_axis["title"] = _title(score_axis_title(method) if value == "score"
-                                 else "layer output (mean over positions)")
+        x_axis["title"] = _title(score_axis_title(method) if value == "score" else
+                                 "layer output (mean over positions)" if positions else
+                                 "layer output")
     layout["yaxis"].update(title=_title("share of the samples"), tickformat=".0%")
     layout["yaxis2"]["tickformat"] = ".0%"  # the same share in both panels
     layout.update(barmode="overlay",  # above the panels: below, the two-line x titles

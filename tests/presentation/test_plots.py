@@ -176,6 +176,9 @@ def test_histogram_colours_by_sign_and_counts_every_sample():
     for centre, colour in zip(bars.x, bars.marker.color):
         assert colour == (plots.NEGATIVE_COLOUR if centre < 0 else plots.POSITIVE_COLOUR)
     assert "= 0.22 " in figure.layout.title.subtitle.text  # |mean| / mean|.| = 2.5 / 11.5
+    # the mean's label sits at the top, in headroom above the tallest bar, not on it
+    assert figure.layout.yaxis.range[1] >= 1.2 * max(bars.y)
+    assert figure.layout.annotations[0].yanchor == "top" and figure.layout.annotations[0].y == 1
 
 
 def test_rank_correlations_and_heatmap():
@@ -307,6 +310,10 @@ def test_neuron_distributions_split_cluster_and_rest_in_both_panels():
     assert [t.name for t in fig.data] == ["cluster &lt;i&gt;x&lt;/i&gt; (2)",
                                           "rest of the data (2)"] * 2
     assert list(fig.data[2].x) == [2.0, 0.0] and fig.data[0].histnorm == "probability"
+    assert fig.layout.xaxis2.title.text == "layer output (mean over positions)"
+    flat = plots.neuron_distributions(samples, method="gradient", neuron=3, cluster=1,
+                                      positions=False)  # a Linear's neuron has no positions
+    assert flat.layout.xaxis2.title.text == "layer output"
 
 
 def test_class_mix_bars_show_shares_largest_first():
