@@ -404,7 +404,8 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     layout = dict(
         xaxis=dict(title=_title(f"neuron<br>sorted by cluster {order}, highest first{spacing}"),
                    type="category"),
-        yaxis=dict(title=_title(f"sample ({count})"), type="category", showticklabels=False,
+        # two short lines: one long vertical title ran past the plot into the chart title
+        yaxis=dict(title=_title(f"sample<br>({count})"), type="category", showticklabels=False,
                    autorange="reversed"))
     _clickable_columns(traces, layout)
     return _figure(traces, layout, title=f"Each sample of cluster {plain(cluster)}", height=420)

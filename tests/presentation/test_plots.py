@@ -205,7 +205,7 @@ def test_sample_scores_sorted_and_downsampled():
     assert tidy["sample"].iloc[0] == 1000 + int(np.argmax(per_sample[:, 2]))
     figure = plots.sample_heatmap(tidy, method="gradient", cluster=1, n_total=500)
     assert np.asarray(figure.data[0].z).shape == (50, 4)
-    assert "50 of 500" in figure.layout.yaxis.title.text
+    assert figure.layout.yaxis.title.text == "sample<br>(50 of 500 samples, evenly spaced)"
 
 
 def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
