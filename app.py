@@ -55,7 +55,7 @@ if "session_started" not in st.session_state:
 from pages.shared import routing, startup  # noqa: E402,F401
 from pages.shared.sidebar import sidebar  # noqa: E402
 
-context = sidebar()
+context = sidebar(page.url_path)
 loading.empty()
 # The Model & data page stays usable when the current model or data fails to load.
 if context is not None or page.title == "Model & data":

@@ -93,14 +93,15 @@ class ClusterShown:
     title: str  # the model and data
 
 
-def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
+def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> None:
     """Give the Cluster widget a cluster of the current partition before it is drawn.
 
     Ids of class-valued sources name the same group in any data (class 3 of the true and of
     the predicted labels; a correctness or provided name); k-means ids name nothing beyond
     their own clustering. A cluster
     chosen in a partition where it does not exist (other source, k, layer or data) is
-    replaced by the first cluster, and a notice says which and why. Streamlit's selectbox
+    replaced by the first cluster, and a notice says which and why: a toast, and a box in
+    the sidebar while the user stays on `page`, where it happened. Streamlit's selectbox
     keeps the option's label as its value, so the value is set again whenever the labels
     may have changed: the widget then never shows a label of another partition."""
     state = st.session_state
@@ -125,15 +126,15 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar) -> None:
             notice = (f"Cluster {last.label} of {old} does not exist in {new} "
                       f"({len(ids)} clusters); showing cluster "
                       f"{cluster_label(chosen, source, ws.class_names)}.")
-            state["cluster_notice"] = (partition, chosen, notice)
+            state["cluster_notice"] = (partition, chosen, page, notice)
             st.toast(escape_markdown(notice), icon=":material/swap_horiz:")
     elif chosen not in ids:
         chosen = ids[0]
     if chosen != state.get("w_cluster") or last is None or last.labels_key != labels_key:
         state["w_cluster"] = chosen  # sent to the browser with the current labels
     shown = state.get("cluster_notice")
-    if shown is not None and shown[:2] == (partition, chosen):
-        bar.warning(escape_markdown(shown[2]), icon=":material/swap_horiz:")
+    if shown is not None and shown[:3] == (partition, chosen, page):
+        bar.warning(escape_markdown(shown[3]), icon=":material/swap_horiz:")
     else:
         state.pop("cluster_notice", None)
     state[CLUSTER_SHOWN] = ClusterShown(
@@ -170,8 +171,9 @@ def _axis_choice(bar, info: at.LayerInfo) -> at.LayerInfo:
     return chosen
 
 
-def sidebar() -> Optional[Context]:
-    """Draw the sidebar choices; store and return the context (None after an error shown)."""
+def sidebar(page: str = "") -> Optional[Context]:
+    """Draw the sidebar choices on `page` (its address); store and return the context (None
+    after an error shown)."""
     bar = st.sidebar
     st.session_state.pop("context", None)
     sources = list(DEMOS) + ([UPLOAD] if "upload" in st.session_state else [])
@@ -231,7 +233,7 @@ def sidebar() -> Optional[Context]:
         classes = ws.data.labels.numpy() if has_labels else predictions(ws)
         composition = cluster_composition(clusters, classes, ws.class_names)
         mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
-    _prepare_cluster(ws, cluster_by, id_list, bar)
+    _prepare_cluster(ws, cluster_by, id_list, bar, page)
     bar.selectbox("Cluster", id_list, key="w_cluster",
                   format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
                                         f"{sizes[c]} samples{mixes.get(c, '')}",

@@ -533,10 +533,13 @@ def test_a_cluster_that_does_not_exist_in_the_new_partition_is_replaced_visibly(
     assert app.session_state["context"].settings.cluster == 0
     assert app.query_params["cluster"] == "0"
     assert_cluster_options_of(app, clusters)
+    app.run()  # the box stays on this page (a rerun, a chart's click) ...
+    assert [unescaped(w.value) for w in app.sidebar.warning] == [notice]
     app.switch_page("pages/pruning.py").run()  # the choice survives a page switch
     assert_clean(app)
     assert sidebar_widget(app, "w_cluster").value == 0 and app.query_params["cluster"] == "0"
     assert not app.toast
+    assert not app.sidebar.warning  # ... but it does not follow the user to every page
     sidebar_widget(app, "w_cluster").set_value(5).run()  # a choice in this partition: no notice
     assert_clean(app)
     assert not app.sidebar.warning and app.session_state["context"].settings.cluster == 5
