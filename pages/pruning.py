@@ -93,9 +93,10 @@ def take_away(curves) -> None:
     shown = "{:.1%}" if s.metric == "accuracy" else "{:.3g}"
     measured = ", ".join(f"{titles.get(row.get('subset'), 'all')} "
                          f"{shown.format(row['bottom'])}" for _, row in at_k.iterrows())
-    st.caption(f"{METRIC_LABELS[s.metric]} with these {k} neurons of {s.layer} removed (the "
-               f"blue curve at k = {k}): {measured}. The file is a torch.export .pt2 that "
-               "loads here and in PyTorch (torch.export.load).")
+    st.caption(escape_markdown(  # cluster names come from the data
+        f"{METRIC_LABELS[s.metric]} with these {k} neurons of {s.layer} removed (the blue "
+        f"curve at k = {k}): {measured}. The file is a torch.export .pt2 that loads here "
+        "and in PyTorch (torch.export.load)."))
     wanted = (ctx.curve_key(), k)
     kept = st.session_state.get(PRUNED_FILE)
     if kept is None or kept[0] != wanted:

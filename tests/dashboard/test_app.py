@@ -502,7 +502,9 @@ def test_stop_button_keeps_the_points_computed_so_far():
               if t.get("name") == plots.CURVE_LABELS["ranked"]]
     assert len(values(ranked[0]["x"])) == 5
     app.button[0].click().run()
-    assert key in app.session_state["curves"] and not app.button
+    assert key in app.session_state["curves"]
+    assert [b.label for b in app.button] == [  # no curve button left: the take-away's only
+        "Prepare the model with the 8 lowest-ranked neurons removed"]
 
 
 def unescaped(text: str) -> str:
