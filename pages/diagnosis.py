@@ -166,10 +166,14 @@ st.caption("The oracle removes each neuron alone and measures the drop of the ta
            "A useful score ranks neurons like the oracle (Spearman ρ near 1; random is 0). "
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
-methods = at.methods_for(ctx.ws.data.inputs.dtype, ctx.layer_info.kind)
-oracle = guarded(lambda: ctx.oracle(methods))
+oracle = guarded(lambda: ctx.oracle(at.METHODS))  # every method that scores this layer
+refused = {} if oracle is None else oracle.attrs.get("refused", {})
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")
+    for method, reason in refused.items():
+        st.caption(f"{plots.method_label(method)} is left out: {escape_markdown(reason)}")
+methods = [m for m in at.methods_for(ctx.ws.data.inputs.dtype, ctx.layer_info.kind)
+           if m not in refused]
 
 left, right = st.columns([3, 2], gap="medium")
 with left:

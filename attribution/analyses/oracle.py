@@ -53,7 +53,9 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
             all of `METHODS` (as registered now) leaves out those that cannot score integer
             inputs (`Method.needs_float_inputs`: conductance) or this kind of layer
-            (`Method.layer_kinds`: bn_scale, weight_norm).
+            (`Method.layer_kinds`: bn_scale, weight_norm), and those that refuse this model
+            (deeplift where a ReLU module runs twice): `attrs["refused"]` says why. A method
+            named in a list of your own that refuses raises its AttributionError.
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
@@ -64,10 +66,11 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
         given: n = cluster size; correlations are NaN where a ranking is constant (e.g. every
         neuron of the cluster dead); top_k = the k used. `attrs`: the layer's neuron axis
-        (`split.layer_attrs`).
+        (`split.layer_attrs`) and "refused": {method: the reason} for the methods left out.
     """
     methods = list(dict.fromkeys(methods))
-    if tuple(methods) == tuple(METHODS):
+    every = tuple(methods) == tuple(METHODS)
+    if every:
         name, module = resolve_layer(model, layer)
         methods = list(methods_for(_input_dtype(inputs), module_kind(name, module)))
     if not methods:
@@ -88,15 +91,22 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     steps = [("ablation", "mean")] + [(method, reduce) for method in methods
                                       if (method, reduce) != ("ablation", "mean")]
     rows: list[dict] = []
+    refused: dict[str, str] = {}
     oracle = None
     for index, (method, how) in enumerate(steps):
         def report(fraction: float, index: int = index) -> None:
             if progress is not None:
                 progress((index + fraction) / len(steps), _ordered(rows, methods))
 
-        table = cluster_scores(model, layer, inputs, targets, clusters, method, reduce=how,
-                               batch_size=batch_size, n_steps=n_steps, seed=seed,
-                               progress=report, device=device)
+        try:
+            table = cluster_scores(model, layer, inputs, targets, clusters, method,
+                                   reduce=how, batch_size=batch_size, n_steps=n_steps,
+                                   seed=seed, progress=report, device=device)
+        except AttributionError as error:
+            if not every or oracle is None:
+                raise
+            refused[method] = str(error)
+            continue
         if oracle is None:
             oracle = table
             neurons = [column for column in oracle.columns if column != "n"]
@@ -112,7 +122,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                          **agreement(table.loc[cluster, neurons].to_numpy(np.float64),
                                      oracle.loc[cluster, neurons].to_numpy(np.float64), k)})
     table = _ordered(rows, methods)
-    table.attrs.update({key: oracle.attrs[key] for key in LAYER_KEYS})
+    table.attrs.update({key: oracle.attrs[key] for key in LAYER_KEYS}, refused=refused)
     if progress is not None:
         progress(1.0, table)
     return table

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -44,25 +44,31 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 ForwardHook = Callable[[nn.Module, tuple, object], object]
+ForwardPreHook = Callable[[nn.Module, tuple], object]
 
 
 @contextlib.contextmanager
-def forward_hooks(hooks: dict[nn.Module, ForwardHook]) -> Iterator[None]:
-    """Register forward hooks that act only for the calling thread; remove them in `finally`.
+def forward_hooks(hooks: dict[nn.Module, ForwardHook],
+                  pre_hooks: Optional[dict[nn.Module, ForwardPreHook]] = None
+                  ) -> Iterator[None]:
+    """Register forward hooks (and forward pre-hooks: module, args -> args or None) that act
+    only for the calling thread; remove them in `finally`.
 
     Another thread running the same module meanwhile sees its ordinary output.
     """
     owner = threading.get_ident()
 
-    def bind(hook: ForwardHook) -> ForwardHook:
-        def thread_bound(module, args, output):
+    def bind(hook):
+        def thread_bound(module, *arguments):
             if threading.get_ident() != owner:
                 return None
-            return hook(module, args, output)
+            return hook(module, *arguments)
         return thread_bound
 
     handles = []
     try:
+        for module, pre_hook in (pre_hooks or {}).items():
+            handles.append(module.register_forward_pre_hook(bind(pre_hook)))
         for module, hook in hooks.items():
             handles.append(module.register_forward_hook(bind(hook)))
         yield

@@ -63,9 +63,9 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     def floating(x) -> None:
         if scoring.needs_float_inputs and not model_io.is_floating(x):
             raise AttributionError(
-                f"{method} interpolates the inputs from a zero baseline, which {x.dtype} "
-                "inputs (e.g. token ids) do not allow; use integrated_gradients, which "
-                "interpolates the layer's output instead.")
+                f"{method} starts from a zero baseline of the inputs themselves, which "
+                f"{x.dtype} inputs (e.g. token ids) do not allow; use integrated_gradients, "
+                "which starts from zero at the layer's output instead.")
 
     def score(batch: LayerBatch) -> torch.Tensor:
         if about_layer is not None and batch.start == 0:

@@ -8,7 +8,7 @@ from torch import nn
 import attribution as at
 from attribution.analyses.oracle import ORACLE_COLUMNS, agreement
 
-from tests.support.models import build
+from tests.support.models import build, build_model
 
 
 def reversed_importance_net():
@@ -122,3 +122,12 @@ def test_user_mistakes_raise_one_actionable_error(change, match):
     targets = arguments.pop("targets")
     with pytest.raises(at.AttributionError, match=match):
         at.oracle_agreement(model, "fc2", x, targets, **arguments)
+
+
+def test_every_method_leaves_out_those_that_refuse_the_model_and_says_why():
+    model, x, y = build_model("resnet", n=6)  # deeplift: a block's ReLU runs twice
+    table = at.oracle_agreement(model, "layer1.0.conv1", x, y)
+    assert "deeplift" not in set(table["method"]) and "gradient" in set(table["method"])
+    assert "runs more than once" in table.attrs["refused"]["deeplift"]
+    with pytest.raises(at.AttributionError, match="runs more than once"):  # asked for by name
+        at.oracle_agreement(model, "layer1.0.conv1", x, y, methods=["gradient", "deeplift"])

@@ -471,7 +471,7 @@ def test_stacked_passes_are_bounded_by_the_size_of_the_layer(monkeypatch):
     assert max(rows) <= (1 << 20) and len(rows) > 1  # on a CPU 4 MiB of float32 per pass
 
 
-def test_integer_inputs_score_with_every_method_but_conductance_which_says_why():
+def test_integer_inputs_score_with_every_method_but_those_from_a_zero_input_which_say_why():
     torch.manual_seed(0)
     model, ids = TokenNet().eval(), torch.randint(0, 20, (16, 5))
     labels = torch.randint(0, 3, (16,))
@@ -481,11 +481,12 @@ def test_integer_inputs_score_with_every_method_but_conductance_which_says_why()
                 at.neuron_scores(model, "fc1", ids, labels, name)
         else:
             assert at.neuron_scores(model, "fc1", ids, labels, name).shape == (16, 6)
-    assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance"]
+    assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance",
+                                                                         "deeplift"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
     assert list(table["method"]) == list(at.methods_for(torch.int64, "Linear"))
     assert "conductance" not in list(table["method"])
-    with pytest.raises(at.AttributionError, match="conductance interpolates"):
+    with pytest.raises(at.AttributionError, match="conductance starts from a zero"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
 
 
@@ -767,6 +768,8 @@ def test_a_batch_is_scored_in_equal_row_chunks_with_the_same_scores(method, monk
         chunked = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4)
     finally:
         handle.remove()
-    # conductance: each chunk once, then its n_steps + 1 interpolated copies together
-    assert rows and set(rows) == ({6, 30} if method == "conductance" else {6}), rows
+    # conductance: each chunk once, then its n_steps + 1 interpolated copies together;
+    # deeplift: each chunk stacked on its zero baseline
+    expected = {"conductance": {6, 30}, "deeplift": {12}}.get(method, {6})
+    assert rows and set(rows) == expected, rows
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)

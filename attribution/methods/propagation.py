@@ -1,0 +1,202 @@
+"""Methods that change how the gradient passes back through the model's modules, as Captum's
+layer methods do: DeepLift's rules (`deeplift`).
+
+The model runs once on the batch and its baseline, stacked; each module after the layer whose
+kind has a rule (`layers.module_kind`, so a .pt2's unflattened modules have theirs too) hands
+its rule to autograd in place of its own gradient, through hooks removed in `finally`. A
+functional call such as `F.relu` is no module and keeps its plain gradient, as in Captum.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from ..engine import model_io
+from ..engine.guards import engine_modes, forward_hooks, leaf_like
+from ..engine.layers import module_kind, output_tensor, run_logits, with_output_tensor
+from ..errors import AttributionError
+from .registry import (Batch, _classes_first, _gradients, _mask, _neuron_dim, _reduce_spatial,
+                       _resolve_targets, _with_class_axis, register)
+
+EPSILON = 1e-10
+"""Below this change of a module's input (input - baseline) its plain gradient is used."""
+RESCALE = ("ReLU", "ELU", "LeakyReLU", "Sigmoid", "Tanh", "Softplus")
+"""Kinds whose multiplier is (output change) / (input change): DeepLift's rescale rule."""
+MAX_POOLS = {"MaxPool1d": (functional.max_pool1d, functional.max_unpool1d),
+             "MaxPool2d": (functional.max_pool2d, functional.max_unpool2d),
+             "MaxPool3d": (functional.max_pool3d, functional.max_unpool3d)}
+SOFTMAX = ("Softmax",)
+RULE_KINDS = RESCALE + tuple(MAX_POOLS) + SOFTMAX
+
+
+class _Rule:
+    """One call of a module with a DeepLift rule: its input u and output y [2B, ...] (the
+    inputs' rows, then the baseline's), y's graph leading back to u (the module ran on a
+    copy of u, which an in-place module may change), from which plain gradients are taken."""
+
+    def __init__(self, kind: str, module: nn.Module, u: torch.Tensor, y: torch.Tensor):
+        self.kind, self.module, self.u, self.y = kind, module, u, y
+
+    def plain(self, grad: torch.Tensor) -> torch.Tensor:
+        """The module's own vector-Jacobian product at its input (in `grad`'s dtype)."""
+        return torch.autograd.grad(self.y, self.u, grad.to(self.y.dtype),
+                                   retain_graph=True)[0].to(grad.dtype)
+
+    def input_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """Captum's rule for the gradient at the module's input, given `grad` at its output
+        (computed in float32 at least: in half precision EPSILON is 0 and 0 / 0 is NaN)."""
+        dtype = grad.dtype
+        return self._rule(grad.to(_at_least_float32(dtype))).to(dtype)
+
+    def _rule(self, grad: torch.Tensor) -> torch.Tensor:
+        u, y = self.u.detach().to(grad.dtype), self.y.detach().to(grad.dtype)
+        u_in, u_base = u.chunk(2)
+        y_in, y_base = y.chunk(2)
+        delta_in = torch.cat([u_in - u_base] * 2)
+        small = delta_in.abs() < EPSILON
+        if self.kind in MAX_POOLS:
+            top = torch.max(y_in, y_base)
+            delta_out = torch.cat([top - y_base, y_in - top])
+            spread = self._unpooled(grad * delta_out)
+            spread = torch.cat([spread[:len(u_in)] + spread[len(u_in):]] * 2)
+            return torch.where(small, self.plain(grad), spread / delta_in)
+        delta_out = torch.cat([y_in - y_base] * 2)
+        rescaled = torch.where(small, self.plain(grad), grad * delta_out / delta_in)
+        if self.kind in SOFTMAX:
+            return rescaled - rescaled.sum() / rescaled.numel()
+        return rescaled
+
+    def _unpooled(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` [2B, ...] at the pool's output moved to the input positions its windows
+        took their maxima from (Captum's max_unpool: where windows overlap and share a
+        maximum, one of them wins); the module's own gradient (which adds them) where its
+        window cannot be read."""
+        window = _pool_window(self.module)
+        if window is None:
+            return self.plain(values)
+        pool, unpool = MAX_POOLS[self.kind]
+        u = self.u.detach().to(values.dtype)
+        _, indices = pool(u, *window, return_indices=True)
+        return unpool(values, indices, *window[:3], output_size=list(u.shape))
+
+
+def _at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _pool_window(module: nn.Module) -> Optional[tuple]:
+    """(kernel_size, stride, padding, dilation, ceil_mode) of a max-pool module: its own
+    attributes, or the arguments of the max_pool op in a .pt2's unflattened module."""
+    names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+    if all(hasattr(module, name) for name in names):
+        return tuple(getattr(module, name) for name in names)
+    graph = getattr(module, "graph", None)
+    calls = [node for node in getattr(graph, "nodes", ())
+             if node.op == "call_function" and "max_pool" in str(node.target)]
+    if len(calls) != 1:
+        return None
+    kernel, stride, padding, dilation, ceil_mode = (list(calls[0].args[1:]) + [None] * 5)[:5]
+    return (kernel, stride or kernel, 0 if padding is None else padding,
+            1 if dilation is None else dilation, bool(ceil_mode))
+
+
+class _WithRule(torch.autograd.Function):
+    """The module's output value, whose backward is its `_Rule` (not the module's gradient)."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, rule: _Rule) -> torch.Tensor:
+        ctx.rule = rule
+        return rule.y.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        with torch.enable_grad():
+            return ctx.rule.input_gradient(grad), None
+
+
+def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the inputs and the zero baseline stacked ([2B]) with the layer's
+    output an autograd leaf and every module after it with a rule (`RULE_KINDS`) running it.
+    Returns (z leaf [2B, n, ...], logits [2B, C])."""
+    runner = batch.runner
+    model, layer = runner.model, runner.module
+    names = {module: name for name, module in model.named_modules()}
+    ruled = {module: kind for module, kind in ((m, module_kind(n, m))
+                                               for m, n in names.items())
+             if kind in RULE_KINDS and module is not layer}
+    inputs = model_io.interpolate(batch.x, torch.tensor([1.0, 0.0],
+                                                        device=model_io.device_of(batch.x)))
+    captured: dict[str, torch.Tensor] = {}
+    pending: dict[nn.Module, torch.Tensor] = {}
+    used: set[nn.Module] = set()
+    ruled_outputs: list[torch.Tensor] = []  # what ruled modules returned, in order
+
+    def to_leaf(module, args, output):
+        if "z" in captured:
+            raise AttributionError(f"Layer {runner.name!r} runs more than once per forward "
+                                   "pass (a shared module); score a module that runs once.")
+        torch.set_grad_enabled(True)  # the part before the layer ran without a graph
+        captured["z"] = leaf_like(runner.to_neurons(output_tensor(output)))
+        return with_output_tensor(output, runner.from_neurons(captured["z"].clone()))
+
+    def before(module, args):
+        u = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if u is None or not u.requires_grad:  # before the layer: no gradient passes here
+            return None
+        if any(u is output for output in ruled_outputs):
+            return None  # Captum's hooks: see `deeplift`
+        if module in used:
+            raise AttributionError(
+                f"deeplift: module {names[module]!r} ({ruled[module]}) runs more than once "
+                f"after layer {runner.name!r}. DeepLift's rules (as Captum applies them) "
+                "hold one input and output per module: give each use its own module (e.g. "
+                "one nn.ReLU per activation).")
+        used.add(module)
+        pending[module] = u
+        return (u.clone(), *args[1:])  # an in-place module changes the copy, not u
+
+    def after(module, args, output):
+        if module not in pending:
+            return None
+        u = pending.pop(module)
+        ruled_outputs.append(_WithRule.apply(u, _Rule(ruled[module], module, u, output)))
+        return ruled_outputs[-1]
+
+    hooks = {module: after for module in ruled}
+    hooks[layer] = to_leaf
+    with forward_hooks(hooks, {module: before for module in ruled}), engine_modes(), \
+            torch.no_grad():
+        logits = run_logits(model, inputs)
+    if "z" not in captured:
+        raise AttributionError(f"Layer {runner.name!r} did not run in the forward pass; pick "
+                               "a layer from list_layers().")
+    return captured["z"], logits
+
+
+@register("deeplift", "DeepLift (rescale rule) with a zero input baseline, as Captum's "
+          "LayerDeepLift", label="DeepLift", units="logits", colour="#E69F00",
+          needs_float_inputs=True, uses_gradients=True, logit_effect="score")
+def deeplift(batch: Batch) -> torch.Tensor:
+    """(z - z at the zero input) * the target logit's multipliers, summed over positions.
+
+    Rules as Captum's: the rescale rule for ReLU, ELU, LeakyReLU, Sigmoid, Tanh and
+    Softplus modules, its max-pool rule (the maxima of input and baseline windows, moved back
+    by max_unpool) and its softmax rule (the rescaled gradient minus its mean). Captum hooks a
+    module's rule onto its input tensor, so where a ruled module's input is another ruled
+    module's output (conv -> ReLU -> MaxPool) the upstream rule reads the downstream
+    module's plain gradient: the same is done here, so the two agree. A ruled module that
+    runs twice after the layer (a shared ReLU) is refused, as Captum fails on it.
+    """
+    batch.runner.check_differentiable_once()
+    z, logits = _stacked_forward(batch)
+    rows = z.shape[0] // 2
+    targets = _resolve_targets(batch.targets, logits[:rows])
+    grad = _gradients(batch, logits, z, targets, repeats=2)  # [(C,) 2B, n, ...]
+    grad = grad[:, :rows] if isinstance(targets, str) else grad[:rows]
+    change = (z[:rows] - z[rows:]).detach()  # the layer's output minus its baseline's
+    return _reduce_spatial(_with_class_axis(change, targets) * _classes_first(grad, targets),
+                           _neuron_dim(targets), "sum", _mask(batch))
+
