@@ -1,14 +1,15 @@
 """Methods that change how the gradient passes back through the model's modules, as Captum's
-layer methods do: DeepLift's rules (`deeplift`).
+layer methods do: DeepLift's rules (`deeplift`) and LRP's (`lrp`).
 
-The model runs once on the batch and its baseline, stacked; each module after the layer whose
-kind has a rule (`layers.module_kind`, so a .pt2's unflattened modules have theirs too) hands
-its rule to autograd in place of its own gradient, through hooks removed in `finally`. A
-functional call such as `F.relu` is no module and keeps its plain gradient, as in Captum.
+The model runs once (DeepLift: on the batch and its baseline, stacked); each module after
+the layer whose kind has a rule (`layers.module_kind`, so a .pt2's unflattened modules have
+theirs too) hands its rule to autograd in place of its own gradient, through hooks removed in
+`finally`. A functional call such as `F.relu` is no module and keeps its plain gradient, as
+in Captum.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,7 +20,8 @@ from ..engine.guards import engine_modes, forward_hooks, leaf_like
 from ..engine.layers import module_kind, output_tensor, run_logits, with_output_tensor
 from ..errors import AttributionError
 from .registry import (Batch, _classes_first, _gradients, _mask, _neuron_dim, _reduce_spatial,
-                       _resolve_targets, _with_class_axis, register)
+                       _resolve_targets, _selected, _with_class_axis, register,
+                       uncovered_modules)
 
 EPSILON = 1e-10
 """Below this change of a module's input (input - baseline) its plain gradient is used."""
@@ -117,22 +119,23 @@ class _WithRule(torch.autograd.Function):
             return ctx.rule.input_gradient(grad), None
 
 
-def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of the inputs and the zero baseline stacked ([2B]) with the layer's
-    output an autograd leaf and every module after it with a rule (`RULE_KINDS`) running it.
-    Returns (z leaf [2B, n, ...], logits [2B, C])."""
+Enter = Callable[[nn.Module, str, torch.Tensor], Optional[torch.Tensor]]
+Leave = Callable[[nn.Module, str, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _forward_with_rules(batch: Batch, inputs, kinds: dict[nn.Module, str], enter: Enter,
+                        leave: Leave, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of `inputs` with the layer's output an autograd leaf and each module of
+    `kinds` (module -> its kind) that runs after the layer handing autograd its rule:
+    `enter(module, kind, u)` gives the input the module runs on instead of its input u
+    (None: the module is left alone), `leave(module, kind, u, y)` the output that goes on
+    instead of y. A module entered twice is refused. Returns (z leaf [R, n, ...], logits)."""
     runner = batch.runner
     model, layer = runner.model, runner.module
     names = {module: name for name, module in model.named_modules()}
-    ruled = {module: kind for module, kind in ((m, module_kind(n, m))
-                                               for m, n in names.items())
-             if kind in RULE_KINDS and module is not layer}
-    inputs = model_io.interpolate(batch.x, torch.tensor([1.0, 0.0],
-                                                        device=model_io.device_of(batch.x)))
     captured: dict[str, torch.Tensor] = {}
     pending: dict[nn.Module, torch.Tensor] = {}
-    used: set[nn.Module] = set()
-    ruled_outputs: list[torch.Tensor] = []  # what ruled modules returned, in order
+    entered: set[nn.Module] = set()
 
     def to_leaf(module, args, output):
         if "z" in captured:
@@ -146,25 +149,25 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         u = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if u is None or not u.requires_grad:  # before the layer: no gradient passes here
             return None
-        if any(u is output for output in ruled_outputs):
-            return None  # Captum's hooks: see `deeplift`
-        if module in used:
+        if module in entered:
             raise AttributionError(
-                f"deeplift: module {names[module]!r} ({ruled[module]}) runs more than once "
-                f"after layer {runner.name!r}. DeepLift's rules (as Captum applies them) "
-                "hold one input and output per module: give each use its own module (e.g. "
-                "one nn.ReLU per activation).")
-        used.add(module)
+                f"{method}: module {names[module]!r} ({kinds[module]}) runs more than once "
+                f"after layer {runner.name!r}. Its rule (as Captum applies it) holds one "
+                "input and output per module: give each use its own module (e.g. one "
+                "nn.ReLU per activation).")
+        replaced = enter(module, kinds[module], u)
+        if replaced is None:
+            return None
+        entered.add(module)
         pending[module] = u
-        return (u.clone(), *args[1:])  # an in-place module changes the copy, not u
+        return (replaced, *args[1:])
 
     def after(module, args, output):
         if module not in pending:
             return None
-        u = pending.pop(module)
-        ruled_outputs.append(_WithRule.apply(u, _Rule(ruled[module], module, u, output)))
-        return ruled_outputs[-1]
+        return leave(module, kinds[module], pending.pop(module), output)
 
+    ruled = [module for module in kinds if module is not layer]
     hooks = {module: after for module in ruled}
     hooks[layer] = to_leaf
     with forward_hooks(hooks, {module: before for module in ruled}), engine_modes(), \
@@ -174,6 +177,33 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         raise AttributionError(f"Layer {runner.name!r} did not run in the forward pass; pick "
                                "a layer from list_layers().")
     return captured["z"], logits
+
+
+def _kinds_of(model: nn.Module, kinds: Sequence[str]) -> dict[nn.Module, str]:
+    """The model's modules whose kind (`layers.module_kind`) is one of `kinds`."""
+    found = ((module, module_kind(name, module)) for name, module in model.named_modules())
+    return {module: kind for module, kind in found if kind in kinds}
+
+
+def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepLift's forward: the inputs and the zero baseline stacked ([2B]), every module
+    after the layer with a rule (`RULE_KINDS`) running it. Returns (z leaf [2B, n, ...],
+    logits [2B, C])."""
+    inputs = model_io.interpolate(batch.x, torch.tensor([1.0, 0.0],
+                                                        device=model_io.device_of(batch.x)))
+    ruled_outputs: list[torch.Tensor] = []  # what ruled modules returned, in order
+
+    def enter(module, kind, u):
+        if any(u is output for output in ruled_outputs):
+            return None  # Captum's hooks: see `deeplift`
+        return u.clone()  # an in-place module changes the copy, not u
+
+    def leave(module, kind, u, y):
+        ruled_outputs.append(_WithRule.apply(u, _Rule(kind, module, u, y)))
+        return ruled_outputs[-1]
+
+    return _forward_with_rules(batch, inputs, _kinds_of(batch.runner.model, RULE_KINDS),
+                               enter, leave, "deeplift")
 
 
 @register("deeplift", "DeepLift (rescale rule) with a zero input baseline, as Captum's "
@@ -200,3 +230,101 @@ def deeplift(batch: Batch) -> torch.Tensor:
     return _reduce_spatial(_with_class_axis(change, targets) * _classes_first(grad, targets),
                            _neuron_dim(targets), "sum", _mask(batch))
 
+
+
+EPSILON_KINDS = ("Linear", "Conv2d", "BatchNorm2d", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+                 "AvgPool2d", "AdaptiveAvgPool2d", "Addition_Module")
+"""Kinds Captum's LRP gives its epsilon rule by default: the relevance R at the module's
+output becomes x * J^T (R / (y + eps * sign(y))) at its input x."""
+PASSED_KINDS = ("ReLU", "Dropout", "Tanh")
+"""Kinds Captum's LRP passes the relevance through unchanged."""
+LRP_EPSILON = 1e-9
+
+
+class _TimesInput(torch.autograd.Function):
+    """The input as it is; backward multiplies the relevance by it (the epsilon rule's x)."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor) -> torch.Tensor:
+        ctx.u = u.detach()
+        return u.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * ctx.u
+
+
+class _OverOutput(torch.autograd.Function):
+    """The output as it is; backward divides the relevance by y + eps * sign(y) (sign 0 = 1)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        ctx.y = y.detach()
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        sign = torch.where(ctx.y == 0, torch.ones_like(ctx.y), torch.sign(ctx.y))
+        return grad / (ctx.y + sign * LRP_EPSILON)
+
+
+class _PassedThrough(torch.autograd.Function):
+    """The module's output value; backward hands the relevance to its input unchanged."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _relevance_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """LRP's forward: every module after the layer with its rule (`EPSILON_KINDS`,
+    `PASSED_KINDS`); a model with a leaf module of another kind is refused, as Captum's
+    LayerLRP refuses it. Returns (z leaf [B, n, ...], logits [B, C])."""
+    model = batch.runner.model
+    uncovered = uncovered_modules(model, "lrp")
+    if uncovered:
+        shown = ", ".join(f"{name!r} ({kind})" for name, kind in list(uncovered.items())[:4])
+        more = f" and {len(uncovered) - 4} more" if len(uncovered) > 4 else ""
+        raise AttributionError(
+            f"lrp: Captum's LRP has no default rule for module {shown}{more} of this model "
+            f"(epsilon rule: {', '.join(EPSILON_KINDS[:-1])}; passed through: "
+            f"{', '.join(PASSED_KINDS)}), so it refuses the model. Use deeplift or "
+            "gradient_x_activation.")
+
+    def enter(module, kind, u):
+        if kind in EPSILON_KINDS:
+            return _TimesInput.apply(u)
+        return u.clone()  # passed through; an in-place module changes the copy, not u
+
+    def leave(module, kind, u, y):
+        if kind in EPSILON_KINDS:
+            return _OverOutput.apply(y)
+        return _PassedThrough.apply(u, y)
+
+    return _forward_with_rules(batch, batch.x, _kinds_of(model, EPSILON_KINDS + PASSED_KINDS),
+                               enter, leave, "lrp")
+
+
+@register("lrp", "Layer-wise relevance propagation with Captum's default rules (epsilon "
+          "rule, ReLU passed through), as Captum's LayerLRP", label="LRP (ε)",
+          units="logits (relevance)", colour="#56B4E9", uses_gradients=True,
+          logit_effect="score", module_kinds=EPSILON_KINDS + PASSED_KINDS)
+def lrp(batch: Batch) -> torch.Tensor:
+    """The relevance of the target logit F at the layer's output, summed over positions:
+    F(x) * the gradient of F at z when each module after the layer runs Captum's default
+    LRP rule in backward (`EPSILON_KINDS`: epsilon 1e-9; `PASSED_KINDS`: unchanged).
+
+    Captum's LayerLRP reads it at a module with an epsilon rule; at any other layer (a ReLU)
+    this is the relevance its output hands on, Captum's LayerLRP of the module it feeds
+    with attribute_to_layer_input=True."""
+    batch.runner.check_differentiable_once()
+    z, logits = _relevance_forward(batch)
+    targets = _resolve_targets(batch.targets, logits)
+    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
+    selected = _selected(logits, targets).detach()  # [B] or [B, C]
+    scale = selected.view(selected.shape + (1,) * (grad.dim() - selected.dim()))
+    return _reduce_spatial(grad * scale, _neuron_dim(targets), "sum", _mask(batch))

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..engine import model_io
 from ..engine.layers import BATCH_NORMS, WEIGHT_LAYOUTS, module_kind
@@ -86,6 +87,9 @@ class Method:
             (`verdict.expected_loop`); None when it has none (the loop leaves a placeholder).
         layer_kinds: the kinds of layer it scores (`layers.module_kind`: "Linear",
             "BatchNorm2d", ...); None: any layer (`methods_for`).
+        module_kinds: the kinds of module its rules cover: a model with a leaf module of
+            another kind is refused (as Captum's LRP refuses it); None: any model
+            (`methods_for` with a model, `uncovered_modules`).
     """
 
     name: str
@@ -100,6 +104,7 @@ class Method:
     logit_effect: Optional[str] = None
     score_line: Optional[str] = None
     layer_kinds: Optional[tuple[str, ...]] = None
+    module_kinds: Optional[tuple[str, ...]] = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -116,7 +121,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
              units: str = "arbitrary units", colour: Optional[str] = None,
              needs_float_inputs: bool = False, uses_gradients: bool = False,
              token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
-             score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None
+             score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None,
+             module_kinds: Optional[Sequence[str]] = None
              ) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`, with the facts of `Method`;
     `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
@@ -130,7 +136,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
             colour=colour or colour_from_name(name), needs_float_inputs=needs_float_inputs,
             uses_gradients=uses_gradients, token_value=token_value,
             logit_effect=logit_effect, score_line=score_line,
-            layer_kinds=None if layer_kinds is None else tuple(layer_kinds))
+            layer_kinds=None if layer_kinds is None else tuple(layer_kinds),
+            module_kinds=None if module_kinds is None else tuple(module_kinds))
         return function
     return add
 
@@ -559,12 +566,26 @@ def random(batch: Batch) -> torch.Tensor:
     return torch.stack(rows).to(z.device)
 
 
-def methods_for(input_dtype: torch.dtype, layer_kind: Optional[str] = None
-                ) -> tuple[str, ...]:
+def methods_for(input_dtype: torch.dtype, layer_kind: Optional[str] = None,
+                model: Optional[nn.Module] = None) -> tuple[str, ...]:
     """The methods that can score inputs of `input_dtype` (integer ids: all but those that
     need floating-point inputs) at a layer of `layer_kind` (`layers.module_kind`; None: any
-    kind), read from the registry now."""
+    kind) of `model` (its modules covered by the method's rules, `Method.module_kinds`;
+    None: any model), read from the registry now."""
     return tuple(name for name, entry in REGISTRY.items()
                  if (input_dtype.is_floating_point or not entry.needs_float_inputs)
                  and (layer_kind is None or entry.layer_kinds is None
-                      or layer_kind in entry.layer_kinds))
+                      or layer_kind in entry.layer_kinds)
+                 and (model is None or not uncovered_modules(model, name)))
+
+
+def uncovered_modules(model: nn.Module, method: str) -> dict[str, str]:
+    """{name: kind} of the model's leaf modules that `method`'s rules do not cover
+    (`Method.module_kinds`); empty for a method that covers any model."""
+    kinds = REGISTRY[method].module_kinds
+    if kinds is None:
+        return {}
+    leaves = ((name, module) for name, module in model.named_modules()
+              if name and next(module.children(), None) is None)
+    return {name: kind for name, kind in ((name, module_kind(name, module))
+                                          for name, module in leaves) if kind not in kinds}

@@ -240,7 +240,7 @@ def sidebar(page: str = "") -> Optional[Context]:
                   help="The cluster whose neurons the pages rank and prune.")
 
     layer_kind = info_of[st.session_state["w_layer"]].kind
-    methods = list(at.methods_for(ws.data.inputs.dtype, layer_kind))
+    methods = list(at.methods_for(ws.data.inputs.dtype, layer_kind, ws.model))
     _prepare("w_method", methods, defaults.DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")

@@ -16,7 +16,9 @@ from attribution.methods.registry import REGISTRY
 from tests.support.models import ResidualMLP, build, methods_scoring
 
 GRADIENT_METHODS = tuple(name for name in at.METHODS if REGISTRY[name].uses_gradients)
-LINEAR_METHODS = methods_scoring("Linear")  # the layers scored here are Linear
+with torch.device("meta"):  # its modules, not weights: which methods score it
+    LINEAR_METHODS = methods_scoring("Linear", model=ResidualMLP())  # the layers here: Linear
+MLP_GRADIENT_METHODS = tuple(name for name in LINEAR_METHODS if REGISTRY[name].uses_gradients)
 
 
 class DetachedTail(nn.Module):
@@ -72,7 +74,7 @@ def test_a_sample_with_nan_logits_gets_nan_gradient_scores_and_is_named_by_diagn
     model, x, y = build("residual_mlp")
     x = x.clone()
     x[[3, 17]] = float("nan")
-    for method in GRADIENT_METHODS + ("ablation",):
+    for method in MLP_GRADIENT_METHODS + ("ablation",):
         scores = at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
         assert not torch.isfinite(scores[[3, 17]]).any(), method
         others = torch.ones(len(x), dtype=torch.bool)
@@ -176,7 +178,7 @@ def test_backward_hooks_are_refused_for_gradients_on_both_runners(register, runn
             runner_selection._CACHE[model]["fc1"] = runner
     handle = register(model)
     try:
-        for method in GRADIENT_METHODS:
+        for method in MLP_GRADIENT_METHODS:
             with pytest.raises(at.AttributionError, match="Backward hooks are registered"):
                 at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
         for method, scores in expected.items():  # no gradient, nothing to refuse

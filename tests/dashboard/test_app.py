@@ -293,10 +293,16 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
         app.switch_page(page).run()
         assert_clean(app)
         assert not app.error, (page, [e.value for e in app.error])
-    labels = [plots.method_label(m)  # no conductance, nor bn_scale: fc1 is a Linear
-              for m in at.methods_for(torch.int64, "Linear")]
+    model = app.session_state["context"].ws.model
+    labels = [plots.method_label(m)  # no conductance, nor bn_scale: fc1 is a Linear; no lrp:
+              for m in at.methods_for(torch.int64, "Linear", model)]  # no rule for Embedding
+    assert "LRP (ε)" not in labels and len(labels) == len(at.methods_for(torch.int64,
+                                                                          "Linear")) - 1
     assert sidebar_widget(app, "w_method").options == labels
     assert app.dataframe[0].value["method"].tolist() == labels  # the oracle table
+    assert any(c.value.replace("\\", "").startswith(
+        "LRP (ε) is left out: lrp: Captum's LRP has no default rule for module 'embed' "
+        "(Embedding)") for c in app.caption)
     sidebar_widget(app, "w_layer").set_value("fc2")  # 3 neurons: the logits of 3 classes
     app.switch_page("pages/scores.py").run()
     assert_clean(app)

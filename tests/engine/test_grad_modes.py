@@ -22,7 +22,7 @@ from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
 from attribution.methods.registry import REGISTRY
 
-from tests.support.models import build, methods_scoring
+from tests.support.models import ResidualMLP, build, methods_scoring
 from tests.support import ROOT
 
 
@@ -39,7 +39,8 @@ def grad_disabled_by_a_call():
 GRAD_MODES = {"no_grad": torch.no_grad, "set_grad_enabled(False)": grad_disabled_by_a_call,
               "inference_mode": torch.inference_mode}
 RUNNERS = {"fx": FxRunner, "hooks": HookRunner}
-LINEAR_METHODS = methods_scoring("Linear")  # the layers scored here are Linear
+with torch.device("meta"):  # its modules, not weights: which methods score it
+    LINEAR_METHODS = methods_scoring("Linear", model=ResidualMLP())
 N_STEPS = 8
 
 

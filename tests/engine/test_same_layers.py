@@ -99,7 +99,7 @@ def test_a_tuple_output_layer_scores_alike_in_both_forms_and_as_a_slow_loop(form
     for form in (model, loaded):
         with eval_mode(form):
             assert isinstance(runner_for(form, layer, form.get_submodule(layer), x), FxRunner)
-    for method in methods_for(x.dtype, info.kind):  # the loaded form: its kind from the graph
+    for method in methods_for(x.dtype, info.kind, model):  # loaded: its kind from the graph
         eager = at.neuron_scores(model, layer, x, y, method, n_steps=8)
         assert eager.shape == (len(x), info.n_neurons)
         torch.testing.assert_close(at.neuron_scores(loaded, layer, x, y, method, n_steps=8),

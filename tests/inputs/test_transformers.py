@@ -32,8 +32,10 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 40
 PAD = 0
 N_STEPS = 8
-METHODS_FOR_IDS = [m for m in at.methods_for(torch.int64)  # those of LAYERS' kinds
-                   if all(m in at.methods_for(torch.int64, kind)
+with torch.device("meta"):  # modules every transformer has (lrp's rules cover none of them)
+    TRANSFORMER_MODULES = nn.Sequential(nn.Embedding(2, 2), nn.LayerNorm(2), nn.GELU())
+METHODS_FOR_IDS = [m for m in at.methods_for(torch.int64, model=TRANSFORMER_MODULES)
+                   if all(m in at.methods_for(torch.int64, kind)  # those of LAYERS' kinds
                           for kind in ("Linear", "Conv1D", "LayerNorm"))]
 # (model kind, a position-wise MLP layer, a layer after the position mixing)
 LAYERS = {"bert": ("bert.encoder.layer.0.intermediate.dense", "bert.pooler.dense"),
@@ -400,7 +402,7 @@ def test_an_image_classifier_folder_takes_image_arrays_and_every_method(tmp_path
     info = next(info for info in loaded.layers() if info.n_neurons == 24)
     layer = info.name
     assert "conductance" in at.methods_for(torch.float32, info.kind)
-    for method in at.methods_for(torch.float32, info.kind):  # conductance: it scales pixels
+    for method in at.methods_for(torch.float32, info.kind, loaded.module):  # conductance too
         scores = at.neuron_scores(loaded.module, layer, dataset.inputs, dataset.labels, method,
                                   n_steps=8)
         assert scores.shape == (5, 24) and torch.isfinite(scores).all()

@@ -92,8 +92,8 @@ test_layer_integrated_gradients.py (LayerIntegratedGradients starts at the layer
 test_internal_influence.py (13 cases)              N: InternalInfluence integrates dF/dz over the
                                                     input path without multiplying by z: none
                                                     of our methods is that quantity
-test_layer_deeplift.py                             see tests/methods/test_deeplift.py
-test_grad_cam.py, test_layer_gradient_shap.py, test_layer_lrp.py,
+test_layer_deeplift.py, test_layer_lrp.py         see tests/methods/test_deeplift.py, test_lrp.py
+test_grad_cam.py, test_layer_gradient_shap.py,
 test_layer_feature_permutation.py                  N: methods we do not have
 
 Of the 72 cases in the five files we share a quantity with and test_internal_influence.py:

@@ -14,7 +14,7 @@ from attribution.engine.guards import eval_mode
 from attribution.methods.registry import REGISTRY, gauss_legendre
 
 from tests.support import references
-from tests.support.models import (SequenceNet, ThreeBranchNet, TokenNet,
+from tests.support.models import (ResidualMLP, SequenceNet, ThreeBranchNet, TokenNet,
                                   UntraceableSequenceNet, build, methods_scoring)
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
@@ -23,7 +23,11 @@ LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv
 CASES = [(arch, layer) for arch in ARCHITECTURES for layer in LAYERS[arch]]
 
 
-@pytest.fixture(params=methods_scoring("Linear", "Conv2d"))
+with torch.device("meta"):  # the methods that score these models (lrp: see test_lrp.py)
+    EVERY_METHOD = methods_scoring("Linear", "Conv2d", model=ResidualMLP())
+
+
+@pytest.fixture(params=EVERY_METHOD)
 def method(request):
     return request.param
 
@@ -475,7 +479,7 @@ def test_integer_inputs_score_with_every_method_but_those_from_a_zero_input_whic
     torch.manual_seed(0)
     model, ids = TokenNet().eval(), torch.randint(0, 20, (16, 5))
     labels = torch.randint(0, 3, (16,))
-    for name in methods_scoring("Linear"):
+    for name in methods_scoring("Linear", model=model):
         if REGISTRY[name].needs_float_inputs:
             with pytest.raises(at.AttributionError, match="int64 inputs.*use integrated_gradients"):
                 at.neuron_scores(model, "fc1", ids, labels, name)
@@ -484,7 +488,8 @@ def test_integer_inputs_score_with_every_method_but_those_from_a_zero_input_whic
     assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance",
                                                                          "deeplift"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
-    assert list(table["method"]) == list(at.methods_for(torch.int64, "Linear"))
+    assert list(table["method"]) == list(at.methods_for(torch.int64, "Linear", model))
+    assert "Embedding" in table.attrs["refused"]["lrp"]  # an oracle of every method says why
     assert "conductance" not in list(table["method"])
     with pytest.raises(at.AttributionError, match="conductance starts from a zero"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])

@@ -316,11 +316,12 @@ def exported(model: nn.Module, x: torch.Tensor, path) -> nn.Module:
     return torch.export.unflatten(torch.export.load(path))
 
 
-def methods_scoring(*kinds: str) -> list[str]:
+def methods_scoring(*kinds: str, model: nn.Module | None = None) -> list[str]:
     """The registered methods that score float inputs at layers of every kind in `kinds`
-    ("Linear", "Conv2d", ...; `at.methods_for`), in registration order: every method but
-    those of other layers (bn_scale)."""
+    ("Linear", "Conv2d", ...; `at.methods_for`) of `model` (methods whose rules do not cover
+    its modules, such as lrp on a model with a BatchNorm1d, refuse it: they are tested where
+    they apply), in registration order."""
     import attribution as at
 
     return [method for method in at.METHODS
-            if all(method in at.methods_for(torch.float32, kind) for kind in kinds)]
+            if all(method in at.methods_for(torch.float32, kind, model) for kind in kinds)]
