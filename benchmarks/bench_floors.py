@@ -9,6 +9,9 @@ Floors, over the same batches (256 samples; inputs on the CPU, as users pass the
   backward to the inputs (a layer's gradient stops at the layer, so the engine can be under
   it); Captum's `LayerGradientXActivation` against the same floor;
 - `taylor`, `fisher`: one plain forward+backward of the cross-entropy;
+- `deeplift`, `lrp`: the target logits' floor; Captum's `LayerDeepLift` (zero baseline) and
+  `LayerLRP` against it too (LRP where Captum's rules cover the model: not the conv net, whose
+  Flatten has no rule);
 - exact `ablation` of every neuron: the front once, then one plain tail per neuron with that
   neuron zeroed;
 - a pruning curve, 9 k x 11 orders (ranked, bottom, 9 random): the front once, then one plain
@@ -32,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from captum.attr import LayerGradientXActivation
+from captum.attr import LayerDeepLift, LayerGradientXActivation, LayerLRP
 from torch import nn
 
 import attribution as at
@@ -130,6 +133,20 @@ def captum_gxa(model, module, x, y, device):
     return call
 
 
+def captum_rules(model, module, x, y, device, lrp: bool = False):
+    """Captum's LayerDeepLift (zero baseline) or LayerLRP, batch by batch."""
+    explainer = LayerLRP(model, module) if lrp else LayerDeepLift(model, module)
+
+    def call():
+        for xb, yb in zip(batches(x, BATCH), batches(y, BATCH)):
+            xb = xb.to(device)
+            if lrp:
+                explainer.attribute(xb, target=yb.to(device))
+            else:
+                explainer.attribute(xb, torch.zeros_like(xb), target=yb.to(device))
+    return call
+
+
 def ablation_floor(front, tail, x, y, n_neurons, device):
     """The front once per batch, then one plain tail per neuron with it zeroed."""
     @torch.no_grad()
@@ -182,6 +199,14 @@ def case(name: str, model: nn.Module, layer: int, x, y, curve_rows: int,
                  "cross-entropy", ratios_to_floor(timer, logit_floor(model, x, y, device, True),
                                                   {"taylor": ours("taylor"),
                                                    "fisher": ours("fisher")}))
+    rules = {"deeplift": ours("deeplift"),
+             "Captum LayerDeepLift": captum_rules(model, module, x, y, device)}
+    if "lrp" in at.methods_for(x.dtype, module_kind(path, module), model):
+        rules.update({"lrp": ours("lrp"),
+                      "Captum LayerLRP": captum_rules(model, module, x, y, device, lrp=True)})
+    report_floor(f"{name}: propagation rules, {len(x)} samples", "plain forward+backward of "
+                 "the target logits", ratios_to_floor(timer, logit_floor(model, x, y, device),
+                                                      rules))
     report_floor(f"{name}: exact ablation of all {n_neurons} neurons, {len(x)} samples",
                  "the front once, a plain tail per neuron zeroed",
                  ratios_to_floor(timer, ablation_floor(front, tail, x, y, n_neurons, device),

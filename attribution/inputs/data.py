@@ -34,6 +34,7 @@ from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, held_bytes, over_budge
 from ..engine.layers import run_logits
 from ..methods.passes import LayerPass
 from ..methods.scores import Progress, neuron_scores
+from .huggingface import check_padding
 from .loaded import LoadedModel
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.pickles import pickled_size, unpickle
@@ -593,9 +594,12 @@ def _from_frame(frame: pd.DataFrame, features, label, cluster, tokenizer: Any = 
         text = [c for c in feature_columns if not pd.api.types.is_numeric_dtype(frame[c])]
         if text:
             raise AttributionError(
-                f"Columns {', '.join(text[:5])} are not numeric. Name the label and cluster "
-                "columns 'label' and 'cluster' (found by those names) and drop other text "
-                "columns, or choose the columns: features=, label=, cluster= in Python, "
+                f"Columns {', '.join(text[:5])} are not numeric. If they are texts for a "
+                "Hugging Face model, its folder needs the tokenizer that turns them into "
+                "token ids: tokenizer.save_pretrained(folder) writes its tokenizer.json (or "
+                "give input_ids and attention_mask in a .npz). Otherwise name the label and "
+                "cluster columns 'label' and 'cluster' (found by those names) and drop other "
+                "text columns, or choose the columns: features=, label=, cluster= in Python, "
                 "--features, --label-key, --cluster-key on the command line.")
     else:
         feature_columns = [features] if isinstance(features, str) else list(features)
@@ -660,8 +664,8 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
                 f"{columns}. Check the feature columns / input array.")
         reshaped_from = tuple(inputs.shape[1:])
         inputs = inputs.reshape((inputs.shape[0],) + expected)
-    if isinstance(inputs, NamedInputs):
-        pass  # checked name by name in _named_for
+    if isinstance(inputs, NamedInputs):  # checked name by name in _named_for
+        check_padding(model.module, inputs)
     elif not model.input_dtype.is_floating_point:
         inputs = _as_ids(inputs, model.input_dtype)
     elif not inputs.is_floating_point():

@@ -322,11 +322,17 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         config_object.use_cache = False  # no key/value cache: one pass per batch
     load_safetensors(files[WEIGHTS], limits)  # the tensors checked before transformers reads
     module = _from_weights(cls, config_object, files[WEIGHTS])
+    tokenizer = _tokenizer(files.get(TOKENIZER)) if task == "text" else None
+    if task == "text":
+        _set_pad_id(module, tokenizer)
     example = _example(module, config_object, task)
     names = class_names if class_names is not None else _label_names(config_object)
     loaded = checked_model(module, example, "Hugging Face", names, output=output)
-    encoder = _encoder(files.get(TOKENIZER), config_object) if task == "text" else None
-    return replace(loaded, tokenizer=encoder) if encoder is not None else loaded
+    if tokenizer is None:
+        return loaded
+    pad_id = getattr(module.config, "pad_token_id", None)
+    return replace(loaded, tokenizer=TextEncoder(tokenizer, 0 if pad_id is None else int(pad_id),
+                                                 max_tokens(module)))
 
 
 def _from_weights(cls: type, config: Any, weights: bytes) -> nn.Module:
@@ -362,8 +368,7 @@ def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:
             raise AttributionError("config.json gives no image_size for this image model.")
         return NamedInputs({"pixel_values": torch.zeros((2, channels) + size)})
     accepted = inspect.signature(module.forward).parameters
-    length = min(EXAMPLE_LENGTH, int(getattr(config, "max_position_embeddings", None)
-                                     or getattr(config, "n_positions", None) or EXAMPLE_LENGTH))
+    length = min(EXAMPLE_LENGTH, max_tokens(module))
     ids = torch.ones((2, length), dtype=torch.long)
     return NamedInputs({name: ids if name != "token_type_ids" else torch.zeros_like(ids)
                         for name in TEXT_INPUTS if name in accepted})
@@ -377,7 +382,23 @@ def _label_names(config: Any) -> Optional[list[str]]:
     return names
 
 
-def _encoder(text: Optional[bytes], config: Any) -> Optional[TextEncoder]:
+def max_tokens(module: nn.Module) -> int:
+    """The most tokens one text may have: the model's positions, less the ids a position
+    embedding with a padding index skips (RoBERTa counts positions from pad_token_id + 1, so
+    80 positions and pad id 1 take 78 tokens); 512 when the config names none."""
+    config = module.config
+    positions = int(getattr(config, "max_position_embeddings", None)
+                    or getattr(config, "n_positions", None) or 512)
+    for name, child in module.named_modules():
+        if (name.endswith("position_embeddings") and isinstance(child, nn.Embedding)
+                and child.padding_idx is not None):
+            return max(1, min(positions, child.num_embeddings) - child.padding_idx - 1)
+    return positions
+
+
+def _tokenizer(text: Optional[bytes]):
+    """The `tokenizers.Tokenizer` of a tokenizer.json (no padding, no truncation: the
+    encoder does both), or None without one."""
     if not text:
         return None
     from tokenizers import Tokenizer
@@ -388,7 +409,66 @@ def _encoder(text: Optional[bytes], config: Any) -> Optional[TextEncoder]:
         raise AttributionError(f"tokenizer.json could not be read ({error}).") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    pad_id = getattr(config, "pad_token_id", None)
-    length = int(getattr(config, "max_position_embeddings", None)
-                 or getattr(config, "n_positions", None) or 512)
-    return TextEncoder(tokenizer, int(pad_id) if pad_id is not None else 0, length)
+    return tokenizer
+
+
+PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>", "<|padding|>", "<|endoftext|>")
+"""Token texts taken as padding where a tokenizer.json names no padding of its own."""
+
+
+def _set_pad_id(module: nn.Module, tokenizer) -> None:
+    """Give a classifier that finds each text's last token by its pad_token_id (GPT-2,
+    Llama, Qwen2 ...: transformers refuses batches of several texts without one) a pad id
+    where config.json leaves it unset: the tokenizer's padding token, else the config's
+    end-of-text id (transformers' usual choice), ids no text encodes to. Without either, the
+    error says what to set."""
+    config = module.config
+    if getattr(config, "pad_token_id", None) is not None or not finds_last_token(module):
+        return
+    vocabulary = int(getattr(config, "vocab_size", 0) or 0)
+    candidates = [] if tokenizer is None else [tokenizer.token_to_id(text)
+                                               for text in PAD_TOKENS]
+    candidates.append(getattr(config, "eos_token_id", None))
+    chosen = next((int(c) for c in candidates
+                   if isinstance(c, int) and 0 <= c < vocabulary), None)
+    if chosen is None:
+        raise AttributionError(
+            f"{type(module).__name__} finds each text's last token by config.pad_token_id, "
+            "which config.json leaves unset, and neither a padding token nor an end-of-text "
+            "id (eos_token_id) in the vocabulary can stand in. Set \"pad_token_id\" in "
+            "config.json to the id your texts are padded with (an id no text contains), e.g. "
+            "model.config.pad_token_id = tokenizer.eos_token_id before save_pretrained.")
+    config.pad_token_id = chosen
+
+
+def finds_last_token(module: nn.Module) -> bool:
+    """Does this transformers classifier find each text's last token by config.pad_token_id
+    (decoder models: GPT-2, Llama, Qwen2 ...), so that padding must hold that id?"""
+    return (getattr(module, "config", None) is not None
+            and "pad_token_id" in _source(type(module).forward))
+
+
+def check_padding(module: nn.Module, inputs: NamedInputs) -> None:
+    """Token ids given with an attention mask, for a classifier that `finds_last_token`:
+    its padded positions (mask 0) must hold config.pad_token_id, or the classifier reads
+    padding as the last token."""
+    entries = dict(inputs.items())
+    ids, mask = entries.get("input_ids"), entries.get(MASK_NAME)
+    pad_id = getattr(getattr(module, "config", None), "pad_token_id", None)
+    if ids is None or mask is None or pad_id is None or not finds_last_token(module):
+        return
+    found = ids[(mask == 0) & (ids != pad_id)]
+    if len(found):
+        shown = ", ".join(map(str, sorted(set(found.tolist()))[:5]))
+        raise AttributionError(
+            f"At padded positions (attention_mask 0) input_ids hold {shown}, but "
+            f"{type(module).__name__} finds each text's last token by pad_token_id "
+            f"{pad_id}: pad input_ids with {pad_id} (or set pad_token_id in config.json to "
+            "the id you pad with).")
+
+
+def _source(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""

@@ -61,9 +61,11 @@ class LoadedModel:
         return NamedInputs({name: torch.ones_like(zeros) if name == MASK_NAME else zeros
                             for name in self.input_names})
 
-    def layers(self) -> list[LayerInfo]:
-        """`list_layers` of the module, found with the example input."""
-        return list_layers(self.module, to_model(self.example_input(), self.module,
+    def layers(self, example: Any = None) -> list[LayerInfo]:
+        """`list_layers` of the module, found with `example` (a few rows of the data: their
+        lengths are the positions shown) or, without one, the loader's example input."""
+        example = self.example_input() if example is None else example
+        return list_layers(self.module, to_model(example, self.module,
                                                  model_device(self.module)))
 
 

@@ -30,6 +30,7 @@ from ..inputs.data import Dataset, make_clusters, predict_classes
 from ..analyses.diagnose import diagnose
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
+from ..engine.model_io import NamedInputs
 from ..inputs.loading import LoadedModel
 from ..methods.registry import METHODS
 from ..analyses.oracle import oracle_agreement
@@ -144,12 +145,21 @@ def layers_frame(layers: Sequence[LayerInfo]) -> pd.DataFrame:
     })
 
 
+def sample_shape(inputs) -> str:
+    """One sample's shape in the data: "1 x 8 x 8", or for named inputs each name's
+    ("input_ids 21, attention_mask 21")."""
+    if isinstance(inputs, NamedInputs):
+        return ", ".join(f"{name} {' x '.join(map(str, value.shape[1:])) or 'scalar'}"
+                         for name, value in inputs.items())
+    return " x ".join(map(str, inputs.shape[1:]))
+
+
 def model_facts(loaded: LoadedModel, dataset: Dataset,
                 predicted: Optional[np.ndarray] = None) -> dict[str, str]:
     """Label -> value about the model and data: format, shapes, classes, accuracy."""
     facts = {
         "model format": loaded.source_format or "-",
-        "input shape": " x ".join(map(str, loaded.input_shape)),
+        "input shape": sample_shape(dataset.inputs),
         "classes": str(loaded.n_classes), "samples": str(len(dataset)),
     }
     if predicted is not None and dataset.labels is not None:
@@ -223,7 +233,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         if method not in METHODS:
             raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
     model = loaded.module
-    layers = loaded.layers()
+    layers = loaded.layers(dataset.inputs[:2])  # positions as the data has them
     settings.layer_info(layers)  # an unknown layer or axis fails here, before any work
     step(0.0, "clusters")
     clusters = make_clusters(settings.cluster_source, dataset, loaded, settings.layer,

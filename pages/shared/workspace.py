@@ -110,8 +110,9 @@ def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel) -> Dataset:
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _layers(key: str, _loaded: LoadedModel) -> tuple:
-    return tuple(_loaded.layers())
+def _layers(key: str, _loaded: LoadedModel, _data: Dataset) -> tuple:
+    """The model's layers as the data meets them (a text's positions are its tokens)."""
+    return tuple(_loaded.layers(_data.inputs[:2]))
 
 
 def validate_upload(upload: Upload) -> Workspace:
@@ -138,7 +139,7 @@ def workspace_of(source: str, upload: Optional[Upload]) -> Workspace:
     else:
         loaded, data = _demo(source)
         key, title = demo_key(source), DEMO_TITLES.get(source, source)
-    layers = _layers(key, loaded)
+    layers = _layers(key, loaded, data)
     if not layers:
         raise at.AttributionError("This model has no layer with a neuron axis to score.")
     return Workspace(key, title, loaded, data, layers)

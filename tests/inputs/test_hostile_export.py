@@ -685,12 +685,16 @@ def test_a_range_key_u_n_makes_torch_count_to_n(bases):
     """Why range-constraint symbols are bounded: torch loops once per unbacked symbol index."""
     crafted = rebuilt(bases["mlp"], program_edit(lambda p: p.update(
         range_constraints={"u3000000": {"min_val": 0, "max_val": None}})))
-    start = time.perf_counter()
-    torch.export.load(io.BytesIO(crafted))
-    looped = time.perf_counter() - start
-    start = time.perf_counter()
-    torch.export.load(io.BytesIO(bases["mlp"]))
-    assert looped > time.perf_counter() - start + 0.05
+
+    def fastest_load(data: bytes) -> float:  # the least of 3: a busy machine only adds time
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            torch.export.load(io.BytesIO(data))
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    assert fastest_load(crafted) > fastest_load(bases["mlp"]) + 0.05
 
 
 # ---------------------------------------------------------------- ordinary exports load

@@ -679,6 +679,11 @@ def test_the_dashboard_takes_a_zipped_folder_and_a_text_table():
     assert not app.exception, [e.value for e in app.exception]
     assert not app.error, [e.value for e in app.error]
     assert app.metric[0].value == "40"
+    length = app.session_state["context"].ws.data.inputs["input_ids"].shape[1]
+    assert length != huggingface.EXAMPLE_LENGTH  # the data's texts, not the loader's example
+    assert app.metric[3].value == f"input_ids {length}, attention_mask {length}"
+    layers = app.dataframe[0].value  # their positions are the data's tokens
+    assert layers["units"].str.startswith(f"{length} positions").any()
     for page in ("pages/scores.py", "pages/pruning.py", "pages/diagnosis.py"):
         app.switch_page(page).run()
         assert not app.exception, (page, [e.value for e in app.exception])
@@ -727,3 +732,107 @@ def test_a_vit_embeddings_output_has_its_features_as_neurons_not_its_patches():
     captum = LayerGradientXActivation(lambda x: model(pixel_values=x).logits,
                                       model.vit.embeddings).attribute(images, target=predicted)
     torch.testing.assert_close(scores, captum.sum(1).detach(), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------ Hugging Face folders as they come
+
+def _decoder(kind: str, eos: int | None, positions: int = 32) -> nn.Module:
+    """A GPT-2 or Llama classifier saved as transformers makes them: pad_token_id None."""
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2,
+                                         n_positions=positions, num_labels=3,
+                                         bos_token_id=eos, eos_token_id=eos,
+                                         initializer_range=0.3)
+        model = transformers.GPT2ForSequenceClassification(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=24,
+                                          num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=2, max_position_embeddings=positions,
+                                          num_labels=3, bos_token_id=eos, eos_token_id=eos)
+        model = transformers.LlamaForSequenceClassification(config)
+    assert model.config.pad_token_id is None
+    return model.eval()
+
+
+def _texts_scored_as_alone(loaded, dataset) -> None:
+    """Each text's logits in the padded batch equal its own, unpadded."""
+    ids, mask = dataset.inputs["input_ids"], dataset.inputs["attention_mask"]
+    with torch.no_grad():
+        batch = loaded.module(input_ids=ids, attention_mask=mask).logits
+        for row in range(len(ids)):
+            n = int(mask[row].sum())
+            alone = loaded.module(input_ids=ids[row:row + 1, :n],
+                                  attention_mask=mask[row:row + 1, :n]).logits
+            torch.testing.assert_close(batch[row:row + 1], alone, rtol=1e-4, atol=1e-5)
+
+
+TEXTS = pd.DataFrame({"text": ["w1 w2 w3", "w5 w6", "w7 w8 w9 w10 w11 w12"], "label": [0, 1, 2]})
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_decoder_saved_without_a_pad_id_pads_with_its_tokenizers_pad_token(kind, tmp_path):
+    folder = _folder_files(_decoder(kind, eos=None), tmp_path, kind)
+    tokenizer = _word_tokenizer([f"w{i}" for i in range(VOCAB - 3)])
+    tokenizer.add_special_tokens(["[PAD]"])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    loaded = at.load_model(folder)
+    pad = tokenizer.token_to_id("[PAD]")
+    assert loaded.module.config.pad_token_id == loaded.tokenizer.pad_id == pad
+    dataset = check_data(load_data(TEXTS.to_csv(index=False).encode(),
+                                   tokenizer=loaded.tokenizer), loaded)
+    assert (dataset.inputs["input_ids"][1, 2:] == pad).all()
+    _texts_scored_as_alone(loaded, dataset)
+    assert at.neuron_scores(loaded.module, loaded.layers()[2].name, dataset.inputs,
+                            dataset.labels).shape[0] == 3
+
+
+def test_without_a_pad_token_the_end_of_text_id_pads_and_ids_must_use_it(tmp_path):
+    folder = _folder_files(_decoder("gpt2", eos=2), tmp_path, "gpt2")
+    loaded = at.load_model(folder)  # no tokenizer: token ids come in a .npz
+    assert loaded.module.config.pad_token_id == 2
+    ids, mask = np.array([[5, 6, 7], [8, 9, 0]]), np.array([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(at.AttributionError, match="At padded positions .* input_ids hold 0, "
+                                                  "but GPT2ForSequenceClassification finds "
+                                                  "each text's last token by pad_token_id 2"):
+        check_data(load_data(_npz_bytes(input_ids=ids, attention_mask=mask)), loaded)
+    ids[1, 2] = 2
+    dataset = check_data(load_data(_npz_bytes(input_ids=ids, attention_mask=mask)), loaded)
+    _texts_scored_as_alone(loaded, dataset)
+
+
+def test_without_any_id_to_pad_with_the_error_says_what_to_set(tmp_path):
+    folder = _folder_files(_decoder("gpt2", eos=VOCAB + 10), tmp_path, "gpt2")  # outside
+    with pytest.raises(at.AttributionError, match=r'Set "pad_token_id" in config.json'):
+        at.load_model(folder)
+
+
+def test_roberta_takes_only_the_positions_after_its_pad_id(tmp_path):
+    """RoBERTa counts positions from pad_token_id + 1: 12 positions with pad id 1 take 10
+    tokens, and longer texts are cut there instead of failing with an index error."""
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=16,
+                                        max_position_embeddings=12, pad_token_id=1,
+                                        num_labels=3)
+    folder = _folder_files(transformers.RobertaForSequenceClassification(config).eval(),
+                           tmp_path, "roberta")
+    _word_tokenizer([f"w{i}" for i in range(VOCAB - 2)]).save(str(folder / "tokenizer.json"))
+    loaded = at.load_model(folder)
+    assert loaded.tokenizer.max_length == 10
+    long = pd.DataFrame({"text": [" ".join(f"w{i}" for i in range(1, 16)), "w1 w2"],
+                         "label": [0, 1]})
+    dataset = check_data(load_data(long.to_csv(index=False).encode(),
+                                   tokenizer=loaded.tokenizer), loaded)
+    assert dataset.inputs["input_ids"].shape == (2, 10)
+    scores = at.neuron_scores(loaded.module, "roberta.encoder.layer.0.intermediate.dense",
+                              dataset.inputs, dataset.labels)
+    assert torch.isfinite(scores).all()
+
+
+def test_texts_for_a_folder_without_a_tokenizer_say_what_is_missing(tmp_path):
+    loaded = at.load_model(_folder_files(build("bert"), tmp_path, "bert"))
+    assert loaded.tokenizer is None
+    with pytest.raises(at.AttributionError, match="its folder needs the tokenizer that turns "
+                                                  "them into token ids: tokenizer.save_pretrained"):
+        load_data(TEXTS.to_csv(index=False).encode(), tokenizer=loaded.tokenizer)
