@@ -370,8 +370,12 @@ def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:
     accepted = inspect.signature(module.forward).parameters
     length = min(EXAMPLE_LENGTH, max_tokens(module))
     ids = torch.ones((2, length), dtype=torch.long)
+    # token_type_ids only for a model with segment embeddings (BERT's): GPT-2's forward
+    # takes them too, but no user of a GPT-2 passes them
+    wanted = [name for name in TEXT_INPUTS if name in accepted and (
+        name != "token_type_ids" or getattr(config, "type_vocab_size", None))]
     return NamedInputs({name: ids if name != "token_type_ids" else torch.zeros_like(ids)
-                        for name in TEXT_INPUTS if name in accepted})
+                        for name in wanted})
 
 
 def _label_names(config: Any) -> Optional[list[str]]:

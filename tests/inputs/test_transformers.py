@@ -777,6 +777,7 @@ def test_a_decoder_saved_without_a_pad_id_pads_with_its_tokenizers_pad_token(kin
     tokenizer.add_special_tokens(["[PAD]"])
     tokenizer.save(str(folder / "tokenizer.json"))
     loaded = at.load_model(folder)
+    assert loaded.input_names == ("input_ids", "attention_mask")  # no token_type_ids to ask for
     pad = tokenizer.token_to_id("[PAD]")
     assert loaded.module.config.pad_token_id == loaded.tokenizer.pad_id == pad
     dataset = check_data(load_data(TEXTS.to_csv(index=False).encode(),
@@ -832,7 +833,7 @@ def test_roberta_takes_only_the_positions_after_its_pad_id(tmp_path):
 
 def test_texts_for_a_folder_without_a_tokenizer_say_what_is_missing(tmp_path):
     loaded = at.load_model(_folder_files(build("bert"), tmp_path, "bert"))
-    assert loaded.tokenizer is None
+    assert loaded.tokenizer is None and "token_type_ids" in loaded.input_names  # BERT's segments
     with pytest.raises(at.AttributionError, match="its folder needs the tokenizer that turns "
                                                   "them into token ids: tokenizer.save_pretrained"):
         load_data(TEXTS.to_csv(index=False).encode(), tokenizer=loaded.tokenizer)
