@@ -558,6 +558,11 @@ def _vertical_line(x: float, line: dict) -> dict:
     return dict(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="y domain", line=line)
 
 
+LABELLED_METHODS = 8
+"""Up to this many methods the agreement heatmap writes each ρ in its cell (its hover always
+does): with more, the cells of a page's column are too narrow for two decimals."""
+
+
 def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
     """Method x method Spearman rank correlation of neuron scores.
 
@@ -568,12 +573,14 @@ def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
     if methods != others:  # every ordered pair: the same methods both ways
         raise ValueError(f"correlations pair {methods} with {others}")
     labels = [method_label(m) for m in methods]
+    written = len(methods) <= LABELLED_METHODS  # more: cells too small for the numbers
     traces = [dict(
         type="heatmap", z=rho, x=labels, y=labels,
-        colorscale=_scale(SIGNED_SCALE), zmid=0, zmin=-1, zmax=1, texttemplate="%{z:.2f}",
-        textfont=dict(size=11), xgap=2, ygap=2, colorbar=_colour_bar("Spearman ρ"),
+        colorscale=_scale(SIGNED_SCALE), zmid=0, zmin=-1, zmax=1,
+        texttemplate="%{z:.2f}" if written else "", textfont=dict(size=11), xgap=2, ygap=2,
+        colorbar=_colour_bar("Spearman ρ"),
         hovertemplate="%{y} vs %{x}<br>ρ = %{z:.3f}<extra></extra>")]
-    layout = dict(yaxis=dict(autorange="reversed"), xaxis=dict(tickangle=-30))
+    layout = dict(yaxis=dict(autorange="reversed"), xaxis=dict(tickangle=-30 if written else -60))
     return _figure(traces, layout, title="Do the methods rank neurons alike? (Spearman ρ)",
                    height=max(340, 150 + 44 * len(methods)))
 

@@ -228,7 +228,7 @@ def test_the_pruned_model_downloaded_from_the_page_measures_the_curve(app):
     path = ARTIFACTS / "fc2-pruned-6.pt2"
     download.value.save_as(path)
     assert download.value.suggested_filename == "fc2-pruned-6.pt2"
-    app.screenshot("10-pruning-take-away")
+    app.screenshot("11-pruning-take-away")
 
     loaded, data = load_demo("digits_mlp")
     ranking = at.cluster_scores(loaded.module, "fc2", data.inputs, data.labels,

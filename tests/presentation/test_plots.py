@@ -191,6 +191,11 @@ def test_rank_correlations_and_heatmap():
     heatmap = plots.rank_correlation_heatmap(plots.rank_correlations(scores)).data[0]
     assert (heatmap.zmin, heatmap.zmid, heatmap.zmax) == (-1, 0, 1)
     assert np.asarray(heatmap.z).shape == (3, 3)
+    assert heatmap.texttemplate == "%{z:.2f}"  # three methods: each rho written in its cell
+    many = pd.concat([_summary(list(np.random.default_rng(i).random(4)), f"m{i}")
+                      for i in range(plots.LABELLED_METHODS + 1)])
+    crowded = plots.rank_correlation_heatmap(plots.rank_correlations(many)).data[0]
+    assert crowded.texttemplate == "" and "ρ = %{z:.3f}" in crowded.hovertemplate
 
 
 def test_sample_scores_sorted_and_downsampled():
