@@ -139,19 +139,26 @@ class App:
         computing, for the block: a click there lands mid-curve however fast the machine is
         (the browser's message waits in the socket, and the resumed server acts on it at its
         next yield). A demo curve ends 1-2 s after its first points and a busy browser can lag
-        the server by more, so the server runs in 30 ms steps, each followed by a pause in
-        which the browser draws what it was sent. Yields the points then on the page."""
+        the server by more, so from the page's first run the server runs in short steps, each
+        followed by a pause in which the browser draws what it was sent: the server is never
+        more than a step ahead of the page. Yields the points then on the page, read once the
+        paused page has stopped changing."""
         pid = self.server.process.pid
-        self.page.get_by_role("button", name="Stop the curve").wait_for(timeout=120_000)
-        deadline = time.monotonic() + 120
+        stop_button = self.page.get_by_role("button", name="Stop the curve")
+        deadline = time.monotonic() + 180
         os.kill(pid, signal.SIGSTOP)
         try:
-            while not any(points := self.page.evaluate(RANKED_POINTS)):
-                assert time.monotonic() < deadline, "no curve points within 2 minutes"
+            while not (stop_button.count() and any(self.page.evaluate(RANKED_POINTS))):
+                assert time.monotonic() < deadline, "no curve points within 3 minutes"
                 os.kill(pid, signal.SIGCONT)
-                time.sleep(0.03)
+                time.sleep(0.03 if stop_button.count() else 0.1)
                 os.kill(pid, signal.SIGSTOP)
                 self.page.wait_for_timeout(250)
+            points, settled = None, self.page.evaluate(RANKED_POINTS)
+            while settled != points:
+                points = settled
+                self.page.wait_for_timeout(250)
+                settled = self.page.evaluate(RANKED_POINTS)
             yield points
         finally:
             os.kill(pid, signal.SIGCONT)
