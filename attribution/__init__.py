@@ -5,11 +5,13 @@
     at.neuron_scores(model, "fc2", inputs, targets, method="gradient")        # [N, n_neurons]
     at.cluster_scores(model, "fc2", inputs, targets, clusters, reduce="mean_abs")
     at.prune(model, "fc2", scores, k=8, inputs=inputs)                        # a pruned copy
+    at.probe(model, "fc2", inputs, clusters).accuracy     # do the neurons encode the clusters?
 """
 from .errors import AttributionError
 from .engine.layers import LayerInfo, list_layers
 from .methods.registry import METHODS, methods_for
 from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores, reduce_scores
+from .methods.probe import Probe, probe
 from .analyses.pruning import cluster_pruning_curves, curve_summary, model_metric, pruning_curve
 from .analyses.prune import prune, save_pt2
 from .analyses.oracle import oracle_agreement
@@ -27,7 +29,7 @@ from .analyses import distributed
 
 __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
-    "list_layers", "neuron_scores", "reduce_scores",
+    "list_layers", "neuron_scores", "reduce_scores", "Probe", "probe",
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "model_metric", "prune",
     "save_pt2", "oracle_agreement",
     "Finding", "diagnose",

@@ -127,6 +127,10 @@ def _data_arguments(group, kmeans_flag: str) -> None:
                                            "default")
     group.add_argument("--cluster-key", help="cluster key or column ('' for none); detected "
                                              "by default")
+    group.add_argument("--image-shape", type=_image_shape, metavar="HxW",
+                       help="draw each sample as an image of this shape in the report, e.g. "
+                            "8x8 for a table of 64 pixels (or CxHxW); default: a .npz/.pt's "
+                            "own image_shape array")
     group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
                        help="most samples loaded into memory (default %(default)s); larger "
                             "data: save the inputs as .npy")
@@ -315,6 +319,7 @@ class Problem:
         labels: LongTensor [N] or None.
         provided_clusters: cluster ids [N] from the data, or None.
         class_names: one per class, or None.
+        image_shape: how a sample is drawn as an image (`Dataset.image_shape`), or None.
     """
 
     model: LoadedModel
@@ -322,6 +327,7 @@ class Problem:
     labels: Optional[torch.Tensor]
     provided_clusters: Optional[np.ndarray]
     class_names: Optional[tuple[str, ...]]
+    image_shape: Optional[tuple[int, ...]] = None
 
     @property
     def n_samples(self) -> int:
@@ -330,6 +336,13 @@ class Problem:
     @property
     def streamed(self) -> bool:
         return isinstance(self.inputs, NpyRows)
+
+
+def _image_shape(text: str) -> tuple[int, ...]:
+    try:
+        return data_module.parse_image_shape(text)
+    except AttributionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _output_key(text: str):
@@ -378,9 +391,10 @@ def load_problem(args) -> Problem:
     dataset = data_module.load_data(args.data, features=features, label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=_file_size(args.data),
                                     max_rows=args.max_rows, tokenizer=model.tokenizer,
-                                    limits=limits_from(args))
+                                    limits=limits_from(args), image_shape=args.image_shape)
     dataset = data_module.check_data(dataset, model)
-    return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names)
+    return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names,
+                   dataset.image_shape)
 
 
 def _streamed_problem(args, model: LoadedModel) -> Problem:
@@ -409,7 +423,7 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
                                    f"id per sample, shape [{n}]; it has shape "
                                    f"{list(clusters.shape)} and dtype {clusters.dtype}.")
         data_module.check_clusters(clusters)
-    return Problem(model, rows, labels, clusters, model.class_names)
+    return Problem(model, rows, labels, clusters, model.class_names, args.image_shape)
 
 
 def _small_npy(path: Path, what: str, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
@@ -637,6 +651,7 @@ def run_score(args) -> int:
                 problem.model.module, args.layer, problem.inputs, targets, clusters, method,
                 batch_size=args.batch_size, n_steps=args.n_steps, progress=bar,
                 seed=args.seed, per_sample=per_sample)
+        _say_fit(args, method, statistics.layer)
         parts.append(tidy_scores(statistics.frame(args.reduce), method))
     if _is_writer():
         write_table(pd.concat(parts, ignore_index=True), args.out)
@@ -666,7 +681,15 @@ def _ranking(args, problem: Problem, targets) -> tuple[np.ndarray, object, pd.Da
                                            targets, clusters, args.method, reduce=args.reduce,
                                            batch_size=args.batch_size, n_steps=args.n_steps,
                                            progress=bar, seed=args.seed)
+    _say_fit(args, args.method, table.attrs)
     return clusters, focus, table.loc[[focus]]
+
+
+def _say_fit(args, method: str, about: dict) -> None:
+    """Print what a method fitted to the clusters says of its fit (a probe's held-out
+    accuracy) on stderr, beside the scores it ranks by."""
+    if "method_note" in about and not args.quiet and _is_writer():
+        print(f"{method}: {about['method_note']}", file=sys.stderr)
 
 
 def _curve_targets(args, problem: Problem):
@@ -856,7 +879,7 @@ def in_memory(problem: Problem, args) -> data_module.Dataset:
                                    f"{args.max_rows}); score a sample of it, or raise --max-rows.")
         inputs = torch.from_numpy(np.concatenate(list(inputs)))
     return data_module.Dataset(inputs, problem.labels, problem.provided_clusters,
-                               class_names=problem.class_names)
+                               class_names=problem.class_names, image_shape=problem.image_shape)
 
 
 # ---------------------------------------------------------------------------- entry point

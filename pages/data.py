@@ -1,5 +1,7 @@
 """Model & data page: upload a model and data, see what was loaded (architecture, classes,
 accuracy, cluster sizes), and download sample files that show the accepted layouts."""
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -38,13 +40,26 @@ model_file = columns[0].file_uploader("Model file", type=MODEL_TYPES, key="model
 architecture_file = columns[1].file_uploader("Architecture (state dicts only)",
                                              type=ARCHITECTURE_TYPES, key="architecture_file")
 data_file = columns[2].file_uploader("Data file", type=DATA_TYPES, key="data_file")
+in_use = st.session_state.get("upload")
+if "image_shape" not in st.session_state:  # a widget's value is dropped while off the page
+    st.session_state["image_shape"] = in_use.image_shape if in_use is not None else ""
+image_shape = columns[2].text_input(
+    "Image shape (optional)", key="image_shape", placeholder="e.g. 8x8 or 3x32x32",
+    help="For a table of pixels: draw each sample as an image of this shape (height x "
+         "width, or channels x height x width). A .npz or .pt may say it itself, in an "
+         "image_shape array.").strip()
 
+upload = None
 if model_file is not None and data_file is not None:
     upload = Upload(
         model_file.name, model_file.getvalue(),
         architecture_file.name if architecture_file is not None else None,
         architecture_file.getvalue() if architecture_file is not None else None,
-        data_file.name, data_file.getvalue())
+        data_file.name, data_file.getvalue(), image_shape)
+elif model_file is None and data_file is None and in_use is not None \
+        and image_shape != in_use.image_shape:  # the files in use, drawn another way
+    upload = replace(in_use, image_shape=image_shape)
+if upload is not None:
     attempt = st.session_state.get("upload_attempt")
     if attempt is None or attempt[0] != upload.key:
         try:
@@ -76,6 +91,10 @@ if ctx is not None:
         st.info(f"The data's samples of shape {list(ctx.ws.data.reshaped_from)} (e.g. a CSV's "
                 "feature columns) were reshaped, in row-major order, to the model's input "
                 f"shape {list(ctx.ws.data.inputs.shape[1:])}.", icon=":material/transform:")
+    if ctx.ws.data.image_shape is not None:
+        st.info("Each sample is drawn as an image of "
+                f"{' × '.join(map(str, ctx.ws.data.image_shape))} (the data's image shape).",
+                icon=":material/image:")
     left, right = st.columns([3, 2], gap="medium")
     with left:
         st.markdown("**Layers that can be scored**")

@@ -9,7 +9,8 @@ import streamlit as st
 
 import attribution as at
 from attribution.progress import TimeLeft
-from attribution.presentation.report import assemble, model_facts, render_report, report_csvs
+from attribution.presentation.report import (assemble, image_examples, model_facts, render_report,
+                                            report_csvs)
 from pages.shared.context import context
 from pages.shared.draw import guarded
 from pages.shared.routing import require_entrypoint
@@ -66,7 +67,11 @@ if st.button("Build report", type="primary", icon=":material/description:"):
             s, title=f"Neuron importance: {ctx.ws.title}, layer {s.layer}",
             facts=model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions()),
             layers=ctx.ws.layers, per_sample=per_sample, clusters=ctx.clusters, curves=curves,
-            findings=findings, oracle=oracle, class_names=ctx.ws.class_names)
+            findings=findings, oracle=oracle, class_names=ctx.ws.class_names,
+            method_notes={m: fit[0] for m in s.methods if (fit := ctx.fit_note(m))},
+            examples_of=lambda neuron: image_examples(
+                ctx.ws.model, s.layer, ctx.ws.data, per_sample[s.method],
+                ctx.scores("activation"), ctx.focus, neuron))
         archive = io.BytesIO()
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
             for name, text in report_csvs(content).items():

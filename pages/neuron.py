@@ -24,11 +24,13 @@ focus_label = ctx.cluster_label(s.cluster)
 
 @st.cache_data(max_entries=32, show_spinner="Opening the neuron…")
 def view_of(key: tuple, neuron: int, _model, layer: str, _inputs, _targets, _scores,
-            _activations, _focus, _labels, method: str, _tokens, batch_size: int, _progress):
+            _activations, _focus, _labels, method: str, _tokens, image_shape, batch_size: int,
+            _progress):
     with _progress:  # entered in the cached call: a cache hit replays no line
         return neuron_view(_model, layer, _inputs, _targets, _scores, _activations, _focus,
                            neuron, labels=_labels, n_examples=EXAMPLES, method=method,
-                           tokens=_tokens, batch_size=batch_size, progress=_progress)
+                           tokens=_tokens, image_shape=image_shape, batch_size=batch_size,
+                           progress=_progress)
 
 
 def keep_choice() -> None:
@@ -65,7 +67,7 @@ labels = ctx.ws.data.labels
 view = guarded(lambda: view_of(
     (ctx.ws.key, s.layer, s.method, ctx.target_key, ctx.cluster_key), neuron, ctx.ws.model,
     s.layer, ctx.ws.data.inputs, ctx.targets, scores, activations, ctx.focus, labels,
-    s.method, ctx.ws.data.tokens, s.batch_size,
+    s.method, ctx.ws.data.tokens, ctx.ws.data.image_shape, s.batch_size,
     ProgressLine(f"Opening neuron {neuron} (removing it from every sample)")))
 if view is None:
     st.stop()

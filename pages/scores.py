@@ -64,6 +64,12 @@ chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
 st.caption(f"Each cell is the cluster's {plots.REDUCTION_LABELS[s.reduce]} score for one neuron. "
            f"{plots.colour_legend(tidy['score'], s.reduce)} The framed row is the cluster in "
            "focus (sidebar). Click a cell or a bar to open that neuron.")
+for method in s.methods:
+    fit = ctx.fit_note(method)
+    if fit is not None:
+        note, usable = fit
+        (st.info if usable else st.warning)(f"{plots.method_label(method)}: {note}",
+                                            icon=":material/model_training:")
 
 summaries = pd.concat([plots.neuron_summary(per_sample[m][ctx.focus], s.reduce, m)
                        for m in s.methods], ignore_index=True)

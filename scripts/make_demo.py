@@ -113,13 +113,16 @@ def write_readme(out: Path, accuracies: dict[str, float]) -> None:
         "",
         "- `.npz` / `.pt`: `inputs` `[N, ...]` (any shape the model takes: `[N, F]` tables, "
         "`[N, C, H, W]` images), optional `labels` `[N]` (class ids), `clusters` `[N]` (ids or "
-        "names), `cluster_names`, `feature_names`, `class_names`. A `.pt` may also hold a "
+        "names), `cluster_names`, `feature_names`, `class_names`, `image_shape` (`[H, W]` or "
+        "`[C, H, W]`: a table of pixels is drawn as images). A `.pt` may also hold a "
         "tensor of inputs or an `(inputs, labels)` tuple; it is read with "
         "`weights_only=True`.",
         "- `.npy`: the inputs array alone.",
         "- `.csv` / `.parquet`: one row per sample with a header; a `label` column, an "
         "optional `cluster` column, every other column a numeric feature (see "
-        "`digits_sample.csv`). Flattened images work when the count matches the model's input.",
+        "`digits_sample.csv`). Flattened images work when the count matches the model's "
+        "input; `image_shape=\"8x8\"` (`--image-shape 8x8`, or the dashboard's Image shape box) "
+        "draws them as images.",
     ]
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
@@ -142,7 +145,7 @@ def main(out: Path) -> dict[str, float]:
     parity = np.where(test_y.numpy() % 2 == 0, "even", "odd")
     np.savez_compressed(out / "digits.npz", inputs=test_x.numpy(), labels=test_y.numpy(),
                         clusters=parity, feature_names=[f"pixel_{i}" for i in range(64)],
-                        class_names=list(DIGIT_NAMES))
+                        class_names=list(DIGIT_NAMES), image_shape=np.array([8, 8]))
     torch.save(mlp.state_dict(), out / "digits_mlp_state_dict.pt")
     (out / "digits_mlp_architecture.json").write_text(
         json.dumps(parse_architecture(MLP_ARCHITECTURE).to_dict(), indent=2) + "\n")

@@ -171,7 +171,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         inputs: [N, ...] tensor or array, or an iterable of batches (held in memory here).
         targets: LongTensor [N], None (the predicted class) or "labels" (y of (x, y) batches).
         method: the scoring method under test (one of `METHODS`).
-        clusters: 1-D array of cluster ids [N]; None = all samples form one cluster.
+        clusters: 1-D array of cluster ids [N]; None = all samples form one cluster. A
+            method fitted to the clusters (`probe`) needs them, and is fitted on all samples.
         cluster: check only this cluster; None = check every cluster, report the worst.
         reduce: how per-sample scores become the cluster score ("mean", "mean_abs", "std").
         user_scores: optional scores from one's own code for the same method and samples
@@ -194,6 +195,11 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     x, targets = _materialise(model, inputs, targets, batch_size)
     names, codes = _analysed(clusters, cluster, x.shape[0])
     sample_ids = np.flatnonzero(codes >= 0)  # the analysed samples' positions in the inputs
+    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
+    fitted_scores = None  # a method fitted to the clusters is fitted on every sample's
+    if REGISTRY[method].fit is not None:
+        fitted_scores = neuron_scores(model, layer, x, targets, method, clusters=clusters,
+                                      **options).numpy()[sample_ids]
     if cluster is not None:
         keep = torch.from_numpy(codes >= 0)
         if isinstance(user_scores, torch.Tensor):
@@ -208,10 +214,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         if progress is not None:
             progress(fraction, list(findings))
 
-    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
-    scores = neuron_scores(model, layer, x, targets, method,  # from the first batch on
-                           progress=lambda fraction: report(0.2 * fraction, []),
-                           **options).numpy()
+    scores = fitted_scores if fitted_scores is not None else neuron_scores(
+        model, layer, x, targets, method,  # from the first batch on
+        progress=lambda fraction: report(0.2 * fraction, []), **options).numpy()
     logits = _logits(model, x, batch_size)
     report(0.2, [])
     if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):

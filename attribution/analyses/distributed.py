@@ -35,7 +35,8 @@ from ..methods.passes import on_device, resolve_device
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
 from ..methods.scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
-                              find_cluster, cluster_statistics as shard_statistics, n_samples)
+                              find_cluster, cluster_statistics as shard_statistics, fit_method,
+                              n_samples)
 from ..engine.runners import LAYER_KEYS
 
 
@@ -222,13 +223,16 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
     statistics, error = None, None
     try:
         model = on_device(model, device)
+        # a method fitted to clusters is fitted once on all the data (every rank alike)
+        fitted = fit_method(method, model, layer, inputs, codes, ids, batch_size=batch_size,
+                            seed=seed)
         with _PerSampleWriter(part_path) as write:
             for shard in shards(inputs, rank, size):
                 part = shard_statistics(
                     model, layer, shard.inputs, _targets_of(targets, shard),
                     codes[shard.rows()], ids, method, batch_size=batch_size, n_steps=n_steps,
                     progress=progress, seed=seed, first_index=shard.first_index,
-                    on_batch=write)
+                    on_batch=write, fitted=fitted)
                 statistics = part if statistics is None else ClusterStatistics(
                     ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())),
                     part.layer)

@@ -61,12 +61,13 @@ class NeuronView:
     examples: pd.DataFrame
 
 
-def input_kind(inputs: torch.Tensor) -> str:
-    """"image" for [N, C, H, W] with 1, 3 or 4 channels, "tokens" for integer ids, "table"
-    for [N, F] features, else "other"."""
+def input_kind(inputs: torch.Tensor, image_shape: Optional[tuple[int, ...]] = None) -> str:
+    """"image" for [N, C, H, W] with 1, 3 or 4 channels or data that declares an
+    `image_shape` (a table of pixels), "tokens" for integer ids, "table" for [N, F]
+    features, else "other"."""
     if not inputs.is_floating_point():
         return "tokens"
-    if inputs.dim() == 4 and inputs.shape[1] in (1, 3, 4):
+    if image_shape is not None or (inputs.dim() == 4 and inputs.shape[1] in (1, 3, 4)):
         return "image"
     if inputs.dim() == 2:
         return "table"
@@ -91,6 +92,7 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
                 scores: np.ndarray, activations: np.ndarray, in_cluster: np.ndarray,
                 neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
                 method: Optional[str] = None, tokens: Optional[np.ndarray] = None,
+                image_shape: Optional[tuple[int, ...]] = None,
                 batch_size: int = DEFAULT_BATCH_SIZE, progress: Progress = None) -> NeuronView:
     """Everything the neuron view draws for `neuron` of `layer`.
 
@@ -107,6 +109,8 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
         n_examples: samples shown on each side (most, least).
         method: the method of `scores`, for per-token scores of token ids (None: none).
         tokens: str [N, T], the token text at each position, or None (ids are shown).
+        image_shape: each sample drawn as an image of this shape, (H, W) or (C, H, W)
+            (`Dataset.image_shape`: a table of pixels), or None.
         progress: called with the fraction done after each batch of the removal pass, and
             with 1.0 when the view is complete.
     Returns:
@@ -130,14 +134,14 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
                             "activation": activations[:, neuron], "in_cluster": in_cluster})
     removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size,
                        None if progress is None else lambda f: progress(REMOVAL_SHARE * f))
-    examples = _examples(model, name, inputs, samples, labels, neuron, n_examples)
-    examples["tokens"], examples["token_scores"] = None, None
-    if input_kind(inputs) == "tokens" and method in TOKEN_METHODS \
-            and examples["positions"].notna().all():
+    examples = neuron_examples(model, name, inputs, samples, neuron, labels=labels,
+                               n_examples=n_examples, image_shape=image_shape)
+    kind = input_kind(inputs, image_shape)
+    if kind == "tokens" and method in TOKEN_METHODS and examples["positions"].notna().all():
         _add_token_scores(examples, model, name, inputs, targets, neuron, method, tokens)
     if progress is not None:
         progress(1.0)
-    return NeuronView(name, neuron, input_kind(inputs), samples, removal, examples)
+    return NeuronView(name, neuron, kind, samples, removal, examples)
 
 
 def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Tensor,
@@ -185,6 +189,25 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
             rows.append({"subset": subset, "metric": metric, "intact": before,
                          "removed": after, "change": after - before})
     return pd.DataFrame(rows)
+
+
+def neuron_examples(model: nn.Module, layer, inputs: torch.Tensor, samples: pd.DataFrame,
+                    neuron: int, *, labels: Optional[torch.Tensor] = None, n_examples: int = 8,
+                    image_shape: Optional[tuple[int, ...]] = None) -> pd.DataFrame:
+    """The samples that activate `neuron` most and least: `NeuronView.examples`.
+
+    Args:
+        samples: one row per sample with its "activation", "score" and "in_cluster".
+        image_shape: draw each input as an image of this shape, (H, W) or (C, H, W); None:
+            the input as it is.
+    """
+    name, _ = resolve_layer(model, layer)
+    examples = _examples(model, name, inputs, samples, labels, neuron, n_examples)
+    if image_shape is not None:
+        chw = tuple(image_shape) if len(image_shape) == 3 else (1, *image_shape)
+        examples["input"] = [np.asarray(value).reshape(chw) for value in examples["input"]]
+    examples["tokens"], examples["token_scores"] = None, None
+    return examples
 
 
 def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,

@@ -24,10 +24,10 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
-from ..methods.registry import METHODS, methods_for
+from ..methods.registry import METHODS, REGISTRY, methods_for
 from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
-                              n_samples)
+                              find_cluster, n_samples)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
 
@@ -38,7 +38,7 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
 
 def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
-                     methods: Sequence[str] = METHODS, clusters=None, *,
+                     methods: Sequence[str] = METHODS, clusters=None, *, cluster=None,
                      reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
                      batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
                      seed: int = DEFAULT_SEED, progress: TableProgress = None,
@@ -57,6 +57,9 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             (deeplift where a ReLU module runs twice): `attrs["refused"]` says why. A method
             named in a list of your own that refuses raises its AttributionError.
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
+        cluster: compare on this cluster alone (one row per method), scoring its samples
+            only; a method fitted to the clusters (`probe`) is fitted on every sample's.
+            None: every cluster. Needs inputs held in memory.
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
         top_k: k of the top-k overlap; None = 10% of the neurons, at least 1.
@@ -86,7 +89,13 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             raise AttributionError("With iterable inputs pass clusters (one id per sample), "
                                    "e.g. np.zeros(N) for a single cluster.")
         clusters = np.full(total, "all", dtype=object)
-    cluster_codes(clusters, n_samples(inputs))  # fail early on bad clusters
+    ids = cluster_codes(clusters, n_samples(inputs))[1]  # fail early on bad clusters
+    every_sample = (inputs, targets, clusters)
+    if cluster is not None:
+        cluster = find_cluster(cluster, ids)
+        rows = torch.from_numpy(np.flatnonzero(np.asarray(clusters) == cluster))
+        inputs, clusters = model_io.take(inputs, rows), np.asarray(clusters)[rows.numpy()]
+        targets = targets[rows] if isinstance(targets, torch.Tensor) else targets
 
     steps = [("ablation", "mean")] + [(method, reduce) for method in methods
                                       if (method, reduce) != ("ablation", "mean")]
@@ -98,10 +107,14 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             if progress is not None:
                 progress((index + fraction) / len(steps), _ordered(rows, methods))
 
+        fitted_here = cluster is not None and REGISTRY[method].fit is not None
         try:
-            table = cluster_scores(model, layer, inputs, targets, clusters, method,
+            table = cluster_scores(model, layer, *(every_sample if fitted_here else
+                                                   (inputs, targets, clusters)), method,
                                    reduce=how, batch_size=batch_size, n_steps=n_steps,
                                    seed=seed, progress=report, device=device)
+            if fitted_here:
+                table = table.loc[[cluster]]
         except AttributionError as error:
             if not every or oracle is None:
                 raise
@@ -116,11 +129,11 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                                        "neurons).")
         if how != reduce or method not in methods:
             continue
-        for cluster in oracle.index:
-            rows.append({"cluster": cluster, "method": method,
-                         "n": int(oracle.loc[cluster, "n"]),
-                         **agreement(table.loc[cluster, neurons].to_numpy(np.float64),
-                                     oracle.loc[cluster, neurons].to_numpy(np.float64), k)})
+        for group in oracle.index:
+            rows.append({"cluster": group, "method": method,
+                         "n": int(oracle.loc[group, "n"]),
+                         **agreement(table.loc[group, neurons].to_numpy(np.float64),
+                                     oracle.loc[group, neurons].to_numpy(np.float64), k)})
     table = _ordered(rows, methods)
     table.attrs.update({key: oracle.attrs[key] for key in LAYER_KEYS}, refused=refused)
     if progress is not None:

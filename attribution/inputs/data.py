@@ -75,6 +75,10 @@ class Dataset:
             padding), for display; or None.
         reshaped_from: the per-sample shape the data had before `check_data` reshaped it to
             the model's input (e.g. (64,) for a CSV of 64 pixels), or None.
+        image_shape: how each sample's values are drawn as an image, (H, W) or (C, H, W)
+            with C in 1, 3, 4 (e.g. (8, 8) for a table of 64 pixels), or None: a table is
+            drawn as a table. Its values must be the sample's. `image_chw` gives it as
+            (C, H, W).
     """
 
     inputs: Union[torch.Tensor, NamedInputs]
@@ -84,6 +88,7 @@ class Dataset:
     class_names: Optional[tuple[str, ...]] = None
     tokens: Optional[np.ndarray] = None
     reshaped_from: Optional[tuple[int, ...]] = None
+    image_shape: Optional[tuple[int, ...]] = None
 
     def __post_init__(self):
         if isinstance(self.inputs, (Mapping, NamedInputs)):
@@ -106,13 +111,27 @@ class Dataset:
                                    f"of shape {list(inputs.shape)}; give one per column.")
         class_names = None if self.class_names is None else tuple(
             str(name) for name in self.class_names)
+        image_shape = None if self.image_shape is None else _as_image_shape(
+            self.image_shape, inputs)
         for field, value in (("inputs", inputs), ("labels", labels), ("clusters", clusters),
                              ("feature_names", feature_names), ("class_names", class_names),
-                             ("tokens", tokens)):
+                             ("tokens", tokens), ("image_shape", image_shape)):
             object.__setattr__(self, field, value)
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
+
+    @property
+    def image_chw(self) -> Optional[tuple[int, int, int]]:
+        """The shape each sample is drawn in as an image, (C, H, W): `image_shape`, else the
+        inputs' own [N, C, H, W] with 1, 3 or 4 channels; None for data that is no image."""
+        if self.image_shape is not None:
+            return self.image_shape if len(self.image_shape) == 3 else (1, *self.image_shape)
+        shape = tuple(self.inputs.shape[1:])
+        if isinstance(self.inputs, torch.Tensor) and self.inputs.is_floating_point() \
+                and len(shape) == 3 and shape[0] in IMAGE_CHANNELS:
+            return shape
+        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +196,40 @@ def _as_inputs(value: Any, keep_integers: bool = False) -> torch.Tensor:
                                f"least one value each; got {list(array.shape)}. For a single "
                                "feature use shape [N, 1].")
     return array if array.dtype == torch.int64 else array.to(torch.float32)
+
+
+IMAGE_CHANNELS = (1, 3, 4)
+"""Channels of an image: grey, RGB, RGBA."""
+
+
+def parse_image_shape(text: str) -> tuple[int, ...]:
+    """"8x8" or "3x32x32" (also "8,8") -> (8, 8) / (3, 32, 32), as the command line and the
+    dashboard take an image shape."""
+    parts = [part.strip() for part in str(text).lower().replace(",", "x").split("x")]
+    if not all(part.isdigit() for part in parts):
+        raise AttributionError(f"Image shape {text!r}: write it as HxW or CxHxW, e.g. 8x8 "
+                               "or 3x32x32.")
+    return tuple(int(part) for part in parts)
+
+
+def _as_image_shape(value: Any, inputs) -> tuple[int, ...]:
+    """`value` as a checked (H, W) or (C, H, W) whose values are each sample's."""
+    if isinstance(value, str):
+        value = parse_image_shape(value)
+    shape = tuple(int(v) for v in np.asarray(value).ravel())
+    if len(shape) not in (2, 3) or min(shape) < 1 or \
+            (len(shape) == 3 and shape[0] not in IMAGE_CHANNELS):
+        raise AttributionError(f"image_shape {list(shape)}: give (height, width) or (channels, "
+                               "height, width) with 1, 3 or 4 channels.")
+    if isinstance(inputs, NamedInputs) or not inputs.is_floating_point():
+        raise AttributionError("image_shape describes a table or array of pixel values; "
+                               "these inputs are named inputs or integer ids.")
+    values = math.prod(inputs.shape[1:])
+    if math.prod(shape) != values:
+        raise AttributionError(
+            f"image_shape {'x'.join(map(str, shape))} holds {math.prod(shape)} values, but "
+            f"each sample has {values} (shape {list(inputs.shape[1:])}).")
+    return shape
 
 
 def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) -> None:
@@ -254,7 +307,8 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
 def load_data(source: Source, *, features: Union[str, Sequence[str], None] = None,
               label: Optional[str] = None, cluster: Optional[str] = None,
               max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
-              limits: Optional[Limits] = None, tokenizer: Any = None) -> Dataset:
+              limits: Optional[Limits] = None, tokenizer: Any = None,
+              image_shape: Union[str, Sequence[int], None] = None) -> Dataset:
     """Load samples from a path or bytes; the format is detected from the content.
 
     Args:
@@ -273,6 +327,8 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
         tokenizer: a text model's `LoadedModel.tokenizer`: a .csv/.parquet text column
             (`features`, else the one text column) becomes input_ids and attention_mask,
             with the tokens kept (`Dataset.tokens`).
+        image_shape: draw each sample as an image of this shape, (H, W) or (C, H, W) or
+            "8x8" (a table of pixels); replaces an `image_shape` array of a .npz/.pt.
     Returns:
         Dataset.
     """
@@ -280,9 +336,10 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     limit = MAX_ROWS if max_rows is None else max_rows
     limits = limits or DEFAULT_LIMITS
     try:
-        return _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
+        dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
+    return dataset if image_shape is None else replace(dataset, image_shape=image_shape)
 
 
 def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
@@ -413,6 +470,8 @@ def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: 
 
 
 def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dataset:
+    arrays = dict(arrays)
+    image_shape = arrays.pop("image_shape", None)
     named = _named_input_keys(arrays, features)
     inputs_key = None if named else _pick(arrays, features, _INPUT_KEYS, "inputs array",
                                           required=len(arrays) != 1)
@@ -435,7 +494,7 @@ def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dat
     return Dataset(inputs={key: arrays[key] for key in named} if named else arrays[inputs_key],
                    labels=arrays[label_key] if label_key else None, clusters=clusters,
                    feature_names=names_of("feature_names"), class_names=names_of("class_names"),
-                   tokens=arrays.get("tokens"))
+                   tokens=arrays.get("tokens"), image_shape=image_shape)
 
 
 def _named_input_keys(arrays: dict, features) -> list[str]:

@@ -180,7 +180,8 @@ DEMO_FILES = (
     DemoFile("digits_mlp.pt2", "torch.export program of the digits MLP (fc1 32, fc2 16 "
              "units), class names stored in the archive", "digits_mlp"),
     DemoFile("digits.npz", "held-out digits: inputs [N, 64] float32 in [0, 1], labels [N], "
-             "clusters [N] (\"even\"/\"odd\"), feature_names, class_names", "digits_mlp"),
+             "clusters [N] (\"even\"/\"odd\"), feature_names, class_names, image_shape [8, 8] "
+             "(the 64 pixels are drawn as 8 x 8 images)", "digits_mlp"),
     DemoFile("digits_cnn.pt2", "torch.export program of the digits CNN (conv1 8, conv2 16 "
              "channels, fc1 32 units)", "digits_cnn"),
     DemoFile("digits_images.npz", "the same held-out digits as images: inputs [N, 1, 8, 8], "

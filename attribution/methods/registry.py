@@ -16,7 +16,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ class Batch:
         start: index of the batch's first sample in the whole dataset.
         seed: seed for the `random` method.
         max_rows: rows per stacked pass when variants are batched.
+        codes: for a method fitted to clusters (`Method.fit`), the cluster index of each
+            sample [B] (int64, on the CPU) among the ids it was fitted to; else None.
+        fitted: what that method's `fit` returned; else None.
     """
 
     runner: LayerRunner
@@ -51,9 +54,15 @@ class Batch:
     start: int
     seed: int
     max_rows: int
+    codes: Optional[torch.Tensor] = None
+    fitted: Any = None
 
 
 ScoringFunction = Callable[[Batch], torch.Tensor]
+FitFunction = Callable[..., Any]
+"""fit(model, layer, inputs, codes [N], ids, *, batch_size, seed, device) -> an object with a
+`note` (one sentence on how well the fit went) and `usable` (False: the fit failed, so its
+scores rank nothing), passed to every batch as `Batch.fitted`."""
 
 
 TokenValue = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
@@ -90,6 +99,10 @@ class Method:
         module_kinds: the kinds of module its rules cover: a model with a leaf module of
             another kind is refused (as Captum's LRP refuses it); None: any model
             (`methods_for` with a model, `uncovered_modules`).
+        fit: for a method fitted to a partition of the samples into clusters (a probe), the
+            pre-pass over all the data that fits it (`FitFunction`); every entry point then
+            needs the clusters, and a sample's score depends on its cluster. None: a
+            sample's score depends on that sample alone.
     """
 
     name: str
@@ -105,6 +118,7 @@ class Method:
     score_line: Optional[str] = None
     layer_kinds: Optional[tuple[str, ...]] = None
     module_kinds: Optional[tuple[str, ...]] = None
+    fit: Optional[FitFunction] = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -122,7 +136,7 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
              needs_float_inputs: bool = False, uses_gradients: bool = False,
              token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
              score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None,
-             module_kinds: Optional[Sequence[str]] = None
+             module_kinds: Optional[Sequence[str]] = None, fit: Optional[FitFunction] = None
              ) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`, with the facts of `Method`;
     `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
@@ -137,7 +151,7 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
             uses_gradients=uses_gradients, token_value=token_value,
             logit_effect=logit_effect, score_line=score_line,
             layer_kinds=None if layer_kinds is None else tuple(layer_kinds),
-            module_kinds=None if module_kinds is None else tuple(module_kinds))
+            module_kinds=None if module_kinds is None else tuple(module_kinds), fit=fit)
         return function
     return add
 

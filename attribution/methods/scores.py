@@ -43,8 +43,9 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
                   seed: int = DEFAULT_SEED, device=None, first_index: int = 0,
-                  about_layer: Optional[dict] = None, on_host: bool = True
-                  ) -> Iterator[tuple[int, torch.Tensor]]:
+                  about_layer: Optional[dict] = None, on_host: bool = True,
+                  codes: Optional[np.ndarray] = None, ids: Optional[pd.Index] = None,
+                  fitted=None) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (start index, scores) per batch: float32 scores [B, n] (or [B, n_classes, n] for
     "all"), on the CPU, or where they were computed when `on_host` is False (a GPU then
     copies nothing back, nor waits, per batch).
@@ -53,12 +54,23 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     while the generator runs and restored when it finishes or is closed. `device` as in
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
-    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis).
+    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis)
+    and, for a method fitted to clusters, its fit's note ("method_note") and whether its
+    scores rank anything ("method_usable").
+
+    A method fitted to clusters (`Method.fit`) needs `codes` (int64 [N], each input's index
+    among the cluster `ids`, as `cluster_codes` gives them) and is fitted here on all the
+    inputs, unless `fitted` (what `fit_method` returned for the same ids) is given.
     """
     check_method(method)
     if batch_size < 1 or n_steps < 1:
         raise AttributionError("batch_size and n_steps must be positive integers.")
     scoring = REGISTRY[method]
+    if scoring.fit is not None and fitted is None:
+        fitted = fit_method(method, model, layer, inputs, codes, ids, batch_size=batch_size,
+                            seed=seed, device=device)
+    if fitted is not None and about_layer is not None:
+        about_layer.update(method_note=fitted.note, method_usable=fitted.usable)
 
     def floating(x) -> None:
         if scoring.needs_float_inputs and not model_io.is_floating(x):
@@ -71,9 +83,12 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         if about_layer is not None and batch.start == 0:
             about_layer.update(layer_attrs(batch.runner))
         per_row = max(1, model_io.row_size(batch.x), batch.runner.layer_size)  # a variant
+        batch_codes = (None if fitted is None else
+                       torch.from_numpy(codes[batch.start:batch.start + batch.rows]))
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
-                                        max(batch.rows, per_pass // per_row)))
+                                        max(batch.rows, per_pass // per_row), batch_codes,
+                                        fitted))
         scores = scores.detach()
         if scores.dtype != torch.float32 or (on_host and scores.device.type != "cpu"):
             scores = scores.to("cpu" if on_host else scores.device, torch.float32)
@@ -86,6 +101,31 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores
+
+
+def fit_method(method: str, model: nn.Module, layer, inputs: Inputs,
+               codes: Optional[np.ndarray], ids: Optional[pd.Index], *,
+               batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED, device=None):
+    """The pre-pass of a method fitted to clusters (`Method.fit`) on all of `inputs`, whose
+    cluster indices are `codes` [N] among `ids`; None for any other method. Refuses missing
+    clusters, and a single cluster (nothing to tell apart)."""
+    check_method(method)
+    fit = REGISTRY[method].fit
+    if fit is None:
+        return None
+    if codes is None:
+        raise AttributionError(
+            f"{method} is fitted to the clusters (it scores the neurons that tell them "
+            "apart), so it needs them: pass clusters= (one id per sample), or --clusters on "
+            "the command line.")
+    if len(ids) < 2:
+        raise AttributionError(
+            f"{method} tells clusters apart, and these samples form one cluster "
+            f"({ids[0]}): it is fitted to a grouping of the samples into two or more "
+            "clusters (the label, the predicted class, k-means; on the command line "
+            "--clusters, and --cluster for the one whose neurons are ranked).")
+    return fit(model, layer, inputs, codes, ids, batch_size=batch_size, seed=seed,
+               device=device)
 
 
 def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[str, object]:
@@ -103,7 +143,8 @@ def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[s
 def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
-                  seed: int = DEFAULT_SEED, device=None) -> torch.Tensor:
+                  seed: int = DEFAULT_SEED, device=None, clusters: Optional[Sequence] = None,
+                  about: Optional[dict] = None) -> torch.Tensor:
     """Per-sample neuron scores for one layer.
 
     Args:
@@ -122,12 +163,21 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         seed: seed of the `random` method.
         device: where to compute ("cpu", "cuda", "cuda:1"); None = where the model is. A model
             elsewhere is copied there for the call, never moved.
+        clusters: one id per sample [N]; needed by a method fitted to clusters (`probe`),
+            whose score of a sample is then its cluster's. Other methods ignore it.
+        about: a dict that receives the layer's neuron axis (`split.layer_attrs`) and a
+            fitted method's note on its fit ("method_note", e.g. a probe's accuracy) and
+            whether its scores rank anything ("method_usable").
     Returns:
         float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all".
     """
+    codes, ids = ((None, None) if clusters is None or REGISTRY.get(method) is None
+                  or REGISTRY[method].fit is None
+                  else cluster_codes(clusters, n_samples(inputs)))
     batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
                             n_steps=n_steps, progress=progress, seed=seed, device=device,
-                            on_host=False)  # a GPU's scores come back once, at the end
+                            on_host=False,  # a GPU's scores come back once, at the end
+                            about_layer=about, codes=codes, ids=ids)
     with contextlib.closing(batches):  # a failure here still restores the model at once
         if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N known at the end
             return torch.cat([scores for _, scores in batches]).cpu()
@@ -234,7 +284,8 @@ class ClusterStatistics:
         ids: the G cluster ids.
         counts: float64 [G], samples seen per cluster.
         sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
-        layer: `split.layer_attrs` of the layer scored, copied to the frame's attrs.
+        layer: `split.layer_attrs` of the layer scored (and a fitted method's
+            "method_note" and "method_usable"), copied to the frame's attrs.
     """
 
     ids: pd.Index
@@ -261,8 +312,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
                        batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
                        progress: Progress = None, seed: int = DEFAULT_SEED, device=None,
                        first_index: int = 0,
-                       on_batch: Optional[Callable[[int, torch.Tensor], object]] = None
-                       ) -> ClusterStatistics:
+                       on_batch: Optional[Callable[[int, torch.Tensor], object]] = None,
+                       fitted=None) -> ClusterStatistics:
     """Stream the scores of `inputs` into per-cluster sums: memory O(clusters x neurons).
 
     Args:
@@ -271,6 +322,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         first_index: dataset index of the first input (see `score_batches`).
         on_batch: called with (start, scores [B, ...]) of every batch, e.g. to write the
             per-sample scores to disk in the same pass.
+        fitted: a method fitted to clusters, already fitted to these ids on all the data
+            (`fit_method`; a shard of it is scored here); None fits it on `inputs`.
         Other arguments as in `neuron_scores`.
     """
     counts = torch.zeros(len(ids), dtype=torch.float64)
@@ -279,7 +332,8 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
     for start, scores in score_batches(model, layer, inputs, targets, method,
                                        batch_size=batch_size, n_steps=n_steps,
                                        progress=progress, seed=seed, device=device,
-                                       first_index=first_index, about_layer=about_layer):
+                                       first_index=first_index, about_layer=about_layer,
+                                       codes=codes, ids=ids, fitted=fitted):
         if start + scores.shape[0] > len(codes):
             raise AttributionError("There are more samples than cluster ids.")
         index = torch.from_numpy(codes[start:start + scores.shape[0]])

@@ -21,7 +21,6 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from plotly.offline import get_plotlyjs
 
 from . import plots
@@ -36,6 +35,7 @@ from ..methods.registry import METHODS
 from ..analyses.oracle import oracle_agreement
 from ..analyses.pruning import curve_summary
 from ..methods.scores import neuron_scores
+from ..analyses.neuron import neuron_examples
 
 
 @dataclass
@@ -57,6 +57,10 @@ class ReportContent:
         histogram: one row per focus-cluster sample, column "score": the signed per-sample
             scores of one neuron, or None.
         histogram_neuron: the neuron the histogram shows.
+        examples: the samples that activate that neuron most and least, drawn as images
+            (`neuron_examples` rows), for data that is images; else None.
+        method_notes: method -> what a method fitted to the clusters says of its fit
+            (a probe's held-out accuracy), shown beside its scores.
         cluster_labels: cluster id -> how charts name it (e.g. 3 -> "3 (three)").
     """
 
@@ -78,6 +82,8 @@ class ReportContent:
     histogram: Optional[pd.DataFrame] = None
     histogram_neuron: Optional[int] = None
     metric: str = "accuracy"
+    examples: Optional[pd.DataFrame] = None
+    method_notes: dict = field(default_factory=dict)
     cluster_labels: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
 
@@ -172,13 +178,17 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
              layers: Sequence[LayerInfo], per_sample: dict[str, np.ndarray],
              clusters: np.ndarray, curves: Optional[pd.DataFrame] = None,
              findings: Sequence = (), oracle: Optional[pd.DataFrame] = None,
-             class_names: Optional[Sequence[str]] = None) -> ReportContent:
+             class_names: Optional[Sequence[str]] = None,
+             examples_of: Optional[Callable[[int], pd.DataFrame]] = None,
+             method_notes: Optional[dict[str, str]] = None) -> ReportContent:
     """A `ReportContent` from results already computed.
 
     Args:
         per_sample: method -> per-sample scores [N, n] for every method in settings.methods.
         clusters: cluster id per sample [N]; settings.cluster must be one of them.
         curves: `cluster_pruning_curves` output, or None.
+        examples_of: neuron -> its `image_examples`, for data that is images; else None.
+        method_notes: method -> the note of a method fitted to the clusters.
     """
     focus = settings.cluster_rows(clusters)
     tidy = pd.concat([plots.tidy_cluster_scores(
@@ -208,7 +218,27 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
         curves=curves, curve_summary=curve_table, curve_sentences=sentences,
         findings=list(findings), oracle=oracle, metric=settings.metric, cluster_labels=labels,
         histogram=pd.DataFrame({"score": per_sample[settings.method][focus, top_neuron]}),
-        histogram_neuron=top_neuron)
+        histogram_neuron=top_neuron,
+        examples=None if examples_of is None else examples_of(top_neuron),
+        method_notes=dict(method_notes or {}))
+
+
+def image_examples(model, layer: str, dataset: Dataset, scores: np.ndarray,
+                   activations: np.ndarray, focus: np.ndarray, neuron: int,
+                   n_examples: int = 8) -> Optional[pd.DataFrame]:
+    """The samples that activate `neuron` most and least, as images (`neuron_examples`),
+    when the data is images (`Dataset.image_chw`); None otherwise.
+
+    Args:
+        scores, activations: per-sample [N, n] of the method in use and of `activation`.
+        focus: bool [N], the cluster in focus.
+    """
+    if dataset.image_chw is None:
+        return None
+    samples = pd.DataFrame({"activation": activations[:, neuron], "score": scores[:, neuron],
+                            "in_cluster": focus})
+    return neuron_examples(model, layer, dataset.inputs, samples, neuron, labels=dataset.labels,
+                           n_examples=n_examples, image_shape=dataset.image_chw)
 
 
 def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
@@ -240,33 +270,44 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                              settings.k, settings.seed, batch_size=settings.batch_size)
     settings = settings.with_cluster_of(clusters)
     targets = settings.targets(dataset, loaded.n_classes)
-    per_sample = {}
+    per_sample, notes = {}, {}
     for index, method in enumerate(settings.methods):
         step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
+        about: dict = {}
         per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
                                            method, batch_size=settings.batch_size,
-                                           seed=settings.seed).numpy()
+                                           seed=settings.seed, clusters=clusters,
+                                           about=about).numpy()
+        if "method_note" in about:
+            notes[method] = about["method_note"]
     focus = settings.cluster_rows(clusters)
     step(0.4, "pruning curves")
     curves = settings.pruning_curves(model, dataset, clusters, targets,
                                      settings.ranking(per_sample[settings.method], clusters))
-    focus_targets = None if targets is None else targets[torch.from_numpy(focus)]
-    focus_inputs = dataset.inputs[torch.from_numpy(focus)]
     step(0.6, "diagnosis")
-    findings = diagnose(model, settings.layer, focus_inputs, focus_targets, settings.method,
-                        reduce=settings.reduce, user_scores=user_scores, seed=settings.seed,
+    findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
+                        clusters, cluster=settings.cluster, reduce=settings.reduce,
+                        user_scores=user_scores, seed=settings.seed,
                         batch_size=settings.batch_size)
     step(0.8, "agreement with ablation")
-    oracle = oracle_agreement(model, settings.layer, focus_inputs, focus_targets,
-                              methods=settings.methods, reduce=settings.reduce,
+    oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
+                              methods=settings.methods, clusters=clusters,
+                              cluster=settings.cluster, reduce=settings.reduce,
                               batch_size=settings.batch_size, seed=settings.seed)
     predicted = predict_classes(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
+    activations = per_sample.get("activation")
+    if dataset.image_chw is not None and activations is None:
+        activations = neuron_scores(model, settings.layer, dataset.inputs, None, "activation",
+                                    batch_size=settings.batch_size).numpy()
     step(1.0, "done")
     return assemble(settings, title=title or f"Neuron importance: layer {settings.layer}",
                     facts=model_facts(loaded, dataset, predicted), layers=layers,
                     per_sample=per_sample, clusters=clusters, curves=curves,
                     findings=findings, oracle=oracle.drop(columns="cluster"),
-                    class_names=dataset.class_names)
+                    class_names=dataset.class_names, method_notes=notes,
+                    examples_of=lambda neuron: image_examples(
+                        model, settings.layer, dataset, per_sample[settings.method],
+                        activations, focus, neuron))
 
 
 def build_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
@@ -352,6 +393,8 @@ def render_report(content: ReportContent) -> str:
         _chart(plots.neuron_bars(summary[summary["method"] == content.method],
                                  method=content.method, reduce=content.reduce)),
     ]
+    parts += [f"<p class='muted'>{_e(plots.method_label(method))}: {_e(note)}</p>"
+              for method, note in content.method_notes.items()]
     if summary["method"].nunique() > 1:
         parts.append(_chart(plots.method_bars(summary, reduce=content.reduce)))
         parts.append(_chart(plots.rank_correlation_heatmap(plots.rank_correlations(summary))))
@@ -372,6 +415,9 @@ def render_report(content: ReportContent) -> str:
     if content.histogram is not None and content.histogram_neuron is not None:
         parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
                                                   neuron=content.histogram_neuron)))
+    if content.examples is not None:
+        parts.append(_chart(plots.example_images(content.examples,
+                                                 neuron=content.histogram_neuron)))
     body = "\n".join(parts)
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"

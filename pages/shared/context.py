@@ -16,6 +16,7 @@ import streamlit as st
 import torch
 
 import attribution as at
+from attribution.methods import REGISTRY
 from attribution.presentation import plots
 from attribution.analyses.settings import AnalysisSettings, cluster_label
 from pages.shared import keys
@@ -24,29 +25,39 @@ from pages.shared.workspace import Workspace, predictions
 
 
 @st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
-def _per_sample(key: str, layer: str, method: str, target_key: str, batch_size: int,
-                _model, _inputs: torch.Tensor, _targets: Optional[torch.Tensor],
-                _progress) -> np.ndarray:
+def _per_sample(key: str, layer: str, method: str, target_key: str, partition_key: str,
+                batch_size: int, _model, _inputs: torch.Tensor,
+                _targets: Optional[torch.Tensor], _clusters: Optional[np.ndarray],
+                _progress) -> tuple[np.ndarray, dict]:
+    """(scores [N, n], what `neuron_scores` said about them: a fitted method's
+    "method_note" and "method_usable"); `_clusters` (with its `partition_key`) only for a
+    method fitted to them."""
+    about: dict = {}
     with _progress:
-        return at.neuron_scores(_model, layer, _inputs, _targets, method,
-                                batch_size=batch_size, progress=_progress).numpy()
+        scores = at.neuron_scores(_model, layer, _inputs, _targets, method,
+                                  batch_size=batch_size, progress=_progress,
+                                  clusters=_clusters, about=about).numpy()
+    return scores, about
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
               reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
-              _user_scores, _progress) -> list:
+              _clusters, cluster, _user_scores, _progress) -> list:
     with _progress:
-        return at.diagnose(_model, layer, _inputs, _targets, method, reduce=reduce,
-                           user_scores=_user_scores, batch_size=batch_size, progress=_progress)
+        return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
+                           cluster=cluster, reduce=reduce, user_scores=_user_scores,
+                           batch_size=batch_size, progress=_progress)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, _model, _inputs, _targets, _progress):
+            reduce: str, batch_size: int, _model, _inputs, _targets, _clusters, cluster,
+            _progress):
     with _progress:
         table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
-                                    reduce=reduce, batch_size=batch_size, progress=_progress)
+                                    clusters=_clusters, cluster=cluster, reduce=reduce,
+                                    batch_size=batch_size, progress=_progress)
     return table.drop(columns="cluster")
 
 
@@ -85,9 +96,22 @@ class Context:
 
     def scores(self, method: str) -> np.ndarray:
         """Per-sample scores [N, n_neurons] of `method` on every sample (cached)."""
+        return self._scored(method)[0]
+
+    def fit_note(self, method: str) -> Optional[tuple[str, bool]]:
+        """(what `method` says of its fit to the clusters, e.g. a probe's accuracy; whether
+        its scores rank anything), or None for a method not fitted to them."""
+        about = self._scored(method)[1]
+        return (about["method_note"], about["method_usable"]) if "method_note" in about \
+            else None
+
+    def _scored(self, method: str) -> tuple[np.ndarray, dict]:
         s = self.settings
-        return _per_sample(self.ws.key, s.layer, method, self.target_key, s.batch_size,
+        fitted = REGISTRY[method].fit is not None
+        return _per_sample(self.ws.key, s.layer, method, self.target_key,
+                           keys.partition_key(s) if fitted else "", s.batch_size,
                            self.ws.model, self.ws.data.inputs, self.targets,
+                           self.clusters if fitted else None,
                            ProgressLine(f"Scoring neurons by {plots.method_label(method)}"))
 
     def focus_targets(self) -> Optional[torch.Tensor]:
@@ -101,8 +125,8 @@ class Context:
         """The degeneracy checks of the cluster in focus (cached)."""
         s = self.settings
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, user_key, self.ws.model, self.focus_inputs(),
-                         self.focus_targets(), user_scores,
+                         s.reduce, s.batch_size, user_key, self.ws.model, self.ws.data.inputs,
+                         self.targets, self.clusters, s.cluster, user_scores,
                          ProgressLine("Running the degeneracy checks"))
 
     def focus_scored_classes(self) -> torch.Tensor:
@@ -122,9 +146,9 @@ class Context:
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
-                       s.reduce, s.batch_size, self.ws.model, self.focus_inputs(),
-                       self.focus_targets(), ProgressLine("Comparing every method with exact "
-                                                          "ablation"))
+                       s.reduce, s.batch_size, self.ws.model, self.ws.data.inputs,
+                       self.targets, self.clusters, s.cluster,
+                       ProgressLine("Comparing every method with exact ablation"))
 
     def predictions(self) -> np.ndarray:
         return predictions(self.ws)

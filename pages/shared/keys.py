@@ -30,9 +30,11 @@ def upload_model_key(model: bytes, architecture: Optional[bytes]) -> str:
     return "model:" + digest(model, architecture)
 
 
-def upload_key(model: bytes, architecture: Optional[bytes], data: bytes) -> str:
-    """The workspace key of an upload: the model's files and the data file."""
-    return "upload:" + digest(model, architecture, data)
+def upload_key(model: bytes, architecture: Optional[bytes], data: bytes,
+               image_shape: str = "") -> str:
+    """The workspace key of an upload: the model's files, the data file and the image shape
+    its samples are drawn in."""
+    return "upload:" + digest(model, architecture, data, image_shape.encode())
 
 
 def target_key(settings: AnalysisSettings) -> str:
@@ -45,6 +47,12 @@ def cluster_key(settings: AnalysisSettings) -> str:
     """The cluster in focus and the partition it belongs to."""
     s = settings
     return f"{s.cluster_source}:{s.k}:{s.layer}:{s.cluster}"
+
+
+def partition_key(settings: AnalysisSettings) -> str:
+    """The grouping of the samples into clusters (not which one is in focus)."""
+    s = settings
+    return f"{s.cluster_source}:{s.k}:{s.layer}"
 
 
 def curve_key(workspace_key: str, settings: AnalysisSettings) -> tuple:

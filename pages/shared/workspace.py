@@ -48,6 +48,7 @@ class Upload:
     architecture: Optional[bytes]
     data_name: str
     data: bytes
+    image_shape: str = ""  # "8x8": each sample drawn as an image of that shape; "": as it is
 
     @property
     def model_key(self) -> str:
@@ -55,7 +56,7 @@ class Upload:
 
     @property
     def key(self) -> str:
-        return upload_key(self.model, self.architecture, self.data)
+        return upload_key(self.model, self.architecture, self.data, self.image_shape)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,9 @@ def _on_compute_device(loaded: LoadedModel) -> LoadedModel:
 
 
 @st.cache_data(max_entries=4, show_spinner="Reading the data…")
-def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel) -> Dataset:
-    return check_data(load_data(_data, tokenizer=_loaded.tokenizer), _loaded)
+def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel, image_shape: str) -> Dataset:
+    return check_data(load_data(_data, tokenizer=_loaded.tokenizer,
+                                image_shape=image_shape or None), _loaded)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -134,7 +136,7 @@ def validate_upload(upload: Upload) -> Workspace:
 def workspace_of(source: str, upload: Optional[Upload]) -> Workspace:
     if source == UPLOAD and upload is not None:
         loaded = _uploaded_model(upload.model_key, TRUST_CODE, upload.model, upload.architecture)
-        data = _uploaded_data(upload.key, upload.data, loaded)
+        data = _uploaded_data(upload.key, upload.data, loaded, upload.image_shape)
         key, title = upload.key, f"{upload.model_name} + {upload.data_name}"
     else:
         loaded, data = _demo(source)

@@ -13,7 +13,7 @@ from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.methods.registry import REGISTRY
 
-from tests.support.models import ResidualMLP, build, methods_scoring
+from tests.support.models import ResidualMLP, build, groups, methods_scoring
 
 GRADIENT_METHODS = tuple(name for name in at.METHODS if REGISTRY[name].uses_gradients)
 with torch.device("meta"):  # its modules, not weights: which methods score it
@@ -61,10 +61,12 @@ def test_a_layer_the_logits_do_not_use_is_named_not_scored_zero(method):
 @pytest.mark.parametrize("method", LINEAR_METHODS)
 def test_frozen_parameters_give_the_same_scores(method):
     model, x, y = build("residual_mlp")
-    expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8)
+    expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8,
+                                 clusters=groups(x))
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, method, n_steps=8),
+    torch.testing.assert_close(at.neuron_scores(model, "fc1", x, y, method, n_steps=8,
+                                 clusters=groups(x)),
                                expected)
 
 
@@ -152,7 +154,8 @@ def test_forward_hooks_on_submodules_and_pre_hooks_count_the_same_on_both_runner
                 runner = HookRunner(model, "fc1", model.fc1)
                 runner.n_classes, runner.layer_size = 3, 16
                 runner_selection._CACHE[model]["fc1"] = runner
-        results[name] = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+        results[name] = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4,
+                                 clusters=groups(x))
                          for method in LINEAR_METHODS}
     for method in LINEAR_METHODS:
         torch.testing.assert_close(results["fx"][method], results["hooks"][method])
@@ -196,8 +199,10 @@ def test_every_method_runs_a_model_of_another_float_dtype(dtype):
     tolerance = {torch.float64: 1e-5, torch.float16: 2e-2, torch.bfloat16: 0.15}[dtype]
     cast = build("residual_mlp")[0].to(dtype)
     for method in LINEAR_METHODS:
-        expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8)
-        scores = at.neuron_scores(cast, "fc1", x, y, method, n_steps=8)
+        expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=8,
+                                 clusters=groups(x))
+        scores = at.neuron_scores(cast, "fc1", x, y, method, n_steps=8,
+                                 clusters=groups(x))
         assert scores.dtype == torch.float32
         if method == "active_fraction":  # a step at z = 0: a value near it may round across
             assert (scores != expected).float().mean() <= 0.05
@@ -221,11 +226,13 @@ def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
 
 def test_inputs_that_require_grad_are_scored_the_same_and_get_no_grad():
     model, x, y = build("residual_mlp")
-    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4)
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=4,
+                                 clusters=groups(x))
                 for method in LINEAR_METHODS}
     leaf = x.clone().requires_grad_(True)
     for method in LINEAR_METHODS:
-        torch.testing.assert_close(at.neuron_scores(model, "fc1", leaf, y, method, n_steps=4),
+        torch.testing.assert_close(at.neuron_scores(model, "fc1", leaf, y, method, n_steps=4,
+                                 clusters=groups(x)),
                                    expected[method])
     assert leaf.grad is None and all(p.grad is None for p in model.parameters())
 
@@ -234,11 +241,13 @@ def test_a_model_left_in_train_mode_with_dropout_scores_as_in_eval_mode():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
     x = torch.randn(20, 6)
-    expected = {method: at.neuron_scores(model.eval(), "0", x, None, method, n_steps=4)
+    expected = {method: at.neuron_scores(model.eval(), "0", x, None, method, n_steps=4,
+                                 clusters=groups(x))
                 for method in LINEAR_METHODS}
     model.train()
     for method in LINEAR_METHODS:
-        torch.testing.assert_close(at.neuron_scores(model, "0", x, None, method, n_steps=4),
+        torch.testing.assert_close(at.neuron_scores(model, "0", x, None, method, n_steps=4,
+                                 clusters=groups(x)),
                                    expected[method])
     assert model.training
 

@@ -26,9 +26,10 @@ def test_workspace_keys_say_where_the_model_and_data_came_from():
     model_key = keys.upload_model_key(b"weights", b"architecture")
     assert model_key == "model:" + keys.digest(b"weights", b"architecture")
     key = keys.upload_key(b"weights", b"architecture", b"data")
-    assert key == "upload:" + keys.digest(b"weights", b"architecture", b"data")
+    assert key == "upload:" + keys.digest(b"weights", b"architecture", b"data", b"")
     assert key != keys.upload_key(b"weights", b"architecture", b"other data")
     assert key != keys.upload_key(b"weights", None, b"data")
+    assert key != keys.upload_key(b"weights", b"architecture", b"data", "8x8")  # drawn so
 
 
 def test_the_target_key_names_the_fixed_class_only_when_one_is_scored():

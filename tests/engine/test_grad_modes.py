@@ -22,7 +22,7 @@ from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
 from attribution.methods.registry import REGISTRY
 
-from tests.support.models import ResidualMLP, build, methods_scoring
+from tests.support.models import ResidualMLP, build, groups, methods_scoring
 from tests.support import ROOT
 
 
@@ -79,11 +79,18 @@ def test_every_method_on_both_runners_ignores_the_callers_grad_mode(method, targ
                                                                     runner_kind):
     model, x, y = build("residual_mlp")
     chosen = y if targets == "labels" else targets
-    expected = at.neuron_scores(model, "fc1", x, chosen, method, n_steps=N_STEPS, batch_size=16)
+    options = dict(n_steps=N_STEPS, batch_size=16, clusters=groups(x))
+    if targets == "all" and REGISTRY[method].fit is not None:  # it scores no class
+        inputs = made_in(grad_mode, x)
+        with grad_mode():
+            with pytest.raises(at.AttributionError, match="clusters, not classes"):
+                at.neuron_scores(model, "fc1", inputs, chosen, method, **options)
+            assert_mode_kept(grad_mode)
+        return
+    expected = at.neuron_scores(model, "fc1", x, chosen, method, **options)
     inputs = made_in(grad_mode, x)
     with grad_mode():
-        scores = at.neuron_scores(model, "fc1", inputs, chosen, method, n_steps=N_STEPS,
-                                  batch_size=16)
+        scores = at.neuron_scores(model, "fc1", inputs, chosen, method, **options)
         assert_mode_kept(grad_mode)
     with eval_mode(model):
         assert isinstance(runner_for(model, "fc1", model.fc1, x[:4]), runner_kind)
@@ -200,14 +207,15 @@ def test_a_model_built_under_inference_mode_is_refused_for_gradients_only(runner
     """Its parameters are inference tensors, which autograd cannot save: gradient methods
     say so; the methods without gradients still give the normal numbers."""
     model, x, y = build("residual_mlp")
-    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS,
+                                         clusters=groups(x))
                 for method in LINEAR_METHODS}
     with torch.inference_mode():
         frozen, _, _ = build("residual_mlp")  # the same weights (seeded), made in the mode
     for method in LINEAR_METHODS:
         if not REGISTRY[method].uses_gradients:
-            torch.testing.assert_close(at.neuron_scores(frozen, "fc1", x, y, method), expected[
-                method])
+            torch.testing.assert_close(at.neuron_scores(frozen, "fc1", x, y, method,
+                                                        clusters=groups(x)), expected[method])
             continue
         with pytest.raises(at.AttributionError, match="inference_mode.*activation, ablation"):
             at.neuron_scores(frozen, "fc1", x, y, method, n_steps=N_STEPS)
@@ -233,7 +241,8 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
     dtype (which would give other random scores) change no score, curve or finding."""
     model, x, y = build("residual_mlp")
     clusters = np.array(["a", "b"])[np.arange(len(x)) % 2]
-    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS)
+    expected = {method: at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS,
+                                         clusters=clusters)
                 for method in LINEAR_METHODS}
     calls = entry_points(model, x, y, clusters)
     expected_entries = {name: calls[name]() for name in ("pruning_curve", "diagnose",
@@ -241,7 +250,8 @@ def test_the_callers_autocast_and_default_dtype_change_no_number(setting):
     with CALLER_SETTINGS[setting]():
         for method in LINEAR_METHODS:
             torch.testing.assert_close(
-                at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS),
+                at.neuron_scores(model, "fc1", x, y, method, n_steps=N_STEPS,
+                                 clusters=clusters),
                 expected[method], rtol=1e-6, atol=1e-7, msg=method)
         pd.testing.assert_frame_equal(calls["pruning_curve"](), expected_entries["pruning_curve"])
         pd.testing.assert_frame_equal(calls["neuron_view"](), expected_entries["neuron_view"])

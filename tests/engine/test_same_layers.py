@@ -13,7 +13,7 @@ import attribution as at
 from attribution.engine.guards import eval_mode
 from attribution.methods.registry import methods_for
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
-from tests.support.models import build_model, exported
+from tests.support.models import build_model, exported, groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -100,9 +100,10 @@ def test_a_tuple_output_layer_scores_alike_in_both_forms_and_as_a_slow_loop(form
         with eval_mode(form):
             assert isinstance(runner_for(form, layer, form.get_submodule(layer), x), FxRunner)
     for method in methods_for(x.dtype, info.kind, model):  # loaded: its kind from the graph
-        eager = at.neuron_scores(model, layer, x, y, method, n_steps=8)
+        options = dict(n_steps=8, clusters=groups(x))
+        eager = at.neuron_scores(model, layer, x, y, method, **options)
         assert eager.shape == (len(x), info.n_neurons)
-        torch.testing.assert_close(at.neuron_scores(loaded, layer, x, y, method, n_steps=8),
+        torch.testing.assert_close(at.neuron_scores(loaded, layer, x, y, method, **options),
                                    eager, rtol=1e-3, atol=1e-5, msg=method)
     torch.testing.assert_close(
         at.neuron_scores(model, layer, x, y, "gradient_x_activation"),

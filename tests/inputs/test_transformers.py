@@ -24,6 +24,7 @@ from attribution.inputs.data import check_data, load_data
 from attribution.methods.registry import gauss_legendre
 from attribution.engine.model_io import NamedInputs, logits_of, select_output
 
+from tests.support.models import groups
 from tests.support.references import replaced_output
 from tests.support import ROOT
 
@@ -250,8 +251,9 @@ def test_padding_a_batch_to_a_longer_length_changes_no_score(case, method):
     kind, model, batch, targets = case
     longer = pad_to(batch, batch["input_ids"].shape[1] + 5)
     for layer in LAYERS[kind]:
-        short = at.neuron_scores(model, layer, batch, targets, method=method, n_steps=8)
-        long = at.neuron_scores(model, layer, longer, targets, method=method, n_steps=8)
+        options = dict(method=method, n_steps=8, clusters=groups(batch))
+        short = at.neuron_scores(model, layer, batch, targets, **options)
+        long = at.neuron_scores(model, layer, longer, targets, **options)
         torch.testing.assert_close(long, short, rtol=1e-4, atol=1e-6)
 
 
@@ -404,7 +406,7 @@ def test_an_image_classifier_folder_takes_image_arrays_and_every_method(tmp_path
     assert "conductance" in at.methods_for(torch.float32, info.kind)
     for method in at.methods_for(torch.float32, info.kind, loaded.module):  # conductance too
         scores = at.neuron_scores(loaded.module, layer, dataset.inputs, dataset.labels, method,
-                                  n_steps=8)
+                                  n_steps=8, clusters=dataset.labels.numpy())
         assert scores.shape == (5, 24) and torch.isfinite(scores).all()
 
 
@@ -629,7 +631,7 @@ def test_the_text_demo_loads_scores_and_separates_positions_from_features(text_d
     subset = dataset.inputs[:40]
     for method in METHODS_FOR_IDS:
         scores = at.neuron_scores(model.module, mlp.name, subset, dataset.labels[:40],
-                                  method=method, n_steps=8)
+                                  method=method, n_steps=8, clusters=dataset.clusters[:40])
         assert scores.shape == (40, mlp.n_neurons) and torch.isfinite(scores).all()
     table = at.cluster_scores(model.module, mlp.name, subset, dataset.labels[:40],
                               dataset.clusters[:40], "gradient")

@@ -117,6 +117,7 @@ from attribution import (AttributionError, NamedInputs, list_layers, methods_for
                          neuron_scores)
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, runner_for
+from tests.support.models import groups
 from tests.support.references import replaced_output
 
 
@@ -145,10 +146,11 @@ class AsLogits(nn.Module):
 
 
 def ours(model, layer, x, method, target=0, n_steps=32, **options):
-    """neuron_scores with one target class for every sample: [N, n_neurons]."""
+    """neuron_scores with one target class for every sample (and three clusters, for a
+    method fitted to them): [N, n_neurons]."""
     rows = NamedInputs(x).shape[0] if isinstance(x, dict) else x.shape[0]
     return neuron_scores(model, layer, x, torch.full((rows,), target), method,
-                         n_steps=n_steps, **options)
+                         n_steps=n_steps, clusters=groups(x), **options)
 
 
 def captum_call(model, x):

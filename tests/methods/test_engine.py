@@ -15,7 +15,7 @@ from attribution.methods.registry import REGISTRY, gauss_legendre
 
 from tests.support import references
 from tests.support.models import (ResidualMLP, SequenceNet, ThreeBranchNet, TokenNet,
-                                  UntraceableSequenceNet, build, methods_scoring)
+                                  UntraceableSequenceNet, build, groups, methods_scoring)
 
 ARCHITECTURES = ["residual_mlp", "residual_conv", "branching", "untraceable"]
 LAYERS = {"residual_mlp": ["fc1", "bn", "fc2"], "residual_conv": ["conv1", "conv2"],
@@ -154,8 +154,9 @@ def test_conv_channel_conventions():
 @pytest.mark.parametrize("arch,layer", [("residual_mlp", "fc2"), ("residual_conv", "conv1")])
 def test_every_method_shape_dtype_and_batch_size_independence(method, arch, layer):
     model, x, y = build(arch)
-    small = at.neuron_scores(model, layer, x, y, method, batch_size=7, n_steps=8)
-    large = at.neuron_scores(model, layer, x, y, method, batch_size=64, n_steps=8)
+    options = dict(clusters=groups(x), n_steps=8)
+    small = at.neuron_scores(model, layer, x, y, method, batch_size=7, **options)
+    large = at.neuron_scores(model, layer, x, y, method, batch_size=64, **options)
     assert small.dtype == torch.float32 and small.device.type == "cpu"
     assert small.shape[0] == x.shape[0]
     torch.testing.assert_close(small, large, rtol=1e-4, atol=1e-5)
@@ -164,6 +165,10 @@ def test_every_method_shape_dtype_and_batch_size_independence(method, arch, laye
 
 def test_every_method_all_classes_equals_one_class_at_a_time(method):
     model, x, _ = build("residual_mlp")
+    if REGISTRY[method].fit is not None:  # fitted to clusters: it scores no class
+        with pytest.raises(at.AttributionError, match="scores clusters, not classes"):
+            at.neuron_scores(model, "fc2", x, "all", method, clusters=groups(x))
+        return
     every = at.neuron_scores(model, "fc2", x, "all", method, n_steps=8)
     assert every.shape == (x.shape[0], 3, 16)
     if method == "random":
@@ -177,8 +182,10 @@ def test_every_method_all_classes_equals_one_class_at_a_time(method):
 def test_every_method_predicted_class_when_targets_is_none(method):
     model, x, _ = build("branching")
     predicted = model(x).argmax(1)
-    torch.testing.assert_close(at.neuron_scores(model, "right.0", x, None, method, n_steps=8),
-                               at.neuron_scores(model, "right.0", x, predicted, method, n_steps=8))
+    torch.testing.assert_close(at.neuron_scores(model, "right.0", x, None, method, n_steps=8,
+                                                clusters=groups(x)),
+                               at.neuron_scores(model, "right.0", x, predicted, method, n_steps=8,
+                                                clusters=groups(x)))
 
 
 def _model_state(model):
@@ -207,7 +214,7 @@ def test_every_method_leaves_model_and_inputs_untouched(method):
     model.train()
     model.conv2.eval()  # mixed modes must come back exactly
     before, x_before = _model_state(model), x.clone()
-    at.neuron_scores(model, "conv2", x, y, method, n_steps=4)
+    at.neuron_scores(model, "conv2", x, y, method, n_steps=4, clusters=groups(x))
     at.cluster_scores(model, "conv2", x, y, y.numpy() % 2, method, n_steps=4)
     _assert_same_state(before, _model_state(model))
     assert torch.equal(x, x_before)
@@ -222,7 +229,8 @@ def test_every_method_interrupted_by_progress_leaves_model_untouched(method):
         raise KeyboardInterrupt("user pressed stop")
 
     with pytest.raises(KeyboardInterrupt):
-        at.neuron_scores(model, "fc2", x, y, method, batch_size=8, progress=stop)
+        at.neuron_scores(model, "fc2", x, y, method, batch_size=8, progress=stop,
+                         clusters=groups(x))
     with pytest.raises(KeyboardInterrupt):
         at.cluster_scores(model, "fc2", x, y, y.numpy(), method, batch_size=8, progress=stop)
     _assert_same_state(before, _model_state(model))
@@ -484,12 +492,16 @@ def test_integer_inputs_score_with_every_method_but_those_from_a_zero_input_whic
             with pytest.raises(at.AttributionError, match="int64 inputs.*use integrated_gradients"):
                 at.neuron_scores(model, "fc1", ids, labels, name)
         else:
-            assert at.neuron_scores(model, "fc1", ids, labels, name).shape == (16, 6)
+            assert at.neuron_scores(model, "fc1", ids, labels, name,
+                                    clusters=groups(ids)).shape == (16, 6)
     assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance",
                                                                          "deeplift"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
-    assert list(table["method"]) == list(at.methods_for(torch.int64, "Linear", model))
-    assert "Embedding" in table.attrs["refused"]["lrp"]  # an oracle of every method says why
+    refused = table.attrs["refused"]
+    assert list(table["method"]) == [m for m in at.methods_for(torch.int64, "Linear", model)
+                                     if m not in refused]
+    assert "Embedding" in refused["lrp"]  # an oracle of every method says why
+    assert "one cluster" in refused["probe"]  # one cluster: nothing for a probe to tell apart
     assert "conductance" not in list(table["method"])
     with pytest.raises(at.AttributionError, match="conductance starts from a zero"):
         at.oracle_agreement(model, "fc1", ids, labels, methods=["gradient", "conductance"])
@@ -765,12 +777,14 @@ def test_a_batch_is_scored_in_equal_row_chunks_with_the_same_scores(method, monk
 
     model, x, y = build("residual_mlp")
     x, y = x[:30], y[:30]
-    whole = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4)
+    whole = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4,
+                             clusters=groups(x))
     monkeypatch.setattr(scoring, "_LAYER_ELEMENTS_PER_CHUNK", 7 * 16)
     rows = []
     handle = model.fc1.register_forward_hook(lambda module, args, out: rows.append(len(out)))
     try:
-        chunked = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4)
+        chunked = at.neuron_scores(model, "fc2", x, y, method, batch_size=30, n_steps=4,
+                             clusters=groups(x))
     finally:
         handle.remove()
     # conductance: each chunk once, then its n_steps + 1 interpolated copies together;
