@@ -207,13 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "%(default)s)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    def band(metric: str) -> _Parser:  # one per default: parents share their actions
+    def band(metric: Optional[str]) -> _Parser:  # one per default: parents share actions
         parser = _Parser(add_help=False)
         group = parser.add_argument_group("pruning curves")
         group.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
                            help="random orders forming the band (default %(default)s)")
         group.add_argument("--metric", choices=METRICS, default=metric,
-                           help=f"what the curves measure (default {metric})")
+                           help=f"what the curves measure (default {metric or METRIC_WORDS})")
         return parser
 
     ablation = _Parser(add_help=False)
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_score)
 
     command = commands.add_parser(
-        "curve", parents=[model, data, compute, band(analysis.DEFAULT_METRIC), ablation],
+        "curve", parents=[model, data, compute, band(None), ablation],
         help="pruning curves (ranked, bottom, random band) as CSV, summary as JSON")
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
@@ -267,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                 f"{', '.join(METHODS)} (default %(default)s)")
     command.add_argument("--cluster", help="rank by this cluster's scores (default: all the "
                                            "data)")
-    command.add_argument("--metric", choices=METRICS, default=analysis.DEFAULT_METRIC,
-                         help="what is reported before and after (default %(default)s)")
+    command.add_argument("--metric", choices=METRICS,
+                         help=f"what is reported before and after (default {METRIC_WORDS})")
     command.add_argument("--out", required=True, type=Path,
                          help="the pruned model (.pt2, torch.export); it loads like any .pt2")
     command.add_argument("--summary", type=Path, help="what was removed and the metric before "
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_diagnose)
 
     command = commands.add_parser(
-        "report", parents=[model, data, compute, band(analysis.DEFAULT_METRIC)],
+        "report", parents=[model, data, compute, band(None)],
         help="the dashboard's self-contained offline HTML report")
     report_methods = [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE]
     command.add_argument("--method", nargs="+", choices=METHODS, default=report_methods,
@@ -413,9 +413,11 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     labels = clusters = None
     if args.labels is not None:
         labels = data_module.as_labels(_small_npy(args.labels, "labels", limits_from(args)), n)
-        if int(labels.max()) >= model.n_classes:
-            raise AttributionError(f"{args.labels} has labels up to {int(labels.max())}, but "
-                                   f"the model's classes are 0..{model.n_classes - 1}.")
+        try:  # a regression head's are its true values
+            labels = labels.float() if model.n_classes == 1 else \
+                data_module.class_ids(labels, model.n_classes)
+        except AttributionError as error:
+            raise AttributionError(f"{args.labels}: {error}") from None
     if args.cluster_ids is not None:
         clusters = _small_npy(args.cluster_ids, "cluster ids", limits_from(args))
         if clusters.shape != (n,) or clusters.dtype.kind not in "biuUS":
@@ -484,12 +486,25 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
                                f"{_STREAMED_HINTS[source]}.") from None
 
 
+METRIC_WORDS = (f"{analysis.DEFAULT_METRIC}; a regression head's squared_error, or "
+                "target_logit, its output, for data without true values")
+
+
+def metric_of(args, problem: Problem) -> str:
+    """`--metric`, or the default for this model and data (`settings.default_metric`)."""
+    if args.metric is not None:
+        return args.metric
+    return analysis.default_metric(regression=analysis.is_regression(problem.model.n_classes),
+                                   has_labels=problem.labels is not None)
+
+
 def target_choice(args, problem: Problem) -> tuple[str, int]:
     """`--targets` as `AnalysisSettings` words: ("true" | "predicted" | "fixed" | "all",
     fixed class). The default is `settings.default_target`: the label when the data has
     labels, else the prediction."""
     if args.targets is None:
-        return default_target(problem.labels is not None), 0
+        return default_target(problem.labels is not None,
+                              regression=analysis.is_regression(problem.model.n_classes)), 0
     choice = args.targets
     if choice in ("label", "predicted", "all"):
         return {"label": "true"}.get(choice, choice), 0
@@ -707,17 +722,19 @@ def run_curve(args) -> int:
     _check_layer(problem, args.layer)
     targets = _curve_targets(args, problem)
     ks = _ks(args.ks)
+    args.metric = metric_of(args, problem)
     options = dict(ks=ks, n_random=args.n_random, seed=args.seed, ablation=args.ablation,
                    metric=args.metric, batch_size=args.batch_size)
     module, layer = problem.model.module, args.layer
     clusters, focus, ranking = _ranking(args, problem, targets)
+    measured = analysis.curve_targets(args.metric, problem.labels, targets)
     with ProgressBar("pruning curves", args.quiet) as bar:
         if args.cluster is None:
-            curves = distributed.pruning_curve(module, layer, problem.inputs, targets, ranking,
-                                               progress=bar, **options)
+            curves = distributed.pruning_curve(module, layer, problem.inputs, measured,
+                                               ranking, progress=bar, **options)
         else:
-            curves = distributed.cluster_pruning_curves(module, layer, problem.inputs, targets,
-                                                        clusters, focus, ranking,
+            curves = distributed.cluster_pruning_curves(module, layer, problem.inputs,
+                                                        measured, clusters, focus, ranking,
                                                         progress=bar, **options)
     if not _is_writer():
         return EXIT_OK
@@ -754,7 +771,9 @@ def run_prune(args) -> int:
     _check_layer(problem, args.layer)
     targets = _curve_targets(args, problem)
     _, focus, ranking = _ranking(args, problem, targets)
+    args.metric = metric_of(args, problem)
     module, inputs = problem.model.module, problem.inputs
+    targets = analysis.curve_targets(args.metric, problem.labels, targets)
     if targets is None:  # the unpruned model's predictions, as the curves measure them
         targets = data_module.predict_classes(module, inputs, batch_size=args.batch_size)
     pruned = prune(module, args.layer, ranking, args.k, mode=args.ablation, remove=args.remove,
@@ -865,7 +884,7 @@ def report_settings(args, problem: Problem) -> AnalysisSettings:
     return AnalysisSettings(
         layer=args.layer, method=methods[0], compare=tuple(methods[1:]), cluster_source=source,
         k=args.kmeans_k, cluster=args.cluster, reduce=args.reduce, target=target,
-        fixed_class=fixed_class, metric=args.metric, n_random=args.n_random,
+        fixed_class=fixed_class, metric=metric_of(args, problem), n_random=args.n_random,
         batch_size=args.batch_size, seed=args.seed)
 
 

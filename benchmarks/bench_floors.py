@@ -9,6 +9,9 @@ Floors, over the same batches (256 samples; inputs on the CPU, as users pass the
   backward to the inputs (a layer's gradient stops at the layer, so the engine can be under
   it); Captum's `LayerGradientXActivation` against the same floor;
 - `taylor`, `fisher`: one plain forward+backward of the cross-entropy;
+- `probe` of the labels: the target logits' floor (its own work is one forward for the
+  activations and the fit); scikit-learn's `LogisticRegression` (saga, tol 1e-6) with the same
+  penalty on the same activations beside it;
 - `deeplift`, `lrp`: the target logits' floor; Captum's `LayerDeepLift` (zero baseline) and
   `LayerLRP` against it too (LRP where Captum's rules cover the model: not the conv net, whose
   Flatten has no rule);
@@ -147,6 +150,26 @@ def captum_rules(model, module, x, y, device, lrp: bool = False):
     return call
 
 
+def sklearn_probe(model, path: str, x, y):
+    """The same probe fitted by scikit-learn: the activations, then its saga solver with the
+    same penalty and standardisation (tol 1e-6)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from attribution.methods.probe import L1, L2, held_out_rows
+
+    def call():
+        activations = at.neuron_scores(model, path, x, None, "activation").double().numpy()
+        codes = y.numpy()
+        train = activations[~held_out_rows(codes, 0)]
+        mean, scale = train.mean(0), train.std(0)
+        scale[scale <= 1e-12] = 1.0
+        strength = L1 + 2 * L2
+        LogisticRegression(l1_ratio=L1 / strength, C=1 / (len(train) * strength),
+                           solver="saga", tol=1e-6, max_iter=10_000).fit(
+            (train - mean) / scale, codes[~held_out_rows(codes, 0)])
+    return call
+
+
 def ablation_floor(front, tail, x, y, n_neurons, device):
     """The front once per batch, then one plain tail per neuron with it zeroed."""
     @torch.no_grad()
@@ -207,6 +230,12 @@ def case(name: str, model: nn.Module, layer: int, x, y, curve_rows: int,
     report_floor(f"{name}: propagation rules, {len(x)} samples", "plain forward+backward of "
                  "the target logits", ratios_to_floor(timer, logit_floor(model, x, y, device),
                                                       rules))
+    report_floor(f"{name}: the probe of the labels, {len(x)} samples", "plain forward+backward "
+                 "of the target logits", ratios_to_floor(timer, logit_floor(model, x, y, device), {
+                     "probe": lambda: at.neuron_scores(model, path, x, y, "probe",
+                                                       clusters=y.numpy()),
+                     "scikit-learn's LogisticRegression (saga) on the same activations":
+                         sklearn_probe(model, path, x, y)}))
     report_floor(f"{name}: exact ablation of all {n_neurons} neurons, {len(x)} samples",
                  "the front once, a plain tail per neuron zeroed",
                  ratios_to_floor(timer, ablation_floor(front, tail, x, y, n_neurons, device),
@@ -226,7 +255,7 @@ def case(name: str, model: nn.Module, layer: int, x, y, curve_rows: int,
 def equal_to_cpu(device: torch.device) -> bool:
     """Every method on `device` against the CPU, on the test models (TF32 off: float32
     throughout); records the largest difference relative to the scores' scale."""
-    from tests.support.models import SequenceNet, TokenNet, build, build_model
+    from tests.support.models import SequenceNet, TokenNet, build, build_model, groups
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -243,8 +272,9 @@ def equal_to_cpu(device: torch.device) -> bool:
         for layer in layers:
             kind = module_kind(layer, model.get_submodule(layer))
             for method in at.methods_for(x.dtype, kind):
-                cpu = at.neuron_scores(model, layer, x, y, method, n_steps=8)
-                other = at.neuron_scores(model, layer, x, y, method, n_steps=8, device=device)
+                options = dict(n_steps=8, clusters=groups(x))
+                cpu = at.neuron_scores(model, layer, x, y, method, **options)
+                other = at.neuron_scores(model, layer, x, y, method, device=device, **options)
                 scale = float(cpu.abs().max()) or 1.0
                 difference = float((other - cpu).abs().max()) / scale
                 worst = max(worst, difference)

@@ -84,8 +84,12 @@ if ctx is not None:
     facts = model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions())
     metrics = st.columns(4)
     metrics[0].metric("Samples", facts["samples"])
-    metrics[1].metric("Classes", facts["classes"])
-    metrics[2].metric("Accuracy on this data", facts.get("accuracy on this data", "no labels"))
+    metrics[1].metric("Classes", facts["classes"].split(" (")[0])
+    if "RMSE on this data" in facts:  # a regression head
+        metrics[2].metric("RMSE on this data", facts["RMSE on this data"])
+    else:
+        metrics[2].metric("Accuracy on this data",
+                          facts.get("accuracy on this data", "no labels"))
     metrics[3].metric("Input shape", facts["input shape"])
     if ctx.ws.data.reshaped_from is not None:
         st.info(f"The data's samples of shape {list(ctx.ws.data.reshaped_from)} (e.g. a CSV's "

@@ -129,7 +129,7 @@ with verdict_box:
         st.caption(escape_markdown(note))
 
 with evidence:
-    if s.cluster_source not in ONE_CLASS_SOURCES:
+    if s.cluster_source not in ONE_CLASS_SOURCES and not ctx.regression:  # classes to mix
         classes = ctx.ws.data.labels.numpy() if ctx.ws.data.labels is not None \
             else ctx.predictions()
         mix = cluster_composition(ctx.clusters, classes, ctx.ws.class_names)

@@ -80,10 +80,12 @@ metrics[0].metric("Score in the cluster",
                        f"{escape_markdown(focus_label)}: rank {ranks[neuron]} of "
                        f"{len(neurons)}; ± {summary['spread'][neuron]:.3g} across its samples.",
                   border=True)
-for column, (metric, subset, words) in zip(metrics[1:], (
-        ("accuracy", "cluster", "Cluster accuracy"),
-        ("accuracy", "rest", "Rest accuracy"),
-        ("target_logit", "cluster", "Cluster logit"))):
+TILES = (("squared_error", "cluster", "Cluster squared error"),  # a regression head's
+         ("squared_error", "rest", "Rest squared error"),
+         ("target_logit", "cluster", "Cluster output")) if ctx.regression else (
+        ("accuracy", "cluster", "Cluster accuracy"), ("accuracy", "rest", "Rest accuracy"),
+        ("target_logit", "cluster", "Cluster logit"))
+for column, (metric, subset, words) in zip(metrics[1:], TILES):
     if (metric, subset) not in removal.index:
         continue
     row = removal.loc[(metric, subset)]
@@ -104,7 +106,8 @@ st.caption("Left: how much the neuron matters for each sample (its score) in the
            "through what follows, not through what it detects.")
 
 examples = view.examples.assign(label_name=[
-    "" if label is None else cluster_label(label, "label", ctx.ws.class_names)
+    "" if label is None else f"{label:.3g}" if isinstance(label, float)
+    else cluster_label(label, "label", ctx.ws.class_names)
     for label in view.examples["label"]])
 st.subheader("The samples that drive it most and least")
 if view.input_kind == "image":

@@ -19,8 +19,8 @@ from pages.shared.context import context
 from pages.shared.curve_states import TO_COMPUTE, PruningCurve, State, progress_words
 from pages.shared.draw import chart, escape_markdown, guarded, show_error
 from pages.shared.routing import require_entrypoint
-from attribution.analyses.settings import METRIC_LABELS, RANDOM_ORDERS
-from pages.shared.sidebar import page_widget
+from attribution.analyses.settings import RANDOM_ORDERS, metric_label
+from pages.shared.sidebar import metric_options, page_widget
 
 require_entrypoint()
 
@@ -39,9 +39,10 @@ st.caption("Remove the layer's neurons one by one in the order of their scores a
            "the lowest-scored first (blue) hurts least.")
 
 controls = st.columns([1, 1, 2])
-page_widget("w_metric")
-controls[0].selectbox("Measure", list(METRIC_LABELS), key="w_metric",
-                      format_func=METRIC_LABELS.get)
+metrics, default_metric = metric_options(ctx.ws)
+page_widget("w_metric", metrics, default_metric)
+controls[0].selectbox("Measure", list(metrics), key="w_metric",
+                      format_func=lambda metric: metric_label(metric, ctx.regression))
 page_widget("w_random")
 controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
                           help="More orders give a smoother band and take longer.")
@@ -94,9 +95,9 @@ def take_away(curves) -> None:
     measured = ", ".join(f"{titles.get(row.get('subset'), 'all')} "
                          f"{shown.format(row['bottom'])}" for _, row in at_k.iterrows())
     st.caption(escape_markdown(  # cluster names come from the data
-        f"{METRIC_LABELS[s.metric]} with these {k} neurons of {s.layer} removed (the blue "
-        f"curve at k = {k}): {measured}. The file is a torch.export .pt2 that loads here "
-        "and in PyTorch (torch.export.load)."))
+        f"{metric_label(s.metric, ctx.regression).capitalize()} with these {k} neurons of "
+        f"{s.layer} removed (the blue curve at k = {k}): {measured}. The file is a "
+        "torch.export .pt2 that loads here and in PyTorch (torch.export.load)."))
     wanted = (ctx.curve_key(), k)
     kept = st.session_state.get(PRUNED_FILE)
     if kept is None or kept[0] != wanted:

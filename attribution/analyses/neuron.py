@@ -43,7 +43,8 @@ class NeuronView:
         layer, neuron: which neuron.
         input_kind: how the inputs are drawn (one of `INPUT_KINDS`).
         samples: rows (sample, score, activation, in_cluster), one per sample [N].
-        removal: rows (subset, metric, intact, removed, change): "accuracy" and
+        removal: rows (subset, metric, intact, removed, change) (for a regression head
+            "squared_error" with true values, and "target_logit", its output): "accuracy" and
             "target_logit" of the cluster (and the rest) with the neuron removed alone.
         examples: rows (sample, rank, side, activation, score, in_cluster, label,
             input, positions, tokens, token_scores): side "most" or "least"; `input` the
@@ -105,7 +106,8 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
         activations: per-sample activations [N, n_neurons] (the engine's `activation` score).
         in_cluster: bool [N], the cluster in focus.
         neuron: index in 0..n_neurons-1.
-        labels: true class per sample [N] for the examples' captions, or None.
+        labels: true class per sample [N] for the examples' captions (a regression head's
+            true values, float: its squared error is measured too), or None.
         n_examples: samples shown on each side (most, least).
         method: the method of `scores`, for per-token scores of token ids (None: none).
         tokens: str [N, T], the token text at each position, or None (ids are shown).
@@ -132,8 +134,10 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
     name, _ = resolve_layer(model, layer)
     samples = pd.DataFrame({"sample": np.arange(n_samples), "score": scores[:, neuron],
                             "activation": activations[:, neuron], "in_cluster": in_cluster})
+    values = labels if labels is not None and labels.is_floating_point() else None
     removal = _removal(model, name, inputs, targets, in_cluster, neuron, batch_size,
-                       None if progress is None else lambda f: progress(REMOVAL_SHARE * f))
+                       None if progress is None else lambda f: progress(REMOVAL_SHARE * f),
+                       values)
     examples = neuron_examples(model, name, inputs, samples, neuron, labels=labels,
                                n_examples=n_examples, image_shape=image_shape)
     kind = input_kind(inputs, image_shape)
@@ -162,10 +166,11 @@ def _add_token_scores(examples: pd.DataFrame, model, name: str, inputs: torch.Te
 
 def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Tensor],
              in_cluster: np.ndarray, neuron: int, batch_size: int,
-             progress: Progress = None) -> pd.DataFrame:
-    """Accuracy and mean target logit per subset, intact and with `neuron`'s output set to 0
-    (the pruning curves' zero ablation at k=1, in the same pass and modes): one capture and
-    one tail pass per batch."""
+             progress: Progress = None, values: Optional[torch.Tensor] = None) -> pd.DataFrame:
+    """Accuracy and mean target logit per subset (a regression head: its squared error
+    against the true `values`, when given, and its mean output), intact and with `neuron`'s
+    output set to 0 (the pruning curves' zero ablation at k=1, in the same pass and modes):
+    one capture and one tail pass per batch."""
     def remove(batch: LayerBatch) -> tuple[torch.Tensor, torch.Tensor]:
         z, state, logits = batch.runner.capture(batch.x)
         z = z.clone()
@@ -180,11 +185,14 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
     wanted = intact.argmax(1) if layer_pass.targets is None else layer_pass.targets.cpu()
     subsets = [("cluster", in_cluster)] + ([("rest", ~in_cluster)] if not in_cluster.all()
                                            else [])
+    metrics = ("accuracy", "target_logit") if intact.shape[1] > 1 else \
+        ("squared_error",) * (values is not None) + ("target_logit",)
     rows = []
-    for metric in ("accuracy", "target_logit"):
+    for metric in metrics:
+        against = values if metric == "squared_error" else wanted
         for subset, rows_of in subsets:
             mask = torch.from_numpy(rows_of)
-            before, after = (float(metric_values(logits[mask], wanted[mask], metric).double()
+            before, after = (float(metric_values(logits[mask], against[mask], metric).double()
                                    .mean()) for logits in (intact, removed))
             rows.append({"subset": subset, "metric": metric, "intact": before,
                          "removed": after, "change": after - before})
@@ -225,7 +233,7 @@ def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,
             "activation": float(samples["activation"].iloc[sample]),
             "score": float(samples["score"].iloc[sample]),
             "in_cluster": bool(samples["in_cluster"].iloc[sample]),
-            "label": None if labels is None else int(labels[sample]),
+            "label": None if labels is None else labels[sample].item(),
             "input": inputs[sample].detach().cpu().numpy(),
             "positions": None if positions is None else positions[position],
         })

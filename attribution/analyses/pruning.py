@@ -40,7 +40,11 @@ from ..methods.scores import cluster_codes, find_cluster
 from ..engine.runners import layer_attrs
 
 ABLATIONS = ("zero", "mean")
-METRICS = ("accuracy", "target_logit", "loss")
+METRICS = ("accuracy", "target_logit", "loss", "squared_error")
+CLASSIFIER_METRICS = ("accuracy", "loss")
+"""The metrics that need classes: a regression head (one output) has none."""
+HIGHER_IS_WORSE = ("loss", "squared_error")
+"""The metrics that removing important neurons raises (the others it lowers)."""
 CURVE_COLUMNS = ("k", "ranked", "bottom", "random_mean", "random_lo", "random_hi")
 BAND_PERCENTILES = (5.0, 95.0)
 _CACHE_BYTES = 512 << 20
@@ -73,7 +77,7 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
         inputs: [N, ...] tensor or array, or a re-iterable of batches (DataLoader).
         targets: LongTensor [N] of class ids, None (the unpruned model's predicted class,
             so "accuracy" is agreement with the unpruned model), or "labels" (the y of each
-            (x, y) batch of an iterable).
+            (x, y) batch of an iterable); for "squared_error", the true values [N] (floats).
         scores: one value per neuron [n_neurons] (array, tensor, or a row of `cluster_scores`,
             whose column "n" is ignored). Higher = more important = removed first.
         ks: the k values to evaluate (0..n_neurons); None = every k (for a layer of thousands
@@ -81,7 +85,9 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
         n_random: number of seeded random orders forming the band (>= 1).
         seed: seed of the random orders; same seed, same curve.
         ablation: "zero" or "mean" (see module docstring).
-        metric: "accuracy", "target_logit" (mean target logit) or "loss" (mean cross-entropy).
+        metric: "accuracy", "target_logit" (mean target logit) or "loss" (mean cross-entropy)
+            for a classifier; for a regression head (one output) "target_logit" (the mean
+            output) or "squared_error" (the mean of (output - true value)^2).
         batch_size: samples per captured batch; results do not depend on it.
         progress: called as progress(fraction, partial_frame) after each refinement round; the
             first round covers the whole k range coarsely. May raise to stop.
@@ -152,7 +158,7 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
     if metric not in METRICS:
         raise AttributionError("curve_summary needs the curves' metric: pass metric= "
                                f"(one of {', '.join(METRICS)}).")
-    damage_sign = 1.0 if metric == "loss" else -1.0
+    damage_sign = 1.0 if metric in HIGHER_IS_WORSE else -1.0
     random_curves = curves.attrs.get("random_curves")
     if "subset" in curves.columns:
         parts = {name: part for name, part in curves.groupby("subset", sort=False)}
@@ -346,8 +352,24 @@ class _LayerPasses:
 def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> torch.Tensor:
     """The metric of each row [R] for logits [R, C] and targets [R], in the logits' dtype:
     1 where the top logit is the target's, else 0 ("accuracy"), the target's logit
-    ("target_logit"), or the cross-entropy ("loss"). Every measure of a pruned model (the
-    curves, the neuron view's removal) is a mean of these."""
+    ("target_logit"), the cross-entropy ("loss"), or, for a regression head (C = 1) and
+    targets that are true values, (output - value)^2 ("squared_error"). Every measure of a
+    pruned model (the curves, the neuron view's removal) is a mean of these."""
+    regression = logits.shape[1] == 1
+    if (regression and metric in CLASSIFIER_METRICS) or (
+            not regression and metric == "squared_error"):
+        raise AttributionError(
+            f"{metric} measures a classifier, and this model has one output (a regression "
+            "head): measure 'squared_error' against the true values, or 'target_logit' (the "
+            "output itself)." if regression else
+            f"squared_error measures a regression head (one output) against true values; "
+            f"this model has {logits.shape[1]} outputs: use accuracy, target_logit or loss.")
+    if metric == "squared_error":
+        if not targets.is_floating_point():
+            raise AttributionError("squared_error measures each output against its true "
+                                   "value: pass the true values [N] as the targets (data "
+                                   "without them: measure 'target_logit', the output).")
+        return (logits[:, 0] - targets.to(logits.dtype)).square()
     if metric == "accuracy":
         return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
     if metric == "target_logit":
@@ -364,7 +386,8 @@ def model_metric(model: nn.Module, inputs: Inputs, targets, metric: str = DEFAUL
     _check_options(DEFAULT_ABLATION, metric, 1, batch_size)
     layer_pass = LayerPass(model, None, inputs, targets, batch_size=batch_size, device=device,
                            grad=False, accepts=("labels",), what="evaluate",
-                           need="A metric needs one target per sample")
+                           need="A metric needs one target per sample",
+                           values=metric == "squared_error")
     total, count = 0.0, 0
     for batch, logits in layer_pass.run(lambda batch: run_logits(layer_pass.model, batch.x)):
         batch_targets = logits.argmax(1) if batch.targets is None else batch.targets
@@ -450,7 +473,8 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, device=device,
                            grad=False, accepts=("labels",), what="evaluate",
                            need="Pruning curves need one target per sample",
-                           cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE)
+                           cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE,
+                           values=metric == "squared_error")
     n_groups = 1 if groups is None else len(subset_names)
     with eval_mode(layer_pass.model):  # the cached captures' masked passes too
         passes = _LayerPasses(layer_pass, groups, n_groups)

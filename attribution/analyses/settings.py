@@ -41,6 +41,10 @@ here. The defaults, and why:
   (before, they put every sample in one cluster "all", and the report refused such data);
   `--clusters none` still asks for that single cluster.
 - Target: `default_target`: the true class when the data has labels, else the predicted one.
+- A regression head (one output, `is_regression`) has no classes: its score is the output
+  itself (the only target), its labels are true values, grouped by quartile (clusters by
+  "label", and by "predicted": the output's quartiles), and its curves measure the squared
+  error against them (`default_metric`), else the output.
 - Layer: `default_layer`: the last hidden activation (a ReLU or similar before the output).
 - Reduction: the signed mean (DEFAULT_REDUCE); REDUCE_CHOICES are the dashboard's.
 - k-means: DEFAULT_K clusters; `k_choices(n_samples)` the dashboard's k slider.
@@ -80,10 +84,12 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
     "REDUCE_CHOICES", "TARGETS", "ACTIVATION_KINDS", "EVIDENCE_METRIC", "EVIDENCE_CURVE_POINTS",
     "CURVE_K_STEPS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
     "CLUSTER_SOURCE_LABELS", "DEFAULT_CLUSTER_SOURCE", "DEFAULT_TARGET",
+    "REGRESSION_SOURCE_LABELS", "REGRESSION_TARGET", "is_regression", "cluster_source_label",
+    "target_label", "metric_choices", "default_metric", "metric_label",
     "cluster_source_choices", "default_cluster_source", "target_choices", "default_target",
     "default_device", "default_layer", "k_choices", "default_k", "evidence_ks",
     "partition_words", "class_label",
-    "cluster_label", "scoring_targets", "AnalysisSettings",
+    "cluster_label", "curve_targets", "scoring_targets", "AnalysisSettings",
 ]
 
 # ---------------------------------------------------------------- choices and their words
@@ -117,7 +123,7 @@ EVIDENCE_CURVE_POINTS = 32
 CURVE_K_STEPS = 128  # pruning curves of wider layers use evenly spaced k (every k: minutes)
 REDUCTION_LABELS = {"mean": "signed mean", "mean_abs": "mean |·|", "std": "std"}
 METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
-                 "loss": "cross-entropy loss"}
+                 "loss": "cross-entropy loss", "squared_error": "squared error"}
 TARGET_LABELS = {"true": "true class", "predicted": "predicted class", "fixed": "a fixed class"}
 CLUSTER_SOURCE_LABELS = {
     "label": "true label", "predicted": "predicted label",
@@ -128,30 +134,90 @@ CLUSTER_SOURCE_LABELS = {
 _NEED_LABELS = ("label", "correctness")
 
 
-def cluster_source_choices(has_labels: bool, has_provided_clusters: bool) -> tuple[str, ...]:
+REGRESSION_SOURCE_LABELS = {"label": "true value (quartiles)",
+                            "predicted": "output (quartiles)"}
+"""How menus name the label and prediction sources of a regression head (one output): the
+samples grouped by quartile of their true value or of the model's output."""
+REGRESSION_TARGET = "predicted"
+"""A regression head's only target: its one output (None, as `scoring_targets` gives it)."""
+
+
+def is_regression(n_outputs: int) -> bool:
+    """A model with one output is a regression head: its score is the output itself, with
+    no class; its labels are true values, grouped by quartile; its curves measure the
+    output or the squared error (`metric_choices`)."""
+    return n_outputs == 1
+
+
+def cluster_source_choices(has_labels: bool, has_provided_clusters: bool, *,
+                           regression: bool = False) -> tuple[str, ...]:
     """The cluster sources that data can use, in menu order (CLUSTER_SOURCES): without labels
-    no "label" or "correctness", without a cluster column no "provided"."""
+    no "label" or "correctness", without a cluster column no "provided"; a regression head
+    has no "correctness" (no class to be right about)."""
     return tuple(source for source in CLUSTER_SOURCES
                  if (has_labels or source not in _NEED_LABELS)
-                 and (has_provided_clusters or source != "provided"))
+                 and (has_provided_clusters or source != "provided")
+                 and not (regression and source == "correctness"))
 
 
 def default_cluster_source(has_labels: bool, has_provided_clusters: bool) -> str:
-    """The cluster source used when none is chosen: "label" for data with labels, else
-    "provided" for data with a cluster column, else "predicted" (why: the module docstring)."""
+    """The cluster source used when none is chosen: "label" for data with labels (for a
+    regression head, the quartiles of the true value), else "provided" for data with a
+    cluster column, else "predicted" (why: the module docstring)."""
     if has_labels:
         return "label"
     return "provided" if has_provided_clusters else "predicted"
 
 
-def target_choices(has_labels: bool) -> tuple[str, ...]:
-    """The targets (TARGETS) data can be scored for: no "true" without labels."""
+def cluster_source_label(source: str, regression: bool = False) -> str:
+    """How menus name a cluster source (CLUSTER_SOURCE_LABELS; REGRESSION_SOURCE_LABELS)."""
+    if regression and source in REGRESSION_SOURCE_LABELS:
+        return REGRESSION_SOURCE_LABELS[source]
+    return CLUSTER_SOURCE_LABELS.get(source, source)
+
+
+def target_choices(has_labels: bool, *, regression: bool = False) -> tuple[str, ...]:
+    """The targets (TARGETS) data can be scored for: no "true" without labels; a regression
+    head only its one output."""
+    if regression:
+        return (REGRESSION_TARGET,)
     return tuple(target for target in TARGETS if has_labels or target != "true")
 
 
-def default_target(has_labels: bool) -> str:
-    """The target used when none is chosen: "true" with labels, else "predicted"."""
-    return "true" if has_labels else "predicted"
+def default_target(has_labels: bool, *, regression: bool = False) -> str:
+    """The target used when none is chosen: "true" with labels, else "predicted" (for a
+    regression head always its output)."""
+    return "true" if has_labels and not regression else "predicted"
+
+
+def target_label(target: str, regression: bool = False) -> str:
+    """How menus name a target (TARGET_LABELS; a regression head's is "the output")."""
+    return "the output" if regression else TARGET_LABELS.get(target, target)
+
+
+def metric_choices(*, regression: bool = False, has_labels: bool = True) -> tuple[str, ...]:
+    """The pruning-curve metrics (METRICS) a model and data can measure: a classifier's
+    accuracy, target logit and loss; a regression head's output and, with true values, its
+    squared error."""
+    if regression:
+        return ("target_logit",) + (("squared_error",) if has_labels else ())
+    return tuple(metric for metric in METRICS if metric != "squared_error")
+
+
+def default_metric(*, regression: bool = False, has_labels: bool = True) -> str:
+    """The metric used when none is chosen: DEFAULT_METRIC (accuracy) for a classifier; the
+    squared error for a regression head with true values, else its output."""
+    if regression:
+        return metric_choices(regression=True, has_labels=has_labels)[-1]
+    return DEFAULT_METRIC
+
+
+def metric_label(metric: str, regression: bool = False) -> str:
+    """How menus and axes name a metric (METRIC_LABELS; a regression head's target logit is
+    its output)."""
+    if regression and metric == "target_logit":
+        return "output"
+    return METRIC_LABELS.get(metric, metric)
 
 
 DEFAULT_CLUSTER_SOURCE = default_cluster_source(has_labels=True, has_provided_clusters=True)
@@ -189,10 +255,11 @@ def evidence_ks(n_neurons: int) -> list[int]:
     return spaced_ks(n_neurons, EVIDENCE_CURVE_POINTS)
 
 
-def partition_words(source: str, k: Optional[int] = None, layer: Optional[str] = None) -> str:
+def partition_words(source: str, k: Optional[int] = None, layer: Optional[str] = None,
+                    regression: bool = False) -> str:
     """A partition of the samples in words, e.g. "true label", "k-means on the inputs (k = 8)",
     "k-means on layer relu2 (k = 8)" ("k-means on the layer" without `layer`)."""
-    words = CLUSTER_SOURCE_LABELS.get(source, source)
+    words = cluster_source_label(source, regression)
     if source == "kmeans_activations" and layer:
         words = f"k-means on layer {layer}"
     if source.startswith("kmeans") and k is not None:
@@ -213,6 +280,15 @@ def cluster_label(cluster: object, source: str, class_names: Optional[Sequence[s
     if source in ("label", "predicted") and isinstance(cluster, (int, np.integer)):
         return class_label(int(cluster), class_names)
     return str(cluster)
+
+
+def curve_targets(metric: str, labels: Optional[torch.Tensor],
+                  scoring: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """What pruning curves measuring `metric` measure against: accuracy against the labels
+    (against the unpruned model's predictions without labels), a regression head's squared
+    error against its true values (the labels); the logit and the loss follow `scoring`,
+    the targets the neurons were scored for."""
+    return labels if metric in ("accuracy", "squared_error") else scoring
 
 
 def scoring_targets(labels: Optional[torch.Tensor], n_samples: int, target: str,
@@ -251,7 +327,8 @@ class AnalysisSettings:
         cluster: the cluster in focus; None = the first cluster id (`with_cluster_of`).
         reduce: "mean" (signed) or "mean_abs".
         target: "true" (labels), "predicted" or "fixed" (`fixed_class` for every sample).
-        metric: pruning-curve metric: "accuracy", "target_logit" or "loss".
+        metric: pruning-curve metric: "accuracy", "target_logit" or "loss"; for a regression
+            head "target_logit" (its output) or "squared_error" (`metric_choices`).
         n_random: random orders forming the pruning curves' band.
     """
 
@@ -278,13 +355,15 @@ class AnalysisSettings:
     @classmethod
     def for_data(cls, layers: Sequence[LayerInfo], *, has_labels: bool,
                  has_provided_clusters: bool, n_samples: Optional[int] = None,
-                 **choices) -> "AnalysisSettings":
+                 regression: bool = False, **choices) -> "AnalysisSettings":
         """The settings a front end starts from for this model and data: `default_layer`,
-        `default_cluster_source`, `default_target`, `default_k` (with `n_samples`) and every
-        other field's default; `choices` (any field, e.g. layer="fc2") replace them."""
+        `default_cluster_source`, `default_target`, `default_metric`, `default_k` (with
+        `n_samples`) and every other field's default; `regression` for a model with one
+        output (`is_regression`); `choices` (any field, e.g. layer="fc2") replace them."""
         defaults = dict(layer=default_layer(layers),
                         cluster_source=default_cluster_source(has_labels, has_provided_clusters),
-                        target=default_target(has_labels))
+                        target=default_target(has_labels, regression=regression),
+                        metric=default_metric(regression=regression, has_labels=has_labels))
         if n_samples is not None:
             defaults["k"] = default_k(n_samples)
         return cls(**{**defaults, **choices})
@@ -325,9 +404,8 @@ class AnalysisSettings:
 
     def curve_targets(self, labels: Optional[torch.Tensor],
                       scoring: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """Targets of the pruning curves: accuracy is measured against the labels (against
-        the unpruned model's predictions without labels); logit and loss follow `scoring`."""
-        return labels if self.metric == "accuracy" else scoring
+        """Targets of the pruning curves (`curve_targets` of `metric`)."""
+        return curve_targets(self.metric, labels, scoring)
 
     # ------------------------------------------------------------ rankings and curves
 

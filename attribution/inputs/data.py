@@ -67,7 +67,9 @@ class Dataset:
             tensor, and made int64 by `check_data` for a model of integer inputs (token ids).
             Named inputs (a dict such as input_ids and attention_mask [N, T]) become
             `model_io.NamedInputs` of int64 / float32 tensors.
-        labels: int64 tensor [N] of class ids >= 0, or None.
+        labels: int64 tensor [N] of class ids >= 0; float32 [N] of real values, the true
+            outputs of a regression head (a model with one output: `check_data` makes any
+            labels of such a model float32, and refuses real values for a classifier); or None.
         clusters: 1-D array [N] of cluster ids (ints or strings), or None.
         feature_names: one name per feature of [N, F] inputs, or None.
         class_names: one name per class, or None.
@@ -246,6 +248,9 @@ def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) 
 
 
 def as_labels(value: Any, n: int) -> torch.Tensor:
+    """The label column as a tensor [n]: int64 class ids when every value is a whole number
+    >= 0, else float32 real values (the targets of a regression head; `check_data` refuses
+    them for a classifier)."""
     array = _numpy(value, "labels")
     if array.ndim != 1 or len(array) != n:
         raise AttributionError(f"Labels must be a 1-D array with one class id per sample ({n}); "
@@ -260,18 +265,39 @@ def as_labels(value: Any, n: int) -> torch.Tensor:
                                    f"{reprlib.repr(example)}. Map class names to ids 0..C-1 "
                                    "first.")
         array = numeric
-    if array.dtype.kind == "f":
-        if not np.isfinite(array).all() or not np.equal(np.round(array), array).all():
-            example = _scalar(next(v for v in array if not (math.isfinite(v) and v == round(v))))
-            raise AttributionError(f"Labels must be integer class ids; found "
-                                   f"{reprlib.repr(example)}.")
     if array.dtype.kind not in "iuf":
         raise AttributionError(f"Labels must be integer class ids; got dtype {array.dtype}.")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        example = _scalar(next(v for v in array if not math.isfinite(v)))
+        raise AttributionError(f"Labels must be integer class ids (or real values for a model "
+                               f"with one output); found {reprlib.repr(example)}.")
+    whole = array.dtype.kind in "iu" or bool(np.equal(np.round(array), array).all())
+    if not whole or (len(array) and array.min() < 0) or (
+            isinstance(value, torch.Tensor) and value.dtype == torch.float32):
+        return torch.from_numpy(array.astype(np.float32))  # real values, or not class ids
     if len(array) and float(np.abs(array).max()) >= 2 ** 62:  # beyond int64: no class id
         raise AttributionError(f"Labels must be class ids 0..C-1; found {_scalar(array.max())}.")
-    labels = torch.from_numpy(array.astype(np.int64))
-    if labels.min() < 0:
-        raise AttributionError(f"Labels must be class ids >= 0; found {int(labels.min())}.")
+    return torch.from_numpy(array.astype(np.int64))
+
+
+def class_ids(labels: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """`labels` as int64 class ids 0..n_classes-1, or AttributionError (real values are the
+    targets of a regression head, a model with one output)."""
+    if labels.is_floating_point():
+        bad = labels[(labels != labels.round()) | (labels < 0)]
+        if len(bad) and float(bad[0]) < 0 and float(bad[0]) == round(float(bad[0])):
+            raise AttributionError(f"Labels must be class ids >= 0; found {int(bad[0])}.")
+        if len(bad):
+            raise AttributionError(
+                f"Labels must be integer class ids; found {float(bad[0]):g}. Real values are "
+                "the targets of a regression head (a model with one output); this model has "
+                f"{n_classes} outputs.")
+        labels = labels.long()
+    if len(labels) and int(labels.max()) >= n_classes:
+        bad = labels[labels >= n_classes]
+        raise AttributionError(f"{len(bad)} label(s) are outside the model's classes "
+                               f"0..{n_classes - 1} (e.g. {int(bad[0])}). Check the label "
+                               "column and that the data belongs to this model.")
     return labels
 
 
@@ -729,11 +755,10 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
         inputs = _as_ids(inputs, model.input_dtype)
     elif not inputs.is_floating_point():
         inputs = inputs.to(torch.float32)
-    if dataset.labels is not None and int(dataset.labels.max()) >= model.n_classes:
-        bad = dataset.labels[dataset.labels >= model.n_classes]
-        raise AttributionError(f"{len(bad)} label(s) are outside the model's classes "
-                               f"0..{model.n_classes - 1} (e.g. {int(bad[0])}). Check the label "
-                               "column and that the data belongs to this model.")
+    labels = dataset.labels
+    if labels is not None:  # a regression head's are its true values, a classifier's classes
+        labels = labels.to(torch.float32) if model.n_classes == 1 else \
+            class_ids(labels, model.n_classes)
     if dataset.clusters is not None:
         check_clusters(dataset.clusters, remedy="Merge them with others in the data's cluster "
                                                 "ids, or leave the cluster ids out.")
@@ -742,8 +767,8 @@ def check_data(dataset: Dataset, model: LoadedModel) -> Dataset:
         class_names = model.class_names
     feature_names = dataset.feature_names if isinstance(inputs, torch.Tensor) \
         and inputs.dim() == 2 else None
-    return replace(dataset, inputs=inputs, feature_names=feature_names, class_names=class_names,
-                   reshaped_from=reshaped_from)
+    return replace(dataset, inputs=inputs, labels=labels, feature_names=feature_names,
+                   class_names=class_names, reshaped_from=reshaped_from)
 
 
 def _named_for(inputs, model: LoadedModel) -> NamedInputs:
@@ -823,6 +848,20 @@ def predict_classes(model: Union[LoadedModel, nn.Module], inputs, *,
         lambda batch: run_logits(module, batch.x).argmax(dim=1).cpu(), progress)])
 
 
+def predictions(model: Union[LoadedModel, nn.Module], inputs, *,
+                batch_size: int = DEFAULT_BATCH_SIZE, progress: Progress = None) -> torch.Tensor:
+    """What the model predicts for each sample, as `predict_classes` runs it: int64 class
+    ids [N] for a classifier, float32 output values [N] for a regression head (one output)."""
+    module = _module(model, "predicted")
+    layer_pass = LayerPass(module, None, inputs, batch_size=batch_size, grad=False,
+                           what="predict")
+
+    def predict(batch) -> torch.Tensor:
+        logits = run_logits(module, batch.x)
+        return (logits[:, 0].float() if logits.shape[1] == 1 else logits.argmax(dim=1)).cpu()
+    return torch.cat([predicted for _, predicted in layer_pass.run(predict, progress)])
+
+
 def layer_activations(model: Union[LoadedModel, nn.Module], layer: str, inputs: torch.Tensor,
                       *, batch_size: int = DEFAULT_BATCH_SIZE,
                       progress: Progress = None) -> torch.Tensor:
@@ -870,13 +909,20 @@ def make_clusters(source: str, dataset: Union[Dataset, StreamedData],
     if source in ("label", "correctness") and dataset.labels is None:
         raise AttributionError(f"Cluster source {source!r} needs labels; this data has none.")
     if source == "label":
+        if dataset.labels.is_floating_point():  # a regression head's true values
+            return quartiles(dataset.labels.numpy())
         return dataset.labels.numpy().copy()
-    if source == "predicted":
-        return predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
-                               progress=progress).numpy()
-    if source == "correctness":
-        predicted = predict_classes(_module(model, source), dataset.inputs, batch_size=batch_size,
-                                    progress=progress)
+    if source in ("predicted", "correctness"):
+        predicted = predictions(_module(model, source), dataset.inputs, batch_size=batch_size,
+                                progress=progress)
+        if predicted.is_floating_point() and source == "correctness":
+            raise AttributionError("A regression head (one output) has no class to be right "
+                                   "or wrong about: group its samples by the quartile of their "
+                                   "true value ('label') or of its output ('predicted').")
+        if predicted.is_floating_point():  # a regression head: the quartiles of its output
+            return quartiles(predicted.numpy())
+        if source == "predicted":
+            return predicted.numpy()
         return np.where((predicted == dataset.labels).numpy(), "correct", "misclassified")
     if source == "kmeans_activations":
         if layer is None:
@@ -890,6 +936,18 @@ def make_clusters(source: str, dataset: Union[Dataset, StreamedData],
         points, done = model_io.flat(dataset.inputs), 0.0
     return _kmeans(points.double().numpy(), k, seed, None if progress is None else
                    lambda f: progress(done + (1.0 - done) * f))
+
+
+QUARTILES = ("Q1 (lowest)", "Q2", "Q3", "Q4 (highest)")
+"""The cluster ids of a regression head's samples grouped by value (`quartiles`)."""
+
+
+def quartiles(values: np.ndarray) -> np.ndarray:
+    """The quartile of each value [N] as its cluster id (QUARTILES), cut at the 25th, 50th
+    and 75th percentiles; equal values share a quartile, so one repeated value empties some."""
+    values = np.asarray(values, dtype=np.float64)
+    edges = np.quantile(values, [0.25, 0.5, 0.75])
+    return np.asarray(QUARTILES, dtype=object)[np.searchsorted(edges, values, side="left")]
 
 
 def _kmeans(points: np.ndarray, k: Optional[int], seed: int,

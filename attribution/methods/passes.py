@@ -144,7 +144,7 @@ def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[obj
 def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None,
                   n_classes: Optional[int] = None, accepts: Sequence[str] = TARGET_WORDS,
                   need: Optional[str] = None, of_batch: bool = False,
-                  name: str = "target class ids") -> Targets:
+                  name: str = "target class ids", values: bool = False) -> Targets:
     """The one check of targets: what every computation scores or measures each sample for.
 
     Args:
@@ -159,8 +159,11 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
             pruning curve or a diagnosis, which measure one target per sample, leave it out).
         need: why a word is refused, e.g. "Pruning curves need one target per sample".
         name: what the range message calls the ids ("the fixed class").
+        values: the targets are real values, one per sample (a regression head's true
+            outputs, which `squared_error` measures against), not class ids.
     Returns:
-        None, the word, or the class ids as a LongTensor (y converted, with `of_batch`).
+        None, the word, or the class ids as a LongTensor (y converted, with `of_batch`);
+        with `values`, the values as a float32 tensor.
     Raises:
         AttributionError saying what to pass instead.
     """
@@ -175,6 +178,8 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         return None
     elif isinstance(targets, str):
         return _target_word(targets, inputs, accepts, need)
+    if values:
+        return _real_values(targets, total)
     if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
             or targets.is_floating_point() or targets.is_complex()
             or targets.dtype == torch.bool):
@@ -216,13 +221,37 @@ def _target_word(word: str, inputs: Inputs, accepts: Sequence[str],
     return word
 
 
+def _real_values(targets, total: Optional[int]) -> torch.Tensor:
+    """Targets that are real values [N] (float32), checked: one finite value per sample."""
+    if not isinstance(targets, torch.Tensor):
+        targets = torch.as_tensor(np.asarray(targets))
+    if targets.dim() != 1 or (total is not None and targets.shape[0] != total) \
+            or targets.is_complex() or targets.dtype == torch.bool:
+        raise AttributionError(f"squared_error measures each output against a true value: "
+                               f"pass one real value per sample ({total or 'N'}), as a tensor "
+                               f"[N]; got {_described(targets)}.")
+    targets = targets.to(torch.float32)
+    if not torch.isfinite(targets).all():
+        raise AttributionError("The true values contain NaN or inf.")
+    return targets
+
+
+def _described(value) -> str:
+    return (f"a {value.dtype} tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor) else type(value).__name__)
+
+
 def _not_class_ids(targets, total: Optional[int], accepts: Sequence[str],
                    of_batch: bool) -> str:
     if of_batch:
         return (f"targets='labels' needs integer class ids y [B] in each (x, y) batch; got y "
                 f"of shape {list(targets.shape)} and dtype {targets.dtype} for {total} "
                 "samples.")
-    return f"targets must be {_kinds(accepts)}; convert with torch.as_tensor(y).long()."
+    said = f"targets must be {_kinds(accepts)}; convert with torch.as_tensor(y).long()."
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point():
+        said += (" Real values are no classes: a regression head (one output) is scored on "
+                 "its output itself, with targets=None.")
+    return said
 
 
 # --------------------------------------------------------------------------- the pass
@@ -278,13 +307,14 @@ class LayerPass:
         cpu_layer_elements: on a CPU, a batch whose layer output holds more values than
             this is computed in equal row chunks, each its own `LayerBatch` (memory the
             caches or the allocator keep); elsewhere, and for None, whole batches.
+        values: the targets are real values (`check_targets`), not class ids.
     """
 
     def __init__(self, model: nn.Module, layer, inputs: Inputs, targets: Targets = None, *,
                  batch_size: int = 256, device=None, grad: bool = True,
                  accepts: Sequence[str] = TARGET_WORDS, need: Optional[str] = None,
                  what: str = "score", check: Optional[Callable[[Any], object]] = None,
-                 cpu_layer_elements: Optional[int] = None):
+                 cpu_layer_elements: Optional[int] = None, values: bool = False):
         self.name: Optional[str] = None
         self.module: Optional[nn.Module] = None
         if layer is not None:
@@ -297,8 +327,9 @@ class LayerPass:
         self.device = model_device(self.model)
         self.cpu_layer_elements = cpu_layer_elements if self.device.type == "cpu" else None
         self.total = n_samples(inputs)
+        self.values = values
         self.targets = check_targets(targets, self.total, inputs=inputs, accepts=accepts,
-                                     need=need)
+                                     need=need, values=values)
         self._ranged = not isinstance(self.targets, torch.Tensor)  # ids checked on a device
         self.runner: Optional[LayerRunner] = None
 
@@ -375,12 +406,13 @@ class LayerPass:
         if isinstance(targets, torch.Tensor):
             if not self._ranged:  # every batch's at once, before the first is computed
                 targets = self.targets = check_targets(targets.to(self.device),
-                                                       n_classes=self.n_classes)
+                                                       n_classes=self.n_classes,
+                                                       values=self.values)
                 self._ranged = True
             if start + rows > targets.shape[0]:
                 raise AttributionError("There are more samples than targets.")
             return targets[start:start + rows]
         if targets == "labels":
-            return check_targets(labels, rows, n_classes=self.n_classes,
-                                 of_batch=True).to(self.device)
+            return check_targets(labels, rows, n_classes=self.n_classes, of_batch=True,
+                                 values=self.values).to(self.device)
         return targets

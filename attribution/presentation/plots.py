@@ -32,6 +32,7 @@ METRIC_AXES = {
     "accuracy": "accuracy (% of samples)",
     "target_logit": "mean target logit (logits)",
     "loss": "cross-entropy loss (nats)",
+    "squared_error": "squared error (mean)",
 }
 SEVERITY_COLOURS = {"ok": "#1A9850", "warning": "#E08E0B", "problem": "#D73027"}
 SIGNED_SCALE = "RdBu_r"          # blue < 0 < red, centred at zero
@@ -652,9 +653,11 @@ def _upsampled(grid: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 
 
 def _caption(example: pd.Series) -> str:
-    """"#401 · 4<br>2.00": the sample's row, its label id and the neuron's activation."""
+    """"#401 · 4<br>2.00": the sample's row, its label id (a regression head's true value,
+    "· 0.731") and the neuron's activation."""
     label = example.get("label")
-    label = "" if label is None or pd.isna(label) else f" · {int(label)}"
+    label = "" if label is None or pd.isna(label) else \
+        f" · {int(label)}" if float(label) == int(label) else f" · {label:.3g}"
     return f"#{int(example['sample'])}{label}<br>{example['activation']:.3g}"
 
 

@@ -24,8 +24,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from . import plots
-from ..analyses.settings import AnalysisSettings, cluster_label
-from ..inputs.data import Dataset, make_clusters, predict_classes
+from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
+from ..inputs.data import Dataset, make_clusters, predictions
 from ..analyses.diagnose import diagnose
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
@@ -99,9 +99,10 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
     if "cluster" not in summary.index:
         return []
     scale, unit = (100.0, "percentage points") if metric == "accuracy" else (
-        1.0, "logits" if metric == "target_logit" else "nats")
+        1.0, {"target_logit": "logits", "loss": "nats"}.get(metric, "squared units"))
     damage = {"accuracy": "lowers accuracy", "target_logit": "lowers the target logit",
-              "loss": "raises the loss"}.get(metric, f"changes {metric}")
+              "loss": "raises the loss",
+              "squared_error": "raises the squared error"}.get(metric, f"changes {metric}")
 
     def versus_random(gap: float) -> str:
         how = "more" if gap >= 0 else "less"
@@ -162,15 +163,26 @@ def sample_shape(inputs) -> str:
 
 def model_facts(loaded: LoadedModel, dataset: Dataset,
                 predicted: Optional[np.ndarray] = None) -> dict[str, str]:
-    """Label -> value about the model and data: format, shapes, classes, accuracy."""
+    """Label -> value about the model and data: format, shapes, classes (or "1 output (a
+    regression head)"), and with labels the accuracy (a regression head's RMSE).
+
+    Args:
+        predicted: `predictions` of every sample (class ids, or a regression head's values).
+    """
+    regression = is_regression(loaded.n_classes)
     facts = {
         "model format": loaded.source_format or "-",
         "input shape": sample_shape(dataset.inputs),
-        "classes": str(loaded.n_classes), "samples": str(len(dataset)),
+        "classes": "1 output (a regression head)" if regression else str(loaded.n_classes),
+        "samples": str(len(dataset)),
     }
     if predicted is not None and dataset.labels is not None:
-        accuracy = float((np.asarray(predicted) == dataset.labels.numpy()).mean())
-        facts["accuracy on this data"] = f"{accuracy:.1%}"
+        truth, predicted = dataset.labels.numpy(), np.asarray(predicted)
+        if regression:
+            error = np.sqrt(np.mean((predicted.astype(np.float64) - truth) ** 2))
+            facts["RMSE on this data"] = f"{error:.4g}"
+        else:
+            facts["accuracy on this data"] = f"{float((predicted == truth).mean()):.1%}"
     return facts
 
 
@@ -294,7 +306,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                               methods=settings.methods, clusters=clusters,
                               cluster=settings.cluster, reduce=settings.reduce,
                               batch_size=settings.batch_size, seed=settings.seed)
-    predicted = predict_classes(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
+    predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
     activations = per_sample.get("activation")
     if dataset.image_chw is not None and activations is None:
         activations = neuron_scores(model, settings.layer, dataset.inputs, None, "activation",

@@ -18,7 +18,7 @@ import torch
 import attribution as at
 from attribution.methods import REGISTRY
 from attribution.presentation import plots
-from attribution.analyses.settings import AnalysisSettings, cluster_label
+from attribution.analyses.settings import AnalysisSettings, cluster_label, is_regression
 from pages.shared import keys
 from pages.shared.progress import ProgressLine
 from pages.shared.workspace import Workspace, predictions
@@ -84,6 +84,11 @@ class Context:
         return self.settings.cluster_rows(self.clusters)
 
     @property
+    def regression(self) -> bool:
+        """Is the model a regression head (one output, no classes)?"""
+        return is_regression(self.ws.loaded.n_classes)
+
+    @property
     def layer_info(self) -> at.LayerInfo:
         """The layer in focus, with the neuron axis of `settings.layer` ("name" or "name:axis")."""
         return self.settings.layer_info(self.ws.layers)
@@ -133,7 +138,9 @@ class Context:
         """The class each sample of the cluster in focus is scored for, with the predicted
         class where the targets say "predicted" (None)."""
         targets = self.focus_targets()
-        if targets is None:  # the predicted class
+        if targets is None and self.regression:  # its one output
+            targets = torch.zeros(int(self.focus.sum()), dtype=torch.long)
+        elif targets is None:  # the predicted class
             targets = torch.from_numpy(self.predictions()[self.focus])
         return targets
 

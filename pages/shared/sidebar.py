@@ -22,9 +22,10 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.inputs.demo import DEMOS
 from attribution.analyses import settings as defaults
-from attribution.analyses.settings import (CLUSTER_SOURCE_LABELS, TARGET_LABELS, AnalysisSettings,
-                                           cluster_label, partition_words)
+from attribution.analyses.settings import (AnalysisSettings, cluster_label, cluster_source_label,
+                                           is_regression, partition_words, target_label)
 from attribution.analyses.verdict import cluster_composition, describe_mix
+from attribution.inputs.data import quartiles
 from pages.shared.context import Context
 from pages.shared.draw import escape_markdown, show_error
 from pages.shared.progress import ProgressLine
@@ -59,23 +60,34 @@ def apply_choice(key: str, value: Any) -> None:
     st.session_state[key] = value
 
 
-def page_choice(key: str) -> Any:
+def page_choice(key: str, options: Optional[Sequence] = None, default: Any = None) -> Any:
     """A page's own setting (metric, random orders): its widget's value while the page is
-    shown, else the value kept from the last visit or the URL."""
-    default, options = _PAGE_KEYS[key]
+    shown, else the value kept from the last visit or the URL; one of `options` (default:
+    `_PAGE_KEYS`'), else `default`."""
+    if options is None:
+        default, options = _PAGE_KEYS[key]
     kept = st.session_state.setdefault("kept", {})
     if key in st.session_state:
         kept[key] = st.session_state[key]
     elif key in from_url():
         wanted = from_url().pop(key)
         kept[key] = next((option for option in options if str(option) == wanted), default)
+    if kept.get(key, default) not in options:
+        kept[key] = default
     return kept.get(key, default)
 
 
-def page_widget(key: str) -> None:
+def page_widget(key: str, options: Optional[Sequence] = None, default: Any = None) -> None:
     """Restore a page widget's kept value before drawing it (Streamlit forgets the state of
-    widgets that were not drawn in the last run)."""
-    st.session_state[key] = page_choice(key)
+    widgets that were not drawn in the last run); `options`, `default` as in `page_choice`."""
+    st.session_state[key] = page_choice(key, options, default)
+
+
+def metric_options(ws: Workspace) -> tuple[tuple[str, ...], str]:
+    """(the pruning metrics this model and data can measure, the default one)."""
+    regression, has_labels = is_regression(ws.loaded.n_classes), ws.data.labels is not None
+    return (defaults.metric_choices(regression=regression, has_labels=has_labels),
+            defaults.default_metric(regression=regression, has_labels=has_labels))
 
 
 CLUSTER_SHOWN = "cluster_shown"  # session state: what the last run's cluster choice was
@@ -119,7 +131,8 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
     elif last is not None and (chosen not in ids or last.partition != partition):
         chosen = ids[0]
         if last.cluster is not None:
-            words = partition_words(source, state["w_k"], layer)
+            words = partition_words(source, state["w_k"], layer,
+                                    is_regression(ws.loaded.n_classes))
             old, new = last.words, words
             if last.title != ws.title:
                 old, new = f"{old} of {last.title}", f"{new} of {ws.title}"
@@ -139,7 +152,8 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
         state.pop("cluster_notice", None)
     state[CLUSTER_SHOWN] = ClusterShown(
         partition, labels_key, chosen, cluster_label(chosen, source, ws.class_names),
-        partition_words(source, state["w_k"], layer), ws.title)
+        partition_words(source, state["w_k"], layer, is_regression(ws.loaded.n_classes)),
+        ws.title)
 
 
 def _axis_label(info: at.LayerInfo, axis: int) -> str:
@@ -206,11 +220,13 @@ def sidebar(page: str = "") -> Optional[Context]:
 
     has_labels = ws.data.labels is not None
     has_provided = ws.data.clusters is not None
-    sources_ok = list(defaults.cluster_source_choices(has_labels, has_provided))
+    regression = is_regression(ws.loaded.n_classes)
+    sources_ok = list(defaults.cluster_source_choices(has_labels, has_provided,
+                                                      regression=regression))
     _prepare("w_cluster_by", sources_ok,
              defaults.default_cluster_source(has_labels, has_provided))
     bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
-                  format_func=CLUSTER_SOURCE_LABELS.get,
+                  format_func=lambda source: cluster_source_label(source, regression),
                   help="How samples are grouped; scores are averaged within each cluster.")
     cluster_by = st.session_state["w_cluster_by"]
     k_options = list(defaults.k_choices(len(ws.data)))
@@ -231,6 +247,8 @@ def sidebar(page: str = "") -> Optional[Context]:
     mixes = {}  # k-means clusters say what they mix
     if cluster_by.startswith("kmeans"):
         classes = ws.data.labels.numpy() if has_labels else predictions(ws)
+        if regression:  # true values or outputs: what k-means mixes is their quartiles
+            classes = quartiles(classes)
         composition = cluster_composition(clusters, classes, ws.class_names)
         mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
     _prepare_cluster(ws, cluster_by, id_list, bar, page)
@@ -260,10 +278,12 @@ def sidebar(page: str = "") -> Optional[Context]:
     bar.radio("Reduction over a cluster", reductions, key="w_reduce", horizontal=True,
               format_func=defaults.REDUCTION_LABELS.get,
               help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
-    targets_ok = list(defaults.target_choices(has_labels))
-    _prepare("w_target", targets_ok, defaults.default_target(has_labels))
-    bar.radio("Score the logit of the", targets_ok, key="w_target",
-              format_func=TARGET_LABELS.get, horizontal=True)
+    targets_ok = list(defaults.target_choices(has_labels, regression=regression))
+    _prepare("w_target", targets_ok, defaults.default_target(has_labels, regression=regression))
+    bar.radio("Score" if regression else "Score the logit of the", targets_ok, key="w_target",
+              format_func=lambda target: target_label(target, regression), horizontal=True,
+              help="A model with one output (a regression head) has no classes: its score "
+                   "is the output itself." if regression else None)
     classes = list(range(ws.loaded.n_classes))
     _prepare("w_class", classes, 0)
     if st.session_state["w_target"] == "fixed":
@@ -278,7 +298,7 @@ def sidebar(page: str = "") -> Optional[Context]:
         layer=layer, method=state["w_method"], compare=tuple(state["w_compare"]),
         cluster_source=cluster_by, k=state["w_k"], cluster=state["w_cluster"],
         reduce=state["w_reduce"], target=state["w_target"], fixed_class=state["w_class"],
-        metric=page_choice("w_metric"), n_random=page_choice("w_random"),
+        metric=page_choice("w_metric", *metric_options(ws)), n_random=page_choice("w_random"),
         batch_size=state["w_batch"])
     targets = settings.targets(ws.data, ws.loaded.n_classes)
     ctx = Context(ws, settings, clusters, targets)

@@ -17,7 +17,8 @@ import torch
 
 import attribution as at
 from attribution.analyses import settings as analysis
-from attribution.inputs.data import Dataset, check_data, load_data, make_clusters, predict_classes
+from attribution.inputs import data as data_module
+from attribution.inputs.data import Dataset, check_data, load_data, make_clusters
 from attribution.inputs import loading
 from attribution.inputs.demo import load_demo
 from attribution.inputs.loaded import LoadedModel
@@ -163,10 +164,11 @@ def cluster_ids(key: str, source: str, k: int, layer: str, batch_size: int,
 @st.cache_data(max_entries=8, show_spinner=False)
 def _predictions(key: str, _loaded: LoadedModel, _data: Dataset, _progress) -> np.ndarray:
     with _progress:
-        return predict_classes(_loaded, _data.inputs, progress=_progress).numpy()
+        return data_module.predictions(_loaded, _data.inputs, progress=_progress).numpy()
 
 
 def predictions(ws: Workspace) -> np.ndarray:
-    """The model's predicted class of every sample [N] (cached)."""
+    """The model's predicted class of every sample [N] (a regression head's predicted value)
+    (cached)."""
     return _predictions(ws.key, ws.loaded, ws.data,
                         ProgressLine("Predicting every sample's class"))

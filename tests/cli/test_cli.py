@@ -447,8 +447,8 @@ def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
             settings.DEFAULT_N_STEPS), name
     for name in ("curve", "diagnose", "report"):
         assert parsed[name].n_random == expected.n_random
-    assert parsed["curve"].metric == parsed["report"].metric == expected.metric
-    assert parsed["prune"].metric == expected.metric
+    for name in ("curve", "report", "prune"):  # the metric follows the model and data
+        assert cli.metric_of(parsed[name], problem) == expected.metric, name
     assert parsed["curve"].ablation == parsed["prune"].ablation == settings.DEFAULT_ABLATION
     assert parsed["diagnose"].metric == settings.EVIDENCE_METRIC
     assert cli.report_settings(parsed["report"], problem) == expected  # compare included

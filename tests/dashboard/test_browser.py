@@ -199,9 +199,10 @@ def test_export_report_and_open_it_offline(app, browser):
     tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     tab.on("pageerror", lambda error: problems.append(str(error)))
     tab.goto(report.as_uri())
-    tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 6",
-                          timeout=30_000)
+    tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 7",
+                          timeout=30_000)  # with the top neuron's samples as 8 x 8 images
     assert "Findings" in tab.inner_text("body")
+    assert tab.evaluate(CHART_WITH_TITLE, ["the samples that activate it most", False])
     tab.screenshot(path=str(ARTIFACTS / "7-report-offline.png"), full_page=True)
     offline.close()
     assert not problems, problems

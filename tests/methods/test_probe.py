@@ -199,3 +199,18 @@ def test_a_sample_whose_activations_are_not_finite_is_left_out_and_scored_nan():
     probe = at.probe(model, "fc2", x, clusters)
     assert "1 sample(s) whose activations are not finite were left out" in probe.note
     torch.testing.assert_close(probe.weights, expected.weights)
+
+
+def test_data_streamed_from_disk_or_a_dataloader_is_probed_alike(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model, x, labels = demo()
+    clusters = labels.numpy()
+    expected = at.cluster_scores(model, "relu2", x, labels, clusters, "probe")
+    np.save(tmp_path / "x.npy", x.numpy())
+    streamed = at.cluster_scores(model, "relu2", at.NpyRows(tmp_path / "x.npy", batch_size=100),
+                                 labels, clusters, "probe")
+    loader = DataLoader(TensorDataset(x, labels), batch_size=64)
+    batched = at.cluster_scores(model, "relu2", loader, "labels", clusters, "probe")
+    for table in (streamed, batched):
+        np.testing.assert_array_equal(table.to_numpy(), expected.to_numpy())

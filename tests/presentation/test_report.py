@@ -60,8 +60,9 @@ def test_report_shows_settings_facts_findings_and_charts(content, page):
         message, hint = finding.words(screen=True)
         assert html.escape(message) in page and html.escape(hint) in page
     assert "target logit, area under the curve" in page and "metric=" not in page
-    # heatmap, ranked bars, method bars, rank correlation, pruning curves, histogram
-    assert page.count("Plotly.newPlot") == 6
+    # heatmap, ranked bars, method bars, rank correlation, pruning curves, histogram, and
+    # the top neuron's samples as images (the demo's pixels declare 8 x 8)
+    assert page.count("Plotly.newPlot") == 7
     for sentence in content.curve_sentences:
         assert html.escape(sentence) in page
     assert "Verdict" in content.curve_sentences[-1]
