@@ -880,3 +880,19 @@ def test_a_program_torch_cannot_load_is_an_error_with_the_recipe(bases):
     with pytest.raises(at.AttributionError, match="could not load") as error:
         at.load_model(crafted, sandbox=False)
     assert "torch.export.export(" in str(error.value)
+
+
+def test_the_checker_of_first_runs_exits_quietly_when_its_server_has_gone():
+    """The dashboard's checker process (watchdog) answers on a pipe; when the server exits
+    first (a test, a stopped app) the pipe is closed: it exits 0 with nothing on stderr, not
+    a BrokenPipeError traceback in the server's log."""
+    from attribution.inputs import loading
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(at.__file__)))  # holds the package
+    checker = subprocess.Popen(
+        [sys.executable, "-P", "-m", "attribution.inputs.untrusted.watchdog",
+         loading.FIRST_RUN.function], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, cwd=root, env=dict(os.environ, PYTHONPATH=root))
+    checker.stdout.close()  # the server is gone before the checker says it is ready
+    _, errors = checker.communicate(timeout=120)
+    assert checker.returncode == 0 and b"Traceback" not in errors, errors.decode()[-2000:]

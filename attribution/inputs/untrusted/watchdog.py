@@ -321,4 +321,8 @@ def _address_space() -> Optional[int]:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2:])
+    try:
+        _serve(sys.argv[1], sys.argv[2:])
+    except BrokenPipeError:  # the server exited while this was starting or answering
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing to flush
+        sys.exit(0)
