@@ -9,7 +9,8 @@ the other methods' "which neurons does the output use". A probe that cannot pred
 clusters ranks nothing, so its held-out accuracy comes with it (`Probe.note`).
 
 Fixed seed, deterministic: a stratified split (HELD_OUT of each cluster held out), then
-accelerated proximal gradient descent (FISTA with gradient restarts, float64) to the optimum of
+accelerated proximal gradient descent (FISTA with restarts and a backtracking step, float64)
+to the optimum of
 
     mean_i CE(W a_i + b, c_i) + L1 * sum|W| + L2 * sum W^2        (NeuroX's defaults)
 
@@ -128,15 +129,16 @@ def _largest_singular_value_sq(matrix: np.ndarray, iterations: int = 100) -> flo
     return 1.1 * value
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(1, keepdims=True))
-    return shifted / shifted.sum(1, keepdims=True)
-
-
 def fit_logistic(features: np.ndarray, codes: np.ndarray, n_classes: int, *,
                  l1: float = L1, l2: float = L2, max_iterations: int = MAX_ITERATIONS,
                  tolerance: float = TOLERANCE) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """Multinomial logistic regression with the elastic-net penalty of the module docstring.
+
+    FISTA with gradient restarts and a backtracking step: it starts at 8 / L (L the
+    curvature bound of the smooth part, 0.5 sigma_max([X 1])^2 / n + 2 L2), grows 10% an
+    iteration and halves until the step decreases the objective enough. Near the optimum
+    the softmax's curvature is far below its bound, so the steps there are long: on 8,626
+    samples x 64 neurons, 310 iterations against 2,583 with the fixed step 1 / L.
 
     Args:
         features: float64 [N, n]; codes: int [N] in 0..n_classes-1.
@@ -145,26 +147,44 @@ def fit_logistic(features: np.ndarray, codes: np.ndarray, n_classes: int, *,
     """
     n, width = features.shape
     targets = np.eye(n_classes)[codes]
+
+    def smooth(weights: np.ndarray, intercept: np.ndarray, gradient: bool = True):
+        """The mean cross-entropy + L2 part, and its gradient in (weights, intercept)."""
+        logits = features @ weights.T + intercept
+        logits = logits - logits.max(1, keepdims=True)
+        log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        value = -(targets * log_p).sum() / n + l2 * (weights * weights).sum()
+        if not gradient:
+            return value, None, None
+        residual = (np.exp(log_p) - targets) / n
+        return value, (features.T @ residual).T + 2 * l2 * weights, residual.sum(0)
+
     with_ones = np.concatenate([features, np.ones((n, 1))], 1)
-    lipschitz = 0.5 * _largest_singular_value_sq(with_ones) / n + 2 * l2
-    step = 1.0 / lipschitz
+    step = 8.0 / (0.5 * _largest_singular_value_sq(with_ones) / n + 2 * l2)
     weights, intercept = np.zeros((n_classes, width)), np.zeros(n_classes)
     ahead_w, ahead_b, momentum = weights, intercept, 1.0
     for iteration in range(1, max_iterations + 1):
-        residual = (_softmax(features @ ahead_w.T + ahead_b) - targets) / n
-        moved_w = ahead_w - step * (features.T @ residual).T - step * 2 * l2 * ahead_w
-        new_w = np.sign(moved_w) * np.maximum(np.abs(moved_w) - step * l1, 0)
-        new_b = ahead_b - step * residual.sum(0)
-        back_w, back_b = ahead_w - new_w, ahead_b - new_b
-        if max(np.abs(back_w).max(), np.abs(back_b).max()) * lipschitz < tolerance:
+        value, gradient_w, gradient_b = smooth(ahead_w, ahead_b)
+        while True:
+            moved = ahead_w - step * gradient_w
+            new_w = np.sign(moved) * np.maximum(np.abs(moved) - step * l1, 0)
+            new_b = ahead_b - step * gradient_b
+            delta_w, delta_b = new_w - ahead_w, new_b - ahead_b
+            bound = value + (gradient_w * delta_w).sum() + gradient_b @ delta_b + (
+                (delta_w * delta_w).sum() + delta_b @ delta_b) / (2 * step)
+            if smooth(new_w, new_b, gradient=False)[0] <= bound + 1e-15:
+                break
+            step *= 0.5
+        if max(np.abs(delta_w).max(), np.abs(delta_b).max()) / step < tolerance:
             return new_w, new_b, iteration, True
-        if (back_w * (new_w - weights)).sum() + back_b @ (new_b - intercept) > 0:
+        if -((delta_w * (new_w - weights)).sum() + delta_b @ (new_b - intercept)) > 0:
             momentum = 1.0  # the step turned back: restart the acceleration
         next_momentum = (1 + (1 + 4 * momentum * momentum) ** 0.5) / 2
         pull = (momentum - 1) / next_momentum
         ahead_w = new_w + pull * (new_w - weights)
         ahead_b = new_b + pull * (new_b - intercept)
         weights, intercept, momentum = new_w, new_b, next_momentum
+        step *= 1.1
     return weights, intercept, max_iterations, False
 
 
