@@ -43,15 +43,17 @@ _PAGE_KEYS = {  # widgets that live on one page: (default, options)
 
 def _prepare(key: str, options: Sequence, default: Any) -> None:
     """Give widget `key` a valid value before it is drawn: from the URL on a session's first
-    run, else its own value while still an option, else `default`."""
+    run, else its own value while still an option, else `default`.
+
+    The value is written every run, so the browser is always sent it. A widget's id includes
+    the running script's: a shared link's first run on a fresh server runs the page script
+    alone (`routing.require_entrypoint`), so the next run, through st.navigation, draws the
+    sidebar's widgets under new ids, which the browser would show at their first option
+    (the Layer box read "fc1" above a relu1 view) had the value not been written again."""
     wanted = from_url().pop(key, None)
-    if wanted is not None:
-        match = [option for option in options if str(option) == wanted]
-        if match:
-            st.session_state[key] = match[0]
-            return
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = default
+    match = [option for option in options if str(option) == wanted]
+    current = st.session_state.get(key)
+    st.session_state[key] = match[0] if match else current if current in options else default
 
 
 def apply_choice(key: str, value: Any) -> None:
@@ -98,7 +100,6 @@ class ClusterShown:
     """The cluster in focus as the last run showed it, and the partition it belongs to."""
 
     partition: tuple  # equal for partitions whose equal ids name the same group
-    labels_key: tuple  # what the option labels follow from (they change with it)
     cluster: Any
     label: str
     words: str  # the partition in words, e.g. "k-means on the inputs (k = 8)"
@@ -113,15 +114,14 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
     their own clustering. A cluster
     chosen in a partition where it does not exist (other source, k, layer or data) is
     replaced by the first cluster, and a notice says which and why: a toast, and a box in
-    the sidebar while the user stays on `page`, where it happened. Streamlit's selectbox
-    keeps the option's label as its value, so the value is set again whenever the labels
-    may have changed: the widget then never shows a label of another partition."""
+    the sidebar while the user stays on `page`, where it happened. The value is written
+    every run (as `_prepare` writes its): the widget then never shows a label of another
+    partition, nor its first option under a new id."""
     state = st.session_state
     kmeans = source.startswith("kmeans")
     layer = state["w_layer"] if source == "kmeans_activations" else ""
     class_valued = "classes" if source in ("label", "predicted") else source
     partition = (source, state["w_k"], layer, ws.key) if kmeans else (class_valued,)
-    labels_key = (ws.key, source, state["w_k"], layer)  # what the option labels follow
     last = state.get(CLUSTER_SHOWN)
     # a run stopped before the sidebar was drawn makes Streamlit forget the widget's value
     chosen = state.get("w_cluster", None if last is None else last.cluster)
@@ -143,15 +143,14 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
             st.toast(escape_markdown(notice), icon=":material/swap_horiz:")
     elif chosen not in ids:
         chosen = ids[0]
-    if chosen != state.get("w_cluster") or last is None or last.labels_key != labels_key:
-        state["w_cluster"] = chosen  # sent to the browser with the current labels
+    state["w_cluster"] = chosen  # sent to the browser every run, with the current labels
     shown = state.get("cluster_notice")
     if shown is not None and shown[:3] == (partition, chosen, page):
         bar.warning(escape_markdown(shown[3]), icon=":material/swap_horiz:")
     else:
         state.pop("cluster_notice", None)
     state[CLUSTER_SHOWN] = ClusterShown(
-        partition, labels_key, chosen, cluster_label(chosen, source, ws.class_names),
+        partition, chosen, cluster_label(chosen, source, ws.class_names),
         partition_words(source, state["w_k"], layer, is_regression(ws.loaded.n_classes)),
         ws.title)
 

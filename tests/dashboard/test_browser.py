@@ -17,6 +17,7 @@ from attribution.analyses import settings as analysis
 from attribution.inputs.demo import DEMO_DIR, load_demo
 from tests.support.browser import (ARTIFACTS, BROWSER_TIMINGS, CHART_WITH_TITLE, COLD_START_S,
                                    ENTRY_POINTS, FIRST_POINTS_S, RANKED_POINTS, REDRAW_S,
+                                   SCRIPT_IDLE,
                                    check_and_close, open_tab, streamlit_server, within_budget)
 
 pytestmark = pytest.mark.browser
@@ -287,6 +288,15 @@ def test_a_shared_link_opened_first_on_a_fresh_server_shows_its_page_and_setting
         for parameter in ("layer=relu1", "method=ablation", "random=5"):
             assert re.search(f"[?&]{parameter}(&|$)", address), address
         app.screenshot("10-shared-link-fresh-server")
+        # the next run goes through st.navigation: the sidebar's widgets get new ids (the
+        # first ran under the page script's), and must still show the link's choices
+        app.go_to("Neuron scores")
+        app.wait_for_chart("score per cluster")
+        app.page.locator(SCRIPT_IDLE).wait_for(timeout=60_000)
+        assert sidebar.get_by_role("combobox", name="Layer").input_value() == \
+            "relu1 · ReLU · 32 neurons"
+        assert sidebar.get_by_role("combobox", name="Method").input_value() == "ablation"
+        assert "layer=relu1" in app.page.evaluate("location.href")
         check_and_close(app, context)
 
 
