@@ -140,14 +140,16 @@ def _is_signed(values: Iterable[float]) -> bool:
 
 def colour_legend(scores: Iterable[float], reduce: str) -> str:
     """What a heatmap's colours of these scores mean, in words (the figure colours signed
-    values red/blue around white and values >= 0 from light to dark)."""
+    values red/blue around white, and values >= 0 on MAGNITUDE_SCALE, Viridis: dark purple
+    at zero to yellow at the largest)."""
     if _is_signed(scores):
         return "Signed scores: red raises the target logit, blue lowers it, white is zero."
     if reduce == "mean_abs":
-        return ("Magnitudes (mean |·| over the samples): darker is larger. The sign is dropped, "
-                "so a cell does not say whether a neuron raises or lowers the target logit.")
-    return (f"Every score here is 0 or more ({REDUCTION_LABELS.get(reduce, reduce)}): darker is "
-            "larger.")
+        return ("Magnitudes (mean |·| over the samples): brighter is larger, from dark purple "
+                "at zero to yellow. The sign is dropped, so a cell does not say whether a "
+                "neuron raises or lowers the target logit.")
+    return (f"Every score here is 0 or more ({REDUCTION_LABELS.get(reduce, reduce)}): brighter "
+            "is larger, from dark purple at zero to yellow.")
 
 
 def _colour_range(values: np.ndarray, signed: bool) -> dict:

@@ -346,6 +346,12 @@ def test_colour_legend_says_what_the_colours_of_these_scores_mean():
     magnitudes = plots.colour_legend([0.0, 2.0], "mean_abs")
     assert "mean |·|" in magnitudes and "red" not in magnitudes and "sign is dropped" in magnitudes
     assert "red" not in plots.colour_legend([0.0, 2.0], "mean")
+    # the words follow the scale the figure draws: zero dark purple, the largest yellow
+    scale = plots._colour_range(np.array([0.0, 2.0]), signed=False)["colorscale"]
+    assert scale[0][1].lower() in ("#440154", "rgb(68,1,84)")
+    assert scale[-1][1].lower() in ("#fde725", "rgb(253,231,37)")
+    for reduce in ("mean", "mean_abs"):
+        assert "from dark purple at zero to yellow" in plots.colour_legend([0.0, 2.0], reduce)
 
 
 def _summary_frame() -> pd.DataFrame:
