@@ -21,7 +21,8 @@ penalty is symmetric, so W_1 = -W_0 and both clusters rank the neurons alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
 import numpy as np
 import pandas as pd
 import torch
@@ -206,16 +207,14 @@ def fit_probe(activations: torch.Tensor, codes: np.ndarray, ids: pd.Index, *,
     scale = torch.where(scale > 1e-12 * mean.abs().clamp_min(1), scale, torch.ones_like(scale))
     weights, intercept, iterations, converged = fit_logistic(
         ((train - mean) / scale).numpy(), codes[~held], len(ids))
-    weights, intercept = torch.from_numpy(weights), torch.from_numpy(intercept)
-    accuracy = chance = float("nan")
-    if held.any():
-        standard = (test - mean) / scale
-        predicted = (standard @ weights.T + intercept).argmax(1).numpy()
-        accuracy = float((predicted == codes[held]).mean())
-        commonest = np.bincount(codes[~held], minlength=len(ids)).argmax()
-        chance = float((codes[held] == commonest).mean())
-    return Probe(weights, intercept, mean, scale, ids, accuracy, chance, int((~held).sum()),
-                 int(held.sum()), iterations, converged, left_out)
+    probe = Probe(torch.from_numpy(weights), torch.from_numpy(intercept), mean, scale, ids,
+                  float("nan"), float("nan"), int((~held).sum()), int(held.sum()), iterations,
+                  converged, left_out)
+    if not held.any():
+        return probe
+    commonest = np.bincount(codes[~held], minlength=len(ids)).argmax()
+    return replace(probe, accuracy=float((probe.predict(test).numpy() == codes[held]).mean()),
+                   chance=float((codes[held] == commonest).mean()))
 
 
 def probe(model: torch.nn.Module, layer, inputs, clusters, *,
