@@ -218,8 +218,12 @@ def _as_image_shape(value: Any, inputs) -> tuple[int, ...]:
     """`value` as a checked (H, W) or (C, H, W) whose values are each sample's."""
     if isinstance(value, str):
         value = parse_image_shape(value)
-    shape = tuple(int(v) for v in np.asarray(value).ravel())
-    if len(shape) not in (2, 3) or min(shape) < 1 or \
+    array = np.asarray(value)
+    if array.size not in (2, 3) or array.dtype.kind not in "iuf":  # before reading it
+        raise AttributionError(f"image_shape holds {array.size} values of dtype {array.dtype}: "
+                               "give (height, width) or (channels, height, width).")
+    shape = tuple(int(v) for v in array.ravel())
+    if min(shape) < 1 or \
             (len(shape) == 3 and shape[0] not in IMAGE_CHANNELS):
         raise AttributionError(f"image_shape {list(shape)}: give (height, width) or (channels, "
                                "height, width) with 1, 3 or 4 channels.")

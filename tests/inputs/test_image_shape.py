@@ -49,6 +49,8 @@ def test_a_data_file_declares_its_image_shape_or_is_given_one():
     ((2, 3, 2), "1, 3 or 4 channels"),
     ("3 by 4", "write it as HxW or CxHxW"),
     ((12,), "give \\(height, width\\)"),
+    (np.ones(10**6, dtype=np.int64), "holds 1000000 values"),  # refused before it is read
+    (np.array(["3", "4"]), "of dtype <U1"),
 ])
 def test_an_image_shape_that_does_not_fit_the_data_is_refused_with_the_reason(shape, message):
     with pytest.raises(at.AttributionError, match=message):
