@@ -16,7 +16,9 @@ from .model_io import (NamedInputs, call, describe, is_batch, is_floating, logit
 
 
 AXIS_RULES = {
-    "only axis": "the output is [N, n]",
+    "only axis": "the output is [N, n], or n is its only axis longer than 1 (an axis of "
+                 "length 1, such as a Linear's one output over a conv's length axis, would "
+                 "rank a single neuron)",
     "lengths": "the other axes follow the length of the inputs (positions); when every axis "
                "follows an input dim, the rules below decide",
     "parameters": "the only axis whose size is a dim of the module's parameters",
@@ -81,11 +83,14 @@ class LayerInfo:
         return tuple(s for axis, s in enumerate(self.shape, 1) if axis != self.neuron_axis)
 
     def describe(self) -> str:
-        """E.g. "16 positions × 128 features", "8 × 8 positions × 16 channels", "32 neurons"."""
+        """E.g. "16 positions × 128 features", "8 × 8 positions × 16 channels", "32 neurons",
+        "1 position × 2 channels" (a Linear with one output over [N, 2, L]: see
+        `AXIS_RULES`, "only axis")."""
         if not self.positions:
             return f"{self.n_neurons} neurons"
         where = " × ".join(map(str, self.positions))
-        return f"{where} positions × {self.n_neurons} {self.unit}"
+        noun = "position" if all(size == 1 for size in self.positions) else "positions"
+        return f"{where} {noun} × {self.n_neurons} {self.unit}"
 
     @property
     def unit(self) -> str:
@@ -96,8 +101,10 @@ class LayerInfo:
 
     def axis_words(self) -> str:
         """E.g. "128 features along dim 2, found by varying the input's length"."""
-        return (f"{self.n_neurons} {self.unit} along dim {self.neuron_axis}, "
-                f"{AXIS_FOUND.get(self.axis_rule, self.axis_rule)}")
+        found = AXIS_FOUND.get(self.axis_rule, self.axis_rule)
+        if self.axis_rule == "only axis" and self.positions:
+            found = "its only axis besides the batch longer than 1"
+        return f"{self.n_neurons} {self.unit} along dim {self.neuron_axis}, {found}"
 
     def with_axis(self, axis: int) -> "LayerInfo":
         """This layer with neuron axis `axis` (1..len(shape)) chosen by hand; itself when
@@ -335,33 +342,44 @@ def _same_output(name: str, produced: dict, claims: dict, logits: torch.Tensor) 
     return entry is not None and (entry[2] == name or name in claims.get(entry[2], []))
 
 
-def _halved(example_input, dim: int):
-    """The inputs with dim `dim` cut to half its length (None where it has no such dim)."""
+def _resized(example_input, dim: int, size):
+    """The inputs with dim `dim` cut or tiled to `size(length)` (None where it has no such
+    dim, or the length would not change)."""
+    def resize(value: torch.Tensor) -> torch.Tensor:
+        length = size(value.shape[dim])
+        return value.narrow(dim, 0, length) if length < value.shape[dim] else torch.cat(
+            [value] * -(-length // value.shape[dim]), dim).narrow(dim, 0, length)
+
     if isinstance(example_input, NamedInputs):  # sequences: every entry of that length
         lengths = {v.shape[dim] for v in example_input.values() if v.dim() > dim}
-        if len(lengths) != 1 or next(iter(lengths)) < 2:
+        if len(lengths) != 1 or size(next(iter(lengths))) in (0, next(iter(lengths))):
             return None
-        return example_input.map(lambda v: v.narrow(dim, 0, v.shape[dim] // 2)
-                                 if v.dim() > dim else v)
+        return example_input.map(lambda v: resize(v) if v.dim() > dim else v)
     if not isinstance(example_input, torch.Tensor) or example_input.dim() <= dim \
-            or example_input.shape[dim] < 2:
+            or size(example_input.shape[dim]) in (0, example_input.shape[dim]):
         return None
-    return example_input.narrow(dim, 0, example_input.shape[dim] // 2)
+    return resize(example_input)
 
 
 def _axes_following_lengths(model: nn.Module, example_input, names: dict,
                             shapes: dict[str, torch.Size]) -> dict[str, set[int]]:
-    """Module -> the axes of its output whose size changed when an input dim was halved.
+    """Module -> the axes of its output whose size changed when an input dim was halved or
+    doubled.
 
-    The model may refuse the shorter input part way (a fixed-size head, position
-    embeddings of fixed count): the modules that ran before it did still count.
+    The model may refuse the other length part way (a fixed-size head, position embeddings
+    of fixed count, a pooling window longer than the halved input): the modules that ran
+    before it did still count, and the other resize reaches the modules the first did not
+    (Captum's MaxPool_ReLU on [N, 2, 3]: a length of 1 is shorter than the window of 3, a
+    length of 6 is not).
     """
     n_dims = max((v.dim() for v in example_input.values()), default=1) if isinstance(
         example_input, NamedInputs) else example_input.dim()
     followed: dict[str, set[int]] = {}
-    for dim in range(1, n_dims):
-        shorter = _halved(example_input, dim)
-        if shorter is None:
+    for dim, size in ((dim, size) for dim in range(1, n_dims)
+                      for size in (lambda length: length // 2,  # a length of 1 is no length
+                                   lambda length: 2 * length if length > 1 else length)):
+        resized = _resized(example_input, dim, size)
+        if resized is None:
             continue
         seen: dict[str, torch.Size] = {}
 
@@ -375,7 +393,7 @@ def _axes_following_lengths(model: nn.Module, example_input, names: dict,
         with eval_mode(model), torch.no_grad(), forward_hooks(
                 {module: record(name) for module, name in names.items()}):
             try:
-                call(model, shorter)
+                call(model, resized)
             except Exception:  # noqa: BLE001 - a probe: what ran before the failure counts
                 pass
         for name, shape in seen.items():

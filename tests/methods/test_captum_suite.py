@@ -468,6 +468,23 @@ def test_activation_of_a_sequential_that_is_the_whole_model():
     torch.testing.assert_close(ours(model, "model.seq", x, "activation"), expected)
 
 
+def test_a_linear_over_a_conv_length_axis_keeps_the_conv_channels_as_its_neurons():
+    """Conv1dSeqModel's Linear(1000, 1) runs over the conv's length axis: [N, 2, 1000] ->
+    [N, 2, 1]. Its one output per channel would rank a single neuron, so the neurons are the
+    2 channels (AXIS_RULES "only axis"), as for the conv before it and as Captum's layer
+    methods keep dim 1; describe() and axis_words() say so."""
+    torch.manual_seed(0)
+    model, x = AsLogits(Conv1dSeqModel()).eval(), torch.randn(3, 4, 1000)
+    info = {info.name: info for info in list_layers(model, x)}["model.seq.2"]
+    assert (info.neuron_axis, info.n_neurons, info.axis_rule) == (1, 2, "only axis")
+    assert info.describe() == "1 position × 2 channels"
+    assert info.axis_words() == ("2 channels along dim 1, its only axis besides the batch "
+                                 "longer than 1")
+    captum = LayerGradientXActivation(model, model.model.seq[2]).attribute(x, target=1)
+    torch.testing.assert_close(ours(model, "model.seq.2", x, "gradient_x_activation", target=1),
+                               per_neuron(captum))
+
+
 # ------------------------------------------------------------------- LayerFeatureAblation
 
 ABLATION = [
@@ -637,14 +654,16 @@ def test_integrated_gradients_at_submodels_with_named_inputs(four_inputs):
         assert float(scores[:, 1].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_parameter_free_layers_whose_every_axis_follows_the_input(channels):
-    """BasicModel_MaxPool_ReLU on [N, C, 6]: MaxPool1d and ReLU keep the input's channels and
-    the model sums over them at the end, so halving either input dim changes each output
+@pytest.mark.parametrize("channels, length", [(1, 6), (3, 6), (2, 3)])
+def test_parameter_free_layers_whose_every_axis_follows_the_input(channels, length):
+    """BasicModel_MaxPool_ReLU on [N, C, L]: MaxPool1d and ReLU keep the input's channels and
+    the model sums over them at the end, so resizing either input dim changes each output
     axis. The channels are the neurons (as Captum's layer methods keep them), every method
-    scores them, and gradient x activation equals Captum's summed over positions."""
+    scores them, and gradient x activation equals Captum's summed over positions. [N, 2, 3]
+    is the input of Captum's own MaxPool_ReLU test: halved to a length of 1 it is shorter
+    than the pooling window, so only a doubled length shows the position axis."""
     torch.manual_seed(0)
-    model, x = BasicModel_MaxPool_ReLU().eval(), torch.randn(4, channels, 6)
+    model, x = BasicModel_MaxPool_ReLU().eval(), torch.randn(4, channels, length)
     layers = {info.name: info for info in list_layers(model, x)}
     assert {name: (info.neuron_axis, info.n_neurons) for name, info in layers.items()} == {
         "maxpool": (1, channels), "relu": (1, channels)}
