@@ -6,6 +6,7 @@
     at.cluster_scores(model, "fc2", inputs, targets, clusters, reduce="mean_abs")
     at.prune(model, "fc2", scores, k=8, inputs=inputs)                        # a pruned copy
     at.probe(model, "fc2", inputs, clusters).accuracy     # do the neurons encode the clusters?
+    at.scorecard(model, inputs, labels, clusters)         # which method to trust, per layer
 """
 from .errors import AttributionError
 from .engine.layers import LayerInfo, list_layers
@@ -15,6 +16,7 @@ from .methods.probe import Probe, probe
 from .analyses.pruning import cluster_pruning_curves, curve_summary, model_metric, pruning_curve
 from .analyses.prune import prune, save_pt2
 from .analyses.oracle import oracle_agreement
+from .analyses.scorecard import scorecard
 from .analyses.diagnose import Finding, diagnose
 from .inputs.architectures import Architecture, parse_architecture
 from .inputs.loaded import LoadedModel
@@ -31,7 +33,7 @@ __all__ = [
     "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
     "list_layers", "neuron_scores", "reduce_scores", "Probe", "probe",
     "pruning_curve", "cluster_pruning_curves", "curve_summary", "model_metric", "prune",
-    "save_pt2", "oracle_agreement",
+    "save_pt2", "oracle_agreement", "scorecard",
     "Finding", "diagnose",
     "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
     "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters",

@@ -40,6 +40,7 @@ from .inputs import data as data_module
 from .analyses import distributed
 from .presentation import plots
 from .analyses.diagnose import diagnose
+from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
 from .engine import model_io
 from .engine.layers import resolve_layer
@@ -146,13 +147,13 @@ def _data_arguments(group, kmeans_flag: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `python -m attribution` parser with its six commands."""
+    """The `python -m attribution` parser with its seven commands."""
     parser = _Parser(prog="python -m attribution",
                      description="Neuron importance for PyTorch classifiers, from the shell.")
     parser.add_argument("--traceback", action="store_true",
                         help="show the full traceback of an internal error")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="{layers,score,curve,prune,diagnose,report}")
+                                     metavar="{layers,score,curve,prune,diagnose,report,scorecard}")
 
     model = _Parser(add_help=False)
     group = model.add_argument_group("model")
@@ -304,6 +305,39 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--out", required=True, type=Path, help="report (.html)")
     command.add_argument("--csv-dir", type=Path, help="also write the report's tables as CSVs")
     command.set_defaults(run=run_report)
+
+    command = commands.add_parser(
+        "scorecard", parents=[model, data, ablation],
+        help="every method on every layer against exact ablation, as a CSV/Parquet table")
+    group = command.add_argument_group("scorecard")
+    group.add_argument("--layers", nargs="+", metavar="LAYER",
+                       help="layer names (default: every layer of `layers`)")
+    group.add_argument("--methods", nargs="+", choices=METHODS, metavar="METHOD",
+                       default=list(analysis.SCORECARD_METHODS),
+                       help=f"one or more of {', '.join(METHODS)} (default "
+                            f"{' '.join(analysis.SCORECARD_METHODS)})")
+    group.add_argument("--n-boot", type=_positive, default=analysis.SCORECARD_BOOTSTRAP,
+                       help="bootstrap draws of the spearman interval (default %(default)s)")
+    group.add_argument("--n-random", type=_positive, default=analysis.SCORECARD_N_RANDOM,
+                       help="random orders of curve_area (default %(default)s)")
+    group.add_argument("--curve-points", type=_positive,
+                       default=analysis.SCORECARD_CURVE_POINTS,
+                       help="k steps of the curves of curve_area (default %(default)s)")
+    group.add_argument("--metric", choices=METRICS, default=None,
+                       help=f"what the curves measure (default {METRIC_WORDS})")
+    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
+                       help="samples per pass (default %(default)s)")
+    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
+                       help="integration steps (integrated_gradients, conductance; default "
+                            "%(default)s)")
+    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
+                       help="seed of the bootstrap, random orders, re-initialisation, "
+                            "k-means and the random method (default %(default)s)")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    group.add_argument("--out", required=True,
+                       help="table (.csv, .parquet or '-') with one row per (layer, method): "
+                            + ", ".join(SCORECARD_COLUMNS))
+    command.set_defaults(run=run_scorecard)
     return parser
 
 
@@ -867,6 +901,32 @@ def run_report(args) -> int:
                 (args.csv_dir / name).write_bytes(text.encode("utf-8"))  # CRLF as written
     except OSError as error:
         raise AttributionError(f"Cannot write {error.filename}: {error.strerror}.") from None
+    return EXIT_OK
+
+
+def run_scorecard(args) -> int:
+    _one_process("scorecard")
+    _check_table_path(args.out)
+    problem = load_problem(args)
+    dataset = in_memory(problem, args)
+    for layer in args.layers or ():
+        _check_layer(problem, layer)
+    targets = targets_of(args, problem)
+    if isinstance(targets, str):
+        raise AttributionError("The scorecard scores one class per sample: use --targets "
+                               "label, predicted or a class id, not all.")
+    clusters = (None if args.clusters == NO_CLUSTERS
+                else clusters_of(args, problem, (args.layers or [None])[0]))
+    with ProgressBar("scorecard", args.quiet) as bar:
+        card = scorecard(problem.model.module, dataset.inputs, targets, clusters,
+                         layers=args.layers, methods=args.methods, n_boot=args.n_boot,
+                         n_random=args.n_random, curve_points=args.curve_points,
+                         metric=metric_of(args, problem), ablation=args.ablation,
+                         batch_size=args.batch_size, n_steps=args.n_steps, seed=args.seed,
+                         progress=bar)
+    for key, reason in card.attrs["refused"].items():
+        _say(f"left out {key}: {reason}")
+    write_table(card, args.out)
     return EXIT_OK
 
 

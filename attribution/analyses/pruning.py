@@ -423,6 +423,53 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
     return torch.cat(sums)
 
 
+def _order_sums(passes: "_LayerPasses", orders: torch.Tensor, ks: Sequence[int],
+                fill: Optional[torch.Tensor], metric: str) -> torch.Tensor:
+    """Metric sums [O, K, G] after removing the first ks[k] neurons of each order [O, n],
+    per subset; a mask shared by several (order, k) pairs is evaluated once."""
+    masks = _removal_masks(orders, ks)  # [O, K, n]
+    unique, inverse = torch.unique(masks.reshape(-1, orders.shape[1]).to(passes.device),
+                                   dim=0, return_inverse=True)
+    sums = torch.zeros(unique.shape[0], passes.n_groups, dtype=torch.float64)
+    for captured in passes:
+        sums += _masked_sums(passes.runner, captured, unique, fill, metric,
+                             passes.n_groups).cpu()
+    return sums[inverse.cpu()].view(orders.shape[0], len(ks), passes.n_groups)
+
+
+def order_curves(model: nn.Module, layer, inputs: Inputs, targets, orders: torch.Tensor,
+                 ks: Sequence[int], *, ablation: str = DEFAULT_ABLATION,
+                 metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
+                 device=None) -> np.ndarray:
+    """The metric after removing the first k neurons of each removal order, in one pass.
+
+    Args:
+        orders: removal orders [O, n_neurons] (LongTensor, each a permutation of the
+            neurons; e.g. several methods' rankings and `random_orders`).
+        ks: the k values (0..n_neurons).
+        Other arguments as in `pruning_curve`.
+    Returns:
+        float64 [O, len(ks)]: the metric's mean over the samples, per order and k.
+    """
+    _check_options(ablation, metric, 1, batch_size)
+    layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, device=device,
+                           grad=False, accepts=("labels",), what="evaluate",
+                           need="Pruning curves need one target per sample",
+                           cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE,
+                           values=metric == "squared_error")
+    with eval_mode(layer_pass.model):
+        passes = _LayerPasses(layer_pass, None, 1)
+        passes.first_pass(mean=ablation == "mean")
+        if orders.dim() != 2 or orders.shape[1] != passes.n_neurons:
+            raise AttributionError(f"orders must be [O, {passes.n_neurons}] (the layer's "
+                                   f"neurons); got {list(orders.shape)}.")
+        fill = None
+        if ablation == "mean":
+            fill = (passes.z_sum / passes.z_count.clamp_min(1)).to(passes.z_dtype)
+        sums = _order_sums(passes, orders, check_ks(ks, passes.n_neurons), fill, metric)
+    return (sums[:, :, 0] / max(1, int(passes.counts[0]))).numpy()
+
+
 def _removal_masks(orders: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
     """[O, K, n] bool: mask (o, k) removes the first ks[k] neurons of order o."""
     n_orders, n_neurons = orders.shape
@@ -503,15 +550,8 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
             rounds = [kept for kept in ([p for p in positions if p not in done]
                                         for positions in rounds) if kept]
         for positions in rounds:
-            masks = _removal_masks(orders, [ks[p] for p in positions])  # [O, K_round, n]
-            unique, inverse = torch.unique(masks.reshape(-1, n_neurons).to(passes.device),
-                                           dim=0, return_inverse=True)
-            round_sums = torch.zeros(unique.shape[0], n_groups, dtype=torch.float64)
-            for captured in passes:
-                round_sums += _masked_sums(passes.runner, captured, unique, fill, metric,
-                                           n_groups).cpu()
-            sums[:, positions] = round_sums[inverse.cpu()].view(orders.shape[0],
-                                                                len(positions), n_groups)
+            sums[:, positions] = _order_sums(passes, orders, [ks[p] for p in positions], fill,
+                                             metric)
             done.extend(positions)
             if progress is not None:
                 progress(len(done) / len(ks), curve_frame(

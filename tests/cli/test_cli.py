@@ -500,3 +500,30 @@ def test_the_dashboard_moves_the_model_it_caches_to_the_default_device(monkeypat
     monkeypatch.setattr(settings, "default_device", lambda: "meta")  # any device but the CPU
     loaded = workspace._on_compute_device(load_model(MODEL))
     assert {p.device.type for p in loaded.module.parameters()} == {"meta"}
+
+
+def test_scorecard_writes_the_apis_table_with_the_same_defaults(demo, tmp_path, capsys):
+    """`scorecard --clusters label` is `at.scorecard` with true labels as targets and the
+    label clusters; a method that refuses a layer is named on stderr, its row left out."""
+    model, dataset = demo
+    out = tmp_path / "card.csv"
+    code, _, err = in_process("scorecard", "--model", MODEL, "--data", DATA, "--clusters",
+                              "label", "--layers", "relu1", "fc2", "--methods", "gradient",
+                              "weight_norm", "ablation", "--n-boot", "200", "--quiet",
+                              "--out", out, capsys=capsys)
+    assert code == 0, err
+    assert "left out relu1/weight_norm: weight_norm scores layers by the weights" in err
+    written = pd.read_csv(out)
+    expected = at.scorecard(model, dataset.inputs, dataset.labels, dataset.labels.numpy(),
+                            layers=["relu1", "fc2"],
+                            methods=["gradient", "weight_norm", "ablation"], n_boot=200)
+    pd.testing.assert_frame_equal(written, expected.reset_index(drop=True),
+                                  check_dtype=False)
+    assert list(written["method"]) == ["gradient", "ablation", "gradient", "weight_norm",
+                                       "ablation"]
+
+
+def test_scorecard_refuses_a_layer_it_does_not_know(tmp_path, capsys):
+    code, _, err = in_process("scorecard", "--model", MODEL, "--data", DATA, "--layers",
+                              "nope", "--out", tmp_path / "card.csv", capsys=capsys)
+    assert code == 2 and "Unknown layer 'nope'" in err

@@ -1,0 +1,324 @@
+"""Which method to trust, on every layer: each method's agreement with exact ablation.
+
+Molchanov et al. (ICLR 2017, 2019) judged importance criteria by their rank correlation with
+the oracle, the drop of the target logit when one neuron alone is removed. `scorecard` does
+that for every (layer, method), per cluster, with the uncertainty of a bootstrap over samples,
+the damage its ranking does on a pruning curve, and a sanity check: Adebayo et al.'s (2018)
+cascading randomisation, re-initialising everything after the layer. Per cluster c of m
+samples, with S [m, n] a method's per-sample scores and A [m, n] exact ablation's (both for
+the true label, or the predicted class without labels):
+
+- spearman, kendall: rank correlation of the signed means S.mean(0) and A.mean(0), averaged
+  over clusters (NaN where a ranking is constant);
+- spearman_low, spearman_high: the 2.5% and 97.5% percentiles of that average over bootstrap
+  draws, each resampling the samples within every cluster (the same draws for S and A, and
+  for every method of a layer);
+- top_overlap: |top-k of S.mean(0) ∩ top-k of A.mean(0)| / k, k = max(1, round(n / 10))
+  (halves rounded up), averaged over clusters;
+- curve_area: (A_random - A_method) / (A_random - A_ablation), where A_x is the area under
+  the cluster's metric-vs-k curve when the top-k neurons of ranking x are removed (A_random:
+  the mean over random orders), averaged over clusters: random is about 0, the oracle's own
+  ranking 1, a ranking that does more damage than the oracle's above 1;
+- after_randomization: Spearman of S.mean(0) with the same method's cluster scores on a copy
+  of the model whose modules after the layer are re-initialised (`randomized_after`),
+  averaged over clusters. A ranking that survives it (near 1) does not read the model after
+  the layer: `activation` scores 1 by construction; NaN where nothing follows the layer.
+
+Exact ablation is computed once per layer and serves every row of it.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..engine import model_io
+from ..engine.guards import eval_mode, forward_hooks
+from ..engine.layers import list_layers, resolve_layer, run_model
+from ..errors import AttributionError
+from ..methods.passes import check_targets
+from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
+from .oracle import rank_correlation
+from .prune import copy_model
+from .pruning import order_curves, random_orders, spaced_ks
+from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_STEPS,
+                       DEFAULT_SEED, SCORECARD_BOOTSTRAP, SCORECARD_CURVE_POINTS,
+                       SCORECARD_METHODS, SCORECARD_N_RANDOM)
+
+SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
+                     "top_overlap", "curve_area", "after_randomization", "n_clusters")
+ORACLE = "ablation"
+CONFIDENCE = 0.95
+
+TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
+
+
+def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
+              layers: Optional[Sequence[str]] = None,
+              methods: Sequence[str] = SCORECARD_METHODS,
+              n_boot: int = SCORECARD_BOOTSTRAP, n_random: int = SCORECARD_N_RANDOM,
+              curve_points: int = SCORECARD_CURVE_POINTS, metric: str = DEFAULT_METRIC,
+              ablation: str = DEFAULT_ABLATION, batch_size: int = DEFAULT_BATCH_SIZE,
+              n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
+              progress: TableProgress = None, device=None) -> pd.DataFrame:
+    """Every method's agreement with exact ablation on every layer (see the module's table).
+
+    Args:
+        model: classifier returning logits [N, n_classes]; left exactly as it was found.
+        inputs: [N, ...] tensor or array, or named inputs, held in memory.
+        targets: the true class of each sample, LongTensor [N]; None = the predicted class.
+        clusters: one cluster id per sample [N]; None = all samples form one cluster.
+        layers: layer names (or "name:axis" specs); None = every layer of `list_layers`.
+        methods: scoring methods; a method that refuses a layer (weight_norm on a ReLU,
+            conductance on token ids) leaves that row out, its reason in attrs["refused"].
+        n_boot: bootstrap draws of the spearman interval.
+        n_random, curve_points: random orders of curve_area and its k values (curve_points
+            + 1 evenly spaced values of k, 0 and n included).
+        metric, ablation: what the curves measure and what a removed neuron's output
+            becomes, as in `pruning_curve` ("mean": the mean over the cluster's samples).
+        batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
+            bootstrap, the random orders and the re-initialisation).
+        progress: called as progress(fraction, partial_table) after each layer; may raise.
+    Returns:
+        DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
+        call order and methods in the order given. attrs: "refused" {"layer/method": reason},
+        "reinitialised" {layer: the modules re-initialised after it}, n_boot, n_random,
+        metric, ablation, ks {layer: the k values of its curves}.
+    """
+    methods = list(dict.fromkeys(methods))
+    for method in methods:
+        check_method(method)
+    if n_boot < 1 or n_random < 1 or curve_points < 1:
+        raise AttributionError("n_boot, n_random and curve_points must be positive integers.")
+    x = model_io.named(inputs)
+    x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
+    if not model_io.is_batch(x):
+        raise AttributionError("scorecard needs the inputs in memory (a tensor, an array or "
+                               "named inputs), not an iterable of batches.")
+    total = model_io.n_rows(x)
+    if targets is not None:
+        targets = check_targets(torch.as_tensor(targets), total)
+    codes, ids = cluster_codes(np.zeros(total, dtype=np.int64) if clusters is None
+                               else clusters, total)
+    rows_of = [np.flatnonzero(codes == code) for code in range(len(ids))]
+    if layers is None:
+        layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
+    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed, device=device)
+    curve_options = dict(ablation=ablation, metric=metric, batch_size=batch_size,
+                         device=device)
+    table: list[dict] = []
+    refused: dict[str, str] = {}
+    reinitialised: dict[str, list[str]] = {}
+    ks_of: dict[str, list[int]] = {}
+    for position, layer in enumerate(layers):
+        resolve_layer(model, layer)
+        oracle = neuron_scores(model, layer, x, targets, ORACLE, **options).numpy()
+        n_neurons = oracle.shape[1]
+        ks_of[layer] = spaced_ks(n_neurons, curve_points)
+        draws = _bootstrap_draws(rows_of, n_boot, seed)
+        oracle_means = _cluster_means(oracle, rows_of)
+        oracle_draws = [_ranks(counts @ oracle[rows] / len(rows))
+                        for counts, rows in zip(draws, rows_of)]
+        scored: dict[str, np.ndarray] = {}
+        for method in methods:
+            try:
+                scored[method] = oracle if method == ORACLE else neuron_scores(
+                    model, layer, x, targets, method, clusters=clusters, **options).numpy()
+            except AttributionError as error:
+                refused[f"{layer}/{method}"] = str(error)
+        randomized, reinitialised[layer] = randomized_after(
+            model, layer, model_io.take(x, slice(0, 2)), seed)
+        means = {method: _cluster_means(scores, rows_of) for method, scores in scored.items()}
+        areas = _curve_areas(model, layer, x, targets, rows_of, means, oracle_means,
+                             ks_of[layer], n_random, seed, curve_options)
+        for method, scores in scored.items():
+            after = (np.nan if not reinitialised[layer] else _mean_correlation(
+                means[method], _cluster_means(neuron_scores(
+                    randomized, layer, x, targets, method, clusters=clusters,
+                    **options).numpy(), rows_of)))
+            table.append({"layer": layer, "method": method,
+                          **_agreement(scores, means[method], oracle_means, rows_of, draws,
+                                       oracle_draws),
+                          "curve_area": _nanmean(areas[method]),
+                          "after_randomization": after, "n_clusters": len(rows_of)})
+        if progress is not None:
+            progress((position + 1) / len(layers), _frame(table))
+    if not table:
+        raise AttributionError("No method could score these layers: "
+                               + "; ".join(f"{key}: {reason}" for key, reason in refused.items()))
+    frame = _frame(table)
+    frame.attrs.update(refused=refused, reinitialised=reinitialised, n_boot=n_boot,
+                       n_random=n_random, metric=metric, ablation=ablation, ks=ks_of)
+    return frame
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
+
+
+def top_k_of(n_neurons: int) -> int:
+    """The k of top_overlap: max(1, round(n / 10)), halves rounded up."""
+    return max(1, math.floor(n_neurons / 10 + 0.5))
+
+
+# ------------------------------------------------------------------------- agreement
+
+def _cluster_means(scores: np.ndarray, rows_of: list[np.ndarray]) -> np.ndarray:
+    """[C, n]: each cluster's signed mean of per-sample scores [N, n]."""
+    return np.stack([scores[rows].astype(np.float64).mean(0) for rows in rows_of])
+
+
+def _bootstrap_draws(rows_of: list[np.ndarray], n_boot: int, seed: int) -> list[np.ndarray]:
+    """Per cluster, how often each of its m samples is drawn in each of n_boot resamples
+    [n_boot, m] (a multinomial of m draws)."""
+    generator = np.random.default_rng(seed)
+    return [generator.multinomial(len(rows), np.full(len(rows), 1 / len(rows)), size=n_boot)
+            .astype(np.float64) for rows in rows_of]
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Average ranks along the last axis, centred and scaled to unit norm per row (NaN rows
+    where the values are constant): Spearman's rho of two rows is then their dot product."""
+    from scipy import stats  # imported on first use, as in oracle.rank_correlation
+
+    ranks = stats.rankdata(values, axis=-1)
+    ranks = ranks - ranks.mean(-1, keepdims=True)
+    norms = np.linalg.norm(ranks, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norms > 0, ranks / norms, np.nan)
+
+
+def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
+               rows_of: list[np.ndarray], draws: list[np.ndarray],
+               oracle_draws: list[np.ndarray]) -> dict[str, float]:
+    """spearman, kendall, their bootstrap interval and top_overlap of one method's
+    per-sample scores [N, n] (cluster means [C, n]) against the oracle's."""
+    k = top_k_of(means.shape[1])
+    overlap = [len(set(np.argsort(-a, kind="stable")[:k])
+                   & set(np.argsort(-b, kind="stable")[:k])) / k
+               for a, b in zip(means, oracle_means)]
+    resampled = np.stack([
+        (_ranks(counts @ scores[rows].astype(np.float64) / len(rows)) * oracle).sum(-1)
+        for counts, rows, oracle in zip(draws, rows_of, oracle_draws)])  # [C, n_boot]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
+        per_draw = np.nanmean(resampled, axis=0)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = (np.nanpercentile(per_draw, [tail, 100 - tail]) if np.isfinite(per_draw).any()
+                 else (np.nan, np.nan))
+    return {"spearman": _nanmean((_ranks(means) * _ranks(oracle_means)).sum(-1)),
+            "kendall": _nanmean(_kendall(means, oracle_means)),
+            "spearman_low": float(low), "spearman_high": float(high),
+            "top_overlap": float(np.mean(overlap))}
+
+
+def _kendall(a: np.ndarray, b: np.ndarray, most: int = 512) -> np.ndarray:
+    """Kendall's tau-b of each row of a [C, n] with b's [C]: sum over pairs of
+    sign(a_i - a_j) sign(b_i - b_j), over the square root of the untied pairs' counts (NaN
+    where a row is constant). Rows wider than `most` go through scipy (n^2 pairs)."""
+    if a.shape[1] > most:
+        return np.array([rank_correlation("kendall", left, right) for left, right in zip(a, b)])
+    signs_a = np.sign(a[:, :, None] - a[:, None, :])
+    signs_b = np.sign(b[:, :, None] - b[:, None, :])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (signs_a * signs_b).sum((1, 2)) / np.sqrt(
+            np.abs(signs_a).sum((1, 2)) * np.abs(signs_b).sum((1, 2)))
+
+
+def _nanmean(values) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    return float(values[np.isfinite(values)].mean()) if np.isfinite(values).any() else np.nan
+
+
+def _mean_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman of each row of a [C, n] with b's, averaged over rows."""
+    return _nanmean((_ranks(a) * _ranks(b)).sum(-1))
+
+
+# ------------------------------------------------------------------------ curve area
+
+def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray],
+                 oracle_means: np.ndarray, ks: list[int], n_random: int, seed: int,
+                 curve_options: dict) -> dict[str, list[float]]:
+    """Per method, each cluster's (A_random - A_method) / (A_random - A_ablation), with every
+    ranking and the random orders measured in one pass over the cluster's samples."""
+    n_neurons = oracle_means.shape[1]
+    randoms = random_orders(n_neurons, n_random, seed)
+    names = list(means)
+    areas: dict[str, list[float]] = {name: [] for name in names}
+    for cluster, rows in enumerate(rows_of):
+        rankings = [means[name][cluster] for name in names] + [oracle_means[cluster]]
+        orders = torch.cat([torch.as_tensor(np.stack([np.argsort(-values, kind="stable")
+                                                      for values in rankings])), randoms])
+        part = torch.from_numpy(rows)
+        metric = order_curves(model, layer, model_io.take(x, part),
+                              targets[part] if targets is not None else None, orders, ks,
+                              **curve_options)  # [O, K]
+        area = (np.trapezoid(metric, ks, axis=1) / (ks[-1] - ks[0]) if len(ks) > 1
+                else metric[:, 0])
+        random_area, oracle_area = area[len(names) + 1:].mean(), area[len(names)]
+        span = random_area - oracle_area
+        for position, name in enumerate(names):
+            areas[name].append((random_area - area[position]) / span if span != 0 else np.nan)
+    return areas
+
+
+# ------------------------------------------------------------ cascading randomisation
+
+def randomized_after(model: nn.Module, layer, example_input, seed: int = DEFAULT_SEED
+                     ) -> tuple[nn.Module, list[str]]:
+    """A copy of `model` whose modules that first run after `layer` are re-initialised
+    (Adebayo et al. 2018's cascading randomisation, all at once): their own
+    `reset_parameters` where they have one, else their own parameters' entries shuffled
+    (same values, random places). Modules that also run before the layer (shared) and
+    parameters used outside any module are left as they are, so the layer's output is
+    unchanged.
+
+    Args:
+        example_input: a small batch [B, ...] that runs the model (call order is read from it).
+    Returns:
+        (the copy in eval mode, names of the modules re-initialised, in call order).
+    """
+    name = resolve_layer(model, layer)[0].split(":")[0]
+    first_call: dict[str, int] = {}
+
+    def record(module_name: str):
+        def hook(module, args):
+            first_call.setdefault(module_name, len(first_call))
+        return hook
+
+    modules = dict(model.named_modules())
+    with eval_mode(model), torch.no_grad(), forward_hooks(
+            {}, {module: record(module_name) for module_name, module in modules.items()
+                 if module_name}):
+        run_model(model, example_input)
+    start = first_call.get(name)
+    if start is None:
+        raise AttributionError(f"Layer {name!r} did not run on the example input.")
+    after = [module_name for module_name, order in sorted(first_call.items(),
+                                                          key=lambda item: item[1])
+             if order > start and not name.startswith(module_name + ".")]
+    copied = copy_model(model).eval()
+    changed = []
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for module_name in after:
+            module = copied.get_submodule(module_name)
+            own = list(module.parameters(recurse=False))
+            if callable(getattr(module, "reset_parameters", None)) and own:
+                module.reset_parameters()
+            elif any(parameter.numel() > 1 for parameter in own):
+                for parameter in own:
+                    flat = parameter.detach().reshape(-1)
+                    order = torch.randperm(flat.numel(), generator=generator)
+                    parameter.copy_(flat[order.to(flat.device)].reshape(parameter.shape))
+            else:
+                continue
+            changed.append(module_name)
+    return copied, changed
