@@ -17,6 +17,7 @@ PAGES = [
     st.Page("pages/scores.py", title="Neuron scores", icon=":material/grid_on:", default=True),
     st.Page("pages/pruning.py", title="Pruning curves", icon=":material/show_chart:"),
     st.Page("pages/diagnosis.py", title="Diagnosis", icon=":material/health_and_safety:"),
+    st.Page("pages/trust.py", title="Which method to trust", icon=":material/leaderboard:"),
     st.Page("pages/neuron.py", title="Neuron", icon=":material/neurology:"),
     st.Page("pages/data.py", title="Model & data", icon=":material/upload_file:"),
     st.Page("pages/export.py", title="Share & export", icon=":material/download:"),

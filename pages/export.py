@@ -61,13 +61,15 @@ if st.button("Build report", type="primary", icon=":material/description:"):
             finished[ctx.curve_key()] = curves
         progress.progress(0.6, text="Degeneracy checks…")
         findings = ctx.findings()
-        progress.progress(0.8, text="Agreement with ablation…")
+        progress.progress(0.7, text="Agreement with ablation…")
         oracle = ctx.oracle(at.METHODS)
+        progress.progress(0.8, text="Which method to trust, every layer…")
+        card = ctx.scorecard()
         content = assemble(
             s, title=f"Neuron importance: {ctx.ws.title}, layer {s.layer}",
             facts=model_facts(ctx.ws.loaded, ctx.ws.data, ctx.predictions()),
             layers=ctx.ws.layers, per_sample=per_sample, clusters=ctx.clusters, curves=curves,
-            findings=findings, oracle=oracle, class_names=ctx.ws.class_names,
+            findings=findings, oracle=oracle, scorecard=card, class_names=ctx.ws.class_names,
             method_notes={m: fit[0] for m in s.methods if (fit := ctx.fit_note(m))},
             examples_of=lambda neuron: image_examples(
                 ctx.ws.model, s.layer, ctx.ws.data, per_sample[s.method],

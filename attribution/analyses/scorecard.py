@@ -83,7 +83,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             becomes, as in `pruning_curve` ("mean": the mean over the cluster's samples).
         batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
             bootstrap, the random orders and the re-initialisation).
-        progress: called as progress(fraction, partial_table) after each layer; may raise.
+        progress: called as progress(fraction, partial_table) after each method's scores
+            (on the model, then on its randomised copy with the method's row); may raise.
     Returns:
         DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
         call order and methods in the order given. attrs: "refused" {"layer/method": reason},
@@ -115,12 +116,19 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     refused: dict[str, str] = {}
     reinitialised: dict[str, list[str]] = {}
     ks_of: dict[str, list[int]] = {}
-    for position, layer in enumerate(layers):
+    draws = _bootstrap_draws(rows_of, n_boot, seed)
+    steps, done = 2 * len(methods) * len(layers), 0
+
+    def step() -> None:  # one method scored, on the model or on its randomised copy
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done / steps, _frame(table))
+
+    for layer in layers:
         resolve_layer(model, layer)
         oracle = neuron_scores(model, layer, x, targets, ORACLE, **options).numpy()
-        n_neurons = oracle.shape[1]
-        ks_of[layer] = spaced_ks(n_neurons, curve_points)
-        draws = _bootstrap_draws(rows_of, n_boot, seed)
+        ks_of[layer] = spaced_ks(oracle.shape[1], curve_points)
         oracle_means = _cluster_means(oracle, rows_of)
         oracle_draws = [_ranks(counts @ oracle[rows] / len(rows))
                         for counts, rows in zip(draws, rows_of)]
@@ -131,6 +139,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                     model, layer, x, targets, method, clusters=clusters, **options).numpy()
             except AttributionError as error:
                 refused[f"{layer}/{method}"] = str(error)
+                step()  # no second pass either
+            step()
         randomized, reinitialised[layer] = randomized_after(
             model, layer, model_io.take(x, slice(0, 2)), seed)
         means = {method: _cluster_means(scores, rows_of) for method, scores in scored.items()}
@@ -146,8 +156,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                                        oracle_draws),
                           "curve_area": _nanmean(areas[method]),
                           "after_randomization": after, "n_clusters": len(rows_of)})
-        if progress is not None:
-            progress((position + 1) / len(layers), _frame(table))
+            step()
     if not table:
         raise AttributionError("No method could score these layers: "
                                + "; ".join(f"{key}: {reason}" for key, reason in refused.items()))
@@ -193,6 +202,12 @@ def _ranks(values: np.ndarray) -> np.ndarray:
         return np.where(norms > 0, ranks / norms, np.nan)
 
 
+def _rho(ranks_a: np.ndarray, ranks_b: np.ndarray) -> np.ndarray:
+    """Spearman's rho of rows of `_ranks`, rounded to 12 decimals so that equal rankings give
+    exactly 1 (float sums leave 1 - 2e-16)."""
+    return np.round((ranks_a * ranks_b).sum(-1), 12)
+
+
 def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
                rows_of: list[np.ndarray], draws: list[np.ndarray],
                oracle_draws: list[np.ndarray]) -> dict[str, float]:
@@ -203,7 +218,7 @@ def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
                    & set(np.argsort(-b, kind="stable")[:k])) / k
                for a, b in zip(means, oracle_means)]
     resampled = np.stack([
-        (_ranks(counts @ scores[rows].astype(np.float64) / len(rows)) * oracle).sum(-1)
+        _rho(_ranks(counts @ scores[rows].astype(np.float64) / len(rows)), oracle)
         for counts, rows, oracle in zip(draws, rows_of, oracle_draws)])  # [C, n_boot]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
@@ -211,7 +226,7 @@ def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
     tail = 100 * (1 - CONFIDENCE) / 2
     low, high = (np.nanpercentile(per_draw, [tail, 100 - tail]) if np.isfinite(per_draw).any()
                  else (np.nan, np.nan))
-    return {"spearman": _nanmean((_ranks(means) * _ranks(oracle_means)).sum(-1)),
+    return {"spearman": _nanmean(_rho(_ranks(means), _ranks(oracle_means))),
             "kendall": _nanmean(_kendall(means, oracle_means)),
             "spearman_low": float(low), "spearman_high": float(high),
             "top_overlap": float(np.mean(overlap))}
@@ -237,7 +252,7 @@ def _nanmean(values) -> float:
 
 def _mean_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman of each row of a [C, n] with b's, averaged over rows."""
-    return _nanmean((_ranks(a) * _ranks(b)).sum(-1))
+    return _nanmean(_rho(_ranks(a), _ranks(b)))
 
 
 # ------------------------------------------------------------------------ curve area

@@ -588,6 +588,57 @@ def rank_correlation_heatmap(correlations: pd.DataFrame) -> go.Figure:
                    height=max(340, 150 + 44 * len(methods)))
 
 
+def scorecard_figure(card: pd.DataFrame) -> go.Figure:
+    """Which method to trust, on every layer: layers x methods of Spearman ρ with exact
+    ablation (its 95% interval, Kendall τ, top-10% overlap and curve area on hover; a cell
+    is clickable), and beside it the same grid after the modules above the layer are
+    re-initialised (a ranking that survives does not read the model).
+
+    Args:
+        card: rows (layer, method, spearman, kendall, spearman_low, spearman_high,
+            top_overlap, curve_area, after_randomization) as from `attribution.scorecard`.
+    """
+    def number(value: float, form: str = "{:.2f}") -> str:
+        return _shown(value, form) or "n/a"
+
+    shown = card.assign(method=[method_label(m) for m in card["method"]],
+                        layer=[plain(layer) for layer in card["layer"]])
+    shown["details"] = [
+        f"{row.layer} · {row.method}<br>Spearman ρ {number(row.spearman)} (95%: "
+        f"{number(row.spearman_low, '{:.2f}')} to {number(row.spearman_high, '{:.2f}')})"
+        f"<br>Kendall τ {number(row.kendall, '{:.2f}')} · top-10% overlap "
+        f"{number(row.top_overlap, '{:.0%}')}<br>pruning damage "
+        f"{number(row.curve_area, '{:.2f}')} of the oracle's (random ≈ 0)<br>after "
+        f"randomising the layers above: ρ {number(row.after_randomization, '{:.2f}')}"
+        for row in shown.itertuples()]
+    layers, methods, rho = _grid(shown, "layer", "method", "spearman")
+    after = _grid(shown, "layer", "method", "after_randomization")[2]
+    details = _grid(shown.assign(order=np.arange(len(shown))), "layer", "method", "order")[2]
+    details = np.where(np.isnan(details), "",
+                       shown["details"].to_numpy()[np.nan_to_num(details).astype(int)])
+    layout, panels = _panels(["agreement with exact ablation (Spearman ρ)",
+                              "after randomising the layers above"], 0.08, shared_y=True)
+    written = len(methods) <= LABELLED_METHODS
+    traces = []
+    for (anchors, x_axis, _), values, units in ((panels[0], rho, "Spearman ρ"),
+                                                (panels[1], after, "")):
+        traces.append(dict(
+            type="heatmap", z=values, x=methods, y=layers, **anchors,
+            colorscale=_scale(SIGNED_SCALE), zmid=0, zmin=-1, zmax=1, xgap=2, ygap=2,
+            texttemplate="%{z:.2f}" if written else "", textfont=dict(size=11),
+            showscale=bool(units), colorbar=_colour_bar(units)))
+        x_axis.update(tickangle=-30 if written else -60)
+    traces[0].update(customdata=details, hovertemplate="%{customdata}<extra></extra>")
+    traces[1]["hovertemplate"] = ("%{y} · %{x}<br>ρ with the original ranking: %{z:.2f}<br>"
+                                  "near 1: the ranking does not read the layers above"
+                                  "<extra></extra>")
+    _clickable_cells(traces, layout)
+    layout["yaxis"]["autorange"] = "reversed"
+    return _figure(traces, layout, title="Which method to trust, layer by layer",
+                   subtitle="Click a cell to open that layer and method",
+                   height=max(380, 200 + 34 * len(layers)), top=84)
+
+
 def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
     """What one cluster mixes: the share of each class among its samples.
 
@@ -790,6 +841,26 @@ ORACLE_WORDS = {
     "spearman_abs": "Spearman ρ (|·|)", "kendall_signed": "Kendall τ (signed)",
     "kendall_abs": "Kendall τ (|·|)", "top_k_overlap_signed": "top-k overlap (signed)",
     "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k"}
+
+
+SCORECARD_WORDS = {
+    "layer": "layer", "method": "method", "spearman": "Spearman ρ",
+    "spearman_low": "ρ 95% low", "spearman_high": "ρ 95% high", "kendall": "Kendall τ",
+    "top_overlap": "top-10% overlap", "curve_area": "pruning damage (oracle = 1)",
+    "after_randomization": "ρ after randomising above", "n_clusters": "clusters"}
+
+
+def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
+    """`attribution.scorecard`'s table in words: method labels, numbers to 2 decimals, the
+    overlap as a percentage, "n/a" where a value does not exist."""
+    shown = pd.DataFrame({"layer": card["layer"].astype(str),
+                          "method": [method_label(m) for m in card["method"]]})
+    for column in SCORECARD_WORDS:
+        if column in ("layer", "method"):
+            continue
+        form = {"top_overlap": "{:.0%}", "n_clusters": "{:.0f}"}.get(column, "{:.2f}")
+        shown[column] = [_shown(float(v), form) or "n/a" for v in card[column]]
+    return shown.rename(columns=SCORECARD_WORDS)
 
 
 def _shown(value: float, form: str) -> str:

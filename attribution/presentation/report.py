@@ -33,6 +33,7 @@ from ..engine.model_io import NamedInputs
 from ..inputs.loading import LoadedModel
 from ..methods.registry import METHODS
 from ..analyses.oracle import oracle_agreement
+from ..analyses.scorecard import scorecard
 from ..analyses.pruning import curve_summary
 from ..methods.scores import neuron_scores
 from ..analyses.neuron import neuron_examples
@@ -54,6 +55,7 @@ class ReportContent:
         curve_sentences: the curve summary in words.
         findings: objects with code, severity, message, value and hint.
         oracle: agreement of each method with exact ablation, or None.
+        scorecard: `attribution.scorecard` of every layer, or None.
         histogram: one row per focus-cluster sample, column "score": the signed per-sample
             scores of one neuron, or None.
         histogram_neuron: the neuron the histogram shows.
@@ -79,6 +81,7 @@ class ReportContent:
     curve_sentences: Sequence[str] = ()
     findings: Sequence = ()
     oracle: Optional[pd.DataFrame] = None
+    scorecard: Optional[pd.DataFrame] = None
     histogram: Optional[pd.DataFrame] = None
     histogram_neuron: Optional[int] = None
     metric: str = "accuracy"
@@ -190,6 +193,7 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
              layers: Sequence[LayerInfo], per_sample: dict[str, np.ndarray],
              clusters: np.ndarray, curves: Optional[pd.DataFrame] = None,
              findings: Sequence = (), oracle: Optional[pd.DataFrame] = None,
+             scorecard: Optional[pd.DataFrame] = None,
              class_names: Optional[Sequence[str]] = None,
              examples_of: Optional[Callable[[int], pd.DataFrame]] = None,
              method_notes: Optional[dict[str, str]] = None) -> ReportContent:
@@ -228,7 +232,8 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
                   "neurons": settings.layer_info(layers).axis_words()},
         layers=layers_frame(layers), cluster_scores=tidy, neuron_summary=summary,
         curves=curves, curve_summary=curve_table, curve_sentences=sentences,
-        findings=list(findings), oracle=oracle, metric=settings.metric, cluster_labels=labels,
+        findings=list(findings), oracle=oracle, scorecard=scorecard, metric=settings.metric,
+        cluster_labels=labels,
         histogram=pd.DataFrame({"score": per_sample[settings.method][focus, top_neuron]}),
         histogram_neuron=top_neuron,
         examples=None if examples_of is None else examples_of(top_neuron),
@@ -301,11 +306,16 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                         clusters, cluster=settings.cluster, reduce=settings.reduce,
                         user_scores=user_scores, seed=settings.seed,
                         batch_size=settings.batch_size)
-    step(0.8, "agreement with ablation")
+    step(0.7, "agreement with ablation")
     oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
                               methods=settings.methods, clusters=clusters,
                               cluster=settings.cluster, reduce=settings.reduce,
                               batch_size=settings.batch_size, seed=settings.seed)
+    step(0.75, "which method to trust, every layer")
+    card = scorecard(model, dataset.inputs, targets, clusters, batch_size=settings.batch_size,
+                     seed=settings.seed,
+                     progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
+                                                       "which method to trust, every layer"))
     predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
     activations = per_sample.get("activation")
     if dataset.image_chw is not None and activations is None:
@@ -316,7 +326,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                     facts=model_facts(loaded, dataset, predicted), layers=layers,
                     per_sample=per_sample, clusters=clusters, curves=curves,
                     findings=findings, oracle=oracle.drop(columns="cluster"),
-                    class_names=dataset.class_names, method_notes=notes,
+                    scorecard=card, class_names=dataset.class_names, method_notes=notes,
                     examples_of=lambda neuron: image_examples(
                         model, settings.layer, dataset, per_sample[settings.method],
                         activations, focus, neuron))
@@ -424,6 +434,14 @@ def render_report(content: ReportContent) -> str:
                   "<p class='muted'>Rank correlation between each method's scores and the "
                   "measured effect of removing each neuron alone.</p>",
                   _frame_table(plots.oracle_table(content.oracle))]
+    if content.scorecard is not None and len(content.scorecard):
+        parts += ["<h2>Which method to trust, layer by layer</h2>",
+                  "<p class='muted'>Each method's cluster scores (signed mean) against exact "
+                  "ablation on every layer: Spearman ρ per cluster, averaged (hover for its "
+                  "95% bootstrap interval); beside it, the same ranking after the layers above "
+                  "are re-initialised (near 1: the ranking does not read the model).</p>",
+                  _chart(plots.scorecard_figure(content.scorecard)),
+                  _frame_table(plots.scorecard_table(content.scorecard))]
     if content.histogram is not None and content.histogram_neuron is not None:
         parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
                                                   neuron=content.histogram_neuron)))
@@ -480,6 +498,8 @@ def report_csvs(content: ReportContent) -> dict[str, str]:
         tables["curve_summary.csv"] = content.curve_summary
     if content.oracle is not None:
         tables["oracle_agreement.csv"] = content.oracle
+    if content.scorecard is not None:
+        tables["scorecard.csv"] = content.scorecard
     if content.findings:
         tables["findings.csv"] = pd.DataFrame(
             [{"code": f.code, "severity": f.severity, "value": f.value, "message": f.message,

@@ -61,6 +61,14 @@ def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: 
     return table.drop(columns="cluster")
 
 
+@st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
+def _scorecard(key: str, target_key: str, partition_key: str, batch_size: int, _model,
+               _inputs, _targets, _clusters, _progress):
+    with _progress:
+        return at.scorecard(_model, _inputs, _targets, _clusters, batch_size=batch_size,
+                            progress=_progress)
+
+
 @dataclass(frozen=True)
 class Context:
     """What every page works on: the workspace, the choices, and the clusters they imply."""
@@ -156,6 +164,14 @@ class Context:
                        s.reduce, s.batch_size, self.ws.model, self.ws.data.inputs,
                        self.targets, self.clusters, s.cluster,
                        ProgressLine("Comparing every method with exact ablation"))
+
+    def scorecard(self):
+        """Every default method on every layer against exact ablation, on the clusters of
+        the sidebar's partition (cached; `attribution.scorecard`)."""
+        s = self.settings
+        return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.batch_size,
+                          self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+                          ProgressLine("Measuring every method on every layer"))
 
     def predictions(self) -> np.ndarray:
         return predictions(self.ws)

@@ -50,9 +50,12 @@ def cluster_key(settings: AnalysisSettings) -> str:
 
 
 def partition_key(settings: AnalysisSettings) -> str:
-    """The grouping of the samples into clusters (not which one is in focus)."""
+    """The grouping of the samples into clusters (not which one is in focus): its source,
+    with k for k-means and the layer for k-means on the layer's activations."""
     s = settings
-    return f"{s.cluster_source}:{s.k}:{s.layer}"
+    k = s.k if s.cluster_source.startswith("kmeans") else ""
+    layer = s.layer if s.cluster_source == "kmeans_activations" else ""
+    return f"{s.cluster_source}:{k}:{layer}"
 
 
 def curve_key(workspace_key: str, settings: AnalysisSettings) -> tuple:

@@ -18,6 +18,7 @@ import streamlit as st
 
 NEURON_CHOICE = "neuron_choice"  # session state: the neuron the Neuron page opens
 NEURON_PAGE = "pages/neuron.py"
+SCORES_PAGE = "pages/scores.py"
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 ENTRYPOINT_RAN = "entrypoint_ran"  # session-state flag: app.py is about to run a page
 

@@ -207,8 +207,10 @@ def test_top_k_is_a_tenth_of_the_neurons_halves_rounded_up():
     assert [top_k_of(n) for n in (1, 4, 5, 15, 16, 25, 64)] == [1, 1, 1, 2, 2, 3, 6]
 
 
-def test_progress_reports_each_layer(demo):
+def test_progress_reports_each_method_scored_twice_per_layer(demo):
     seen = []
-    at.scorecard(*demo, layers=[LAYER, "out"], methods=["gradient"], n_boot=10,
+    at.scorecard(*demo, layers=[LAYER, "out"], methods=["gradient", "bn_scale"], n_boot=10,
                  progress=lambda fraction, table: seen.append((fraction, len(table))))
-    assert seen == [(0.5, 1), (1.0, 2)]
+    # per layer: gradient scored, bn_scale refused (both its steps), gradient's row
+    assert seen == [(1 / 8, 0), (2 / 8, 0), (3 / 8, 0), (4 / 8, 1), (5 / 8, 1), (6 / 8, 1),
+                    (7 / 8, 1), (1.0, 2)]

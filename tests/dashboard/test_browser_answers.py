@@ -252,3 +252,29 @@ def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neur
     sidebar = app.page.get_by_test_id("stSidebar")
     assert sidebar.get_by_role("combobox", name="Cluster", exact=True).input_value().startswith(
         cluster)
+
+
+def test_which_method_to_trust_draws_every_layer_and_a_click_opens_that_view(app):
+    """The scorecard page of the demo: layers x methods with the sanity panel beside it, the
+    interval on hover; a click on a cell opens the Scores page on that layer and method."""
+    app.open("/trust")
+    app.wait_for_chart("Which method to trust", timeout_s=120)
+    chart = app.page.locator(".js-plotly-plot").filter(has_text="Which method to trust").first
+    layers, methods = chart.evaluate("plot => [plot.data[0].y, plot.data[0].x]")
+    assert layers == ["fc1", "relu1", "fc2", "relu2", "out"] and len(methods) == 7
+    app.screenshot("answers-8-which-method-to-trust")
+    chart.evaluate("plot => plot.on('plotly_click', event => "
+                   "{ window.clickedCell = [event.points[0].x, event.points[0].y]; })")
+    area = chart.locator(".nsewdrag").first.bounding_box()
+    # the cell of the third layer and the first method (rows top down, columns left right)
+    app.page.mouse.click(area["x"] + area["width"] * 0.46 / 14, area["y"] + area["height"] * 0.5)
+    method, layer = app.page.wait_for_function("() => window.clickedCell", timeout=10_000,
+                                               polling=20).json_value()
+    assert layer == "fc2" and method == methods[0]
+    app.page.wait_for_function(HEADING, arg="Neuron scores", timeout=60_000, polling=20)
+    app.wait_for_chart(f"{method} score per cluster", timeout_s=60)
+    app.page.wait_for_url(lambda address: "layer=fc2" in address, timeout=60_000)
+    sidebar = app.page.get_by_test_id("stSidebar")
+    assert sidebar.get_by_role("combobox", name="Layer", exact=True).input_value().startswith(
+        "fc2 ·")
+    assert sidebar.get_by_role("combobox", name="Method", exact=True).input_value() == method

@@ -51,7 +51,7 @@ def test_the_pages_folder_holds_exactly_app_pys_pages():
     """Streamlit's folder navigation (before st.navigation first runs) makes a page of every
     pages/*.py: a shared module there would be one. Subfolders are not read."""
     assert {f"pages/{path.name}" for path in PAGE_SCRIPTS} == app_pages()
-    assert len(PAGE_SCRIPTS) == 6 and (SHARED / "__init__.py").exists()
+    assert len(PAGE_SCRIPTS) == 7 and (SHARED / "__init__.py").exists()
 
 
 @pytest.mark.parametrize("path", PAGE_SCRIPTS, ids=lambda path: path.name)

@@ -60,12 +60,26 @@ def test_report_shows_settings_facts_findings_and_charts(content, page):
         message, hint = finding.words(screen=True)
         assert html.escape(message) in page and html.escape(hint) in page
     assert "target logit, area under the curve" in page and "metric=" not in page
-    # heatmap, ranked bars, method bars, rank correlation, pruning curves, histogram, and
-    # the top neuron's samples as images (the demo's pixels declare 8 x 8)
-    assert page.count("Plotly.newPlot") == 7
+    # heatmap, ranked bars, method bars, rank correlation, pruning curves, the scorecard of
+    # every layer, histogram, and the top neuron's samples as images (the demo's pixels
+    # declare 8 x 8)
+    assert page.count("Plotly.newPlot") == 8
     for sentence in content.curve_sentences:
         assert html.escape(sentence) in page
     assert "Verdict" in content.curve_sentences[-1]
+
+
+def test_report_holds_the_scorecard_of_every_layer(demo, content, page):
+    """The scorecard of the report's clusters and targets, as `at.scorecard` computes it, drawn
+    and tabled, and written as scorecard.csv."""
+    loaded, dataset = demo
+    expected = at.scorecard(loaded.module, dataset.inputs, dataset.labels,
+                            dataset.labels.numpy())
+    pd.testing.assert_frame_equal(content.scorecard, expected)
+    assert "Which method to trust, layer by layer" in page
+    assert "<th>Spearman ρ</th>" in page
+    written = pd.read_csv(io.StringIO(report.report_csvs(content)["scorecard.csv"]))
+    pd.testing.assert_frame_equal(written, expected.reset_index(drop=True), check_dtype=False)
 
 
 def test_report_content_matches_the_engine(demo, content):
@@ -99,7 +113,7 @@ def test_csvs_hold_every_table(content):
     tables = report.report_csvs(content)
     assert set(tables) == {"cluster_scores.csv", "neuron_summary.csv", "layers.csv",
                            "pruning_curves.csv", "curve_summary.csv", "oracle_agreement.csv",
-                           "findings.csv"}
+                           "findings.csv", "scorecard.csv"}
     scores = pd.read_csv(io.StringIO(tables["cluster_scores.csv"]))
     pd.testing.assert_frame_equal(scores, content.cluster_scores.reset_index(drop=True),
                                   check_dtype=False)

@@ -42,7 +42,14 @@ def every_figure() -> dict[str, go.Figure]:
         figures[f"sample heatmap, {name}"] = plots.sample_heatmap(
             plots.tidy_sample_scores(per_sample[:10], np.arange(10)), method="gradient",
             cluster="<i>a</i>", n_total=12)
+    card = pd.DataFrame([dict(layer=layer, method=method, spearman=rho, kendall=rho / 2,
+                              spearman_low=rho - 0.1, spearman_high=rho + 0.1, top_overlap=0.5,
+                              curve_area=rho, after_randomization=np.nan if layer == "out"
+                              else 1.0 - rho)
+                         for layer, rhos in (("<b>fc1</b>", (0.9, 0.2)), ("out", (1.0, 0.5)))
+                         for method, rho in zip(("gradient", "activation"), rhos)])
     figures.update({
+        "scorecard": plots.scorecard_figure(card),
         "neuron bars": plots.neuron_bars(summaries[:5], method="gradient", reduce="mean"),
         "method bars": plots.method_bars(summaries, reduce="mean", top_n=3),
         "pruning, two panels": plots.pruning_figure(curves, n_neurons=5,

@@ -1,0 +1,68 @@
+"""Which method to trust: every method on every layer against exact ablation (the scorecard):
+rank agreement with its bootstrap interval, the damage each ranking does, and whether the
+ranking survives re-initialising the layers above. Clicking a cell opens that layer and
+method on the Scores page."""
+import streamlit as st
+
+from attribution.analyses.settings import partition_words, target_label
+from attribution.presentation import plots
+from attribution.presentation.report import csv_text
+from pages.shared.context import context
+from pages.shared.draw import chart, escape_markdown, guarded
+from pages.shared.routing import SCORES_PAGE, require_entrypoint, switch_page
+from pages.shared.sidebar import apply_choice
+
+require_entrypoint()
+
+OPEN_VIEW = "open_scorecard_view"  # session state: a click asked for the Scores page
+
+if st.session_state.pop(OPEN_VIEW, False):
+    switch_page(SCORES_PAGE)
+
+ctx = context()
+s = ctx.settings
+
+st.title("Which method to trust")
+st.caption(f"{escape_markdown(ctx.ws.title)} · every layer · clusters: "
+           f"{escape_markdown(partition_words(s.cluster_source, s.k, s.layer, ctx.regression))}"
+           f" · scored for the {escape_markdown(target_label(s.target, ctx.regression))}")
+st.markdown(
+    "Each method's cluster scores (signed mean) against **exact ablation**, which removes "
+    "each neuron alone and measures the drop of the target logit: Spearman ρ per cluster, "
+    "averaged over clusters (1 = ranks neurons as the oracle does, 0 = as random). Hover a "
+    "cell for its 95% bootstrap interval, Kendall τ, top-10% overlap and how much of the "
+    "oracle's pruning damage its ranking does. On the right, the same ranking after the "
+    "layers above are re-initialised: a ranking that stays near 1 there does not read the "
+    "model (Adebayo et al. 2018), as activation never can.")
+
+card = guarded(ctx.scorecard)
+if card is None:
+    st.stop()
+
+
+def open_clicked() -> None:
+    """A click on a cell (callback): that layer and method, then the Scores page."""
+    by_label = {(plots.plain(layer), plots.method_label(method)): (layer, method)
+                for layer, method in zip(card["layer"], card["method"])}
+    for point in st.session_state["scorecard"]["selection"]["points"]:
+        chosen = by_label.get((point.get("y"), point.get("x")))
+        if chosen is not None:
+            apply_choice("w_layer", chosen[0].split(":")[0])
+            apply_choice("w_method", chosen[1])
+            st.session_state[OPEN_VIEW] = True
+            return
+
+
+chart(plots.scorecard_figure(card), key="scorecard", on_click=open_clicked)
+best = card.loc[card[card["method"] != "ablation"].groupby("layer", sort=False)["spearman"]
+                .idxmax().dropna()]
+st.caption("Best after the oracle itself, per layer: " + "; ".join(
+    f"{escape_markdown(row.layer)}: {plots.method_label(row.method)} (ρ {row.spearman:.2f})"
+    for row in best.itertuples()) + ".")
+for key, reason in card.attrs.get("refused", {}).items():
+    layer, method = key.rsplit("/", 1)
+    st.caption(f"{plots.method_label(method)} on {escape_markdown(layer)} is left out: "
+               f"{escape_markdown(reason)}")
+st.dataframe(plots.scorecard_table(card), hide_index=True, width="stretch")
+st.download_button("Download the scorecard (.csv)", csv_text(card).encode("utf-8"),
+                   file_name="scorecard.csv", mime="text/csv", on_click="ignore")

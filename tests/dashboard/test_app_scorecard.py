@@ -1,0 +1,72 @@
+"""The "Which method to trust" page: the scorecard of the data and clusters in view, drawn as
+layers x methods with the sanity check beside it, its table and CSV; computed once for a
+partition, whatever layer or method is chosen after."""
+import io
+import zipfile
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+import attribution as at
+from attribution.presentation import plots
+from tests.support.app import assert_clean, figure, run_app, sidebar_widget
+
+PAGE = "pages/trust.py"
+
+
+def test_the_page_draws_the_scorecard_of_the_clusters_in_view(monkeypatch):
+    st.cache_data.clear()
+    calls = []
+    original = at.scorecard
+    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: calls.append(1) or original(
+        *args, **kwargs))
+    app = run_app()
+    app.switch_page(PAGE).run()
+    assert_clean(app)
+    context = app.session_state["context"]
+    data = context.ws.data
+    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy())
+    shown = figure(app, "Which method to trust")["data"]
+    layers, methods = shown[0]["y"], shown[0]["x"]
+    assert layers == [info.name for info in context.ws.layers]
+    assert methods == [plots.method_label(m) for m in dict.fromkeys(expected["method"])]
+    grid = expected.pivot(index="layer", columns="method", values="spearman")
+    grid = grid.loc[layers, list(dict.fromkeys(expected["method"]))].to_numpy()
+    np.testing.assert_allclose(np.asarray(shown[0]["z"], dtype=float), grid, rtol=1e-9)
+    after = np.asarray(shown[1]["z"], dtype=float)
+    assert np.isnan(after[-1]).all() and (after[:-1, methods.index("activation")] == 1).all()
+    table = app.dataframe[0].value
+    assert len(table) == len(expected) and "Spearman ρ" in table.columns
+    assert any(button.label.startswith("Download the scorecard")
+               for button in app.get("download_button"))
+    assert calls == [1]
+    sidebar_widget(app, "w_layer").set_value("fc1").run()  # another layer: the same card
+    sidebar_widget(app, "w_method").set_value("gradient").run()
+    assert_clean(app)
+    assert calls == [1]
+    sidebar_widget(app, "w_cluster_by").set_value("provided").run()  # another partition
+    assert_clean(app)
+    assert calls == [1, 1]
+    assert figure(app, "Which method to trust")["data"][0]["z"] != shown[0]["z"]
+
+
+def test_the_report_built_on_the_export_page_holds_the_pages_scorecard(monkeypatch):
+    """Built after the page drew it, the report reuses the same scorecard (not computed
+    again) and its tables hold it as scorecard.csv."""
+    st.cache_data.clear()
+    calls = []
+    original = at.scorecard
+    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: calls.append(1) or original(
+        *args, **kwargs))
+    app = run_app({"cluster_by": "provided"})
+    app.switch_page(PAGE).run()
+    card = app.session_state["context"].scorecard()
+    app.switch_page("pages/export.py").run()
+    next(b for b in app.button if b.label == "Build report").click().run()
+    assert_clean(app)
+    assert calls == [1]
+    with zipfile.ZipFile(io.BytesIO(app.session_state["report"][2])) as bundle:
+        written = pd.read_csv(io.StringIO(bundle.read("scorecard.csv").decode()))
+    pd.testing.assert_frame_equal(written, card.reset_index(drop=True), check_dtype=False)
+    assert "Which method to trust, layer by layer" in app.session_state["report"][1].decode()
