@@ -911,17 +911,17 @@ def run_scorecard(args) -> int:
     dataset = in_memory(problem, args)
     for layer in args.layers or ():
         _check_layer(problem, layer)
-    targets = targets_of(args, problem)
-    if isinstance(targets, str):
-        raise AttributionError("The scorecard scores one class per sample: use --targets "
-                               "label, predicted or a class id, not all.")
+    targets = _curve_targets(args, problem)
+    metric = metric_of(args, problem)
     clusters = (None if args.clusters == NO_CLUSTERS
                 else clusters_of(args, problem, (args.layers or [None])[0]))
     with ProgressBar("scorecard", args.quiet) as bar:
         card = scorecard(problem.model.module, dataset.inputs, targets, clusters,
                          layers=args.layers, methods=args.methods, n_boot=args.n_boot,
                          n_random=args.n_random, curve_points=args.curve_points,
-                         metric=metric_of(args, problem), ablation=args.ablation,
+                         metric=metric,
+                         curve_targets=analysis.curve_targets(metric, problem.labels, targets),
+                         ablation=args.ablation,
                          batch_size=args.batch_size, n_steps=args.n_steps, seed=args.seed,
                          progress=bar)
     for key, reason in card.attrs["refused"].items():

@@ -183,6 +183,44 @@ def rank_correlation(kind: str, a: np.ndarray, b: np.ndarray) -> float:
         return float(function(a, b).statistic)
 
 
+def row_ranks(values: np.ndarray) -> np.ndarray:
+    """Average ranks along the last axis, centred and scaled to unit norm per row (NaN rows
+    where the values are constant): Spearman's rho of two rows is then their dot product
+    (`row_spearman`)."""
+    from scipy import stats  # imported on first use, as in rank_correlation
+
+    ranks = stats.rankdata(values, axis=-1)
+    ranks = ranks - ranks.mean(-1, keepdims=True)
+    norms = np.linalg.norm(ranks, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norms > 0, ranks / norms, np.nan)
+
+
+def row_spearman(ranks_a: np.ndarray, ranks_b: np.ndarray) -> np.ndarray:
+    """Spearman's rho of rows of `row_ranks`, rounded to 12 decimals so that equal rankings
+    give exactly 1 (float sums leave 1 - 2e-16)."""
+    return np.round((ranks_a * ranks_b).sum(-1), 12)
+
+
+def bootstrap_counts(n_samples: int, n_draws: int, generator: np.random.Generator
+                     ) -> np.ndarray:
+    """How often each of n samples is drawn in each of n_draws resamples [n_draws, n]
+    (float64; a multinomial of n draws): `counts @ values / n` are the resampled means."""
+    return generator.multinomial(n_samples, np.full(n_samples, 1 / n_samples),
+                                 size=n_draws).astype(np.float64)
+
+
+def interval(draws: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of bootstrap `draws` (NaN draws ignored; NaN, NaN when none is
+    finite)."""
+    finite = draws[np.isfinite(draws)]
+    if not finite.size:
+        return float("nan"), float("nan")
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def _top_k_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
     top_b = set(np.argsort(-b, kind="stable")[:k].tolist())

@@ -43,7 +43,8 @@ from ..engine.layers import list_layers, resolve_layer, run_model
 from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
-from .oracle import rank_correlation
+from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks,
+                     row_spearman)
 from .prune import copy_model
 from .pruning import order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_STEPS,
@@ -63,7 +64,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               methods: Sequence[str] = SCORECARD_METHODS,
               n_boot: int = SCORECARD_BOOTSTRAP, n_random: int = SCORECARD_N_RANDOM,
               curve_points: int = SCORECARD_CURVE_POINTS, metric: str = DEFAULT_METRIC,
-              ablation: str = DEFAULT_ABLATION, batch_size: int = DEFAULT_BATCH_SIZE,
+              curve_targets="targets", ablation: str = DEFAULT_ABLATION,
+              batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
               progress: TableProgress = None, device=None) -> pd.DataFrame:
     """Every method's agreement with exact ablation on every layer (see the module's table).
@@ -81,6 +83,9 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             + 1 evenly spaced values of k, 0 and n included).
         metric, ablation: what the curves measure and what a removed neuron's output
             becomes, as in `pruning_curve` ("mean": the mean over the cluster's samples).
+        curve_targets: what the curves measure against: "targets" (the classes scored), a
+            LongTensor [N], a regression head's true values [N], or None (the predicted
+            class); see `settings.curve_targets`.
         batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
             bootstrap, the random orders and the re-initialisation).
         progress: called as progress(fraction, partial_table) after each method's scores
@@ -104,6 +109,10 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     total = model_io.n_rows(x)
     if targets is not None:
         targets = check_targets(torch.as_tensor(targets), total)
+    if isinstance(curve_targets, str) and curve_targets == "targets":
+        curve_targets = targets
+    elif curve_targets is not None:
+        curve_targets = torch.as_tensor(curve_targets)
     codes, ids = cluster_codes(np.zeros(total, dtype=np.int64) if clusters is None
                                else clusters, total)
     rows_of = [np.flatnonzero(codes == code) for code in range(len(ids))]
@@ -130,7 +139,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         oracle = neuron_scores(model, layer, x, targets, ORACLE, **options).numpy()
         ks_of[layer] = spaced_ks(oracle.shape[1], curve_points)
         oracle_means = _cluster_means(oracle, rows_of)
-        oracle_draws = [_ranks(counts @ oracle[rows] / len(rows))
+        oracle_draws = [row_ranks(counts @ oracle[rows] / len(rows))
                         for counts, rows in zip(draws, rows_of)]
         scored: dict[str, np.ndarray] = {}
         for method in methods:
@@ -144,7 +153,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         randomized, reinitialised[layer] = randomized_after(
             model, layer, model_io.take(x, slice(0, 2)), seed)
         means = {method: _cluster_means(scores, rows_of) for method, scores in scored.items()}
-        areas = _curve_areas(model, layer, x, targets, rows_of, means, oracle_means,
+        areas = _curve_areas(model, layer, x, curve_targets, rows_of, means, oracle_means,
                              ks_of[layer], n_random, seed, curve_options)
         for method, scores in scored.items():
             after = (np.nan if not reinitialised[layer] else _mean_correlation(
@@ -183,29 +192,9 @@ def _cluster_means(scores: np.ndarray, rows_of: list[np.ndarray]) -> np.ndarray:
 
 
 def _bootstrap_draws(rows_of: list[np.ndarray], n_boot: int, seed: int) -> list[np.ndarray]:
-    """Per cluster, how often each of its m samples is drawn in each of n_boot resamples
-    [n_boot, m] (a multinomial of m draws)."""
+    """Per cluster, `bootstrap_counts` of its samples [n_boot, m] (one generator, seeded)."""
     generator = np.random.default_rng(seed)
-    return [generator.multinomial(len(rows), np.full(len(rows), 1 / len(rows)), size=n_boot)
-            .astype(np.float64) for rows in rows_of]
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Average ranks along the last axis, centred and scaled to unit norm per row (NaN rows
-    where the values are constant): Spearman's rho of two rows is then their dot product."""
-    from scipy import stats  # imported on first use, as in oracle.rank_correlation
-
-    ranks = stats.rankdata(values, axis=-1)
-    ranks = ranks - ranks.mean(-1, keepdims=True)
-    norms = np.linalg.norm(ranks, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norms > 0, ranks / norms, np.nan)
-
-
-def _rho(ranks_a: np.ndarray, ranks_b: np.ndarray) -> np.ndarray:
-    """Spearman's rho of rows of `_ranks`, rounded to 12 decimals so that equal rankings give
-    exactly 1 (float sums leave 1 - 2e-16)."""
-    return np.round((ranks_a * ranks_b).sum(-1), 12)
+    return [bootstrap_counts(len(rows), n_boot, generator) for rows in rows_of]
 
 
 def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
@@ -218,17 +207,15 @@ def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
                    & set(np.argsort(-b, kind="stable")[:k])) / k
                for a, b in zip(means, oracle_means)]
     resampled = np.stack([
-        _rho(_ranks(counts @ scores[rows].astype(np.float64) / len(rows)), oracle)
+        row_spearman(row_ranks(counts @ scores[rows].astype(np.float64) / len(rows)), oracle)
         for counts, rows, oracle in zip(draws, rows_of, oracle_draws)])  # [C, n_boot]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
         per_draw = np.nanmean(resampled, axis=0)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = (np.nanpercentile(per_draw, [tail, 100 - tail]) if np.isfinite(per_draw).any()
-                 else (np.nan, np.nan))
-    return {"spearman": _nanmean(_rho(_ranks(means), _ranks(oracle_means))),
+    low, high = interval(per_draw, CONFIDENCE)
+    return {"spearman": _nanmean(row_spearman(row_ranks(means), row_ranks(oracle_means))),
             "kendall": _nanmean(_kendall(means, oracle_means)),
-            "spearman_low": float(low), "spearman_high": float(high),
+            "spearman_low": low, "spearman_high": high,
             "top_overlap": float(np.mean(overlap))}
 
 
@@ -252,7 +239,7 @@ def _nanmean(values) -> float:
 
 def _mean_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman of each row of a [C, n] with b's, averaged over rows."""
-    return _nanmean(_rho(_ranks(a), _ranks(b)))
+    return _nanmean(row_spearman(row_ranks(a), row_ranks(b)))
 
 
 # ------------------------------------------------------------------------ curve area

@@ -312,8 +312,9 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                               cluster=settings.cluster, reduce=settings.reduce,
                               batch_size=settings.batch_size, seed=settings.seed)
     step(0.75, "which method to trust, every layer")
-    card = scorecard(model, dataset.inputs, targets, clusters, batch_size=settings.batch_size,
-                     seed=settings.seed,
+    card = scorecard(model, dataset.inputs, targets, clusters, metric=settings.metric,
+                     curve_targets=settings.curve_targets(dataset.labels, targets),
+                     batch_size=settings.batch_size, seed=settings.seed,
                      progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
                                                        "which method to trust, every layer"))
     predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()

@@ -62,10 +62,11 @@ def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: 
 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
-def _scorecard(key: str, target_key: str, partition_key: str, batch_size: int, _model,
-               _inputs, _targets, _clusters, _progress):
+def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
+               _model, _inputs, _targets, _curve_targets, _clusters, _progress):
     with _progress:
-        return at.scorecard(_model, _inputs, _targets, _clusters, batch_size=batch_size,
+        return at.scorecard(_model, _inputs, _targets, _clusters, metric=metric,
+                            curve_targets=_curve_targets, batch_size=batch_size,
                             progress=_progress)
 
 
@@ -169,8 +170,9 @@ class Context:
         """Every default method on every layer against exact ablation, on the clusters of
         the sidebar's partition (cached; `attribution.scorecard`)."""
         s = self.settings
-        return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.batch_size,
-                          self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+        return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
+                          s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
+                          s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer"))
 
     def predictions(self) -> np.ndarray:
