@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                        default=list(analysis.SCORECARD_METHODS),
                        help=f"one or more of {', '.join(METHODS)} (default "
                             f"{' '.join(analysis.SCORECARD_METHODS)})")
-    group.add_argument("--n-boot", type=_positive, default=analysis.SCORECARD_BOOTSTRAP,
+    group.add_argument("--n-boot", type=_positive, default=analysis.BOOTSTRAP_DRAWS,
                        help="bootstrap draws of the spearman interval (default %(default)s)")
     group.add_argument("--n-random", type=_positive, default=analysis.SCORECARD_N_RANDOM,
                        help="random orders of curve_area (default %(default)s)")

@@ -11,17 +11,21 @@ several clusters every check runs on each and reports the worst. Value measured;
 - tiny_scores: largest neuron effect / logit scale (std of all logits). Problem if <= 1e3
   float32 eps (float32 rounding of the logits); warning if < 0.01 / n_neurons (under 1% of
   an equal share of the logit scale).
-- sign_cancellation: median over neurons of |mean s| / mean |s|. With samples of equal
+- sign_cancellation: median over neurons of |mean s| / mean |s|, with its 95% bootstrap
+  interval over the cluster's samples (`Finding.low`, `.high`). With samples of equal
   magnitude and a share p of one sign this is |2p - 1|: warning if < 0.5 (the minority sign
   carries > 25% of the magnitude), problem if < 0.2 (> 40%). Only reduce="mean" averages signs.
 - dead_neurons: share of neurons dead on the cluster. Warning if a neuron is dead on every
   sample analysed (the model never uses it), problem if >= 50% (most of the ranking is ties).
-- not_better_than_random: share of random orders whose pruning-curve area the ranking beats.
-  A random ranking is one more random order, so this share is uniform for it: warning if
-  < 0.95, problem if < 0.5 (no better than a typical random order).
-- disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle. Warning if
-  < 0.6 (below activation's 0.56 in Molchanov et al. 2017), problem if < 0.3 (weight
-  magnitude's 0.27 there; random is 0).
+- not_better_than_random: share of random orders whose pruning-curve area the ranking beats,
+  and the permutation test's p-value (`Finding.p_value`, `curve_summary`'s p_value): a
+  random ranking is one more random order, so its p-value is uniform. Ok if p <= 0.1 (at
+  most 1 random ranking in 10 does this well: 19 of 20 orders beaten), problem if p > 0.5 (a
+  typical random order does as much damage), else warning.
+- disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle, with its 95%
+  bootstrap interval over the cluster's samples. Ok if the whole interval is >= 0.6 (above
+  activation's 0.56 in Molchanov et al. 2017), problem if it is all < 0.3 (weight
+  magnitude's 0.27 there; random is 0) or the correlation does not exist, else warning.
 - suspicious_gradient_capture: relative error of the user's scores vs the engine's. Problem if
   > 1e-3 (float32 reassociation differences stay far below); known bug patterns are named.
 
@@ -39,7 +43,9 @@ conductance, ablation), or |score| x mean |activation| (gradient); methods witho
 """
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
@@ -51,15 +57,16 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
-from .oracle import rank_correlation
+from .oracle import bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman
 from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.registry import REGISTRY, method_label
-from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_RANDOM,
-                       DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED, EVIDENCE_METRIC,
-                       METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
+from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
+                       DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
+                       EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
 from .pruning import curve_summary, pruning_curve
-from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
-                              neuron_scores, reduce_scores, score_batches)
+from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_reduce,
+                              cluster_codes, find_cluster, neuron_scores, reduce_scores,
+                              score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
@@ -68,8 +75,9 @@ PRECISION = 1e3 * float(np.finfo(np.float32).eps)  # ~1.2e-4: float32 rounding, 
 CANCELLATION_WARNING, CANCELLATION_PROBLEM = 0.5, 0.2
 SHARE_WARNING = 0.01
 DEAD_PROBLEM = 0.5
-BEATEN_OK, BEATEN_WARNING = 0.95, 0.5
+SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_random
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
+CONFIDENCE = 0.95  # of every bootstrap interval
 CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
                     "unknown")
@@ -94,6 +102,9 @@ class Finding:
             measured (a `pruning_curve` frame: k, ranked, bottom, random_mean, random_lo,
             random_hi; its attrs as there), of the cluster it reports (the worst one among
             several); None for the other checks. Not compared by ==.
+        low, high: the 95% bootstrap interval of `value` over the cluster's samples
+            (sign_cancellation, disagrees_with_ablation); NaN for the other checks.
+        p_value: not_better_than_random's permutation p-value; NaN for the other checks.
     """
 
     code: str
@@ -105,6 +116,9 @@ class Finding:
     screen_message: str = ""
     screen_hint: str = ""
     curve: Optional[pd.DataFrame] = field(default=None, compare=False, repr=False)
+    low: float = field(default=float("nan"), compare=False)
+    high: float = field(default=float("nan"), compare=False)
+    p_value: float = field(default=float("nan"), compare=False)
 
     def words(self, screen: bool) -> tuple[str, str]:
         """(message, hint) in the dashboard's words ("mean |·|", "target logit") when
@@ -155,6 +169,7 @@ class _Evidence:
     effects: np.ndarray
     logit_scale: float
     reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
+    draws: np.ndarray  # [BOOTSTRAP_DRAWS, m]: how often each sample is drawn in each resample
 
 
 def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = DEFAULT_METHOD,
@@ -232,6 +247,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     report(0.4, [])
 
     groups = []
+    generator = np.random.default_rng(seed)  # the same resamples for the same call
     for index, name in enumerate(names):
         rows = np.flatnonzero(codes == index)
         part = torch.from_numpy(rows)
@@ -240,7 +256,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             name, x[part], targets[part] if targets is not None else None, group_scores,
             reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
             effects[rows], float(logits[part].double().std()) if len(rows) else 0.0,
-            reach[rows]))
+            reach[rows], bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator)))
     labelled = len(groups) > 1
     everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
@@ -415,29 +431,47 @@ def _tiny(group: _Evidence, method: str) -> tuple[Finding, float]:
                    value), -value
 
 
+def _cancellation_ratio(means: np.ndarray, magnitudes: np.ndarray) -> np.ndarray:
+    """Median over neurons of |mean s| / mean |s| for rows of means and mean magnitudes
+    [..., n], over the neurons with a nonzero magnitude (NaN where none has one)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = np.where(magnitudes > 0, np.abs(means) / magnitudes, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row without an active neuron
+        return np.nanmedian(ratios, axis=-1)
+
+
 def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     magnitude = np.abs(group.scores).mean(0)
-    active = magnitude > 0
-    if not active.any():
+    if not (magnitude > 0).any():
         return Finding("sign_cancellation", "ok", "No neuron has a nonzero score, so nothing "
                        "can cancel (see constant_scores).", float("nan")), 0.0
-    ratio = float(np.median(np.abs(group.scores.mean(0))[active] / magnitude[active]))
-    kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons)")
+    ratio = float(_cancellation_ratio(group.scores.mean(0), magnitude))
+    size = len(group.scores)
+    values = group.scores.astype(np.float64)
+    low, high = interval(_cancellation_ratio(group.draws @ values / size,
+                                             group.draws @ np.abs(values) / size), CONFIDENCE)
+    kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons; 95% "
+            f"interval {low:.0%} to {high:.0%})")
+    bounds = dict(low=low, high=high)
     if reduce != "mean":
-        return _finding("sign_cancellation", "ok",
-                        f"«reduce={reduce}» does not average signs ({kept} with "
-                        "«reduce=mean»).", ratio), -ratio
+        return replace(_finding("sign_cancellation", "ok",
+                                f"«reduce={reduce}» does not average signs ({kept} with "
+                                "«reduce=mean»).", ratio), **bounds), -ratio
     hint = ("Use «reduce=mean_abs» or «method=gradient_x_activation», or split the cluster "
             "into smaller, more homogeneous ones (e.g. one class each).")
     if ratio < CANCELLATION_PROBLEM:
-        return _finding("sign_cancellation", "problem",
-                       f"Signed averaging cancels: {kept}, because per-sample scores disagree "
-                       "in sign; this is why average gradients look tiny.", ratio, hint), -ratio
-    if ratio < CANCELLATION_WARNING:
-        return _finding("sign_cancellation", "warning",
-                        f"Signed averaging partly cancels: {kept}.", ratio, hint), -ratio
-    return Finding("sign_cancellation", "ok", f"Signs agree across samples: {kept}.",
-                   ratio), -ratio
+        finding = _finding("sign_cancellation", "problem",
+                           f"Signed averaging cancels: {kept}, because per-sample scores "
+                           "disagree in sign; this is why average gradients look tiny.",
+                           ratio, hint)
+    elif ratio < CANCELLATION_WARNING:
+        finding = _finding("sign_cancellation", "warning",
+                           f"Signed averaging partly cancels: {kept}.", ratio, hint)
+    else:
+        finding = Finding("sign_cancellation", "ok", f"Signs agree across samples: {kept}.",
+                          ratio)
+    return replace(finding, **bounds), -ratio
 
 
 def _what_is_zero(dead: np.ndarray, activations: np.ndarray, zeroed: list[str]) -> str:
@@ -486,6 +520,15 @@ def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
     return Finding("dead_neurons", "ok", "No neuron is dead on these samples.", share), share
 
 
+def random_severity(p_value: float) -> str:
+    """The severity of a ranking against random orders, by its permutation p-value
+    (`curve_summary`): "ok" when p <= SIGNAL_P, "problem" when p > NO_SIGNAL_P (or unknown),
+    else "warning". One rule for not_better_than_random and the pruning page's words."""
+    if not p_value <= NO_SIGNAL_P:
+        return "problem"
+    return "ok" if p_value <= SIGNAL_P else "warning"
+
+
 def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
                      batch_size) -> tuple[Finding, float]:
     n_neurons = group.cluster_score.shape[0]
@@ -493,53 +536,81 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
                           np.nan_to_num(group.cluster_score, nan=0.0),
                           ks=evidence_ks(n_neurons), n_random=n_random, seed=seed,
                           ablation=ablation, metric=metric, batch_size=batch_size)
-    beaten = float(curve_summary(curve)["fraction_random_beaten"].iloc[0])
+    summary = curve_summary(curve).iloc[0]
+    beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
     interior = curve[(curve["k"] > 0) & (curve["k"] < n_neurons)]
     within = ((interior["ranked"] >= interior["random_lo"])
               & (interior["ranked"] <= interior["random_hi"]))
     inside = float(within.mean()) if len(interior) else 1.0
     measured = (f"removing the top-ranked neurons beats {beaten:.0%} of {n_random} random "
-                f"orders («metric={metric}», area under the curve) and stays inside the 5-95% "
-                f"random band at {inside:.0%} of k")
+                f"orders (permutation p = {p_value:.2f}; «metric={metric}», area under the "
+                f"curve) and stays inside the 5-95% random band at {inside:.0%} of k")
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
-    if beaten < BEATEN_WARNING:
+    if 1 / (n_random + 1) > SIGNAL_P:
+        hint += (f" With {n_random} random orders no ranking can show p <= {SIGNAL_P}: use at "
+                 f"least {math.ceil(1 / SIGNAL_P) - 1}.")
+    severity = random_severity(p_value)
+    if severity == "problem":
         finding = _finding("not_better_than_random", "problem",
                            f"The ranking is no better than random: {measured}.", beaten, hint)
-    elif beaten < BEATEN_OK:
+    elif severity == "warning":
         finding = _finding("not_better_than_random", "warning",
-                           f"The ranking is only weakly better than random: {measured}.",
+                           f"The ranking is not clearly better than random: {measured}.",
                            beaten, hint)
     else:
         finding = _finding("not_better_than_random", "ok",
                            f"The ranking beats random: {measured}.", beaten)
-    return replace(finding, curve=curve), -beaten
+    return replace(finding, curve=curve, p_value=p_value), p_value
 
 
 def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
-    oracle = group.effects.mean(0)
     signed = reduce == "mean"
+    oracle = group.effects.mean(0)
     scores = group.cluster_score if signed else np.abs(group.cluster_score)
     rho = rank_correlation("spearman", scores, oracle if signed else np.abs(oracle))
+    low, high = interval(_resampled_agreement(group, reduce), CONFIDENCE)
     convention = "signed" if signed else "absolute-value"
-    measured = (f"Spearman {rho:.2f} ({convention}) with the exact single-neuron ablation "
-                "effect on the target logit")
+    measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}) "
+                "with the exact single-neuron ablation effect on the target logit")
     hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
             "«method=ablation» itself; see the oracle table.")
+    bounds = dict(low=low, high=high)
     if np.isnan(rho):
-        return _finding("disagrees_with_ablation", "problem",
-                       "The ranking or the ablation effects are constant, so they cannot agree.",
-                       rho, hint), np.inf
-    if rho < ORACLE_WARNING:
-        return _finding("disagrees_with_ablation", "problem",
-                       f"The scores barely track what removing a neuron does: {measured}.",
-                       rho, hint), -rho
-    if rho < ORACLE_OK:
-        return _finding("disagrees_with_ablation", "warning",
-                       f"The scores only loosely track what removing a neuron does: {measured}.",
-                       rho, hint), -rho
-    return Finding("disagrees_with_ablation", "ok", f"The scores track ablation: {measured}.",
-                   rho), -rho
+        return replace(_finding(
+            "disagrees_with_ablation", "problem", "The ranking or the ablation effects are "
+            "constant, so they cannot agree.", rho, hint), **bounds), np.inf
+    if high < ORACLE_WARNING:
+        finding = _finding("disagrees_with_ablation", "problem",
+                           f"The scores barely track what removing a neuron does: {measured}.",
+                           rho, hint)
+    elif not low >= ORACLE_OK:  # NaN: some resamples constant
+        finding = _finding("disagrees_with_ablation", "warning",
+                           "The scores only loosely track what removing a neuron does: "
+                           f"{measured}.", rho, hint)
+    else:
+        finding = Finding("disagrees_with_ablation", "ok",
+                          f"The scores track ablation: {measured}.", rho)
+    return replace(finding, **bounds), -rho
+
+
+def _resampled_agreement(group: _Evidence, reduce: str) -> np.ndarray:
+    """[BOOTSTRAP_DRAWS]: the ablation check's Spearman in each resample of the cluster's
+    samples: the cluster scores by `reduce_scores` (each draw as a cluster of sums) against
+    the mean ablation effect, both as `_oracle` compares them."""
+    size = len(group.scores)
+    values = group.scores.astype(np.float64)
+    sums = torch.from_numpy(group.draws @ values)
+    statistics = ClusterStatistics(
+        pd.RangeIndex(len(group.draws)), torch.full((len(group.draws),), float(size),
+                                                    dtype=torch.float64),
+        sums, torch.from_numpy(group.draws @ np.abs(values)),
+        torch.from_numpy(group.draws @ (values * values)))
+    scores = reduce_scores(statistics, reduce).numpy()
+    oracle = group.draws @ group.effects.astype(np.float64) / size
+    if reduce != "mean":
+        scores, oracle = np.abs(scores), np.abs(oracle)
+    return row_spearman(row_ranks(scores), row_ranks(oracle))
 
 
 def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],

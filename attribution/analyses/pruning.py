@@ -152,7 +152,11 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
         mean and the ranked curve; positive = the ranking does more damage than random), and
         fraction_random_beaten (share of random orders whose area the ranking beats, ties
         count half; NaN when `curves.attrs` lacks the random curves of its rows, e.g. after a
-        CSV round-trip or a slice of rows).
+        CSV round-trip or a slice of rows), and p_value: the permutation test of "the
+        ranking does no more damage than a random order", (1 + orders doing at least as
+        much damage, ties half) / (n_random + 1): a random ranking is one more random order,
+        so its p_value is uniform; the smallest possible is 1 / (n_random + 1) (NaN as for
+        fraction_random_beaten).
     """
     metric = metric or curves.attrs.get("metric")
     if metric not in METRICS:
@@ -174,16 +178,18 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
         random_mean = _mean_over_k(part["random_mean"].to_numpy(), k)
         draws = random_by_subset.get(name)
         if draws is None or any(len(draw) != len(k) for draw in draws):  # e.g. rows sliced
-            beaten = np.nan
+            beaten = p_value = np.nan
         else:
             areas = np.array([_mean_over_k(np.asarray(draw), k) for draw in draws])
             margin = damage_sign * (ranked - areas)
-            beaten = float(np.mean((margin > 0) + 0.5 * (margin == 0)))
+            wins = (margin > 0) + 0.5 * (margin == 0)
+            beaten = float(np.mean(wins))
+            p_value = float((1 + np.sum(1 - wins)) / (len(wins) + 1))
         rows.append({"subset": name, "area_ranked": ranked,
                      "area_bottom": _mean_over_k(part["bottom"].to_numpy(), k),
                      "area_random": random_mean,
                      "gap_vs_random": damage_sign * (ranked - random_mean),
-                     "fraction_random_beaten": beaten})
+                     "fraction_random_beaten": beaten, "p_value": p_value})
     return pd.DataFrame(rows).set_index("subset")
 
 

@@ -48,7 +48,7 @@ from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks,
 from .prune import copy_model
 from .pruning import order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_STEPS,
-                       DEFAULT_SEED, SCORECARD_BOOTSTRAP, SCORECARD_CURVE_POINTS,
+                       DEFAULT_SEED, BOOTSTRAP_DRAWS, SCORECARD_CURVE_POINTS,
                        SCORECARD_METHODS, SCORECARD_N_RANDOM)
 
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
@@ -62,7 +62,7 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               layers: Optional[Sequence[str]] = None,
               methods: Sequence[str] = SCORECARD_METHODS,
-              n_boot: int = SCORECARD_BOOTSTRAP, n_random: int = SCORECARD_N_RANDOM,
+              n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
               curve_points: int = SCORECARD_CURVE_POINTS, metric: str = DEFAULT_METRIC,
               curve_targets="targets", ablation: str = DEFAULT_ABLATION,
               batch_size: int = DEFAULT_BATCH_SIZE,

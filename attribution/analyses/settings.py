@@ -52,8 +52,8 @@ here. The defaults, and why:
   DEFAULT_ABLATION, DEFAULT_SEED; DEFAULT_BATCH_SIZE samples per pass (BATCH_SIZES).
 - The degeneracy check's evidence curve: EVIDENCE_METRIC (the target logit) at
   EVIDENCE_CURVE_POINTS + 1 values of k (`evidence_ks`); `diagnose` returns it.
-- The scorecard: SCORECARD_METHODS on every layer, SCORECARD_BOOTSTRAP draws,
-  SCORECARD_N_RANDOM random orders at SCORECARD_CURVE_POINTS + 1 values of k.
+- Intervals: BOOTSTRAP_DRAWS resamples of the samples. The scorecard: SCORECARD_METHODS on
+  every layer, SCORECARD_N_RANDOM random orders at SCORECARD_CURVE_POINTS + 1 values of k.
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
     "ABLATIONS", "METRICS", "REDUCTIONS", "CLUSTER_SOURCES",
     "DEFAULT_COMPARE", "DEFAULT_K", "K_RANGE", "BATCH_SIZES", "RANDOM_ORDERS",
     "REDUCE_CHOICES", "TARGETS", "ACTIVATION_KINDS", "EVIDENCE_METRIC", "EVIDENCE_CURVE_POINTS",
-    "SCORECARD_METHODS", "SCORECARD_BOOTSTRAP", "SCORECARD_N_RANDOM", "SCORECARD_CURVE_POINTS",
+    "SCORECARD_METHODS", "BOOTSTRAP_DRAWS", "SCORECARD_N_RANDOM", "SCORECARD_CURVE_POINTS",
     "CURVE_K_STEPS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
     "CLUSTER_SOURCE_LABELS", "DEFAULT_CLUSTER_SOURCE", "DEFAULT_TARGET",
     "REGRESSION_SOURCE_LABELS", "REGRESSION_TARGET", "is_regression", "cluster_source_label",
@@ -127,8 +127,9 @@ SCORECARD_METHODS = ("gradient", "activation", "gradient_x_activation", "integra
                      "conductance", "ablation", "random")
 """The scorecard's methods when none are chosen: the seven that score any layer of a model
 of float inputs without asking for its kind (weight_norm, bn_scale) or clusters (probe)."""
-SCORECARD_BOOTSTRAP = 1000
-"""Bootstrap draws of the scorecard's spearman interval (percentiles 2.5 and 97.5)."""
+BOOTSTRAP_DRAWS = 1000
+"""Bootstrap draws of every interval (the scorecard's spearman, the degeneracy checks'
+agreement with ablation and cancellation): percentiles 2.5 and 97.5."""
 SCORECARD_N_RANDOM = 10
 """Random orders of the scorecard's curve_area: only their mean area counts, not a band."""
 SCORECARD_CURVE_POINTS = 8

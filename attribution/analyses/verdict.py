@@ -1,15 +1,28 @@
-"""One verdict for a layer, cluster and method, from the degeneracy check's findings: what the
-findings mean in plain words, the one thing to do, and the remedies an interface can apply.
+"""One verdict for a layer, cluster and method, concluded from the degeneracy check's
+measurements: what they support in plain words, the one thing to do, and the remedies an
+interface can apply (and measure first: `try_remedies`).
 
     findings = at.diagnose(model, "relu2", x, y, "gradient", reduce="mean")
     answer = verdict(findings, method="gradient", reduce="mean", cluster_source="kmeans_inputs")
-    answer.headline   # "Averaging cancels: the ranking is mostly noise"
+    answer.headline   # "The signed mean cancels, yet the ranking still carries signal"
     answer.remedies   # (Remedy("reduce", "mean_abs", ...), Remedy("method", ...), ...)
 
-The cause is the first flagged finding in `CAUSES` order: a bug in one's own code first, then
-scores that are not numbers, then the reasons a ranking carries nothing (constant, rounding
-level, cancelling signs, dead neurons), and last the symptoms (no better than random, no
-agreement with ablation) that those reasons explain when they are present.
+The headline is a rules table over the checks' outcomes (`outcomes`), which tests enumerate:
+
+1. A broken computation decides alone (`BROKEN`, first flagged): one's own gradient code
+   (named by its bug), scores that are not numbers, scores equal for every neuron.
+2. Otherwise two checks measure whether the ranking carries signal, each with its
+   uncertainty: the permutation test against random orders ("beats" when p <= 0.1, "unclear",
+   "no_better" when p > 0.5) and the rank agreement with exact ablation ("agrees" when its 95%
+   interval lies above 0.6, "loosely", "disagrees" when it lies below 0.3). `SIGNAL` maps the
+   pair to strong, some or none signal, and says it in words.
+3. The reason the scores look degenerate, if one is flagged (`REASONS`, first flagged):
+   rounding-level scores, most neurons dead, signs cancelling in the signed mean.
+   `HEADLINES[reason][signal]` is the headline: a reason never makes it claim noise while a
+   check shows signal ("the signed mean cancels, yet the ranking still carries signal").
+
+Severity: "ok" for strong signal without a reason, "problem" for no signal (or a broken
+computation), else "warning".
 """
 from __future__ import annotations
 
@@ -22,14 +35,68 @@ import pandas as pd
 import torch
 
 from ..engine import model_io
-from .diagnose import SEVERITIES, Finding
+from .diagnose import Finding
 from ..engine.layers import LayerInfo
 from ..methods.registry import REGISTRY
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
           "disagrees_with_ablation")
-SYMPTOMS = ("not_better_than_random", "disagrees_with_ablation")
+"""Every check, in the order their findings are listed as notes."""
+BROKEN = ("suspicious_gradient_capture", "non_finite", "constant_scores")
+"""Checks whose problem means no ranking was computed worth judging (first flagged decides)."""
+EVIDENCE = ("not_better_than_random", "disagrees_with_ablation")
+"""The two checks that measure whether the ranking carries signal."""
+OUTCOMES = {  # evidence check -> its finding's severity -> the outcome
+    "not_better_than_random": {"ok": "beats", "warning": "unclear", "problem": "no_better"},
+    "disagrees_with_ablation": {"ok": "agrees", "warning": "loosely", "problem": "disagrees"},
+}
+SIGNAL = {  # (random, ablation) -> (signal, what the two checks say together)
+    ("beats", "agrees"): ("strong", "the ranking tracks exact ablation and beats random "
+                                    "removal"),
+    ("beats", "loosely"): ("some", "the ranking beats random removal but only loosely tracks "
+                                   "exact ablation"),
+    ("beats", "disagrees"): ("some", "the ranking beats random removal but does not track "
+                                     "exact ablation"),
+    ("unclear", "agrees"): ("some", "the ranking tracks exact ablation, though its pruning "
+                                    "curve is not clearly better than random"),
+    ("unclear", "loosely"): ("some", "the ranking carries some signal, but neither check is "
+                                     "conclusive"),
+    ("unclear", "disagrees"): ("none", "the ranking neither tracks exact ablation nor clearly "
+                                       "beats random removal"),
+    ("no_better", "agrees"): ("some", "the ranking tracks exact ablation, yet removing its top "
+                                      "neurons does no more damage than random removal"),
+    ("no_better", "loosely"): ("some", "the ranking only loosely tracks exact ablation and does "
+                                       "no better than random removal"),
+    ("no_better", "disagrees"): ("none", "the ranking is noise: no better than random removal "
+                                         "and unlike exact ablation"),
+}
+REASONS = {  # reason -> (its check, the severities that flag it), first flagged decides
+    "rounding": ("tiny_scores", ("problem",)),
+    "dead": ("dead_neurons", ("problem",)),
+    "cancels": ("sign_cancellation", ("warning", "problem")),
+}
+HEADLINES = {  # reason -> signal -> headline ({signal}: SIGNAL's words, capitalised)
+    "none": {"strong": "These scores are usable", "some": "{signal}", "none": "{signal}"},
+    "cancels": {
+        "strong": "The signed mean cancels, yet the ranking tracks ablation and beats random",
+        "some": "The signed mean cancels, yet the ranking still carries signal",
+        "none": "Averaging cancels: the ranking is mostly noise"},
+    "dead": {
+        "strong": "Most neurons are dead here, yet the live ones are ranked as ablation ranks "
+                  "them",
+        "some": "Most neurons are dead here, yet the ranking still carries signal",
+        "none": "Most neurons are dead here: the ranking is mostly ties"},
+    "rounding": {
+        "strong": "The scores are at rounding level, yet their ranking tracks ablation: check "
+                  "the precision",
+        "some": "The scores are at rounding level, yet their ranking carries some signal",
+        "none": "The scores are at rounding level: the ranking is noise"},
+}
+BROKEN_HEADLINES = {
+    "non_finite": "The scores are not numbers: no ranking can be trusted",
+    "constant_scores": "Every neuron scores the same: the ranking carries nothing",
+}
 CHOICES = ("reduce", "method", "cluster_source")
 """What a remedy changes: the reduction, the scoring method, or how samples are clustered."""
 ONE_CLASS_SOURCES = ("label", "predicted")
@@ -41,9 +108,9 @@ CHECK_NAMES = {  # check -> (name when it passed, name when it flagged something
                           "Signed averaging cancels"),
     "dead_neurons": ("No neuron is dead on every sample", "Dead neurons"),
     "not_better_than_random": ("Removing top-ranked neurons hurts more than random removal",
-                               "The ranking does no better than random removal"),
+                               "The ranking is not shown to beat random removal"),
     "disagrees_with_ablation": ("The ranking matches removing each neuron (exact ablation)",
-                                "The ranking does not match exact ablation"),
+                                "The ranking does not clearly match exact ablation"),
     "suspicious_gradient_capture": ("Your own scores match the engine's",
                                     "Your own scores differ from the engine's"),
 }
@@ -55,7 +122,7 @@ CAPTURE_HEADLINES = {
     "non_finite": "Your scores contain NaN or infinite values",
     "unknown": "Your scores differ from the engine's",
 }
-_RANK = {severity: position for position, severity in enumerate(SEVERITIES)}
+SIGNAL_RANK = {"none": 0, "some": 1, "strong": 2}
 
 
 @dataclass(frozen=True)
@@ -66,11 +133,14 @@ class Remedy:
         choice: which setting (one of `CHOICES`).
         value: its new value ("mean_abs", "gradient_x_activation", "label", ...).
         label: the change in words, for a button ("Average magnitudes (mean |·|)").
+        cluster: for a change of `cluster_source`, the cluster to look at after it (None:
+            the interface's own choice).
     """
 
     choice: str
     value: str
     label: str
+    cluster: object = None
 
 
 @dataclass(frozen=True)
@@ -78,13 +148,15 @@ class Verdict:
     """What the findings mean for this view.
 
     Attributes:
-        severity: "ok", "warning" or "problem" (the deciding finding's).
-        headline: the answer in a few plain words.
-        explanation: one or two sentences of evidence behind it.
+        severity: "ok", "warning" or "problem".
+        headline: the answer in a few plain words (the rules table of the module).
+        explanation: the measurements behind it, with their uncertainty.
         action: the one thing to do ("" when nothing needs doing).
-        remedies: the changes of settings that address the cause, best first.
+        remedies: the changes of settings that address the cause, best first (untried:
+            `try_remedies` measures them).
         cause: the deciding check's code ("" when every check passed).
         notes: findings worth knowing that do not change the verdict.
+        signal: "strong", "some" or "none" (`SIGNAL`), "" for a broken computation.
     """
 
     severity: str
@@ -94,6 +166,7 @@ class Verdict:
     remedies: tuple[Remedy, ...] = ()
     cause: str = ""
     notes: tuple[str, ...] = ()
+    signal: str = ""
 
 
 def check_name(finding: Finding) -> str:
@@ -101,6 +174,32 @@ def check_name(finding: Finding) -> str:
     passed, by what it found when it did not."""
     passed, flagged = CHECK_NAMES.get(finding.code, (finding.code, finding.code))
     return passed if finding.severity == "ok" else flagged
+
+
+def outcomes(findings: Sequence[Finding]) -> dict[str, str]:
+    """The outcome of each check the rules read: "broken" (the first flagged of `BROKEN`, or
+    ""), "random" and "ablation" (`OUTCOMES`; "" when not measured) and "reason" (the first
+    flagged of `REASONS`, else "none")."""
+    by_code = {finding.code: finding for finding in findings}
+    flagged = {code for code, finding in by_code.items() if finding.severity != "ok"}
+    broken = next((code for code in BROKEN
+                   if code in flagged and by_code[code].severity == "problem"), "")
+    reason = next((name for name, (code, severities) in REASONS.items()
+                   if code in by_code and by_code[code].severity in severities), "none")
+    return {"broken": broken, "reason": reason,
+            "random": OUTCOMES["not_better_than_random"].get(
+                getattr(by_code.get("not_better_than_random"), "severity", ""), ""),
+            "ablation": OUTCOMES["disagrees_with_ablation"].get(
+                getattr(by_code.get("disagrees_with_ablation"), "severity", ""), "")}
+
+
+def headline(reason: str, random: str, ablation: str) -> tuple[str, str, str]:
+    """(severity, headline, signal) of the rules table for these outcomes."""
+    signal, words = SIGNAL[(random, ablation)]
+    text = HEADLINES[reason][signal].format(signal=words[:1].upper() + words[1:])
+    severity = ("ok" if signal == "strong" and reason == "none" else
+                "problem" if signal == "none" else "warning")
+    return severity, text, signal
 
 
 def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
@@ -117,58 +216,49 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
         A `Verdict`; remedies never repeat the current choice.
     """
     by_code = {finding.code: finding for finding in findings}
-    flagged = [by_code[code] for code in CAUSES if code in by_code
-               and by_code[code].severity != "ok"]
-    blocking = [f for f in flagged if not (f.code == "dead_neurons" and f.severity == "warning")]
-    notes = tuple(f"{check_name(f)}: {f.words(screen=True)[0]}" for f in flagged
-                  if f not in blocking)
-    if not blocking:
+    seen = outcomes(findings)
+    if seen["broken"] or not (seen["random"] and seen["ablation"]):
+        cause = by_code[seen["broken"] or "non_finite"]
+        text = (CAPTURE_HEADLINES.get(cause.pattern, CAPTURE_HEADLINES["unknown"])
+                if cause.code == "suspicious_gradient_capture" else BROKEN_HEADLINES[cause.code])
+        remedies = _remedies(cause.code, method, reduce, cluster_source, has_labels)
+        return Verdict("problem", text, _words(cause),
+                       remedies[0].label + "." if remedies else cause.words(screen=True)[1],
+                       remedies, cause.code, _notes(findings, {cause.code}))
+    severity, text, signal = headline(seen["reason"], seen["random"], seen["ablation"])
+    evidence = [by_code[code] for code in EVIDENCE]
+    reason = by_code[REASONS[seen["reason"]][0]] if seen["reason"] != "none" else None
+    weakest = max(evidence, key=lambda f: ("ok", "warning", "problem").index(f.severity))
+    cause = reason if reason is not None else (weakest if weakest.severity != "ok" else None)
+    used = {code for code in EVIDENCE} | ({cause.code} if cause is not None else set())
+    explanation = " ".join(_words(f) for f in ([reason] if reason is not None else [])
+                           + evidence)
+    if severity == "ok":
         passed = [code for code in CAUSES if code in by_code and by_code[code].severity == "ok"]
         counted = f"All {len(passed)}" if len(passed) == len(by_code) else \
             f"{len(passed)} of {len(by_code)}"
-        return Verdict("ok", "These scores are usable",
-                       f"{counted} checks passed: "
-                       + "; ".join(check_name(by_code[code]).lower() for code in passed) + ".",
-                       "", (), "", notes)
-    worst = max(blocking, key=lambda f: _RANK[f.severity]).severity
-    symptoms = [f for f in blocking if f.code in SYMPTOMS]
-    cause = blocking[0] if blocking[0].code not in SYMPTOMS else \
-        max(symptoms, key=lambda f: _RANK[f.severity])  # the worse symptom when no reason
-    symptoms = [f for f in symptoms if f is not cause]
-    remedies = _remedies(cause, method, reduce, cluster_source, has_labels)
-    headline = _headline(cause, bool(symptoms))
-    explanation = cause.words(screen=True)[0] + "".join(
-        f" {check_name(f)}: {_lower_first(f.words(screen=True)[0])}" for f in symptoms)
+        explanation = (f"{counted} checks passed: " + "; ".join(
+            check_name(by_code[code]).lower() for code in passed) + ". " + explanation)
+        return Verdict("ok", text, explanation, "", (), "", _notes(findings, used), signal)
+    remedies = _remedies(cause.code, method, reduce, cluster_source, has_labels)
     action = remedies[0].label + "." if remedies else cause.words(screen=True)[1]
-    return Verdict(worst, headline, explanation, action, remedies, cause.code, notes)
+    return Verdict(severity, text, explanation, action, remedies, cause.code,
+                   _notes(findings, used), signal)
 
 
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
+def _words(finding: Finding) -> str:
+    """A finding's measurement in the dashboard's words."""
+    return finding.words(screen=True)[0]
 
 
-def _headline(cause: Finding, ranking_suffers: bool) -> str:
-    if cause.code == "suspicious_gradient_capture":
-        return CAPTURE_HEADLINES.get(cause.pattern, CAPTURE_HEADLINES["unknown"])
-    if cause.code == "sign_cancellation":
-        if cause.severity == "problem" or ranking_suffers:
-            return "Averaging cancels: the ranking is mostly noise"
-        return "Averaging partly cancels: the ranking is weaker than it could be"
-    return {
-        "non_finite": "The scores are not numbers: no ranking can be trusted",
-        "constant_scores": "Every neuron scores the same: the ranking carries nothing",
-        "tiny_scores": ("The scores are at rounding level: the ranking is noise"
-                        if cause.severity == "problem" else
-                        "The scores are very small: check the other findings"),
-        "dead_neurons": "Most neurons are dead here: the ranking is mostly ties",
-        "not_better_than_random": ("The ranking is no better than random"
-                                   if cause.severity == "problem" else
-                                   "The ranking is only weakly better than random"),
-        "disagrees_with_ablation": "The scores do not track what removing a neuron does",
-    }.get(cause.code, cause.code.replace("_", " "))
+def _notes(findings: Sequence[Finding], used: set[str]) -> tuple[str, ...]:
+    """The flagged findings the headline does not rest on, in `CAUSES` order."""
+    by_code = {finding.code: finding for finding in findings}
+    return tuple(f"{check_name(by_code[code])}: {_words(by_code[code])}" for code in CAUSES
+                 if code in by_code and code not in used and by_code[code].severity != "ok")
 
 
-def _remedies(cause: Finding, method: str, reduce: str, cluster_source: Optional[str],
+def _remedies(cause: str, method: str, reduce: str, cluster_source: Optional[str],
               has_labels: bool) -> tuple[Remedy, ...]:
     one_class = "label" if has_labels else "predicted"
     options = {
@@ -179,16 +269,15 @@ def _remedies(cause: Finding, method: str, reduce: str, cluster_source: Optional
         "not_better_than_random": [("method", "gradient_x_activation"), ("method", "ablation")],
         "disagrees_with_ablation": [("method", "gradient_x_activation"),
                                     ("method", "ablation")],
-    }.get(cause.code, [])
+    }.get(cause, [])
     current = {"reduce": reduce, "method": method, "cluster_source": cluster_source}
-    chosen, seen = [], set()
+    chosen = []
     for choice, value in options:
-        if current[choice] == value or choice in seen:
+        if current[choice] == value or (choice, value) in [(r.choice, r.value) for r in chosen]:
             continue
         if choice == "cluster_source" and (cluster_source is None
                                            or cluster_source in ONE_CLASS_SOURCES):
             continue
-        seen.add(choice)
         chosen.append(Remedy(choice, value, _REMEDY_LABELS[(choice, value)]))
     return tuple(chosen)
 

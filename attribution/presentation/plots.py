@@ -835,7 +835,7 @@ CURVE_SUMMARY_WORDS = {
     "subset": "samples", "area_ranked": "mean over k: top-k",
     "area_bottom": "mean over k: bottom-k", "area_random": "mean over k: random",
     "gap_vs_random": "gap vs random (area between curves)",
-    "fraction_random_beaten": "random orders beaten"}
+    "fraction_random_beaten": "random orders beaten", "p_value": "permutation p"}
 ORACLE_WORDS = {
     "method": "method", "spearman_signed": "Spearman ρ (signed)",
     "spearman_abs": "Spearman ρ (|·|)", "kendall_signed": "Kendall τ (signed)",
@@ -870,7 +870,8 @@ def _shown(value: float, form: str) -> str:
 def curve_summary_table(summary: pd.DataFrame, *, metric: str) -> pd.DataFrame:
     """`attribution.curve_summary`'s table in words, rounded as read: accuracy in % (1
     decimal; the gap in percentage points), other metrics to 3 decimals, the share of random
-    orders beaten in whole %. One row per subset, every cell a string."""
+    orders beaten in whole %, its permutation p-value to 2 decimals. One row per subset,
+    every cell a string."""
     accuracy = metric == "accuracy"
     area = "{:.1%}" if accuracy else "{:.3f}"
     gap = (lambda v: f"{v * 100:+.1f} pp") if accuracy else (lambda v: f"{v:+.3f}")
@@ -881,6 +882,8 @@ def curve_summary_table(summary: pd.DataFrame, *, metric: str) -> pd.DataFrame:
                               for v in summary["gap_vs_random"]]
     table["fraction_random_beaten"] = [_shown(v, "{:.0%}")
                                        for v in summary["fraction_random_beaten"]]
+    table["p_value"] = [_shown(v, "{:.2f}") for v in summary.get(
+        "p_value", pd.Series(np.nan, index=summary.index))]
     return table.rename(columns=CURVE_SUMMARY_WORDS)
 
 

@@ -26,7 +26,7 @@ from plotly.offline import get_plotlyjs
 from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..inputs.data import Dataset, make_clusters, predictions
-from ..analyses.diagnose import diagnose
+from ..analyses.diagnose import diagnose, random_severity
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
@@ -118,10 +118,11 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
     text = (f"{where}, removing neurons in {plots.method_label(method)} order "
             f"(highest score first) {versus_random(gap)}, averaged over every number of "
             "neurons removed.")
-    beaten = row["fraction_random_beaten"]
+    beaten, p_value = row["fraction_random_beaten"], row.get("p_value", np.nan)
     if pd.notna(beaten):
         orders = f"{n_random} " if n_random else ""
-        text += f" It does more damage than {beaten:.0%} of the {orders}random orders."
+        text += f" It does more damage than {beaten:.0%} of the {orders}random orders"
+        text += f" (permutation p = {p_value:.2f})." if pd.notna(p_value) else "."
     sentences = [text]
     if "rest" in summary.index:
         rest_gap = float(summary.loc["rest", "gap_vs_random"]) * scale
@@ -130,11 +131,12 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
             f"On the rest of the data, removing the same neurons first {versus_random(rest_gap)}"
             ": " + ("these neurons matter specifically for this cluster." if specific
                     else "these neurons are not specific to this cluster."))
-    if pd.notna(beaten):
-        if beaten >= 0.95 and gap > 0:
+    if pd.notna(p_value):
+        severity = random_severity(p_value)  # the rule of the Diagnosis page's check
+        if severity == "ok" and gap > 0:
             verdict = "the scores carry real information about which neurons matter."
-        elif beaten >= 0.5:
-            verdict = ("only weakly better than random; compare methods or try mean |·| "
+        elif severity != "problem":
+            verdict = ("not clearly better than random; compare methods or try mean |·| "
                        "(see the Diagnosis page).")
         else:
             verdict = ("no better than random removal; see the Diagnosis page for why "

@@ -78,7 +78,7 @@ def test_a_mixed_cluster_says_averaging_cancels_and_a_remedy_moves_the_curve():
     app = diagnosis(MIXED)
     kind, text = verdict_text(app)
     assert kind in ("warning", "error")
-    assert "Averaging cancels: the ranking is mostly noise" in text
+    assert "The signed mean cancels, yet the ranking still carries signal" in text
     answer = expected_verdict(app)
     buttons = [b for b in app.button if b.key.startswith("remedy_")]
     assert [b.label for b in buttons] == [r.label for r in answer.remedies]
@@ -95,12 +95,12 @@ def test_a_mixed_cluster_says_averaging_cancels_and_a_remedy_moves_the_curve():
     after = ranked_curve(app)
     assert after.shape != before.shape or not np.allclose(after, before)  # the curve moved
     comparison = [t for k, t in alerts(app) if t.startswith("Before the change")]
-    assert comparison and "Averaging cancels" in comparison[0]
+    assert comparison and "The signed mean cancels" in comparison[0]
 
     app.button(key="remedy_undo").click().run()
     assert_clean(app)
     assert sidebar_widget(app, "w_cluster_by").value == "correctness"
-    assert "Averaging cancels" in verdict_text(app)[1]
+    assert "The signed mean cancels" in verdict_text(app)[1]
 
 
 def test_a_wrong_shaped_scores_upload_is_explained_and_the_findings_stay():

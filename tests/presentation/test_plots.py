@@ -357,15 +357,16 @@ def test_colour_legend_says_what_the_colours_of_these_scores_mean():
 def _summary_frame() -> pd.DataFrame:
     return pd.DataFrame({"area_ranked": [0.41234, 0.8], "area_bottom": [0.95, 0.97],
                          "area_random": [0.7, 0.9], "gap_vs_random": [0.28766, 0.1],
-                         "fraction_random_beaten": [1.0, np.nan]},
+                         "fraction_random_beaten": [1.0, np.nan], "p_value": [1 / 21, np.nan]},
                         index=pd.Index(["cluster", "rest"], name="subset"))
 
 
 def test_curve_summary_table_uses_the_apps_words_and_rounding():
     table = plots.curve_summary_table(_summary_frame(), metric="accuracy")
     assert list(table.columns) == list(plots.CURVE_SUMMARY_WORDS.values())
-    assert table.iloc[0].tolist() == ["cluster", "41.2%", "95.0%", "70.0%", "+28.8 pp", "100%"]
-    assert table.iloc[1, -1] == ""  # unknown (no random curves): blank, not "nan%"
+    assert table.iloc[0].tolist() == ["cluster", "41.2%", "95.0%", "70.0%", "+28.8 pp", "100%",
+                                      "0.05"]
+    assert table.iloc[1, -2:].tolist() == ["", ""]  # unknown (no random curves): blank, not nan
     logits = plots.curve_summary_table(_summary_frame(), metric="target_logit")
     assert logits.iloc[0, 1:5].tolist() == ["0.412", "0.950", "0.700", "+0.288"]
 

@@ -191,8 +191,10 @@ def test_settings_decide_the_cluster_its_rows_and_the_curve_ks():
 
 
 def _summary(cluster_gap: float, rest_gap: float, beaten: float) -> pd.DataFrame:
+    """A curve summary against 20 random orders, `beaten` of them beaten (no ties)."""
+    p_value = (1 + 20 * (1 - beaten)) / 21
     return pd.DataFrame({"gap_vs_random": [cluster_gap, rest_gap],
-                         "fraction_random_beaten": [beaten, 0.5]},
+                         "fraction_random_beaten": [beaten, 0.5], "p_value": [p_value, 0.5]},
                         index=pd.Index(["cluster", "rest"], name="subset"))
 
 
@@ -200,7 +202,9 @@ def _summary(cluster_gap: float, rest_gap: float, beaten: float) -> pd.DataFrame
     (0.25, 0.02, 1.0, ["lowers accuracy by 25.0 percentage points more", "100% of the 20",
                        "specifically for this cluster", "carry real information"]),
     (0.25, 0.20, 1.0, ["not specific to this cluster"]),
-    (0.03, 0.0, 0.7, ["only weakly better than random"]),
+    (0.03, 0.0, 0.7, ["not clearly better than random", "(permutation p = 0.33)"]),
+    (0.03, 0.0, 0.95, ["(permutation p = 0.10)", "carry real information"]),
+    (0.03, 0.0, 0.9, ["(permutation p = 0.14)", "not clearly better than random"]),
     (-0.05, -0.01, 0.1, ["by 5.0 percentage points less", "no better than random"]),
 ])
 def test_curve_sentences_in_words(cluster_gap, rest_gap, beaten, expected):
