@@ -1,5 +1,8 @@
 """The verdict: one answer in plain words from the real findings of `diagnose`, with the
-remedies that address the cause, on models whose health is known by construction."""
+remedies that address the cause, on models whose health is known by construction; and its
+rules table, enumerated: no headline asserts what a shown check refutes."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -8,9 +11,9 @@ from torch import nn
 import attribution as at
 from attribution.analyses.diagnose import CAPTURE_PATTERNS, CHECKS
 from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES,
-                                          Finding, Remedy, check_name, check_package,
-                                          cluster_composition, describe_mix, expected_loop,
-                                          verdict)
+                                          HEADLINES, SIGNAL, Finding, Remedy, check_name,
+                                          check_package, cluster_composition, describe_mix,
+                                          expected_loop, headline, outcomes, verdict)
 from attribution.methods.registry import REGISTRY
 
 from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
@@ -283,3 +286,82 @@ def test_the_loop_on_a_transformers_layer_with_named_inputs_and_padding(
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "my_scores.npy")),
                                at.neuron_scores(model, layer.spec, x, y, method),
                                rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------- the rules table: never against a check
+
+RANDOM_OUTCOMES, ABLATION_OUTCOMES = ("beats", "unclear", "no_better"), (
+    "agrees", "loosely", "disagrees")
+
+
+def refuted_claims(text: str, random: str, ablation: str, reason: str) -> list[str]:
+    """What `text` asserts that the checks with these outcomes refute."""
+    said = text.lower()
+    claims_random = re.search(r"(?<!clearly )beats random", said) or "usable" in said
+    claims_ablation = re.search(r"(?<!loosely )(?<!neither )tracks (exact )?ablation",
+                                said) or "usable" in said or "as ablation ranks" in said
+    wrong = []
+    if random == "beats" and re.search(r"noise|no better than random|no more damage than "
+                                       r"random|carries nothing|mostly ties", said):
+        wrong.append("denies a ranking that beats random")
+    if random != "beats" and claims_random:
+        wrong.append("claims a ranking that is not shown to beat random")
+    if ablation == "agrees" and re.search(r"noise|do(es)? not track|unlike exact ablation|"
+                                          r"loosely|neither tracks", said):
+        wrong.append("denies the agreement with ablation")
+    if ablation != "agrees" and claims_ablation:
+        wrong.append("claims an agreement with ablation that is not shown")
+    for word, cause in (("cancel", "cancels"), ("dead", "dead"), ("rounding", "rounding")):
+        if word in said and reason != cause:
+            wrong.append(f"names {cause} that no check flagged")
+    return wrong
+
+
+def test_every_combination_of_outcomes_has_one_headline_no_shown_check_refutes():
+    table = {}
+    for reason in HEADLINES:
+        for random in RANDOM_OUTCOMES:
+            for ablation in ABLATION_OUTCOMES:
+                severity, text, signal = headline(reason, random, ablation)
+                assert severity in ("ok", "warning", "problem") and text
+                assert not refuted_claims(text, random, ablation, reason), (
+                    reason, random, ablation, text)
+                assert (severity == "problem") == (signal == "none")
+                assert (severity == "ok") == (signal == "strong" and reason == "none")
+                table[(reason, random, ablation)] = text
+    assert len(table) == len(HEADLINES) * 9 and set(SIGNAL) == {
+        (r, a) for r in RANDOM_OUTCOMES for a in ABLATION_OUTCOMES}
+    assert table[("cancels", "beats", "loosely")] == (
+        "The signed mean cancels, yet the ranking still carries signal")
+    assert table[("cancels", "no_better", "disagrees")] == (
+        "Averaging cancels: the ranking is mostly noise")
+
+
+REASON_FINDINGS = {"none": {}, "cancels": {"sign_cancellation": "problem"},
+                   "dead": {"dead_neurons": "problem"}, "rounding": {"tiny_scores": "problem"}}
+
+
+@pytest.mark.parametrize("reason", list(REASON_FINDINGS))
+def test_the_verdict_of_any_findings_is_the_tables_row(reason):
+    """Findings with every pair of evidence outcomes (and notes that decide nothing: a dead
+    neuron, small scores): the verdict's headline is the table's, with those notes."""
+    for random_severity in ("ok", "warning", "problem"):
+        for ablation_severity in ("ok", "warning", "problem"):
+            severities = {code: "ok" for code in CHECKS if code != "suspicious_gradient_capture"}
+            severities.update(not_better_than_random=random_severity,
+                              disagrees_with_ablation=ablation_severity,
+                              **REASON_FINDINGS[reason])
+            if reason != "dead":
+                severities["dead_neurons"] = "warning"  # a note, not a reason
+            findings = [Finding(code, severity, f"{code} measured.", 0.5)
+                        for code, severity in severities.items()]
+            answer = verdict(findings, method="gradient", reduce="mean",
+                             cluster_source="kmeans_inputs")
+            seen = outcomes(findings)
+            assert seen["reason"] == reason
+            expected = headline(reason, seen["random"], seen["ablation"])
+            assert (answer.severity, answer.headline, answer.signal) == expected
+            assert not refuted_claims(answer.headline, seen["random"], seen["ablation"],
+                                      reason)
+            if reason != "dead":
+                assert any(note.startswith("Dead neurons") for note in answer.notes)
