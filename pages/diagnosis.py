@@ -9,12 +9,13 @@ import attribution as at
 from attribution.presentation import plots
 from attribution.analyses.settings import EVIDENCE_METRIC
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
-                                          cluster_composition, expected_loop, verdict)
+                                          cluster_composition, expected_loop,
+                                          measured_changes, verdict)
 from pages.shared.context import context
 from pages.shared.draw import chart, escape_markdown, guarded, show_error
 from pages.shared.keys import digest
 from pages.shared.routing import require_entrypoint
-from pages.shared.sidebar import CHOICE_KEYS, apply_choice
+from pages.shared.sidebar import CHOICE_KEYS, apply_choice, apply_partition
 
 require_entrypoint()
 
@@ -85,46 +86,73 @@ answer = verdict(findings, method=s.method, reduce=s.reduce, cluster_source=s.cl
 facts = {f.code: f for f in findings}
 
 
-def remember_and_apply(key: str, value) -> None:
-    """A remedy button: keep this view's verdict for the comparison, then change the choice."""
-    st.session_state[BEFORE] = {"headline": answer.headline, "key": key, "applied": value,
-                                "value": st.session_state.get(key), "facts": {
-                                    code: facts[code].value for code in
-                                    ("not_better_than_random", "disagrees_with_ablation",
-                                     "sign_cancellation") if code in facts}}
-    apply_choice(key, value)
+def _preview(trial) -> str:
+    """What a measured remedy leads to: its verdict, the measurements before → after, and
+    which samples it compares when they are not these."""
+    text = f"→ *{escape_markdown(trial.after.headline)}*"
+    if trial.changes:
+        text += "  \n" + escape_markdown("; ".join(trial.changes))
+    if trial.samples:
+        samples = trial.samples[:1].upper() + trial.samples[1:]
+        text += f"  \n:material/info: {escape_markdown(samples)}."
+    return text
+
+
+def remember_and_apply(remedy) -> None:
+    """A remedy button: keep this view's verdict for the comparison, then change the choice
+    (for one-class clusters, the partition and the cluster measured)."""
+    key = CHOICE_KEYS[remedy.choice]
+    st.session_state[BEFORE] = {"headline": answer.headline, "key": key,
+                                "applied": remedy.value, "value": st.session_state.get(key),
+                                "cluster": st.session_state.get("w_cluster"),
+                                "findings": findings}
+    if remedy.choice == "cluster_source":
+        apply_partition(remedy.value, remedy.cluster)
+    else:
+        apply_choice(key, remedy.value)
+
+
+def undo(before: dict) -> None:
+    """The undo button: the choice as it was (and the cluster, for a partition change)."""
+    if before["key"] == CHOICE_KEYS["cluster_source"]:
+        apply_partition(before["value"], before["cluster"])
+    else:
+        apply_choice(before["key"], before["value"])
+    st.session_state.pop(BEFORE, None)
 
 
 with verdict_box:
     ALERTS[answer.severity](f"**{answer.headline}.** {escape_markdown(answer.explanation)}",
                             icon=ICONS[answer.severity])
-    if answer.action:
+    tried = guarded(lambda: ctx.tried_remedies(answer, findings)) if answer.remedies else ()
+    helpful = [t for t in tried or () if t.improves]
+    if helpful:
+        st.markdown(f"**What to do:** {escape_markdown(helpful[0].remedy.label)}. Each change "
+                    "below was measured on the view it leads to, best first:")
+        for index, trial in enumerate(helpful):
+            left, right = st.columns([2, 5], vertical_alignment="center")
+            left.button(trial.remedy.label, key=f"remedy_{trial.remedy.choice}_"
+                        f"{trial.remedy.value}", type="primary" if index == 0 else "secondary",
+                        on_click=remember_and_apply, args=(trial.remedy,), width="stretch")
+            right.markdown(_preview(trial))
+    elif tried:
+        advice = facts[answer.cause].words(screen=True)[1] if answer.cause in facts else ""
+        st.markdown("**No remedy helps here.** " + escape_markdown(advice))
+        st.caption("Tried and not offered, because none improves the verdict: " + "; ".join(
+            f"{escape_markdown(t.remedy.label)} → *{escape_markdown(t.after.headline)}*"
+            + (f" ({escape_markdown(', '.join(t.changes))})" if t.changes else "")
+            for t in tried) + ".")
+    elif answer.action:
         st.markdown(f"**What to do:** {escape_markdown(answer.action)}")
-    if answer.remedies:
-        columns = st.columns(len(answer.remedies))
-        for column, remedy in zip(columns, answer.remedies):
-            column.button(remedy.label, key=f"remedy_{remedy.choice}_{remedy.value}",
-                          type="primary" if remedy is answer.remedies[0] else "secondary",
-                          on_click=remember_and_apply,
-                          args=(CHOICE_KEYS[remedy.choice], remedy.value))
     before = st.session_state.get(BEFORE)
     if before is not None and st.session_state.get(before["key"]) != before["applied"]:
         del st.session_state[BEFORE]  # changed again since: no longer the remedy's view
         before = None
     if before is not None:
-        changes = []
-        for code, words in (("not_better_than_random", "random orders beaten"),
-                            ("disagrees_with_ablation", "Spearman ρ with ablation"),
-                            ("sign_cancellation", "signed mean keeps of |score|")):
-            if code in before["facts"] and code in facts:
-                form = "{:.0%}" if code != "disagrees_with_ablation" else "{:.2f}"
-                changes.append(f"{words}: {form.format(before['facts'][code])} → "
-                               f"{form.format(facts[code].value)}")
+        changes = measured_changes(before["findings"], findings)
         st.info(f"Before the change: *{before['headline']}*. Now: *{answer.headline}*.  \n"
                 + "; ".join(changes), icon=":material/compare_arrows:")
-        if st.button("Undo the change", key="remedy_undo", on_click=apply_choice,
-                     args=(before["key"], before["value"])):
-            st.session_state.pop(BEFORE, None)
+        st.button("Undo the change", key="remedy_undo", on_click=undo, args=(before,))
     for note in answer.notes:
         st.caption(escape_markdown(note))
 

@@ -23,9 +23,12 @@ several clusters every check runs on each and reports the worst. Value measured;
   most 1 random ranking in 10 does this well: 19 of 20 orders beaten), problem if p > 0.5 (a
   typical random order does as much damage), else warning.
 - disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle, with its 95%
-  bootstrap interval over the cluster's samples. Ok if the whole interval is >= 0.6 (above
-  activation's 0.56 in Molchanov et al. 2017), problem if it is all < 0.3 (weight
-  magnitude's 0.27 there; random is 0) or the correlation does not exist, else warning.
+  bootstrap interval over the cluster's samples and its one-sided p-value against a random
+  ranking of the n neurons (`Finding.p_value`). Ok if the whole interval is >= 0.6 (above
+  activation's 0.56 in Molchanov et al. 2017); problem if it is all < 0.3 (weight
+  magnitude's 0.27 there; random is 0), if a random ranking agrees as well with p > 0.05
+  (with 16 neurons, rho under about 0.43), or if the correlation does not exist; else
+  warning.
 - suspicious_gradient_capture: relative error of the user's scores vs the engine's. Problem if
   > 1e-3 (float32 reassociation differences stay far below); known bug patterns are named.
 
@@ -77,6 +80,7 @@ SHARE_WARNING = 0.01
 DEAD_PROBLEM = 0.5
 SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_random
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
+RANK_P = 0.05  # a Spearman a random ranking reaches more often than this shows nothing
 CONFIDENCE = 0.95  # of every bootstrap interval
 CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
@@ -104,7 +108,8 @@ class Finding:
             several); None for the other checks. Not compared by ==.
         low, high: the 95% bootstrap interval of `value` over the cluster's samples
             (sign_cancellation, disagrees_with_ablation); NaN for the other checks.
-        p_value: not_better_than_random's permutation p-value; NaN for the other checks.
+        p_value: not_better_than_random's permutation p-value; disagrees_with_ablation's
+            p-value of its Spearman against a random ranking; NaN for the other checks.
     """
 
     code: str
@@ -568,30 +573,45 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     signed = reduce == "mean"
     oracle = group.effects.mean(0)
     scores = group.cluster_score if signed else np.abs(group.cluster_score)
-    rho = rank_correlation("spearman", scores, oracle if signed else np.abs(oracle))
+    oracle = oracle if signed else np.abs(oracle)
+    rho = rank_correlation("spearman", scores, oracle)
     low, high = interval(_resampled_agreement(group, reduce), CONFIDENCE)
+    chance = _chance_of(rho, len(scores))
     convention = "signed" if signed else "absolute-value"
-    measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}) "
-                "with the exact single-neuron ablation effect on the target logit")
+    measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "
+                f"random ranking does as well with p = {chance:.2g}) with the exact "
+                "single-neuron ablation effect on the target logit")
     hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
             "«method=ablation» itself; see the oracle table.")
-    bounds = dict(low=low, high=high)
+    bounds = dict(low=low, high=high, p_value=chance)
     if np.isnan(rho):
         return replace(_finding(
             "disagrees_with_ablation", "problem", "The ranking or the ablation effects are "
             "constant, so they cannot agree.", rho, hint), **bounds), np.inf
-    if high < ORACLE_WARNING:
+    if low >= ORACLE_OK:
+        finding = Finding("disagrees_with_ablation", "ok",
+                          f"The scores track ablation: {measured}.", rho)
+    elif high < ORACLE_WARNING or chance > RANK_P:
         finding = _finding("disagrees_with_ablation", "problem",
                            f"The scores barely track what removing a neuron does: {measured}.",
                            rho, hint)
-    elif not low >= ORACLE_OK:  # NaN: some resamples constant
+    else:
         finding = _finding("disagrees_with_ablation", "warning",
                            "The scores only loosely track what removing a neuron does: "
                            f"{measured}.", rho, hint)
-    else:
-        finding = Finding("disagrees_with_ablation", "ok",
-                          f"The scores track ablation: {measured}.", rho)
     return replace(finding, **bounds), -rho
+
+
+def _chance_of(rho: float, n_neurons: int) -> float:
+    """The one-sided p-value of a Spearman rho over n neurons against a random ranking (the
+    chance that a random order agrees at least as well); 1 where it cannot be told."""
+    if not np.isfinite(rho) or n_neurons < 3:
+        return 1.0
+    from scipy import stats  # as oracle.rank_correlation: on first use
+
+    # the t approximation of scipy's spearmanr, one-sided
+    t = rho * np.sqrt((n_neurons - 2) / max(1e-300, (1 - rho) * (1 + rho)))
+    return float(stats.t.sf(t, n_neurons - 2))
 
 
 def _resampled_agreement(group: _Evidence, reduce: str) -> np.ndarray:

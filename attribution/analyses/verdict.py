@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -280,6 +280,90 @@ def _remedies(cause: str, method: str, reduce: str, cluster_source: Optional[str
             continue
         chosen.append(Remedy(choice, value, _REMEDY_LABELS[(choice, value)]))
     return tuple(chosen)
+
+
+@dataclass(frozen=True)
+class TriedRemedy:
+    """A remedy measured before it is offered.
+
+    Attributes:
+        remedy: the change.
+        after: the verdict of the view it leads to.
+        changes: the measurements before -> after, in words ("Spearman ρ with ablation 0.56
+            → 0.98"); of other samples when `samples` says so.
+        samples: "" when the view after compares the same samples; else which it compares.
+        improves: whether `after` is a better verdict than the one before (`verdict_rank`).
+    """
+
+    remedy: Remedy
+    after: Verdict
+    changes: tuple[str, ...]
+    samples: str
+    improves: bool
+
+
+MEASURES = (  # check -> (words, format) of the measurements a remedy's preview compares
+    ("not_better_than_random", "random orders beaten", "{:.0%}"),
+    ("disagrees_with_ablation", "Spearman ρ with ablation", "{:.2f}"),
+    ("sign_cancellation", "signed mean keeps of |score|", "{:.0%}"),
+)
+
+
+def verdict_rank(answer: Verdict, findings: Sequence[Finding]) -> tuple:
+    """How good a verdict is, for comparing two views: its signal, then its severity, then
+    the agreement with ablation (to 2 decimals); a broken computation ranks lowest."""
+    rho = next((f.value for f in findings if f.code == "disagrees_with_ablation"), np.nan)
+    severity = ("problem", "warning", "ok").index(answer.severity)
+    return (SIGNAL_RANK.get(answer.signal, -1), severity,
+            round(float(rho), 2) if np.isfinite(rho) else -2.0)
+
+
+def measured_changes(before: Sequence[Finding], after: Sequence[Finding]) -> tuple[str, ...]:
+    """The `MEASURES` of two views side by side: ("random orders beaten: 95% → 100%", ...)."""
+    old = {f.code: f.value for f in before}
+    new = {f.code: f.value for f in after}
+    return tuple(f"{words}: {form.format(old[code])} → {form.format(new[code])}"
+                 for code, words, form in MEASURES
+                 if code in old and code in new and np.isfinite(old[code])
+                 and np.isfinite(new[code]))
+
+
+def try_remedies(answer: Verdict, findings: Sequence[Finding],
+                 evaluate: Callable[[Remedy], tuple[Sequence[Finding], str]], *,
+                 method: str, reduce: str, cluster_source: Optional[str] = None,
+                 has_labels: bool = True) -> tuple[TriedRemedy, ...]:
+    """Measure each of the verdict's remedies before offering it.
+
+    Args:
+        answer, findings: the verdict of the view and the findings it came from.
+        evaluate: remedy -> (the findings of the view it leads to, "" when that view compares
+            the same samples, else which samples it compares).
+        method, reduce, cluster_source, has_labels: the view's, as given to `verdict`.
+    Returns:
+        Every remedy tried, those that improve the verdict first (best measured first), then
+        the rest in the verdict's order.
+    """
+    before = verdict_rank(answer, findings)
+    tried = []
+    for remedy in answer.remedies:
+        after_findings, samples = evaluate(remedy)
+        settings = {"method": method, "reduce": reduce, "cluster_source": cluster_source,
+                    remedy.choice: remedy.value}
+        after = verdict(after_findings, has_labels=has_labels, **settings)
+        rank = verdict_rank(after, after_findings)
+        tried.append((rank, TriedRemedy(remedy, after, measured_changes(findings, after_findings),
+                                        samples, rank > before)))
+    helpful = sorted((item for item in tried if item[1].improves), key=lambda item: item[0],
+                     reverse=True)
+    return tuple(item[1] for item in helpful) + tuple(item[1] for item in tried
+                                                      if not item[1].improves)
+
+
+def dominant_class(clusters: Sequence, classes: Sequence[int], cluster: object) -> int:
+    """The most common class among `cluster`'s samples (the smallest id among ties): where a
+    one-class partition continues from a mixed cluster."""
+    composition = cluster_composition(clusters, classes)
+    return int(composition[composition["cluster"] == cluster].iloc[0]["class"])
 
 
 _REMEDY_LABELS = {

@@ -8,7 +8,7 @@ next to them identify their contents. Pages only draw; every computation is a ca
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -18,10 +18,13 @@ import torch
 import attribution as at
 from attribution.methods import REGISTRY
 from attribution.presentation import plots
-from attribution.analyses.settings import AnalysisSettings, cluster_label, is_regression
+from attribution.analyses.settings import (AnalysisSettings, DEFAULT_BATCH_SIZE, cluster_label,
+                                           is_regression)
+from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant_class,
+                                          try_remedies)
 from pages.shared import keys
 from pages.shared.progress import ProgressLine
-from pages.shared.workspace import Workspace, predictions
+from pages.shared.workspace import Workspace, cluster_ids, predictions
 
 
 @st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
@@ -142,6 +145,48 @@ class Context:
                          s.reduce, s.batch_size, user_key, self.ws.model, self.ws.data.inputs,
                          self.targets, self.clusters, s.cluster, user_scores,
                          ProgressLine("Running the degeneracy checks"))
+
+    def tried_remedies(self, answer: Verdict, findings: list) -> tuple[TriedRemedy, ...]:
+        """The verdict's remedies, each measured on the view it leads to (`try_remedies`):
+        those that improve the verdict first. A change to one-class clusters continues
+        with the most common class of the cluster in focus."""
+        s = self.settings
+        placed = tuple(self._placed(remedy) for remedy in answer.remedies)
+        return try_remedies(replace(answer, remedies=placed), findings, self._remedy_view,
+                            method=s.method, reduce=s.reduce, cluster_source=s.cluster_source,
+                            has_labels=self.ws.data.labels is not None)
+
+    def _placed(self, remedy: Remedy) -> Remedy:
+        """A cluster_source remedy with the cluster to show after it."""
+        if remedy.choice != "cluster_source":
+            return remedy
+        classes = (self.ws.data.labels.numpy() if remedy.value == "label"
+                   else self.predictions())
+        return replace(remedy, cluster=dominant_class(self.clusters, classes,
+                                                      self.settings.cluster))
+
+    def _remedy_view(self, remedy: Remedy) -> tuple[list, str]:
+        """(the findings of the view `remedy` leads to, "" or which samples it compares)."""
+        s = self.settings
+        if remedy.choice != "cluster_source":
+            changed = replace(s, **{remedy.choice: remedy.value})
+            return self._findings_of(changed, self.clusters), ""
+        changed = replace(s, cluster_source=remedy.value, cluster=remedy.cluster)
+        clusters = cluster_ids(self.ws.key, remedy.value, s.k, "", DEFAULT_BATCH_SIZE,
+                               self.ws.loaded, self.ws.data,
+                               ProgressLine("Grouping samples into clusters"))
+        after = int((np.asarray(clusters) == remedy.cluster).sum())
+        samples = (f"compares the {after} samples of "
+                   f"{cluster_label(remedy.cluster, remedy.value, self.ws.class_names)} (the "
+                   f"most common class of this cluster), not these {int(self.focus.sum())}")
+        return self._findings_of(changed, clusters), samples
+
+    def _findings_of(self, settings: AnalysisSettings, clusters: np.ndarray) -> list:
+        s = settings
+        return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
+                         keys.cluster_key(s), s.reduce, s.batch_size, "", self.ws.model,
+                         self.ws.data.inputs, self.targets, clusters, s.cluster, None,
+                         ProgressLine("Trying a remedy"))
 
     def focus_scored_classes(self) -> torch.Tensor:
         """The class each sample of the cluster in focus is scored for, with the predicted

@@ -62,6 +62,15 @@ def apply_choice(key: str, value: Any) -> None:
     st.session_state[key] = value
 
 
+def apply_partition(source: str, cluster: Any) -> None:
+    """Change the cluster source and the cluster in focus together from a page (a button's
+    on_click, as `apply_choice`): the next run shows `cluster` of the new partition, without
+    the notice that a cluster was replaced (nothing was: this one was asked for)."""
+    st.session_state["w_cluster_by"] = source
+    st.session_state["w_cluster"] = cluster
+    st.session_state.pop(CLUSTER_SHOWN, None)
+
+
 def page_choice(key: str, options: Optional[Sequence] = None, default: Any = None) -> Any:
     """A page's own setting (metric, random orders): its widget's value while the page is
     shown, else the value kept from the last visit or the URL; one of `options` (default:

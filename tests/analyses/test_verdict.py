@@ -2,6 +2,7 @@
 remedies that address the cause, on models whose health is known by construction; and its
 rules table, enumerated: no headline asserts what a shown check refutes."""
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from attribution.analyses.diagnose import CAPTURE_PATTERNS, CHECKS
 from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES,
                                           HEADLINES, SIGNAL, Finding, Remedy, check_name,
                                           check_package, cluster_composition, describe_mix,
-                                          expected_loop, headline, outcomes, verdict)
+                                          dominant_class, expected_loop, headline, outcomes,
+                                          try_remedies, verdict, verdict_rank)
 from attribution.methods.registry import REGISTRY
 
 from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
@@ -365,3 +367,70 @@ def test_the_verdict_of_any_findings_is_the_tables_row(reason):
                                       reason)
             if reason != "dead":
                 assert any(note.startswith("Dead neurons") for note in answer.notes)
+
+
+# ------------------------------------------------- many real views: remedies measured first
+
+VIEWS = [  # (demo, layer, method, reduce, cluster source)
+    ("digits_mlp", "relu1", "gradient", "mean", "correctness"),
+    ("digits_mlp", "fc2", "gradient", "mean", "correctness"),
+    ("digits_mlp", "fc2", "gradient", "mean_abs", "kmeans_inputs"),
+    ("digits_mlp", "relu2", "activation", "mean", "kmeans_inputs"),
+    ("digits_mlp", "relu2", "random", "mean", "correctness"),
+    ("digits_mlp", "relu1", "gradient_x_activation", "mean", "label"),
+    ("digits_cnn", "conv2", "gradient", "mean", "correctness"),
+    ("digits_cnn", "fc1", "activation", "mean_abs", "kmeans_inputs"),
+]
+
+
+@pytest.fixture(scope="module")
+def demos():
+    return {name: at.load_demo(name) for name in ("digits_mlp", "digits_cnn")}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=lambda view: "-".join(view))
+def test_no_headline_contradicts_a_shown_check_and_no_offered_remedy_makes_it_worse(demos,
+                                                                                  view):
+    """On real views: the headline asserts nothing its own checks refute; each remedy is
+    measured on the view it leads to (for one-class clusters: the most common class of the
+    cluster), only those that improve the verdict are offered, best first, and the view a
+    click leads to, computed afresh, has the verdict the preview promised."""
+    name, layer, method, reduce, source = view
+    loaded, data = demos[name]
+    model, x, y = loaded.module, data.inputs, data.labels
+    clusters = at.make_clusters(source, data, loaded, None, 8, 0)
+    cluster = np.unique(clusters)[0]
+
+    def view_of(method, reduce, clusters, cluster):
+        return at.diagnose(model, layer, x, y, method, clusters, cluster=cluster,
+                           reduce=reduce)
+
+    def evaluate(remedy):
+        if remedy.choice == "cluster_source":
+            return view_of(method, reduce, y.numpy(), remedy.cluster), "other samples"
+        settings = {"method": method, "reduce": reduce, remedy.choice: remedy.value}
+        return view_of(settings["method"], settings["reduce"], clusters, cluster), ""
+
+    findings = view_of(method, reduce, clusters, cluster)
+    answer = verdict(findings, method=method, reduce=reduce, cluster_source=source)
+    seen = outcomes(findings)
+    assert not refuted_claims(answer.headline, seen["random"], seen["ablation"],
+                              seen["reason"]), answer.headline
+    answer = replace(answer, remedies=tuple(
+        replace(r, cluster=dominant_class(clusters, y.numpy(), cluster))
+        if r.choice == "cluster_source" else r for r in answer.remedies))
+    tried = try_remedies(answer, findings, evaluate, method=method, reduce=reduce,
+                         cluster_source=source)
+    assert [t.remedy for t in tried if not t.improves] == [
+        r for r in answer.remedies if r not in [t.remedy for t in tried if t.improves]]
+    before = verdict_rank(answer, findings)
+    offered = [t for t in tried if t.improves]
+    for trial in offered:
+        again, _ = evaluate(trial.remedy)
+        settings = {"method": method, "reduce": reduce, "cluster_source": source,
+                    trial.remedy.choice: trial.remedy.value}
+        after = verdict(again, **settings)
+        assert after.headline == trial.after.headline
+        assert verdict_rank(after, again) > before
+    ranks = [verdict_rank(t.after, evaluate(t.remedy)[0]) for t in offered]
+    assert ranks == sorted(ranks, reverse=True)  # best measured first

@@ -2,6 +2,7 @@
 and remedies, the neuron view, and pruning curves that survive leaving the page."""
 import io
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -74,14 +75,29 @@ def test_the_demo_opens_its_diagnosis_with_a_usable_verdict_and_no_remedy():
     assert not any("✓" in text or "disagrees with ablation" in text for _, text in alerts(app))
 
 
-def test_a_mixed_cluster_says_averaging_cancels_and_a_remedy_moves_the_curve():
+def test_a_mixed_cluster_offers_only_the_remedies_measured_to_help_and_each_keeps_its_word():
+    """Relu2, gradient, the 696 correctly classified digits: the signed mean cancels, yet the
+    ranking still carries signal. Every remedy is tried first: mean |·| makes the verdict
+    no better here and is not offered; gradient x activation and one-class clusters are,
+    best first, each with the verdict it leads to and its measurements before -> after (the
+    one-class view says which samples it compares). A click lands on that very view."""
     app = diagnosis(MIXED)
     kind, text = verdict_text(app)
-    assert kind in ("warning", "error")
+    assert kind == "warning"
     assert "The signed mean cancels, yet the ranking still carries signal" in text
+    ctx = app.session_state["context"]
     answer = expected_verdict(app)
+    tried = ctx.tried_remedies(answer, ctx.findings())
+    assert {t.remedy.value for t in tried} == {"label", "mean_abs", "gradient_x_activation"}
+    helpful = [t for t in tried if t.improves]
+    assert [t.remedy.value for t in helpful] == ["gradient_x_activation", "label"]
     buttons = [b for b in app.button if b.key.startswith("remedy_")]
-    assert [b.label for b in buttons] == [r.label for r in answer.remedies]
+    assert [b.label for b in buttons] == [t.remedy.label for t in helpful]
+    previews = [m.value for m in app.markdown if m.value.startswith("→")]
+    assert len(previews) == 2 and all("random orders beaten" in p for p in previews)
+    assert "Compares the 72 samples of 7 \\(seven\\)" in previews[1]
+    not_offered = next(t for t in tried if not t.improves)
+    assert not_offered.remedy.value == "mean_abs"
     mix = figure(app, "What cluster correct mixes")["data"][0]
     assert len(values(mix["x"])) == 10  # every digit is among the correctly classified
     before = ranked_curve(app)
@@ -89,18 +105,43 @@ def test_a_mixed_cluster_says_averaging_cancels_and_a_remedy_moves_the_curve():
     app.button(key="remedy_cluster_source_label").click().run()
     assert_clean(app)
     assert sidebar_widget(app, "w_cluster_by").value == "label"
+    assert sidebar_widget(app, "w_cluster").value == 7  # the class measured, not class 0
     assert app.query_params["cluster_by"] == "label"
     kind, text = verdict_text(app)
-    assert kind == "success" and "These scores are usable" in text
+    assert text.startswith(f"**{helpful[1].after.headline}.**")  # as the preview said
     after = ranked_curve(app)
     assert after.shape != before.shape or not np.allclose(after, before)  # the curve moved
     comparison = [t for k, t in alerts(app) if t.startswith("Before the change")]
     assert comparison and "The signed mean cancels" in comparison[0]
+    assert not [b for b in app.button if b.key.startswith("remedy_") and b.key != "remedy_undo"]
 
     app.button(key="remedy_undo").click().run()
     assert_clean(app)
     assert sidebar_widget(app, "w_cluster_by").value == "correctness"
+    assert sidebar_widget(app, "w_cluster").value == "correct"
     assert "The signed mean cancels" in verdict_text(app)[1]
+
+    app.button(key="remedy_method_gradient_x_activation").click().run()
+    assert_clean(app)
+    assert sidebar_widget(app, "w_method").value == "gradient_x_activation"
+    assert verdict_text(app)[1].startswith(f"**{helpful[0].after.headline}.**")
+
+
+def test_when_no_remedy_helps_the_page_says_so_and_lists_what_was_tried(monkeypatch):
+    """Measurements in which every remedy leaves the verdict no better: no button is offered,
+    the page says so, names each change tried with the verdict it led to, and gives the
+    cause's own advice."""
+    from pages.shared import context as context_module
+
+    real = context_module.try_remedies
+    monkeypatch.setattr(context_module, "try_remedies", lambda *args, **kwargs: tuple(
+        replace(trial, improves=False) for trial in real(*args, **kwargs)))
+    app = diagnosis(MIXED)
+    assert not [b for b in app.button if b.key.startswith("remedy_")]
+    assert any(m.value.startswith("**No remedy helps here.** Use mean") for m in app.markdown)
+    tried = [c.value for c in app.caption if c.value.startswith("Tried and not offered")]
+    assert tried and all(label in tried[0] for label in (  # markdown-escaped text
+        "clusters \\(by true label\\)", "Average magnitudes", "gradient × activation"))
 
 
 def test_a_wrong_shaped_scores_upload_is_explained_and_the_findings_stay():
