@@ -27,6 +27,7 @@ require_entrypoint()
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
 PRUNED_FILE = "pruned_file"  # session state: ((curve key, k), the .pt2's bytes) last made
+FINISHED_CHART = "pruning_chart"  # the key of the chart of every finished curve
 
 ctx = context()
 s = ctx.settings
@@ -50,6 +51,8 @@ titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the
 n_neurons = ctx.n_neurons
 curve = PruningCurve(st.session_state, ctx.curve_key())
 view = curve.view(len(s.curve_ks(n_neurons)))
+status, stop_slot = st.empty(), st.empty()  # the same places in every state, then the chart
+chart_slot = st.empty() if view.state in TO_COMPUTE else None
 
 
 @st.fragment(run_every=STOP_WATCH_SECONDS)
@@ -63,9 +66,22 @@ def watch_for_a_toolbar_stop() -> None:
         st.rerun(scope="app")
 
 
+def curve_chart(curves, key: str = FINISHED_CHART) -> None:
+    """The curves' chart, in the place after the progress line and stop button in every
+    state. The finished view draws it with FINISHED_CHART, and so does a computing run's last
+    draw: the same figure under the same key at the same place is the same element, so the
+    next run's finished view leaves the drawn chart as it is. Only a computing run holds the
+    place with an st.empty (a new run's placeholder would first blank what is there)."""
+    figure = plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric, titles=titles)
+    if chart_slot is None:
+        chart(figure, key=key)
+        return
+    with chart_slot:
+        chart(figure, key=key)
+
+
 def show(curves, note: str) -> None:
-    chart(plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric,
-                               titles=titles), key="pruning_chart")
+    curve_chart(curves)
     st.caption(note)
 
 
@@ -139,16 +155,11 @@ else:
     if scores is None:
         st.stop()
     start_fraction, start_words = view.progress
-    status = st.empty()
     bar = status.progress(start_fraction, text=start_words)
-    stop_slot = st.empty()
     stop_slot.button(view.button, on_click=curve.stop, icon=":material/stop_circle:")
-    chart_slot = st.empty()
     if view.points is not None:  # the points kept: shown at once
-        with chart_slot.container():
-            chart(plots.pruning_figure(view.points, n_neurons=n_neurons, metric=s.metric,
-                                       titles=titles), key="partial_curve_resumed")
-    last_draw, n_draws = [0.0], [0]
+        curve_chart(view.points, key="partial_curve_resumed")
+    last_draw, n_draws, drew_finished = [0.0], [0], [False]
     time_left = TimeLeft(start_fraction)  # measured from where this run computes
 
     def on_progress(fraction, partial) -> None:
@@ -157,12 +168,13 @@ else:
         now = time.monotonic()
         if now - last_draw[0] >= REDRAW_SECONDS or fraction >= 1.0:
             last_draw[0], n_draws[0] = now, n_draws[0] + 1
-            with chart_slot.container():  # a key per draw: two draws may show equal points
-                chart(plots.pruning_figure(partial, n_neurons=n_neurons,
-                                           metric=s.metric, titles=titles),
-                      key=f"partial_curve_{n_draws[0]}")
+            finished = fraction >= 1.0 and not drew_finished[0]
+            drew_finished[0] = drew_finished[0] or finished
+            # a key per draw (two draws may show equal points); the last is the finished one
+            curve_chart(partial, FINISHED_CHART if finished else f"partial_curve_{n_draws[0]}")
 
     # the toolbar-stop watch starts inside `run` while nothing is marked (it only ticks then)
     curve.run(lambda resume: ctx.pruning_curves(progress=on_progress, resume=resume),
               watch=watch_for_a_toolbar_stop, restarted=time_left.restart)
-    st.rerun()  # the finished (or failed) view above, drawn by one code path
+    st.rerun()  # the finished (or failed) view above, drawn by one code path: its chart is
+    # the one the last draw sent (same key, figure and place), so it stays drawn

@@ -696,7 +696,7 @@ def test_words_on_the_scores_and_diagnosis_pages_match_the_numbers_and_the_sideb
     assert_clean(app)
     texts = [e.value for kind in ("error", "warning", "success", "info", "markdown", "caption")
              for e in getattr(app, kind)]
-    assert any("(target logit, area under the curve)" in unescaped(text) for text in texts)
+    assert any("target logit, area under the curve)" in unescaped(text) for text in texts)
     for text in texts:
         assert not SCREEN_ONLY.search(unescaped(text)), text
 

@@ -5,6 +5,8 @@ start, a redraw and the first pruning points, against their budgets."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -200,10 +202,12 @@ def test_export_report_and_open_it_offline(app, browser):
     tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     tab.on("pageerror", lambda error: problems.append(str(error)))
     tab.goto(report.as_uri())
-    tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 7",
+    tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 8",
                           timeout=30_000)  # with the top neuron's samples as 8 x 8 images
+    # and the scorecard of every layer
     assert "Findings" in tab.inner_text("body")
     assert tab.evaluate(CHART_WITH_TITLE, ["the samples that activate it most", False])
+    assert tab.evaluate(CHART_WITH_TITLE, ["Which method to trust, layer by layer", True])
     tab.screenshot(path=str(ARTIFACTS / "7-report-offline.png"), full_page=True)
     offline.close()
     assert not problems, problems
@@ -376,3 +380,50 @@ def test_the_cluster_box_shows_the_current_partition_and_keeps_it_across_pages(a
     app.wait_for_text("Verdict:", timeout_s=120)
     box_shows("0 · ")
     assert "cluster=0" in app.page.evaluate("location.href")
+
+
+AT_COMPLETE = """() => { window.atComplete = null;
+    const check = () => {
+        if (window.atComplete !== null || !document.body) return;
+        if (document.body.innerText.includes('Complete. Change the cluster'))
+            window.atComplete = (%s)();  // the curves drawn at that very moment
+    };
+    new MutationObserver(check).observe(document, {subtree: true, childList: true,
+                                                    characterData: true});
+    check(); }""" % RANKED_POINTS
+CPU_HOG = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass"
+
+
+def test_five_curve_visitors_under_cpu_load_each_see_the_curve_drawn_when_it_is_complete(
+        browser, server):
+    """Five visitors on the Scores page (charts drawn) move to the Pruning page at once,
+    beside two CPU-bound processes: the moment each page reads "Complete." (its last run's
+    caption, under the chart) a curve is drawn there, and it becomes the finished curve, with
+    every point, in place. The finished view's chart is the element the live draws ended
+    with, never a new, empty one plotted after its own summary (before, 0 charts in 11 of
+    30 such pages; the browser may still be applying the last points when the caption
+    lands, and a stale partial chart of the run leaves when the run ends)."""
+    tabs = []
+    for index in range(5):  # each its own cluster: five computations
+        tab, context = open_tab(browser, server)
+        tab.page.add_init_script(f"({AT_COMPLETE})()")  # runs in every new document
+        tab.open(f"/?layer=relu1&cluster={index}")
+        tabs.append((tab, context))
+    for tab, _ in tabs:
+        tab.wait_for_chart("score per cluster", timeout_s=120)  # the chart library is loaded
+    hogs = [subprocess.Popen([sys.executable, "-c", CPU_HOG]) for _ in range(2)]
+    try:
+        for tab, _ in tabs:
+            tab.go_to("Pruning curves")
+        for tab, _ in tabs:
+            drawn = tab.page.wait_for_function("() => window.atComplete", timeout=240_000,
+                                               polling=100).json_value()
+            assert drawn, "the page read 'Complete.' above no drawn curve"
+            tab.page.wait_for_function(  # then exactly the finished curve, in place
+                f"() => {{ const n = ({RANKED_POINTS})(); "
+                "return n.length && n.every(k => k === 33); }", polling=50, timeout=60_000)
+    finally:
+        for hog in hogs:
+            hog.kill()
+    for tab, context in tabs:
+        check_and_close(tab, context)
