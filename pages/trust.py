@@ -4,7 +4,8 @@ ranking survives re-initialising the layers above. Clicking a cell opens that la
 method on the Scores page."""
 import streamlit as st
 
-from attribution.analyses.settings import partition_words, target_label
+import attribution as at
+from attribution.analyses.settings import SCORECARD_METHODS, partition_words, target_label
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
 from pages.shared.context import context
@@ -35,7 +36,11 @@ st.markdown(
     "layers above are re-initialised: a ranking that stays near 1 there does not read the "
     "model (Adebayo et al. 2018), as activation never can.")
 
-card = guarded(ctx.scorecard)
+every = st.toggle("Every method the layers take", key="scorecard_every",
+                  help="The seven default methods take about 7 s on the demos; every method "
+                       "(the pruning criteria, DeepLift, LRP, the probe) about three times "
+                       "that. A method that cannot score a layer leaves its cell empty.")
+card = guarded(lambda: ctx.scorecard(at.METHODS if every else SCORECARD_METHODS))
 if card is None:
     st.stop()
 

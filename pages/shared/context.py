@@ -18,8 +18,8 @@ import torch
 import attribution as at
 from attribution.methods import REGISTRY
 from attribution.presentation import plots
-from attribution.analyses.settings import (AnalysisSettings, DEFAULT_BATCH_SIZE, cluster_label,
-                                           is_regression)
+from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
+                                           DEFAULT_BATCH_SIZE, cluster_label, is_regression)
 from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant_class,
                                           try_remedies)
 from pages.shared import keys
@@ -66,11 +66,12 @@ def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
-               _model, _inputs, _targets, _curve_targets, _clusters, _progress):
+               methods: tuple, _model, _inputs, _targets, _curve_targets, _clusters,
+               _progress):
     with _progress:
-        return at.scorecard(_model, _inputs, _targets, _clusters, metric=metric,
-                            curve_targets=_curve_targets, batch_size=batch_size,
-                            progress=_progress)
+        return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
+                            metric=metric, curve_targets=_curve_targets,
+                            batch_size=batch_size, progress=_progress)
 
 
 @dataclass(frozen=True)
@@ -211,12 +212,14 @@ class Context:
                        self.targets, self.clusters, s.cluster,
                        ProgressLine("Comparing every method with exact ablation"))
 
-    def scorecard(self):
-        """Every default method on every layer against exact ablation, on the clusters of
-        the sidebar's partition (cached; `attribution.scorecard`)."""
+    def scorecard(self, methods: Sequence[str] = SCORECARD_METHODS):
+        """`methods` on every layer against exact ablation, on the clusters of the sidebar's
+        partition (cached; `attribution.scorecard`; a method that refuses a layer leaves its
+        cell empty)."""
         s = self.settings
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                          s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
+                          s.batch_size, tuple(methods), self.ws.model,
+                          self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer"))
 

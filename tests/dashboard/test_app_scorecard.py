@@ -70,3 +70,22 @@ def test_the_report_built_on_the_export_page_holds_the_pages_scorecard(monkeypat
         written = pd.read_csv(io.StringIO(bundle.read("scorecard.csv").decode()))
     pd.testing.assert_frame_equal(written, card.reset_index(drop=True), check_dtype=False)
     assert "Which method to trust, layer by layer" in app.session_state["report"][1].decode()
+
+
+def test_every_method_joins_the_scorecard_through_the_registry():
+    """The toggle puts every registered method on the grid; one that cannot score a layer
+    (bn_scale: no BatchNorm in the demo) is named below it, its cells left empty."""
+    app = run_app()
+    app.switch_page(PAGE).run()
+    app.toggle(key="scorecard_every").set_value(True).run()
+    assert_clean(app)
+    shown = figure(app, "Which method to trust")["data"][0]
+    labels = {plots.method_label(m): m for m in at.METHODS}
+    assert {labels[label] for label in shown["x"]} == set(at.METHODS) - {"bn_scale"}
+    left_out = [c.value for c in app.caption
+                if c.value.startswith(f"{plots.method_label('bn_scale')} on ")]
+    assert len(left_out) == len(shown["y"]) and all("is left out" in c for c in left_out)
+    z = np.asarray(shown["z"], dtype=float)
+    weight_norm = list(shown["x"]).index(plots.method_label("weight_norm"))
+    relu = list(shown["y"]).index("relu1")
+    assert np.isnan(z[relu, weight_norm])  # a ReLU has no weights of its own
