@@ -968,14 +968,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "neuron_axis", None) is not None:  # one mechanism: the "name:axis" spec
         args.layer = f"{args.layer}:{args.neuron_axis}"
-    joined = False
+    joined = finished = False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # libraries' notes to developers
             joined = distributed.join_from_environment(
                 distributed.device_for_rank(args.device))
             with torch.inference_mode(False):  # a model it loads must be able to take gradients
-                return args.run(args)
+                code = args.run(args)
+            finished = True
+            return code
     except AttributionError as error:
         _say(f"error: {error}")
         return EXIT_BAD_INPUT
@@ -989,7 +991,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              "rerun with --traceback and report it.")
         return EXIT_INTERNAL
     finally:
-        distributed.leave(joined)
+        distributed.leave(joined, finished)
 
 
 def _say(message: str) -> None:

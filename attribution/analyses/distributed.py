@@ -69,9 +69,15 @@ def join_from_environment(device: torch.device) -> bool:
     return True
 
 
-def leave(joined: bool) -> None:
-    """Destroy the process group if `join_from_environment` created it."""
+def leave(joined: bool, finished: bool = True) -> None:
+    """Destroy the process group if `join_from_environment` created it. After a command that
+    `finished` (every rank ran the same collectives to the end) the ranks first meet at a
+    barrier: a gloo group torn down in one process while a peer still uses its connection
+    (rank 0 writing the results) can abort that peer ("terminate called without an active
+    exception"). After a failure no barrier: a peer may never arrive."""
     if joined and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 
