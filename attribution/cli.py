@@ -146,6 +146,18 @@ def _data_arguments(group, kmeans_flag: str) -> None:
                             "data has labels, else predicted)")
 
 
+def _run_arguments(group, seeded: str) -> None:
+    """--batch-size, --n-steps, --seed (of `seeded`, in words) and --quiet."""
+    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
+                       help="samples per pass (default %(default)s)")
+    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
+                       help="integration steps (integrated_gradients, conductance; default "
+                            "%(default)s)")
+    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
+                       help=f"seed of {seeded} (default %(default)s)")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its seven commands."""
     parser = _Parser(prog="python -m attribution",
@@ -198,15 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "`layers`); the same as --layer NAME:AXIS")
     group.add_argument("--reduce", choices=REDUCTIONS, default=analysis.DEFAULT_REDUCE,
                        help="per-cluster reduction of per-sample scores (default %(default)s)")
-    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
-                       help="samples per pass (default %(default)s)")
-    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
-                       help="integration steps (integrated_gradients, conductance; default "
-                            "%(default)s)")
-    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
-                       help="seed of random orders, k-means and the random method (default "
-                            "%(default)s)")
-    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    _run_arguments(group, "random orders, k-means and the random method")
 
     def band(metric: Optional[str]) -> _Parser:  # one per default: parents share actions
         parser = _Parser(add_help=False)
@@ -325,15 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="k steps of the curves of curve_area (default %(default)s)")
     group.add_argument("--metric", choices=METRICS, default=None,
                        help=f"what the curves measure (default {METRIC_WORDS})")
-    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
-                       help="samples per pass (default %(default)s)")
-    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
-                       help="integration steps (integrated_gradients, conductance; default "
-                            "%(default)s)")
-    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
-                       help="seed of the bootstrap, random orders, re-initialisation, "
-                            "k-means and the random method (default %(default)s)")
-    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    _run_arguments(group, "the bootstrap, random orders, re-initialisation, k-means and the "
+                          "random method")
     group.add_argument("--out", required=True,
                        help="table (.csv, .parquet or '-') with one row per (layer, method): "
                             + ", ".join(SCORECARD_COLUMNS))
