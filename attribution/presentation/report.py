@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -26,7 +27,7 @@ from plotly.offline import get_plotlyjs
 from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..inputs.data import Dataset, make_clusters, predictions
-from ..analyses.diagnose import diagnose, random_severity
+from ..analyses.diagnose import SIGNAL_P, diagnose, random_severity
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
@@ -133,7 +134,11 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
                     else "these neurons are not specific to this cluster."))
     if pd.notna(p_value):
         severity = random_severity(p_value)  # the rule of the Diagnosis page's check
-        if severity == "ok" and gap > 0:
+        if severity != "ok" and gap > 0 and n_random and 1 / (n_random + 1) > SIGNAL_P:
+            verdict = (f"with {n_random} random orders no ranking can show that it beats "
+                       f"random (p <= {SIGNAL_P}); use at least "
+                       f"{math.ceil(1 / SIGNAL_P) - 1}.")
+        elif severity == "ok" and gap > 0:
             verdict = "the scores carry real information about which neurons matter."
         elif severity != "problem":
             verdict = ("not clearly better than random; compare methods or try mean |·| "

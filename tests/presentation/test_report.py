@@ -216,6 +216,15 @@ def test_curve_sentences_in_words(cluster_gap, rest_gap, beaten, expected):
         assert words in text
 
 
+def test_curve_sentences_say_when_too_few_random_orders_can_tell():
+    """Five random orders: even a ranking beating them all has p = 1/6 > 0.1."""
+    summary = _summary(0.25, 0.02, 1.0).assign(p_value=[1 / 6, 0.5])
+    text = " ".join(report.curve_sentences(summary, metric="accuracy", method="gradient",
+                                           cluster="3", n_random=5))
+    assert "Verdict: with 5 random orders no ranking can show that it beats random" in text
+    assert "use at least 9" in text and "carry real information" not in text
+
+
 def test_curve_sentences_for_loss_speak_of_raising_it():
     text = " ".join(report.curve_sentences(_summary(0.4, 0.0, 1.0), metric="loss",
                                            method="ablation", cluster=0))
