@@ -123,9 +123,11 @@ def prune(model: nn.Module, layer, ranking, k: int, *, mode: str = "zero",
 
 
 def copy_model(model: nn.Module) -> nn.Module:
-    """An independent copy of a model's modules, parameters and buffers. torch.export's
-    unflattened modules share their graphs (which hold symbolic shapes deepcopy cannot copy,
-    and which nothing here changes) with the original."""
+    """An independent copy of a model's modules, parameters and buffers, made outside
+    inference mode (a copy made under the caller's torch.inference_mode would hold inference
+    tensors, which no gradient can pass). torch.export's unflattened modules share their
+    graphs (which hold symbolic shapes deepcopy cannot copy, and which nothing here changes)
+    with the original."""
     shared: dict[int, Any] = {}
     for module in model.modules():
         for attribute in ("graph", "meta", "input_placeholders"):
@@ -133,7 +135,8 @@ def copy_model(model: nn.Module) -> nn.Module:
             if value is not None and not isinstance(value, torch.Tensor):
                 shared[id(value)] = value
     try:
-        return copy.deepcopy(model, shared)
+        with torch.inference_mode(False):
+            return copy.deepcopy(model, shared)
     except Exception as error:  # noqa: BLE001 - whatever a custom module's copy raises
         raise AttributionError(f"This model cannot be copied ({type(error).__name__}: "
                                f"{error}), so no pruned copy can be made of it.") from None

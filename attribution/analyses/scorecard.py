@@ -308,7 +308,7 @@ def randomized_after(model: nn.Module, layer, example_input, seed: int = DEFAULT
     copied = copy_model(model).eval()
     changed = []
     generator = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.no_grad():
         torch.manual_seed(seed)
         for module_name in after:
             module = copied.get_submodule(module_name)

@@ -5,6 +5,7 @@ the cascading-randomisation sanity check (activation survives it, gradients do n
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy import stats
@@ -214,3 +215,15 @@ def test_progress_reports_each_method_scored_twice_per_layer(demo):
     # per layer: gradient scored, bn_scale refused (both its steps), gradient's row
     assert seen == [(1 / 8, 0), (2 / 8, 0), (3 / 8, 0), (4 / 8, 1), (5 / 8, 1), (6 / 8, 1),
                     (7 / 8, 1), (1.0, 2)]
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_the_callers_grad_mode_changes_nothing(demo, mode):
+    """Under the caller's no_grad or inference_mode the card is the same: the randomised
+    copy is made outside inference mode, so gradients still pass through it."""
+    model, x, y, clusters = demo
+    options = dict(layers=[LAYER], methods=["gradient", "activation"], n_boot=50)
+    expected = at.scorecard(model, x, y, clusters, **options)
+    with mode():
+        card = at.scorecard(model, x, y, clusters, **options)
+    pd.testing.assert_frame_equal(card, expected)
