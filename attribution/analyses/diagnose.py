@@ -81,7 +81,6 @@ DEAD_PROBLEM = 0.5
 SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_random
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
 RANK_P = 0.05  # a Spearman a random ranking reaches more often than this shows nothing
-CONFIDENCE = 0.95  # of every bootstrap interval
 CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
                     "unknown")
@@ -455,7 +454,7 @@ def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     size = len(group.scores)
     values = group.scores.astype(np.float64)
     low, high = interval(_cancellation_ratio(group.draws @ values / size,
-                                             group.draws @ np.abs(values) / size), CONFIDENCE)
+                                             group.draws @ np.abs(values) / size))
     kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons; 95% "
             f"interval {low:.0%} to {high:.0%})")
     bounds = dict(low=low, high=high)
@@ -575,7 +574,7 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     scores = group.cluster_score if signed else np.abs(group.cluster_score)
     oracle = oracle if signed else np.abs(oracle)
     rho = rank_correlation("spearman", scores, oracle)
-    low, high = interval(_resampled_agreement(group, reduce), CONFIDENCE)
+    low, high = interval(_resampled_agreement(group, reduce))
     chance = _chance_of(rho, len(scores))
     convention = "signed" if signed else "absolute-value"
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "

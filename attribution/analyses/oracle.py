@@ -31,6 +31,8 @@ from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes,
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
 
+CONFIDENCE = 0.95
+"""The level of every bootstrap interval (the scorecard's, the degeneracy checks')."""
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
                   "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k")
 
@@ -164,7 +166,7 @@ def agreement(scores: np.ndarray, oracle: np.ndarray, top_k: int) -> dict[str, f
                                "abs": (np.abs(scores), np.abs(oracle))}.items():
         result[f"spearman_{convention}"] = rank_correlation("spearman", a, b)
         result[f"kendall_{convention}"] = rank_correlation("kendall", a, b)
-        result[f"top_k_overlap_{convention}"] = _top_k_overlap(a, b, top_k)
+        result[f"top_k_overlap_{convention}"] = top_k_overlap(a, b, top_k)
     result["top_k"] = top_k
     return result
 
@@ -210,7 +212,7 @@ def bootstrap_counts(n_samples: int, n_draws: int, generator: np.random.Generato
                                  size=n_draws).astype(np.float64)
 
 
-def interval(draws: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The percentile interval of bootstrap `draws` (NaN draws ignored; NaN, NaN when none is
     finite)."""
     finite = draws[np.isfinite(draws)]
@@ -221,7 +223,8 @@ def interval(draws: np.ndarray, confidence: float = 0.95) -> tuple[float, float]
     return float(low), float(high)
 
 
-def _top_k_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+def top_k_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    """|top-k of a ∩ top-k of b| / k (ties in their order of appearance)."""
     top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
     top_b = set(np.argsort(-b, kind="stable")[:k].tolist())
     return len(top_a & top_b) / k

@@ -43,8 +43,8 @@ from ..engine.layers import list_layers, resolve_layer, run_model
 from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
-from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks,
-                     row_spearman)
+from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman,
+                     top_k_overlap)
 from .prune import copy_model
 from .pruning import order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_STEPS,
@@ -54,7 +54,6 @@ from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEF
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
                      "top_overlap", "curve_area", "after_randomization", "n_clusters")
 ORACLE = "ablation"
-CONFIDENCE = 0.95
 
 TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
@@ -203,16 +202,14 @@ def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
     """spearman, kendall, their bootstrap interval and top_overlap of one method's
     per-sample scores [N, n] (cluster means [C, n]) against the oracle's."""
     k = top_k_of(means.shape[1])
-    overlap = [len(set(np.argsort(-a, kind="stable")[:k])
-                   & set(np.argsort(-b, kind="stable")[:k])) / k
-               for a, b in zip(means, oracle_means)]
+    overlap = [top_k_overlap(a, b, k) for a, b in zip(means, oracle_means)]
     resampled = np.stack([
         row_spearman(row_ranks(counts @ scores[rows].astype(np.float64) / len(rows)), oracle)
         for counts, rows, oracle in zip(draws, rows_of, oracle_draws)])  # [C, n_boot]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
         per_draw = np.nanmean(resampled, axis=0)
-    low, high = interval(per_draw, CONFIDENCE)
+    low, high = interval(per_draw)
     return {"spearman": _nanmean(row_spearman(row_ranks(means), row_ranks(oracle_means))),
             "kendall": _nanmean(_kendall(means, oracle_means)),
             "spearman_low": low, "spearman_high": high,
