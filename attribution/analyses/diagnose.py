@@ -79,6 +79,7 @@ CANCELLATION_WARNING, CANCELLATION_PROBLEM = 0.5, 0.2
 SHARE_WARNING = 0.01
 DEAD_PROBLEM = 0.5
 SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_random
+FEWEST_RANDOM_ORDERS = math.ceil(1 / SIGNAL_P) - 1  # 9: fewer cannot reach p <= SIGNAL_P
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
 RANK_P = 0.05  # a Spearman a random ranking reaches more often than this shows nothing
 CAPTURE_TOLERANCE = 1e-3
@@ -551,9 +552,9 @@ def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random,
                 f"curve) and stays inside the 5-95% random band at {inside:.0%} of k")
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
-    if 1 / (n_random + 1) > SIGNAL_P:
+    if n_random < FEWEST_RANDOM_ORDERS:
         hint += (f" With {n_random} random orders no ranking can show p <= {SIGNAL_P}: use at "
-                 f"least {math.ceil(1 / SIGNAL_P) - 1}.")
+                 f"least {FEWEST_RANDOM_ORDERS}.")
     severity = random_severity(p_value)
     if severity == "problem":
         finding = _finding("not_better_than_random", "problem",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -27,7 +26,7 @@ from plotly.offline import get_plotlyjs
 from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..inputs.data import Dataset, make_clusters, predictions
-from ..analyses.diagnose import SIGNAL_P, diagnose, random_severity
+from ..analyses.diagnose import FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, random_severity
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
@@ -134,10 +133,9 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
                     else "these neurons are not specific to this cluster."))
     if pd.notna(p_value):
         severity = random_severity(p_value)  # the rule of the Diagnosis page's check
-        if severity != "ok" and gap > 0 and n_random and 1 / (n_random + 1) > SIGNAL_P:
+        if severity != "ok" and gap > 0 and n_random and n_random < FEWEST_RANDOM_ORDERS:
             verdict = (f"with {n_random} random orders no ranking can show that it beats "
-                       f"random (p <= {SIGNAL_P}); use at least "
-                       f"{math.ceil(1 / SIGNAL_P) - 1}.")
+                       f"random (p <= {SIGNAL_P}); use at least {FEWEST_RANDOM_ORDERS}.")
         elif severity == "ok" and gap > 0:
             verdict = "the scores carry real information about which neurons matter."
         elif severity != "problem":
