@@ -15,15 +15,17 @@ security boundary; its docstring indexes the threat model): pickles with PyTorch
 weights-only unpickler (`untrusted.pickles`), which rebuilds tensors and plain containers
 only; safetensors and JSON/YAML (`yaml.safe_load`) are data formats; uploaded Python is
 never executed. A `.pt2` is checked by `untrusted.export_guard` before `torch.export.load`
-reads it, and an upload's first load and run happen in the watchdog's child
-(`untrusted.watchdog`, running `FIRST_RUN`) before this process loads it.
+reads it, and an untrusted model's first load and run happen in the jail
+(`untrusted.jail`, running `FIRST_RUN`) before this process reads a byte of it.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import json
 import os
+import pickle
 import sys
 import uuid
 from dataclasses import replace
@@ -39,29 +41,42 @@ from ..engine.model_io import NamedInputs, OutputKey, shape_text
 from . import huggingface
 from .loaded import LoadedModel, checked_model
 from .shipped import DEMO_DIR
-from .untrusted import watchdog
+from .untrusted import jail
 from .untrusted.export_guard import EXPORT_RECIPE, check_export_archive
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
-from .untrusted.limits import DEFAULT_LIMITS, Limits
+from .untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .untrusted.pickles import unpickle
 from .untrusted.tensors import checked_state, load_safetensors
 
-FIRST_RUN = watchdog.Loader(f"{__name__}:_load_in_child", warm_files=(
+FIRST_RUN = jail.Task(f"{__name__}:_load_in_child", warm_files=(
     str(DEMO_DIR / "digits_mlp.pt2"), str(DEMO_DIR / "text_classifier")))
-"""What the watchdog's child runs for an upload: `load_model` without a sandbox of its own;
-its server loads the demo's .pt2 (torch.export's lazily loaded internals) and Hugging Face
-folder (transformers, seconds to import) once before forking children."""
+"""What the jail's child runs for an untrusted model: `load_model` without a sandbox of its
+own; `warm_up` has the jail's server load the demo's .pt2 (torch.export's lazily loaded
+internals) and Hugging Face folder (transformers, seconds to import) once before it forks
+children."""
 
 
-def _load_in_child(source: Any, **options: Any) -> LoadedModel:
-    """`load_model` in the watchdog's child, which is the sandbox."""
-    return load_model(source, sandbox=False, **options)
+def _load_in_child(source: Any, **options: Any) -> dict:
+    """`load_model` in the jail's child; the facts it hands back."""
+    n_classes = load_model(source, sandbox=False, **options).n_classes
+    return {"n_classes": n_classes if isinstance(n_classes, int) else None}
+
+
+def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
+    """Load and run the model in `source` (bytes, a folder's path or files) in the jail within
+    the first-run budget of `limits`; `options` are `load_model`'s (picklable). Its answer:
+    a message when refused, else `facts["n_classes"]`."""
+    budget = jail.Budget(seconds=limits.first_run_seconds,
+                         memory_bytes=limits.first_run_memory_bytes, file_bytes=MB,
+                         subject="model", work="load and run a batch of 3 samples",
+                         name="a first run")
+    return jail.run(FIRST_RUN, {"source": source, "limits": limits, **options}, budget)
 
 
 def warm_up() -> None:
-    """Start the watchdog's checking server for uploads now (it imports torch in the
+    """Start the jail's server for uploads now (it imports torch and the loaders in the
     background), e.g. while a visitor chooses files."""
-    watchdog.warm_up(FIRST_RUN)
+    jail.warm_up(FIRST_RUN)
 
 
 # ---------------------------------------------------------------- torch.export archives
@@ -282,42 +297,55 @@ def load_model(source: Source, *, architecture: Any = None,
         max_bytes: size limit (default `limits.MAX_UPLOAD_BYTES`).
         limits: decoding budgets and the first run's time and memory (default
             `limits.DEFAULT_LIMITS`).
-        sandbox: load and run the model first in a child process with the first-run budget
-            (`attribution.inputs.untrusted.watchdog`; about 0.1-0.5 s once its server runs, a
-            few seconds to
-            start it). Default: on for bytes and file objects (uploads), off for paths (your
-            own files). Never used with trust_code or an nn.Module architecture, whose code
-            is trusted anyway.
+        sandbox: read, load and run the model first in the jail with the first-run budget
+            (`attribution.inputs.untrusted.jail`; about 0.1-0.5 s once its server runs, a
+            few seconds to start it; files it accepted before go straight through). Default:
+            on for bytes and file objects (uploads), off for paths (your own files). Never
+            used with trust_code or an nn.Module architecture, whose code is trusted anyway.
         output: where the logits are in the model's output (`model_io.select_output`).
     Returns:
         LoadedModel with the module in eval mode.
     """
-    if not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source):
-        # a save_pretrained folder, or its files uploaded together
-        return huggingface.load_folder(source, class_names=class_names, limits=limits,
-                                       output=output)
-    data, name = read_source(source, max_bytes=max_bytes, what="model")
     limits = limits or DEFAULT_LIMITS
     if sandbox is None:
         sandbox = not isinstance(source, (str, os.PathLike))
+    jailed = sandbox and not trust_code and not isinstance(architecture, nn.Module)
+    options = dict(class_names=class_names, output=output)
+    if not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source):
+        # a save_pretrained folder, or its files uploaded together
+        if jailed:
+            _accept(source, limits, options)
+        return huggingface.load_folder(source, limits=limits, **options)
+    data, name = read_source(source, max_bytes=max_bytes, what="model")
+    if jailed:  # the jail reads the bytes first: architecture, format, weights, a first run
+        _accept(data, limits, dict(options, architecture=architecture,
+                                   example_input=example_input))
     if huggingface.is_folder(data):  # the folder's zip, by path or uploaded: one route
-        if sandbox:
-            watchdog.check_first_run(data, FIRST_RUN, limits=limits, class_names=class_names,
-                                     output=output)
-        return huggingface.load_folder(data, class_names=class_names, limits=limits,
-                                       output=output)
+        return huggingface.load_folder(data, limits=limits, **options)
     try:
         kind = _model_kind(data, name, architecture, limits)
-        if sandbox and not trust_code and not isinstance(architecture, nn.Module):
-            if architecture is not None and not _is_python_file(architecture, trust_code):
-                architecture = _description(architecture, trust_code, limits)
-            watchdog.check_first_run(data, FIRST_RUN, limits=limits, architecture=architecture,
-                                     example_input=example_input, class_names=class_names,
-                                     output=output)
         return _load(data, kind, architecture, example_input, class_names, trust_code,
                      limits, output)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
+
+
+_ACCEPTED: dict[str, None] = {}
+_ACCEPTED_KEPT = 256
+
+
+def _accept(source: Any, limits: Limits, options: dict) -> None:
+    """Have the jail load and run `source` with `options` unless it accepted exactly that
+    (bytes, options and limits, by digest) before; raise its refusal."""
+    key = hashlib.sha256(pickle.dumps((source, options, limits))).hexdigest()
+    if key in _ACCEPTED:
+        return
+    answer = first_run(source, limits, **options)
+    if answer.message is not None:
+        raise AttributionError(answer.message)
+    _ACCEPTED[key] = None
+    while len(_ACCEPTED) > _ACCEPTED_KEPT:
+        del _ACCEPTED[next(iter(_ACCEPTED))]
 
 
 def _model_kind(data: bytes, name: str, architecture: Any, limits: Limits) -> str:

@@ -612,7 +612,7 @@ def refusals(bases, tmp_path_factory) -> dict:
     """name -> [guard's exception type, its message, load_model's exception type, its message,
     seconds of the guard, seconds of both, growth of the peak memory in bytes], measured in a
     child process that tries the guard alone and then `load_model` on every hostile file (in
-    that process, not the watchdog's, so its memory is measured too)."""
+    that process, not the jail's, so its memory is measured too)."""
     folder = tmp_path_factory.mktemp("hostile")
     cases = {"warm-up": (bases["mlp"], Limits())}
     for name, (base, make, _) in VECTORS.items():
@@ -779,13 +779,12 @@ def test_extra_files_come_back(bases):
 def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_path,
                                                                     monkeypatch):
     """The sympy payload uploaded in the app: one message, nothing runs, and a rerun does not
-    load the file again (counted: the guard in this process and the watchdog's first run)."""
+    load the file again (counted: the jail's first run and the guard in this process)."""
     from attribution.inputs import loading
-    from attribution.inputs.untrusted import watchdog
     from tests.support.app import OCTET, assert_clean, demo_bytes, run_app, upload
 
     checked = []
-    for module, name in ((watchdog, "check_first_run"), (loading, "check_export_archive")):
+    for module, name in ((loading, "first_run"), (loading, "check_export_archive")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, original=original, **kwargs: (
             checked.append(name), original(*args, **kwargs))[1])
@@ -882,16 +881,14 @@ def test_a_program_torch_cannot_load_is_an_error_with_the_recipe(bases):
     assert "torch.export.export(" in str(error.value)
 
 
-def test_the_checker_of_first_runs_exits_quietly_when_its_server_has_gone():
-    """The dashboard's checker process (watchdog) answers on a pipe; when the server exits
+def test_the_jail_exits_quietly_when_the_process_it_serves_has_gone(tmp_path):
+    """The jail's server answers on a pipe; when the process it serves exits
     first (a test, a stopped app) the pipe is closed: it exits 0 with nothing on stderr, not
     a BrokenPipeError traceback in the server's log."""
-    from attribution.inputs import loading
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(at.__file__)))  # holds the package
     checker = subprocess.Popen(
-        [sys.executable, "-P", "-m", "attribution.inputs.untrusted.watchdog",
-         loading.FIRST_RUN.function], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-P", "-m", "attribution.inputs.untrusted.jail", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, cwd=root, env=dict(os.environ, PYTHONPATH=root))
     checker.stdout.close()  # the server is gone before the checker says it is ready
     _, errors = checker.communicate(timeout=120)

@@ -1,10 +1,10 @@
 """A hostile corpus (built by tests/support/hostile.py): every file must be refused with
-AttributionError in under 10 s and under 1 GiB of extra memory (also in the watchdog's child),
+AttributionError in under 10 s and under 1 GiB of extra memory (also in the jail's child),
 leaving no files.
 
 The corpus is loaded in one fresh Python process (`RUNNER`), which resets its peak RSS
 (/proc/self/clear_refs) before each file, so each file's time and extra memory are its own;
-models go through `load_model(bytes)`, i.e. through the watchdog, whose server is started
+models go through `load_model(bytes)`, i.e. through the jail, whose server is started
 by a legitimate upload first, as the app starts it when the upload page opens.
 """
 import io
@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 import attribution as at
-from attribution.inputs.untrusted import watchdog
+from attribution.inputs import loading
+from attribution.inputs.untrusted import jail
 from attribution.inputs.demo import DEMO_DIR
-from attribution.inputs.loading import FIRST_RUN
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.support import ROOT
 from tests.support.hostile import (TINY, TINY_ARCHITECTURE, MatmulBomb, MemoryBomb, conv_bomb,
@@ -116,7 +116,7 @@ MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message
 RUNNER = r"""
 import json, sys, time
 import attribution as at
-from attribution.inputs.untrusted import watchdog
+from attribution.inputs.untrusted import jail
 from attribution.inputs.demo import DEMO_DIR
 
 def rss(field):
@@ -124,10 +124,10 @@ def rss(field):
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
 
 reports = []
-check = watchdog._SERVER.check
-watchdog._SERVER.check = lambda *args: reports.append(check(*args)) or reports[-1]
+check = jail._SERVER.request
+jail._SERVER.request = lambda *args: reports.append(check(*args)) or reports[-1]
 at.load_model((DEMO_DIR / "digits_mlp.pt2").read_bytes())  # starts the checking server
-server = watchdog._SERVER.process.pid
+server = jail._SERVER.process.pid
 with open(f"/proc/{server}/status") as status:
     server_rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
 results = {}
@@ -294,41 +294,48 @@ def test_legitimate_files_near_real_sizes_still_load():
         assert len(at.load_data(DEMO_DIR / name)) > 0
 
 
-# ------------------------------------------------------------------ the watchdog
+# ------------------------------------------------------------------ the jail
 
-def test_the_watchdog_stops_a_slow_model_at_its_time_budget():
+def test_the_jail_stops_a_slow_model_at_its_time_budget():
     model, architecture = conv_bomb()
     limits = Limits(first_run_seconds=1.0)
-    report = watchdog.first_run(model, FIRST_RUN, limits=limits,
-                                architecture=at.parse_architecture(architecture))
+    report = loading.first_run(model, limits, architecture=at.parse_architecture(architecture))
     assert "within 1 s" in report.message
     assert 1.0 <= report.seconds < 3.0
 
 
-def test_the_watchdog_stops_a_model_at_its_memory_budget():
+def test_the_jail_stops_a_model_at_its_memory_budget():
     model, architecture = conv_memory_bomb()
-    report = watchdog.first_run(model, FIRST_RUN, limits=DEFAULT_LIMITS,
-                                architecture=at.parse_architecture(architecture))
+    report = loading.first_run(model, DEFAULT_LIMITS,
+                               architecture=at.parse_architecture(architecture))
     assert report.message is not None and "memory budget" in report.message, report
 
 
-def test_the_watchdog_passes_a_good_model_and_reports_its_classes():
-    report = watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
-                                limits=DEFAULT_LIMITS)
-    assert report.message is None and report.n_classes == 10
+def test_the_jail_passes_a_good_model_and_reports_its_classes():
+    report = loading.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
+    assert report.message is None and report.facts == {"n_classes": 10}
 
 
-def test_sandbox_is_on_for_bytes_and_off_for_paths(monkeypatch, tmp_path):
+def test_sandbox_is_on_for_bytes_and_off_for_paths_and_accepted_files_go_straight_through(
+        monkeypatch):
     calls = []
-    monkeypatch.setattr(watchdog, "check_first_run", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(loading, "first_run",
+                        lambda *a, **k: calls.append(k) or jail.Answer(None))
+    monkeypatch.setattr(loading, "_ACCEPTED", {})
     path = DEMO_DIR / "digits_mlp.pt2"
     at.load_model(path)
     assert calls == []
     at.load_model(path.read_bytes())
     assert len(calls) == 1
     at.load_model(path.read_bytes(), sandbox=False)
-    at.load_model(path, sandbox=True)
+    at.load_model(path.read_bytes())  # accepted before, by digest
+    assert len(calls) == 1
+    at.load_model(path.read_bytes(), class_names=list("abcdefghij"))  # other options
     assert len(calls) == 2
+    folder = DEMO_DIR / "text_classifier"
+    at.load_model(folder, sandbox=True)  # a folder by path, and its files as a dict
+    at.load_model({file.name: file.read_bytes() for file in folder.iterdir()})
+    assert len(calls) == 4
 
 
 def test_the_command_line_raises_a_limit(tmp_path, capsys):
@@ -362,13 +369,11 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     import threading
     import time
 
-    watchdog.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), FIRST_RUN,
-                       limits=DEFAULT_LIMITS)
+    loading.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
     model, architecture = conv_bomb()
     reports = []
-    check = threading.Thread(target=lambda: reports.append(watchdog.first_run(
-        model, FIRST_RUN, architecture=at.parse_architecture(architecture),
-        limits=DEFAULT_LIMITS)))
+    check = threading.Thread(target=lambda: reports.append(loading.first_run(
+        model, DEFAULT_LIMITS, architecture=at.parse_architecture(architecture))))
     check.start()
     time.sleep(0.5)
     start = time.perf_counter()

@@ -126,7 +126,7 @@ def test_no_import_cycles():
 
 def test_the_untrusted_boundary_imports_only_itself_and_the_core():
     """`inputs.untrusted` sits below every loader: the loaders import it, never the reverse
-    (the watchdog runs the loader its caller names; it imports none)."""
+    (the jail runs the task its caller names; it imports none)."""
     boundary = "attribution.inputs.untrusted"
     found = {module: sorted(name for name in GRAPH[module]
                             if not (name == boundary or name.startswith(boundary + ".")

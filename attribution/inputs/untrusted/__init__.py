@@ -21,8 +21,10 @@ Each module guards against one kind of harm (its docstring details it):
   that expand when converted to float32 (`checked_state`); safetensors read through both.
 - `export_guard`: a `.pt2` (torch.export archive) is checked deny-by-default before
   `torch.export.load` reads it: known operators only, no custom classes or code.
-- `watchdog`: an uploaded model's first load and run happen in a child process with a time
-  and memory budget (the jail runs the loader its caller names; it imports no loader).
+- `jail`: the boundary itself. Untrusted files are read, tokenized and first run only in a
+  child process (under bubblewrap where available, and kernel limits on memory, CPU, time
+  and written bytes), which hands back plain JSON facts and `.npy` arrays, never a pickle;
+  the jail runs the task its caller names and imports no loader.
 
 Modules here import only `attribution.errors` and each other. The loaders in
 `attribution.inputs` read files only through these checks.

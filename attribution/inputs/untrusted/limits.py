@@ -34,9 +34,8 @@ class Limits:
         max_archive_entries: entries of a zip archive.
         max_row_groups: row groups of a Parquet file (pandas writes one).
         first_run_seconds: wall-clock time an untrusted model may take to load and run its
-            first batches (in a child process, `attribution.inputs.untrusted.watchdog`), after
-            the child's
-            own start-up.
+            first batches in the jail (`attribution.inputs.untrusted.jail`), after the
+            child's own start-up.
         first_run_memory_bytes: memory that child may add to its start-up footprint.
     """
 

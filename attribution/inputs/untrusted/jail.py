@@ -1,0 +1,441 @@
+"""The jail: untrusted bytes are parsed, tokenized and first run only in a child process.
+
+Threat model. A remote visitor of the dashboard, or the author of a file a batch user is
+sent, controls the bytes of a model and a data file (and nothing else). Parsers, tokenizers
+and a model's forward are large native programs whose cost and failures the bytes steer: a
+catastrophic regex in a tokenizer, a normalizer that expands one character ten million times,
+a zip directory of millions of entries, a program whose cost grows with the batch. Checking
+each proxy of that cost beside the parser has always left gaps, so the parsers run here:
+
+- inside: every parser, tokenizer and first forward of an unaccepted file (the caller's
+  `Task`, a function named "package.module:name"), in a process forked from a server that
+  runs, where available, under bubblewrap (`bwrap`: no network, a read-only view of the
+  file system, its own process and /tmp namespaces, killed with its parent), and in any case
+  under kernel limits: address space (RLIMIT_AS), CPU seconds (RLIMIT_CPU), the size of a
+  file it writes (RLIMIT_FSIZE), and wall time (SIGKILL from the parent);
+- what crosses back: one JSON line of plain facts (numbers, text, lists) and arrays as
+  `.npy` files of numbers or text in a scratch folder, read by `read_array` (its header
+  checked against the file's size, no object dtypes), never a pickle. Pickles cross only
+  inward, written by this process;
+- the server's process then parses only bytes the jail accepted (a model it loaded and ran
+  at the batch size the app uses), or holds the arrays it handed back.
+
+Chromium's rule of two (untrusted input, unsafe code, no sandbox: pick two) holds on both
+routes: with bubblewrap the parsers meet untrusted input in a sandbox; without it (a plain
+child under the same kernel limits, named by `isolation()` wherever the app shows its
+status), the child still cannot take the server's memory, time or exceptions, but could
+write where its user may and reach the network; install bubblewrap to close that.
+
+Mechanism: a server (`python -P -m attribution.inputs.untrusted.jail SCRATCH`, a fresh
+interpreter, never a fork of a threaded Streamlit server) is started once per process; it
+imports a task's function (and loads its warm-up files, for the app's uploads) before it
+forks one child per request from its single thread, so children skip those imports. One
+request runs at a time, so uploads cannot multiply the budget. POSIX only (fork, setrlimit).
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import math
+import os
+import pickle
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ...errors import AttributionError
+from .limits import MB
+
+START_SECONDS = 120.0
+"""How long the server may take to import torch before a request gives up."""
+BUBBLEWRAP = shutil.which("bwrap")
+"""The bubblewrap executable, or None: the jail then is a plain child under kernel limits."""
+_SANDBOX_OPTIONS = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent",
+                    "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                    "--tmpfs", "/tmp")
+_ARRAY_KINDS = "biufU"  # numbers, booleans and text: what `read_array` accepts
+_MESSAGE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the jail runs, by name, so that its server can import it.
+
+    Attributes:
+        function: "package.module:name" of a function the child calls as
+            `function(**payload)`; it returns a dict of JSON facts, whose "arrays" entry (if
+            any) maps names to numpy arrays that cross back as `.npy` files.
+        warm_files: paths the server loads once with `function(source=path)` before the first
+            child of this task, when `warm_up` asks for it, so that every child inherits what
+            a first load imports lazily.
+    """
+
+    function: str
+    warm_files: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        module, _, name = self.function.partition(":")
+        if not (module and name.isidentifier()):
+            raise ValueError(f"Task.function must be 'package.module:name', not "
+                             f"{self.function!r}.")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A child's budget, and the words of its refusals.
+
+    Attributes:
+        seconds: wall-clock time from the child's fork.
+        memory_bytes: address space above the server's footprint.
+        file_bytes: the largest file the child may write (its arrays).
+        subject: what was read ("model", "data file").
+        work: what the child had to do ("load and run a batch of 3 samples").
+        name: the budget's name in refusals ("a first run").
+    """
+
+    seconds: float
+    memory_bytes: int
+    file_bytes: int
+    subject: str
+    work: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the child handed back: `message` is None when it succeeded."""
+
+    message: Optional[str]
+    facts: dict = field(default_factory=dict)
+    arrays: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    peak_bytes: int = 0
+
+
+def run(task: Task, payload: dict, budget: Budget) -> Answer:
+    """Run `task` on `payload` (picklable; it goes in, never comes back) in a child within
+    `budget`; the child's facts and arrays, or its message when it failed."""
+    return _SERVER.request(task, payload, budget)
+
+
+def check(task: Task, payload: dict, budget: Budget) -> Answer:
+    """`run`, raising AttributionError with the child's message when it failed."""
+    answer = run(task, payload, budget)
+    if answer.message is not None:
+        raise AttributionError(answer.message)
+    return answer
+
+
+def warm_up(task: Task) -> None:
+    """Start the server now and have it load `task`'s warm-up files (it imports torch in the
+    background), e.g. while a visitor chooses files."""
+    _SERVER.warm(task)
+
+
+def isolation() -> str:
+    """How untrusted files are isolated here, in words for a status line."""
+    if BUBBLEWRAP and _bubblewrap_works():
+        return ("bubblewrap (no network, read-only file system) and kernel limits on memory, "
+                "CPU and time")
+    return ("a child process under kernel limits on memory, CPU and time; bubblewrap is not "
+            "available here, so the child is not cut off from the network and the file "
+            "system (install the bubblewrap package)")
+
+
+def read_array(path: Path, max_bytes: int) -> np.ndarray:
+    """The array in the `.npy` file `path` written by the jail: numbers, booleans or text
+    only, its header's shape and dtype matching the file's size, at most `max_bytes`."""
+    with open(path, "rb") as stream:
+        try:
+            version = np.lib.format.read_magic(stream)
+            reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, fortran, dtype = reader(stream)
+        except (ValueError, KeyError, SyntaxError) as error:
+            raise AttributionError(f"The jail handed back a malformed array ({error}).") \
+                from None
+        count = math.prod(shape)
+        remaining = os.fstat(stream.fileno()).st_size - stream.tell()
+        if dtype.kind not in _ARRAY_KINDS or dtype.hasobject or dtype.fields is not None \
+                or count * dtype.itemsize != remaining or remaining > max_bytes:
+            raise AttributionError("The jail handed back an array that is not plain numbers "
+                                   "or text of its stated size.")
+        array = np.fromfile(stream, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+# ------------------------------------------------------------------ the server's side
+
+_BUBBLEWRAP_WORKS: Optional[bool] = None
+
+
+def _bubblewrap_works() -> bool:
+    """Can bubblewrap start a sandbox here (it needs user namespaces or root)? Asked once."""
+    global _BUBBLEWRAP_WORKS
+    if _BUBBLEWRAP_WORKS is None:
+        try:
+            _BUBBLEWRAP_WORKS = subprocess.run(
+                [BUBBLEWRAP, *_SANDBOX_OPTIONS, "--", "true"], capture_output=True,
+                timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _BUBBLEWRAP_WORKS = False
+    return _BUBBLEWRAP_WORKS
+
+
+class _Server:
+    """The jail's server process; one conversation at a time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: Optional[subprocess.Popen] = None
+        self.scratch: Optional[Path] = None
+        self.ready = False
+        self.buffer = b""
+        self.requests = 0
+
+    def running(self) -> subprocess.Popen:
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
+            self.scratch = Path(tempfile.mkdtemp(prefix="attribution-jail-"))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
+                TRANSFORMERS_OFFLINE="1", HF_HOME=str(self.scratch / "cache"),
+                XDG_CACHE_HOME=str(self.scratch / "cache"))
+            command = [sys.executable, "-P", "-m", __name__, str(self.scratch)]
+            if BUBBLEWRAP and _bubblewrap_works():
+                scratch = str(self.scratch)
+                command = [BUBBLEWRAP, *_SANDBOX_OPTIONS, "--bind", scratch, scratch,
+                           "--chdir", root, "--", *command]
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, env=env, cwd=root,
+                                            close_fds=True)
+            self.ready, self.buffer = False, b""
+        return self.process
+
+    def warm(self, task: Task) -> None:
+        with self.lock:
+            self._send({"warm": task.function, "files": list(task.warm_files)}, START_SECONDS)
+
+    def request(self, task: Task, payload: dict, budget: Budget) -> Answer:
+        with self.lock:
+            self.requests += 1
+            answer = self._send({"function": task.function, "payload": payload,
+                                 "budget": budget, "folder": str(self.requests)},
+                                budget.seconds + START_SECONDS)
+            folder = self.scratch / str(self.requests)
+            try:
+                arrays = {name: read_array(folder / f"{index}.npy", budget.file_bytes)
+                          for index, name in enumerate(answer.get("arrays", ()))
+                          if answer.get("message") is None}
+            except OSError as error:
+                raise AttributionError(f"The jail's answer could not be read ({error}).") \
+                    from None
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        message = answer.get("message")
+        return Answer(None if message is None else str(message)[:_MESSAGE_CHARS],
+                      answer.get("facts") or {}, arrays, float(answer.get("seconds", 0.0)),
+                      int(answer.get("peak_bytes", 0)))
+
+    def _send(self, request: dict, timeout: float) -> dict:
+        process = self.running()
+        try:
+            if not self.ready:
+                self._line(process, START_SECONDS)
+                self.ready = True
+            data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+            process.stdin.write(len(data).to_bytes(8, "little") + data)
+            process.stdin.flush()
+            return self._line(process, timeout)
+        except (OSError, ValueError, TimeoutError) as error:
+            self.stop()
+            raise AttributionError(f"The file could not be checked: the jail's process failed "
+                                   f"({type(error).__name__}: {error}). Try again; if it "
+                                   "keeps failing, report it.") from None
+        except BaseException:  # interrupted mid-conversation: start afresh next time
+            self.stop()
+            raise
+
+    def _line(self, process: subprocess.Popen, timeout: float) -> dict:
+        """The server's next JSON line, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        descriptor = process.stdout.fileno()
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer within {timeout:.0f} s")
+            readable, _, _ = select.select([descriptor], [], [], remaining)
+            if readable:
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    raise OSError(f"the server exited with code {process.wait()}")
+                self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+_SERVER = _Server()
+atexit.register(_SERVER.stop)
+
+
+# ------------------------------------------------------------------ the server and its children
+
+def _serve(scratch: str) -> None:
+    """Read length-prefixed pickled requests on stdin; answer each with one JSON line. A
+    request either warms a task up (imports it, loads its files) or runs it in a child."""
+    import torch
+
+    torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
+    functions: dict[str, Any] = {}
+
+    def imported(function: str) -> Any:
+        if function not in functions:
+            module, _, name = function.partition(":")
+            functions[function] = getattr(importlib.import_module(module), name)
+        return functions[function]
+
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    answers.write(b'{"ready": true}\n')
+    answers.flush()
+    while True:
+        header = requests.read(8)
+        if len(header) < 8:
+            return
+        request = pickle.loads(requests.read(int.from_bytes(header, "little")))
+        if "warm" in request:
+            for path in request["files"]:  # imports what the task imports lazily, once
+                if Path(path).exists():
+                    imported(request["warm"])(source=path)
+            answer = {"ready": True}
+        else:
+            folder = Path(scratch) / request["folder"]
+            folder.mkdir()
+            answer = _run_child(imported(request["function"]), request, folder)
+        answers.write(json.dumps(answer).encode() + b"\n")
+        answers.flush()
+
+
+def _run_child(function: Any, request: dict, folder: Path) -> dict:
+    """Fork a child that runs `function` on the request's payload; kill it when over time."""
+    budget: Budget = request["budget"]
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            report = _child(function, request["payload"], budget, folder)
+        except BaseException as error:  # noqa: BLE001 (anything the file does is reported)
+            report = {"message": _failure(error, budget)}
+        data = json.dumps(report).encode()
+        while data:
+            data = data[os.write(write_end, data):]
+        os._exit(0)
+    os.close(write_end)
+    chunks, timed_out = [], False
+    while True:
+        remaining = started + budget.seconds - time.monotonic()
+        readable = select.select([read_end], [], [], max(remaining, 0))[0]
+        if not readable:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            break
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status, usage = os.wait4(pid, 0)
+    os.close(read_end)
+    measured = {"seconds": time.monotonic() - started, "peak_bytes": usage.ru_maxrss * 1024}
+    if timed_out or os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+        return dict(measured, message=(
+            f"The {budget.subject} did not {budget.work} within {budget.seconds:g} s, the "
+            f"time budget of {budget.name}; it was stopped. If it is genuine and yours, load "
+            "it on your own machine with sandbox=False or raise "
+            "Limits(first_run_seconds=...)."))
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ:
+        return dict(measured, message=(
+            f"The {budget.subject} decoded to more than {budget.file_bytes / MB:,.0f} MB; if "
+            "it is genuine and yours, raise Limits(max_decoded_bytes=...)."))
+    if os.WIFSIGNALED(status) or not chunks:
+        return dict(measured, message=(
+            f"The {budget.subject} crashed the program reading it (signal "
+            f"{os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'none'}) while it had to "
+            f"{budget.work}; it cannot be used here."))
+    return dict(measured, **json.loads(b"".join(chunks)))
+
+
+def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
+    """In the forked child: set the limits, run `function`, write its arrays; the report."""
+    address_space = _address_space()
+    if address_space is not None:
+        ceiling = address_space + budget.memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+    cpu = math.ceil(budget.seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (budget.file_bytes, budget.file_bytes))
+    os.chdir(folder)
+    facts = dict(function(**payload))
+    arrays = facts.pop("arrays", {}) or {}
+    for index, array in enumerate(arrays.values()):
+        np.save(folder / f"{index}.npy", np.ascontiguousarray(array), allow_pickle=False)
+    return {"message": None, "facts": facts, "arrays": list(arrays)}
+
+
+def _failure(error: BaseException, budget: Budget) -> str:
+    """The message for an exception in the child."""
+    text = str(error)
+    if isinstance(error, MemoryError) or "can't allocate memory" in text or \
+            "out of memory" in text or "Cannot allocate memory" in text:
+        return (f"The {budget.subject} needed more than {budget.memory_bytes / MB:,.0f} MB to "
+                f"{budget.work}, the memory budget of {budget.name}; it was stopped. If it is "
+                "genuine and yours, load it on your own machine with sandbox=False or raise "
+                "Limits(first_run_memory_bytes=...).")
+    if isinstance(error, AttributionError):
+        return text
+    first = text.strip().splitlines()[0][:300] if text.strip() else ""
+    return (f"The {budget.subject} failed while the jail had to {budget.work} "
+            f"({type(error).__name__}{': ' + first if first else ''}).")
+
+
+def _address_space() -> Optional[int]:
+    """This process's virtual memory size in bytes (Linux), or None where unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+if __name__ == "__main__":
+    try:
+        _serve(sys.argv[1])
+    except BrokenPipeError:  # the parent exited while this was starting or answering
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing to flush
+        sys.exit(0)
