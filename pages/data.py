@@ -32,6 +32,9 @@ st.markdown(
     "inputs, labels and optionally a cluster column; for a folder with a `tokenizer.json`, "
     "a table's text column is tokenized, and a `.npz` may hold `input_ids` and "
     "`attention_mask`.")
+st.caption("Uploaded files are read, and a model first run, in a jail: "
+           f"{at.inputs.untrusted.jail.isolation()}. Only the plain arrays and facts it "
+           "hands back reach this app.")
 if TRUST_CODE:
     st.warning("Started with --trust-code: pickled models and Python architecture files run "
                "code. Only upload your own files.", icon=":material/gpp_maybe:")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import reprlib
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Iterable, Mapping, Optional, Sequence, Union
@@ -34,8 +35,9 @@ from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, held_bytes, over_budge
 from ..engine.layers import run_logits
 from ..methods.passes import LayerPass
 from ..methods.scores import Progress, neuron_scores
-from .huggingface import check_padding
+from .huggingface import TextEncoder, check_padding
 from .loaded import LoadedModel
+from .untrusted import jail
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.pickles import pickled_size, unpickle
 
@@ -338,7 +340,8 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
               label: Optional[str] = None, cluster: Optional[str] = None,
               max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
               limits: Optional[Limits] = None, tokenizer: Any = None,
-              image_shape: Union[str, Sequence[int], None] = None) -> Dataset:
+              image_shape: Union[str, Sequence[int], None] = None,
+              sandbox: Optional[bool] = None) -> Dataset:
     """Load samples from a path or bytes; the format is detected from the content.
 
     Args:
@@ -359,17 +362,85 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
             with the tokens kept (`Dataset.tokens`).
         image_shape: draw each sample as an image of this shape, (H, W) or (C, H, W) or
             "8x8" (a table of pixels); replaces an `image_shape` array of a .npz/.pt.
+        sandbox: read (and tokenize) the file in the jail (`untrusted.jail`), which hands
+            back plain arrays; this process never parses the file. Default: on for bytes and
+            file objects (uploads), off for paths (your own files).
     Returns:
         Dataset.
     """
     data, name = read_source(source, max_bytes=max_bytes, what="data")
     limit = MAX_ROWS if max_rows is None else max_rows
     limits = limits or DEFAULT_LIMITS
+    if sandbox is None:
+        sandbox = not isinstance(source, (str, os.PathLike))
     try:
-        dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
+        dataset = (_jailed(data, name, features, label, cluster, limit, limits, tokenizer)
+                   if sandbox else
+                   _load_data(data, name, features, label, cluster, limit, limits, tokenizer))
     except MemoryError as error:
         raise out_of_memory(name, error) from None
     return dataset if image_shape is None else replace(dataset, image_shape=image_shape)
+
+
+READ_DATA = jail.Task(f"{__name__}:_read_in_jail")
+"""What the jail's child runs for an untrusted data file."""
+READ_BYTES_PER_SECOND = 25 * MB
+"""How fast the jail must read a data file: its time budget is `first_run_seconds` plus the
+file's size at this rate."""
+_FIELDS = ("labels", "clusters", "tokens")  # the Dataset fields that cross back as arrays
+
+
+def _jailed(data: bytes, name: str, features, label, cluster, limit: int, limits: Limits,
+            tokenizer: Optional[TextEncoder]) -> Dataset:
+    """`_load_data` in the jail; the Dataset rebuilt here from its plain arrays and facts."""
+    budget = jail.Budget(
+        seconds=limits.first_run_seconds + len(data) / READ_BYTES_PER_SECOND,
+        memory_bytes=limits.first_run_memory_bytes + 2 * limits.max_decoded_bytes,
+        file_bytes=limits.max_decoded_bytes + MB,
+        work="Reading" + (" and tokenizing" if tokenizer is not None else "") + " the data",
+        name="reading an untrusted file")
+    answer = jail.check(READ_DATA, {
+        "data": data, "name": name, "features": features, "label": label,
+        "cluster": cluster, "limit": limit, "limits": limits,
+        "tokenizer": None if tokenizer is None else tokenizer.plain()}, budget)
+    facts, arrays = answer.facts, answer.arrays
+    names = facts.get("input_names")
+    inputs = (NamedInputs({key: torch.from_numpy(arrays[f"inputs/{key}"]) for key in names})
+              if names is not None else torch.from_numpy(arrays["inputs"]))
+    return Dataset(inputs=inputs, **{key: _tensor_or_text(arrays.get(key))
+                                     for key in _FIELDS},
+                   **{key: facts.get(key) for key in ("feature_names", "class_names",
+                                                      "image_shape")})
+
+
+def _tensor_or_text(array: Optional[np.ndarray]) -> Any:
+    """An array handed back by the jail as the Dataset field it was: numbers as a tensor."""
+    return array if array is None or array.dtype.kind == "U" else torch.from_numpy(array)
+
+
+@reads_input("data file")
+def _read_in_jail(data: bytes, name: str, features, label, cluster, limit: int,
+                  limits: Limits, tokenizer: Optional[dict]) -> dict:
+    """In the jail's child: the data file read as `load_data` reads it, as plain facts and
+    arrays (`jail.Task`)."""
+    dataset = _load_data(data, name, features, label, cluster, limit, limits,
+                         None if tokenizer is None else TextEncoder.from_plain(tokenizer))
+    arrays = {key: _plain_array(getattr(dataset, key)) for key in _FIELDS
+              if getattr(dataset, key) is not None}
+    facts: dict[str, Any] = {key: None if getattr(dataset, key) is None
+                             else list(getattr(dataset, key))
+                             for key in ("feature_names", "class_names", "image_shape")}
+    if isinstance(dataset.inputs, NamedInputs):
+        facts["input_names"] = list(dataset.inputs.keys())
+        arrays.update({f"inputs/{key}": value.numpy() for key, value in dataset.inputs.items()})
+    else:
+        arrays["inputs"] = dataset.inputs.numpy()
+    return dict(facts, arrays=arrays)
+
+
+def _plain_array(value: Any) -> np.ndarray:
+    """A Dataset field as a NumPy array of numbers or text."""
+    return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
 def _load_data(data: bytes, name: str, features, label, cluster, limit: int,

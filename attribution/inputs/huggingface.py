@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import AttributionError
+from .untrusted import jail
 from .untrusted.files import open_zip, sniff, zip_entry_names
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
 from .untrusted.tensors import load_safetensors
@@ -54,6 +55,12 @@ MAX_CONFIG_DEPTH = 32
 EXAMPLE_LENGTH = 8
 MAX_TOKEN_CHARS = 64
 """Longest token text kept for display (`TextEncoder.encode`); longer ones end in "…"."""
+ENCODE_ROWS = 16
+"""Rows tokenized at a time: their full token texts are held only until they are cut."""
+TOKENIZE_BYTES = 256 * 10 ** 6
+"""Memory a tokenizer may use in the jail beyond the arrays it fills (ids, mask and token
+texts per row): a sound one needs kilobytes a row; a normalizer that rewrites a character as
+millions needs gigabytes."""
 """Tokens per sample of the example batch (the layer list shows T = 8 positions)."""
 _CODE_KEYS = ("auto_map", "custom_pipelines", "trust_remote_code", "quantization_config")
 """Config keys that make transformers import code or optional backends, at any depth (a
@@ -87,21 +94,38 @@ class TextEncoder:
         T is the longest text, at most `max_length` (longer texts are cut there). The token
         texts are for display, cut to MAX_TOKEN_CHARS: numpy stores text at the width of
         the longest, so one long token (a tokenizer's 20,000-character unknown token, say)
-        would cost that width at every position."""
-        encodings = self.tokenizer.encode_batch([str(text) for text in texts])
-        length = max(1, min(self.max_length, max((len(e.ids) for e in encodings), default=1)))
-        ids = np.full((len(encodings), length), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(encodings), length), dtype=np.int64)
-        tokens = np.full((len(encodings), length), "", dtype=object)
-        for row, encoding in enumerate(encodings):
-            count = min(length, len(encoding.ids))
-            ids[row, :count] = encoding.ids[:count]
-            mask[row, :count] = 1
-            tokens[row, :count] = [token if len(token) <= MAX_TOKEN_CHARS
-                                   else token[:MAX_TOKEN_CHARS - 1] + "…"
-                                   for token in encoding.tokens[:count]]
+        would cost that width at every position. Rows are tokenized ENCODE_ROWS at a time
+        (their full token texts are held only that long), within TOKENIZE_BYTES in a jail."""
+        jail.tighten(TOKENIZE_BYTES + len(texts) * self.max_length * (16 + 4 * MAX_TOKEN_CHARS))
+        rows = []  # (ids, tokens) per row, cut to max_length tokens of MAX_TOKEN_CHARS
+        for start in range(0, len(texts), ENCODE_ROWS):
+            for encoding in self.tokenizer.encode_batch(
+                    [str(text) for text in texts[start:start + ENCODE_ROWS]]):
+                rows.append((encoding.ids[:self.max_length],
+                             [token if len(token) <= MAX_TOKEN_CHARS
+                              else token[:MAX_TOKEN_CHARS - 1] + "…"
+                              for token in encoding.tokens[:self.max_length]]))
+        length = max(1, max((len(row_ids) for row_ids, _ in rows), default=1))
+        ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), length), dtype=np.int64)
+        tokens = np.full((len(rows), length), "", dtype=object)
+        for row, (row_ids, row_tokens) in enumerate(rows):
+            ids[row, :len(row_ids)] = row_ids
+            mask[row, :len(row_ids)] = 1
+            tokens[row, :len(row_ids)] = row_tokens
         return (NamedInputs({"input_ids": torch.from_numpy(ids),
                              MASK_NAME: torch.from_numpy(mask)}), tokens.astype(str))
+
+    def plain(self) -> dict:
+        """This encoder as plain data (the tokenizer as its JSON text), for the jail."""
+        return {"json": self.tokenizer.to_str(), "pad_id": self.pad_id,
+                "max_length": self.max_length}
+
+    @classmethod
+    def from_plain(cls, plain: dict) -> "TextEncoder":
+        """The encoder `plain()` describes."""
+        return cls(_tokenizer(plain["json"].encode("utf-8")), int(plain["pad_id"]),
+                   int(plain["max_length"]))
 
 
 def is_folder(source: Any) -> bool:

@@ -68,7 +68,7 @@ def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
     a message when refused, else `facts["n_classes"]`."""
     budget = jail.Budget(seconds=limits.first_run_seconds,
                          memory_bytes=limits.first_run_memory_bytes, file_bytes=MB,
-                         subject="model", work="load and run a batch of 3 samples",
+                         work="Loading the model and running a batch of 3 samples",
                          name="a first run")
     return jail.run(FIRST_RUN, {"source": source, "limits": limits, **options}, budget)
 

@@ -338,9 +338,9 @@ def test_a_tensor_numpy_cannot_hold_is_refused_with_the_projects_error(container
 def test_a_native_panic_while_reading_is_the_projects_error_and_an_interrupt_is_not():
     table = csv_bytes(pd.DataFrame({"text": ["a b", "c"], "label": [0, 1]}))
     with pytest.raises(at.AttributionError, match="PanicException: regex"):
-        at.load_data(table, tokenizer=Tokenizer(PanicException("regex too big")))
+        at.load_data(table, tokenizer=Tokenizer(PanicException("regex too big")), sandbox=False)
     with pytest.raises(KeyboardInterrupt):
-        at.load_data(table, tokenizer=Tokenizer(KeyboardInterrupt()))
+        at.load_data(table, tokenizer=Tokenizer(KeyboardInterrupt()), sandbox=False)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.bool_])

@@ -885,10 +885,11 @@ def test_the_jail_exits_quietly_when_the_process_it_serves_has_gone(tmp_path):
     """The jail's server answers on a pipe; when the process it serves exits
     first (a test, a stopped app) the pipe is closed: it exits 0 with nothing on stderr, not
     a BrokenPipeError traceback in the server's log."""
+    from attribution.inputs.untrusted import jail
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(at.__file__)))  # holds the package
     checker = subprocess.Popen(
-        [sys.executable, "-P", "-m", "attribution.inputs.untrusted.jail", str(tmp_path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [*jail.SERVER_COMMAND, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, cwd=root, env=dict(os.environ, PYTHONPATH=root))
     checker.stdout.close()  # the server is gone before the checker says it is ready
     _, errors = checker.communicate(timeout=120)

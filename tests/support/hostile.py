@@ -339,3 +339,47 @@ def program_edit(change):
         change(program)
         entries["models/model.json"] = json.dumps(program).encode()
     return edit
+
+
+def text_model_with(edit) -> bytes:
+    """The text demo's save_pretrained folder as an uploaded zip, its tokenizer changed by
+    `edit(tokenizer)` (a `tokenizers.Tokenizer`): a tokenizer is a program of regexes and
+    rewrites that runs on the data."""
+    from tokenizers import Tokenizer
+
+    from attribution.inputs.shipped import DEMO_DIR
+
+    folder = DEMO_DIR / "text_classifier"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    edit(tokenizer)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.iterdir()):
+            content = tokenizer.to_str().encode() if path.name == "tokenizer.json" \
+                else path.read_bytes()
+            archive.writestr(f"model/{path.name}", content)
+    return buffer.getvalue()
+
+
+def catastrophic_regex_tokenizer() -> bytes:
+    """A pre-tokenizer whose regex backtracks exponentially: (a|aa)+$ takes about 1.6x longer
+    per 'a' before a 'b' (0.04 s at 28, hours at 60)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    def edit(tokenizer):
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("(a|aa)+$"), behavior="isolated")
+    return text_model_with(edit)
+
+
+def expanding_normalizer() -> bytes:
+    """A normalizer that rewrites every 'e' as ten million characters."""
+    from tokenizers import normalizers
+
+    def edit(tokenizer):
+        tokenizer.normalizer = normalizers.Replace("e", "x" * 10 ** 7)
+    return text_model_with(edit)
+
+
+def texts(text: str, rows: int) -> bytes:
+    """A CSV of `rows` copies of `text` with a label column."""
+    return ("text,label\n" + "".join(f"{text},0\n" for _ in range(rows))).encode()

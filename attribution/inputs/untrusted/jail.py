@@ -10,7 +10,8 @@ each proxy of that cost beside the parser has always left gaps, so the parsers r
 - inside: every parser, tokenizer and first forward of an unaccepted file (the caller's
   `Task`, a function named "package.module:name"), in a process forked from a server that
   runs, where available, under bubblewrap (`bwrap`: no network, a read-only view of the
-  file system, its own process and /tmp namespaces, killed with its parent), and in any case
+  file system but for a scratch folder, its own process and IPC namespaces, killed with its
+  parent), and in any case
   under kernel limits: address space (RLIMIT_AS), CPU seconds (RLIMIT_CPU), the size of a
   file it writes (RLIMIT_FSIZE), and wall time (SIGKILL from the parent);
 - what crosses back: one JSON line of plain facts (numbers, text, lists) and arrays as
@@ -26,10 +27,10 @@ child under the same kernel limits, named by `isolation()` wherever the app show
 status), the child still cannot take the server's memory, time or exceptions, but could
 write where its user may and reach the network; install bubblewrap to close that.
 
-Mechanism: a server (`python -P -m attribution.inputs.untrusted.jail SCRATCH`, a fresh
-interpreter, never a fork of a threaded Streamlit server) is started once per process; it
-imports a task's function (and loads its warm-up files, for the app's uploads) before it
-forks one child per request from its single thread, so children skip those imports. One
+Mechanism: a server (`serve` in `python -P`, a fresh interpreter, never a fork of a
+threaded Streamlit server) is started once per process; it imports each task's function (and,
+started by `warm_up`, loads that task's warm-up files) before it forks one child per request
+from its single thread, so children skip those imports. One
 request runs at a time, so uploads cannot multiply the budget. POSIX only (fork, setrlimit).
 """
 from __future__ import annotations
@@ -58,15 +59,22 @@ import numpy as np
 from ...errors import AttributionError
 from .limits import MB
 
+SERVER_COMMAND = (sys.executable, "-P", "-c",
+                  f"import sys; from {__name__} import serve; serve(*sys.argv[1:])")
+"""The jail's server, given its scratch folder (and a task to warm up with its files)."""
 START_SECONDS = 120.0
 """How long the server may take to import torch before a request gives up."""
 BUBBLEWRAP = shutil.which("bwrap")
 """The bubblewrap executable, or None: the jail then is a plain child under kernel limits."""
 _SANDBOX_OPTIONS = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent",
-                    "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                    "--tmpfs", "/tmp")
+                    "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc")
+# All of / is read-only inside (the package or Python itself may live under /tmp, so /tmp is
+# not replaced); the scratch folder is the one writable place, and TMPDIR points there.
 _ARRAY_KINDS = "biufU"  # numbers, booleans and text: what `read_array` accepts
 _MESSAGE_CHARS = 2000
+_OWN_FILES = ("If the file is genuine and yours, load it on your own machine with "
+              "sandbox=False, or raise Limits(first_run_seconds=...) or "
+              "Limits(first_run_memory_bytes=...).")
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,9 @@ class Task:
         function: "package.module:name" of a function the child calls as
             `function(**payload)`; it returns a dict of JSON facts, whose "arrays" entry (if
             any) maps names to numpy arrays that cross back as `.npy` files.
-        warm_files: paths the server loads once with `function(source=path)` before the first
-            child of this task, when `warm_up` asks for it, so that every child inherits what
-            a first load imports lazily.
+        warm_files: paths a server started by `warm_up` loads once with
+            `function(source=path)` before it forks any child, so that every child inherits
+            what a first load imports lazily.
     """
 
     function: str
@@ -100,15 +108,14 @@ class Budget:
         seconds: wall-clock time from the child's fork.
         memory_bytes: address space above the server's footprint.
         file_bytes: the largest file the child may write (its arrays).
-        subject: what was read ("model", "data file").
-        work: what the child had to do ("load and run a batch of 3 samples").
+        work: what the child had to do, as a phrase that starts a sentence ("Loading the
+            model and running a batch of 3 samples").
         name: the budget's name in refusals ("a first run").
     """
 
     seconds: float
     memory_bytes: int
     file_bytes: int
-    subject: str
     work: str
     name: str
 
@@ -139,9 +146,11 @@ def check(task: Task, payload: dict, budget: Budget) -> Answer:
 
 
 def warm_up(task: Task) -> None:
-    """Start the server now and have it load `task`'s warm-up files (it imports torch in the
-    background), e.g. while a visitor chooses files."""
-    _SERVER.warm(task)
+    """Start the server now, if it is not running, warmed up with `task` (it imports torch
+    and loads the task's warm-up files in the background), e.g. while a visitor chooses
+    files."""
+    with _SERVER.lock:
+        _SERVER.running(warm=task)
 
 
 def isolation() -> str:
@@ -152,6 +161,16 @@ def isolation() -> str:
     return ("a child process under kernel limits on memory, CPU and time; bubblewrap is not "
             "available here, so the child is not cut off from the network and the file "
             "system (install the bubblewrap package)")
+
+
+def tighten(extra_bytes: int) -> None:
+    """In a jail's child, lower its address-space limit to its present size plus
+    `extra_bytes`, before work whose cost is known (tokenizing N rows); outside one, nothing.
+    A limit can only be lowered, so the work cannot take back what the file's budget gave."""
+    size = _address_space()
+    if _IN_CHILD and size is not None:
+        ceiling = min(size + extra_bytes, resource.getrlimit(resource.RLIMIT_AS)[0])
+        resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
 
 
 def read_array(path: Path, max_bytes: int) -> np.ndarray:
@@ -179,6 +198,7 @@ def read_array(path: Path, max_bytes: int) -> np.ndarray:
 # ------------------------------------------------------------------ the server's side
 
 _BUBBLEWRAP_WORKS: Optional[bool] = None
+_IN_CHILD = False
 
 
 def _bubblewrap_works() -> bool:
@@ -205,7 +225,7 @@ class _Server:
         self.buffer = b""
         self.requests = 0
 
-    def running(self) -> subprocess.Popen:
+    def running(self, warm: Optional[Task] = None) -> subprocess.Popen:
         if self.process is None or self.process.poll() is not None:
             self.stop()
             root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
@@ -213,9 +233,12 @@ class _Server:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
                 TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
+                RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                 TRANSFORMERS_OFFLINE="1", HF_HOME=str(self.scratch / "cache"),
                 XDG_CACHE_HOME=str(self.scratch / "cache"))
-            command = [sys.executable, "-P", "-m", __name__, str(self.scratch)]
+            command = [*SERVER_COMMAND, str(self.scratch)]
+            if warm is not None:
+                command += [warm.function, *warm.warm_files]
             if BUBBLEWRAP and _bubblewrap_works():
                 scratch = str(self.scratch)
                 command = [BUBBLEWRAP, *_SANDBOX_OPTIONS, "--bind", scratch, scratch,
@@ -225,10 +248,6 @@ class _Server:
                                             close_fds=True)
             self.ready, self.buffer = False, b""
         return self.process
-
-    def warm(self, task: Task) -> None:
-        with self.lock:
-            self._send({"warm": task.function, "files": list(task.warm_files)}, START_SECONDS)
 
     def request(self, task: Task, payload: dict, budget: Budget) -> Answer:
         with self.lock:
@@ -303,9 +322,19 @@ atexit.register(_SERVER.stop)
 
 # ------------------------------------------------------------------ the server and its children
 
-def _serve(scratch: str) -> None:
-    """Read length-prefixed pickled requests on stdin; answer each with one JSON line. A
-    request either warms a task up (imports it, loads its files) or runs it in a child."""
+def serve(scratch: str, warm: Optional[str] = None, *warm_files: str) -> None:
+    """The server's loop (`SERVER_COMMAND`): import the task `warm` and load `warm_files`
+    with it, then read length-prefixed pickled requests on stdin and answer each with one
+    JSON line, until stdin closes; each request runs in a child whose arrays go under
+    `scratch`."""
+    try:
+        _serve(scratch, warm, warm_files)
+    except BrokenPipeError:  # the parent exited while this was starting or answering
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing to flush
+        sys.exit(0)
+
+
+def _serve(scratch: str, warm: Optional[str], warm_files: tuple[str, ...]) -> None:
     import torch
 
     torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
@@ -317,6 +346,11 @@ def _serve(scratch: str) -> None:
             functions[function] = getattr(importlib.import_module(module), name)
         return functions[function]
 
+    for path in warm_files:  # imports what the task imports lazily, once
+        try:
+            imported(warm)(source=path)
+        except Exception:  # noqa: BLE001 (a warm-up only saves time; children still work)
+            pass
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(b'{"ready": true}\n')
     answers.flush()
@@ -325,15 +359,9 @@ def _serve(scratch: str) -> None:
         if len(header) < 8:
             return
         request = pickle.loads(requests.read(int.from_bytes(header, "little")))
-        if "warm" in request:
-            for path in request["files"]:  # imports what the task imports lazily, once
-                if Path(path).exists():
-                    imported(request["warm"])(source=path)
-            answer = {"ready": True}
-        else:
-            folder = Path(scratch) / request["folder"]
-            folder.mkdir()
-            answer = _run_child(imported(request["function"]), request, folder)
+        folder = Path(scratch) / request["folder"]
+        folder.mkdir()
+        answer = _run_child(imported(request["function"]), request, folder)
         answers.write(json.dumps(answer).encode() + b"\n")
         answers.flush()
 
@@ -344,16 +372,18 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
     read_end, write_end = os.pipe()
     started = time.monotonic()
     pid = os.fork()
-    if pid == 0:  # the child
-        os.close(read_end)
+    if pid == 0:  # the child: whatever happens, it ends here
         try:
-            report = _child(function, request["payload"], budget, folder)
-        except BaseException as error:  # noqa: BLE001 (anything the file does is reported)
-            report = {"message": _failure(error, budget)}
-        data = json.dumps(report).encode()
-        while data:
-            data = data[os.write(write_end, data):]
-        os._exit(0)
+            os.close(read_end)
+            try:
+                data = json.dumps(_child(function, request["payload"], budget, folder))
+            except BaseException as error:  # noqa: BLE001 (anything the file does is reported)
+                data = json.dumps({"message": _failure(error, budget)})
+            data = data.encode()
+            while data:
+                data = data[os.write(write_end, data):]
+        finally:
+            os._exit(0)
     os.close(write_end)
     chunks, timed_out = [], False
     while True:
@@ -372,24 +402,29 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
     measured = {"seconds": time.monotonic() - started, "peak_bytes": usage.ru_maxrss * 1024}
     if timed_out or os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         return dict(measured, message=(
-            f"The {budget.subject} did not {budget.work} within {budget.seconds:g} s, the "
-            f"time budget of {budget.name}; it was stopped. If it is genuine and yours, load "
-            "it on your own machine with sandbox=False or raise "
-            "Limits(first_run_seconds=...)."))
+            f"{budget.work} took longer than {round(budget.seconds, 1):g} s, the time "
+            f"budget of {budget.name}; it was stopped. {_OWN_FILES}"))
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ:
         return dict(measured, message=(
-            f"The {budget.subject} decoded to more than {budget.file_bytes / MB:,.0f} MB; if "
-            "it is genuine and yours, raise Limits(max_decoded_bytes=...)."))
+            f"{budget.work} produced more than {budget.file_bytes / MB:,.0f} MB of data; if "
+            "the file is genuine and yours, raise Limits(max_decoded_bytes=...)."))
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGABRT:
+        return dict(measured, message=(
+            f"{budget.work} made native code abort, as it does when it runs past its memory "
+            f"budget ({budget.memory_bytes / MB:,.0f} MB for {budget.name}, less where the "
+            f"work's own cost is known); this file cannot be used here. {_OWN_FILES}"))
     if os.WIFSIGNALED(status) or not chunks:
         return dict(measured, message=(
-            f"The {budget.subject} crashed the program reading it (signal "
-            f"{os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'none'}) while it had to "
-            f"{budget.work}; it cannot be used here."))
+            f"{budget.work} crashed the program (signal "
+            f"{os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'none'}); this file cannot "
+            "be used here."))
     return dict(measured, **json.loads(b"".join(chunks)))
 
 
 def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
     """In the forked child: set the limits, run `function`, write its arrays; the report."""
+    global _IN_CHILD
+    _IN_CHILD = True
     address_space = _address_space()
     if address_space is not None:
         ceiling = address_space + budget.memory_bytes
@@ -410,15 +445,12 @@ def _failure(error: BaseException, budget: Budget) -> str:
     text = str(error)
     if isinstance(error, MemoryError) or "can't allocate memory" in text or \
             "out of memory" in text or "Cannot allocate memory" in text:
-        return (f"The {budget.subject} needed more than {budget.memory_bytes / MB:,.0f} MB to "
-                f"{budget.work}, the memory budget of {budget.name}; it was stopped. If it is "
-                "genuine and yours, load it on your own machine with sandbox=False or raise "
-                "Limits(first_run_memory_bytes=...).")
+        return (f"{budget.work} needed more than {budget.memory_bytes / MB:,.0f} MB, the "
+                f"memory budget of {budget.name}; it was stopped. {_OWN_FILES}")
     if isinstance(error, AttributionError):
         return text
     first = text.strip().splitlines()[0][:300] if text.strip() else ""
-    return (f"The {budget.subject} failed while the jail had to {budget.work} "
-            f"({type(error).__name__}{': ' + first if first else ''}).")
+    return f"{budget.work} failed ({type(error).__name__}{': ' + first if first else ''})."
 
 
 def _address_space() -> Optional[int]:
@@ -431,11 +463,3 @@ def _address_space() -> Optional[int]:
     except OSError:
         return None
     return None
-
-
-if __name__ == "__main__":
-    try:
-        _serve(sys.argv[1])
-    except BrokenPipeError:  # the parent exited while this was starting or answering
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing to flush
-        sys.exit(0)

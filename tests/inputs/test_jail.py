@@ -1,0 +1,150 @@
+"""The jail (`attribution.inputs.untrusted.jail`): untrusted files are parsed only in its
+child, which hands back plain data; bubblewrap where it works, a plain child under kernel
+limits where it does not, and the same budgets on both."""
+import io
+import socket
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attribution as at
+from attribution.inputs import data as data_module
+from attribution.inputs import huggingface, loading
+from attribution.inputs.shipped import DEMO_DIR
+from attribution.inputs.untrusted import jail
+from attribution.inputs.untrusted.limits import Limits
+from tests.support.hostile import MatmulBomb, exported, many_zip_entries, npz, parquet, saved
+
+BUDGET = jail.Budget(seconds=20.0, memory_bytes=500 * 10 ** 6, file_bytes=10 ** 6,
+                     work="Running the test task", name="a test")
+
+
+def task(name: str) -> jail.Task:
+    return jail.Task(f"tests.support.jail_tasks:{name}")
+
+
+@pytest.fixture(params=["bubblewrap", "plain child"])
+def isolation(request, monkeypatch):
+    """A fresh jail server, under bubblewrap or as a plain child under kernel limits."""
+    if request.param == "bubblewrap":
+        assert jail.BUBBLEWRAP and jail._bubblewrap_works(), "make test installs bubblewrap"
+    else:
+        monkeypatch.setattr(jail, "BUBBLEWRAP", None)
+    server = jail._Server()
+    monkeypatch.setattr(jail, "_SERVER", server)
+    yield request.param
+    server.stop()
+
+
+def test_the_child_hands_back_plain_arrays_and_facts(isolation):
+    answer = jail.check(task("arrays"), {}, BUDGET)
+    assert answer.facts == {"n": 3}
+    assert answer.arrays["x"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert answer.arrays["ok"].tolist() == [True, False]
+    assert answer.arrays["words"].tolist() == ["a", "bc"]
+
+
+def test_the_jail_cuts_off_writes_and_the_network_where_bubblewrap_runs(isolation, tmp_path):
+    listener = socket.create_server(("127.0.0.1", 0))
+    target = tmp_path / "outside"
+    try:
+        answer = jail.check(task("escape"), {"path": str(target),
+                                             "port": listener.getsockname()[1]}, BUDGET)
+    finally:
+        listener.close()
+    if isolation == "bubblewrap":
+        assert answer.facts == {"wrote": False, "reached": False}
+        assert not target.exists()
+        assert jail.isolation().startswith("bubblewrap")
+    else:  # the fallback says what it does not do
+        assert answer.facts == {"wrote": True, "reached": True}
+        assert "not cut off from the network and the file system" in jail.isolation()
+
+
+def test_memory_and_time_budgets_hold_in_both(isolation):
+    answer = jail.run(task("hog"), {"megabytes": 2000}, BUDGET)
+    assert "memory budget of a test" in answer.message
+    assert answer.peak_bytes < 2000 * 10 ** 6
+    model = exported(MatmulBomb())
+    with pytest.raises(at.AttributionError, match="longer than 1 s, the time budget"):
+        loading._accept(model, Limits(first_run_seconds=1.0), {})
+
+
+def test_a_file_the_jail_hands_back_is_read_only_as_plain_numbers_or_text(tmp_path):
+    np.save(tmp_path / "objects.npy", np.array([{}, None], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "good.npy", np.arange(4, dtype=np.int64))
+    (tmp_path / "short.npy").write_bytes((tmp_path / "good.npy").read_bytes()[:-8])
+    for name in ("objects", "short"):
+        with pytest.raises(at.AttributionError, match="not plain numbers"):
+            jail.read_array(tmp_path / f"{name}.npy", 10 ** 6)
+    with pytest.raises(at.AttributionError, match="not plain numbers"):
+        jail.read_array(tmp_path / "good.npy", 16)  # over the size it may have
+    assert jail.read_array(tmp_path / "good.npy", 10 ** 6).tolist() == [0, 1, 2, 3]
+
+
+def _data_files() -> dict[str, bytes]:
+    inputs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    labels = np.array([0, 1, 0, 1, 2, 2])
+    table = pd.DataFrame(inputs, columns=list("abcd")).assign(label=labels)
+    npy = io.BytesIO()
+    np.save(npy, inputs)
+    return {"npz": npz(inputs=inputs, labels=labels, clusters=np.array(list("xyxyzz"))),
+            "npy": npy.getvalue(),
+            "pt": saved({"inputs": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}),
+            "csv": table.to_csv(index=False).encode(),
+            "parquet": parquet(__import__("pyarrow").Table.from_pandas(table))}
+
+
+def _same(one: at.Dataset, other: at.Dataset) -> None:
+    if isinstance(one.inputs, torch.Tensor):
+        assert torch.equal(one.inputs, other.inputs)
+    else:
+        assert all(torch.equal(one.inputs[key], other.inputs[key]) for key in other.inputs.keys())
+    for field in ("labels", "clusters", "feature_names", "class_names", "tokens"):
+        a, b = getattr(one, field), getattr(other, field)
+        assert (a is None and b is None) or np.array_equal(np.asarray(a), np.asarray(b)), field
+
+
+def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
+    """Every parser this process could run on a file is patched to fail: every kind of data
+    file still loads (the jail parsed it), equal to reading it here; hostile models are
+    refused by the jail's child, and an accepted model is parsed here only after the jail
+    accepted it."""
+    files = _data_files()
+    text_model = at.load_model(DEMO_DIR / "text_classifier")
+    reviews = pd.DataFrame({"text": ["good movie", "not bad at all"], "label": [1, 1]})
+    texts = reviews.to_csv(index=False).encode()
+    expected = {kind: at.load_data(content, sandbox=False) for kind, content in files.items()}
+    expected_text = at.load_data(texts, tokenizer=text_model.tokenizer, sandbox=False)
+    events = []
+
+    def parser(name):
+        def parse(*args, **kwargs):
+            events.append(name)
+            raise AssertionError(f"{name} ran in the server's process")
+        return parse
+
+    for module, name in ((data_module, "_load_data"), (np, "load"), (pd, "read_csv"),
+                         (pd, "read_parquet"), (zipfile, "ZipFile"), (torch, "load"),
+                         (huggingface.TextEncoder, "encode"), (loading, "_model_kind"),
+                         (huggingface, "load_folder")):
+        monkeypatch.setattr(module, name, parser(f"{getattr(module, '__name__', module)}.{name}"))
+    for kind, content in files.items():
+        _same(at.load_data(content), expected[kind])
+    _same(at.load_data(texts, tokenizer=text_model.tokenizer), expected_text)
+    for hostile in (exported(MatmulBomb()), many_zip_entries()):
+        with pytest.raises(at.AttributionError, match="time budget|entries"):
+            at.load_model(hostile)
+    assert events == []
+    accepted = (DEMO_DIR / "digits_mlp.pt2").read_bytes()
+    monkeypatch.setattr(loading, "_ACCEPTED", {})
+    first_run = loading.first_run
+    monkeypatch.setattr(loading, "first_run",
+                        lambda *args, **kwargs: events.append("jail") or first_run(*args,
+                                                                                    **kwargs))
+    with pytest.raises(at.AttributionError, match="ran in the server's process"):
+        at.load_model(accepted)  # parsed here once the jail accepted it
+    assert events[:2] == ["jail", "attribution.inputs.loading._model_kind"]
