@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine:
 #   make run   - set up .venv and start the dashboard on the built-in demo
-#   make test  - set up .venv (plus headless Chromium), lint with ruff, run the whole test suite
+#   make test  - set up .venv (plus headless Chromium and bubblewrap), lint with ruff, run the
+#                whole test suite
 #   make bench - run every benchmark and write docs/speed.md (long: tens of minutes)
 VENV ?= .venv
 PYTHON ?= python3
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8501
 BENCH_RESULTS := benchmarks/results
 
-.PHONY: run test lint setup setup-dev browser bench demo clean
+.PHONY: run test lint setup setup-dev browser jail bench demo clean
 
 # The pinned lists install everything (torch first, in one pip call); then the project itself,
 # editable and without dependencies, so `import attribution` and the `attribution` command work
@@ -30,6 +31,11 @@ setup-dev: $(VENV)/.dev
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
+# bubblewrap: the sandbox the jail for untrusted files runs in (without it, a plain child
+# process under kernel limits; the tests check both).
+jail:
+	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+
 # scripts/serve.py is `streamlit run app.py` plus a warm-up of the first page's imports.
 run: setup
 	$(PY) scripts/serve.py --server.port $(PORT)
@@ -37,7 +43,7 @@ run: setup
 lint: setup-dev
 	$(PY) -m ruff check .
 
-test: setup-dev browser
+test: setup-dev browser jail
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

@@ -36,6 +36,9 @@ import torch
 from torch import nn
 
 from .architectures import Architecture, is_description, parse_architecture
+from ..defaults import DEFAULT_BATCH_SIZE
+from ..engine.guards import eval_mode
+from ..engine.layers import run_logits
 from ..errors import AttributionError, out_of_memory, reading, reads_input
 from ..engine.model_io import NamedInputs, OutputKey, shape_text
 from . import huggingface
@@ -57,8 +60,17 @@ children."""
 
 
 def _load_in_child(source: Any, **options: Any) -> dict:
-    """`load_model` in the jail's child; the facts it hands back."""
-    n_classes = load_model(source, sandbox=False, **options).n_classes
+    """`load_model` in the jail's child, then a batch at the size the engine scores with
+    (`DEFAULT_BATCH_SIZE`): batches of 1 and 3 do not show a cost that grows with the batch.
+    The facts it hands back."""
+    loaded = load_model(source, sandbox=False, **options)
+    with eval_mode(loaded.module), torch.no_grad():
+        try:
+            run_logits(loaded.module, loaded.example_input(DEFAULT_BATCH_SIZE))
+        except AttributionError as error:  # a program exported for smaller batches is let
+            if "shape[0]" not in str(error):  # through: the engine's batches say why
+                raise
+    n_classes = loaded.n_classes
     return {"n_classes": n_classes if isinstance(n_classes, int) else None}
 
 
@@ -68,7 +80,8 @@ def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
     a message when refused, else `facts["n_classes"]`."""
     budget = jail.Budget(seconds=limits.first_run_seconds,
                          memory_bytes=limits.first_run_memory_bytes, file_bytes=MB,
-                         work="Loading the model and running a batch of 3 samples",
+                         work=f"Loading the model and running a batch of "
+                              f"{DEFAULT_BATCH_SIZE} samples",
                          name="a first run")
     return jail.run(FIRST_RUN, {"source": source, "limits": limits, **options}, budget)
 

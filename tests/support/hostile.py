@@ -286,6 +286,19 @@ def conv_memory_bomb() -> tuple[bytes, bytes]:
     return saved(state), json.dumps(description).encode()
 
 
+class BatchSquareBomb(nn.Module):
+    """Cheap for batches of 1 and 3 (a 3072 x 3072 product), ruinous at the engine's batch
+    size: 256 samples make a 262,144 x 262,144 product (275 GB)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        big = x.new_ones(x.shape[0] * 1024, 64)
+        return self.fc(x) + (big @ big.t()).sum() * 0.0
+
+
 class MatmulBomb(nn.Module):
     """A legal aten graph: 20 products of 6000 x 6000 matrices made inside forward."""
 
