@@ -93,6 +93,9 @@ _LIMIT_FLAGS = {  # Limits field -> help; each is the option --max-... (bytes in
     "max_pickle_bytes": "MB of the pickle in a .pt (its data.pkl)",
     "max_archive_entries": "entries of a zip archive",
     "max_row_groups": "row groups of a Parquet file",
+    "first_run_seconds": "seconds the jail gives a model's first load and run (a data file "
+                         "gets 1 s more per 25 MB)",
+    "first_run_memory_bytes": "MB the jail gives a model's first load and run",
 }
 
 
@@ -181,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="architecture of a state dict: a JSON/YAML description, or a "
                             "Python file with --trust-code")
     group.add_argument("--trust-code", action="store_true",
-                       help="allow pickled modules and Python files (only your own files)")
+                       help="allow pickled modules and Python files, and read the model and "
+                            "data in this process rather than in the jail (only your own "
+                            "files)")
     group.add_argument("--device", default=analysis.default_device(),
                        help="cpu, cuda or cuda:N (default: cuda when a GPU is present, else "
                             "cpu, as the dashboard; under torchrun a bare 'cuda' means "
@@ -422,7 +427,8 @@ def load_problem(args) -> Problem:
     dataset = data_module.load_data(args.data, features=features, label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=_file_size(args.data),
                                     max_rows=args.max_rows, tokenizer=model.tokenizer,
-                                    limits=limits_from(args), image_shape=args.image_shape)
+                                    limits=limits_from(args), image_shape=args.image_shape,
+                                    sandbox=not args.trust_code)
     dataset = data_module.check_data(dataset, model)
     return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names,
                    dataset.image_shape)

@@ -363,22 +363,25 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
         image_shape: draw each sample as an image of this shape, (H, W) or (C, H, W) or
             "8x8" (a table of pixels); replaces an `image_shape` array of a .npz/.pt.
         sandbox: read (and tokenize) the file in the jail (`untrusted.jail`), which hands
-            back plain arrays; this process never parses the file. Default: on for bytes and
-            file objects (uploads), off for paths (your own files).
+            back plain arrays; this process never parses the file. Default: on, for paths
+            too (a file someone sent you is as untrusted as an upload); sandbox=False for
+            your own files.
     Returns:
         Dataset.
     """
-    data, name = read_source(source, max_bytes=max_bytes, what="data")
     limit = MAX_ROWS if max_rows is None else max_rows
     limits = limits or DEFAULT_LIMITS
-    if sandbox is None:
-        sandbox = not isinstance(source, (str, os.PathLike))
-    try:
-        dataset = (_jailed(data, name, features, label, cluster, limit, limits, tokenizer)
-                   if sandbox else
-                   _load_data(data, name, features, label, cluster, limit, limits, tokenizer))
-    except MemoryError as error:
-        raise out_of_memory(name, error) from None
+    if sandbox is False:
+        data, name = read_source(source, max_bytes=max_bytes, what="data")
+        try:
+            dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
+        except MemoryError as error:
+            raise out_of_memory(name, error) from None
+    else:  # a path is read by the jail's child: its bytes never enter this process
+        if not isinstance(source, (str, os.PathLike)):
+            source = read_source(source, max_bytes=max_bytes, what="data")
+        dataset = _jailed(source, features, label, cluster, max_bytes, limit, limits,
+                          tokenizer)
     return dataset if image_shape is None else replace(dataset, image_shape=image_shape)
 
 
@@ -390,18 +393,22 @@ file's size at this rate."""
 _FIELDS = ("labels", "clusters", "tokens")  # the Dataset fields that cross back as arrays
 
 
-def _jailed(data: bytes, name: str, features, label, cluster, limit: int, limits: Limits,
+def _jailed(source: Union[str, os.PathLike, tuple[bytes, str]], features, label, cluster,
+            max_bytes: Optional[int], limit: int, limits: Limits,
             tokenizer: Optional[TextEncoder]) -> Dataset:
-    """`_load_data` in the jail; the Dataset rebuilt here from its plain arrays and facts."""
+    """`_load_data` in the jail on a path or on (bytes, name) already read; the Dataset
+    rebuilt here from its plain arrays and facts."""
+    size = len(source[0]) if isinstance(source, tuple) else _size_of(source)
     budget = jail.Budget(
-        seconds=limits.first_run_seconds + len(data) / READ_BYTES_PER_SECOND,
+        seconds=limits.first_run_seconds + size / READ_BYTES_PER_SECOND,
         memory_bytes=limits.first_run_memory_bytes + 2 * limits.max_decoded_bytes,
         file_bytes=limits.max_decoded_bytes + MB,
         work="Reading" + (" and tokenizing" if tokenizer is not None else "") + " the data",
         name="reading an untrusted file")
     answer = jail.check(READ_DATA, {
-        "data": data, "name": name, "features": features, "label": label,
-        "cluster": cluster, "limit": limit, "limits": limits,
+        "source": source if isinstance(source, tuple) else os.path.abspath(source),
+        "max_bytes": max_bytes, "features": features, "label": label, "cluster": cluster,
+        "limit": limit, "limits": limits,
         "tokenizer": None if tokenizer is None else tokenizer.plain()}, budget)
     facts, arrays = answer.facts, answer.arrays
     names = facts.get("input_names")
@@ -413,18 +420,32 @@ def _jailed(data: bytes, name: str, features, label, cluster, limit: int, limits
                                                       "image_shape")})
 
 
+def _size_of(path: Union[str, os.PathLike]) -> int:
+    """The size of the file at `path` in bytes (0 where it cannot be read: the jail says
+    why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def _tensor_or_text(array: Optional[np.ndarray]) -> Any:
     """An array handed back by the jail as the Dataset field it was: numbers as a tensor."""
     return array if array is None or array.dtype.kind == "U" else torch.from_numpy(array)
 
 
 @reads_input("data file")
-def _read_in_jail(data: bytes, name: str, features, label, cluster, limit: int,
-                  limits: Limits, tokenizer: Optional[dict]) -> dict:
-    """In the jail's child: the data file read as `load_data` reads it, as plain facts and
-    arrays (`jail.Task`)."""
-    dataset = _load_data(data, name, features, label, cluster, limit, limits,
-                         None if tokenizer is None else TextEncoder.from_plain(tokenizer))
+def _read_in_jail(source: Union[str, tuple[bytes, str]], max_bytes: Optional[int], features,
+                  label, cluster, limit: int, limits: Limits, tokenizer: Optional[dict]) -> dict:
+    """In the jail's child: the data file (a path, or bytes and their name) read as
+    `load_data` reads it, as plain facts and arrays (`jail.Task`)."""
+    data, name = source if isinstance(source, tuple) else read_source(
+        source, max_bytes=max_bytes, what="data")
+    try:
+        dataset = _load_data(data, name, features, label, cluster, limit, limits,
+                             None if tokenizer is None else TextEncoder.from_plain(tokenizer))
+    except MemoryError as error:
+        raise out_of_memory(name, error) from None
     arrays = {key: _plain_array(getattr(dataset, key)) for key in _FIELDS
               if getattr(dataset, key) is not None}
     facts: dict[str, Any] = {key: None if getattr(dataset, key) is None

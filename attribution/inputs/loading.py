@@ -51,12 +51,12 @@ from .untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .untrusted.pickles import unpickle
 from .untrusted.tensors import checked_state, load_safetensors
 
-FIRST_RUN = jail.Task(f"{__name__}:_load_in_child", warm_files=(
-    str(DEMO_DIR / "digits_mlp.pt2"), str(DEMO_DIR / "text_classifier")))
+FIRST_RUN = jail.Task(f"{__name__}:_load_in_child",
+                      warm_files=(str(DEMO_DIR / "digits_mlp.pt2"),))
 """What the jail's child runs for an untrusted model: `load_model` without a sandbox of its
-own; `warm_up` has the jail's server load the demo's .pt2 (torch.export's lazily loaded
-internals) and Hugging Face folder (transformers, seconds to import) once before it forks
-children."""
+own. The jail's server loads the demo's .pt2 first (torch.export's lazily imported
+deserializer); `warm_up` adds the demo's Hugging Face folder (transformers, seconds to
+import), for a server that will check uploads for hours."""
 
 
 def _load_in_child(source: Any, **options: Any) -> dict:
@@ -89,7 +89,7 @@ def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
 def warm_up() -> None:
     """Start the jail's server for uploads now (it imports torch and the loaders in the
     background), e.g. while a visitor chooses files."""
-    jail.warm_up(FIRST_RUN)
+    jail.warm_up(FIRST_RUN, str(DEMO_DIR / "text_classifier"))
 
 
 # ---------------------------------------------------------------- torch.export archives
@@ -313,25 +313,25 @@ def load_model(source: Source, *, architecture: Any = None,
         sandbox: read, load and run the model first in the jail with the first-run budget
             (`attribution.inputs.untrusted.jail`; about 0.1-0.5 s once its server runs, a
             few seconds to start it; files it accepted before go straight through). Default:
-            on for bytes and file objects (uploads), off for paths (your own files). Never
-            used with trust_code or an nn.Module architecture, whose code is trusted anyway.
+            on, for paths too (a file someone sent you is as untrusted as an upload);
+            sandbox=False for your own files. Never used with trust_code or an nn.Module
+            architecture, whose code is trusted anyway.
         output: where the logits are in the model's output (`model_io.select_output`).
     Returns:
         LoadedModel with the module in eval mode.
     """
     limits = limits or DEFAULT_LIMITS
-    if sandbox is None:
-        sandbox = not isinstance(source, (str, os.PathLike))
-    jailed = sandbox and not trust_code and not isinstance(architecture, nn.Module)
+    jailed = sandbox is not False and not trust_code and not isinstance(architecture,
+                                                                        nn.Module)
     options = dict(class_names=class_names, output=output)
     if not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source):
         # a save_pretrained folder, or its files uploaded together
         if jailed:
-            _accept(source, limits, options)
+            _accept(_absolute(source), limits, options)
         return huggingface.load_folder(source, limits=limits, **options)
     data, name = read_source(source, max_bytes=max_bytes, what="model")
     if jailed:  # the jail reads the bytes first: architecture, format, weights, a first run
-        _accept(data, limits, dict(options, architecture=architecture,
+        _accept(data, limits, dict(options, architecture=_absolute(architecture),
                                    example_input=example_input))
     if huggingface.is_folder(data):  # the folder's zip, by path or uploaded: one route
         return huggingface.load_folder(data, limits=limits, **options)
@@ -341,6 +341,14 @@ def load_model(source: Source, *, architecture: Any = None,
                      limits, output)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
+
+
+def _absolute(source: Any) -> Any:
+    """`source` for the jail's child, which runs in its own folder: a path made absolute;
+    anything else (bytes, text, a dict of files) as it is."""
+    if isinstance(source, os.PathLike) or isinstance(source, str) and os.path.exists(source):
+        return os.path.abspath(source)
+    return source
 
 
 _ACCEPTED: dict[str, None] = {}

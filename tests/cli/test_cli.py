@@ -527,3 +527,38 @@ def test_scorecard_refuses_a_layer_it_does_not_know(tmp_path, capsys):
     code, _, err = in_process("scorecard", "--model", MODEL, "--data", DATA, "--layers",
                               "nope", "--out", tmp_path / "card.csv", capsys=capsys)
     assert code == 2 and "Unknown layer 'nope'" in err
+
+
+def test_files_given_by_path_go_through_the_jail_and_trust_code_opts_out(tmp_path, capsys):
+    """A collaborator's file arrives by path: a .pt2 whose cost grows with the batch and a
+    tokenizer that aborts are refused by the jail with exit 2 and its message; a data bomb
+    by path too. --trust-code reads your own files in this process."""
+    import time
+
+    from tests.support.hostile import BatchSquareBomb, exported, npz_bomb
+
+    bomb = tmp_path / "bomb.pt2"
+    bomb.write_bytes(exported(BatchSquareBomb()))
+    start = time.perf_counter()
+    assert cli.main(["layers", "--model", str(bomb)]) == 2
+    assert "batch of 256 samples needed more than" in capsys.readouterr().err
+    assert time.perf_counter() - start < 10
+    data = tmp_path / "bomb.npz"
+    data.write_bytes(npz_bomb())
+    assert cli.main(["score", "--model", str(MODEL), "--data", str(data), "--layer", LAYER,
+                     "--out", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    assert "unpacks to" in capsys.readouterr().err
+    jailed = []
+    real = at.inputs.untrusted.jail.run
+    at.inputs.untrusted.jail.run = lambda *args: jailed.append(args[0]) or real(*args)
+    try:
+        assert cli.main(["score", "--model", str(MODEL), "--data", str(DATA), "--layer",
+                         LAYER, "--out", str(tmp_path / "t.csv"), "--quiet",
+                         "--trust-code"]) == 0
+        assert jailed == []
+        assert cli.main(["score", "--model", str(MODEL), "--data", str(DATA), "--layer",
+                         LAYER, "--out", str(tmp_path / "u.csv"), "--quiet"]) == 0
+        assert len(jailed) >= 1  # the data at least (the model may be accepted already)
+    finally:
+        at.inputs.untrusted.jail.run = real
+    assert pd.read_csv(tmp_path / "t.csv").equals(pd.read_csv(tmp_path / "u.csv"))

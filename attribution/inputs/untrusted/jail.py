@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -62,6 +62,10 @@ from .limits import MB
 SERVER_COMMAND = (sys.executable, "-P", "-c",
                   f"import sys; from {__name__} import serve; serve(*sys.argv[1:])")
 """The jail's server, given its scratch folder (and a task to warm up with its files)."""
+WALL_FACTOR = 3.0
+"""A child's wall-clock limit as a multiple of its CPU-time budget: a compute bomb meets the
+CPU limit first; the wall limit stops a child that waits, without refusing a sound file on a
+machine busy with other work."""
 START_SECONDS = 120.0
 """How long the server may take to import torch before a request gives up."""
 BUBBLEWRAP = shutil.which("bwrap")
@@ -72,9 +76,10 @@ _SANDBOX_OPTIONS = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-wi
 # not replaced); the scratch folder is the one writable place, and TMPDIR points there.
 _ARRAY_KINDS = "biufU"  # numbers, booleans and text: what `read_array` accepts
 _MESSAGE_CHARS = 2000
-_OWN_FILES = ("If the file is genuine and yours, load it on your own machine with "
-              "sandbox=False, or raise Limits(first_run_seconds=...) or "
-              "Limits(first_run_memory_bytes=...).")
+_OWN_FILES = ("If the file is genuine and yours, load it on your own machine without the "
+              "jail (sandbox=False; --trust-code on the command line), or raise the budget: "
+              "Limits(first_run_seconds=..., first_run_memory_bytes=...), or "
+              "--first-run-seconds / --first-run-memory-mb.")
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,10 @@ class Task:
         function: "package.module:name" of a function the child calls as
             `function(**payload)`; it returns a dict of JSON facts, whose "arrays" entry (if
             any) maps names to numpy arrays that cross back as `.npy` files.
-        warm_files: paths a server started by `warm_up` loads once with
-            `function(source=path)` before it forks any child, so that every child inherits
-            what a first load imports lazily.
+        warm_files: paths the server loads with `function(source=path)` once, before the
+            task's first child, so that children inherit what a first load imports lazily
+            (torch.export's deserializer takes 1-3 s to import: inside a child it would eat
+            the child's time budget).
     """
 
     function: str
@@ -105,7 +111,9 @@ class Budget:
     """A child's budget, and the words of its refusals.
 
     Attributes:
-        seconds: wall-clock time from the child's fork.
+        seconds: CPU time the child may use (RLIMIT_CPU); it may take `WALL_FACTOR` times
+            as long in wall-clock time from its fork (a busy machine, or a child that only
+            waits), then it is killed.
         memory_bytes: address space above the server's footprint.
         file_bytes: the largest file the child may write (its arrays).
         work: what the child had to do, as a phrase that starts a sentence ("Loading the
@@ -118,6 +126,10 @@ class Budget:
     file_bytes: int
     work: str
     name: str
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.seconds * WALL_FACTOR
 
 
 @dataclass(frozen=True)
@@ -145,12 +157,12 @@ def check(task: Task, payload: dict, budget: Budget) -> Answer:
     return answer
 
 
-def warm_up(task: Task) -> None:
-    """Start the server now, if it is not running, warmed up with `task` (it imports torch
-    and loads the task's warm-up files in the background), e.g. while a visitor chooses
+def warm_up(task: Task, *more_files: str) -> None:
+    """Start the server now, if it is not running, warmed up with `task` and `more_files`
+    (it imports torch and loads them in the background), e.g. while a visitor chooses
     files."""
     with _SERVER.lock:
-        _SERVER.running(warm=task)
+        _SERVER.running(warm=(task, more_files))
 
 
 def isolation() -> str:
@@ -225,7 +237,8 @@ class _Server:
         self.buffer = b""
         self.requests = 0
 
-    def running(self, warm: Optional[Task] = None) -> subprocess.Popen:
+    def running(self, warm: Optional[tuple[Task, tuple[str, ...]]] = None
+                ) -> subprocess.Popen:
         if self.process is None or self.process.poll() is not None:
             self.stop()
             root = str(Path(__file__).resolve().parents[3])  # the folder holding the package
@@ -238,13 +251,14 @@ class _Server:
                 XDG_CACHE_HOME=str(self.scratch / "cache"))
             command = [*SERVER_COMMAND, str(self.scratch)]
             if warm is not None:
-                command += [warm.function, *warm.warm_files]
+                command += [warm[0].function, *warm[0].warm_files, *warm[1]]
             if BUBBLEWRAP and _bubblewrap_works():
                 scratch = str(self.scratch)
                 command = [BUBBLEWRAP, *_SANDBOX_OPTIONS, "--bind", scratch, scratch,
                            "--chdir", root, "--", *command]
             self.process = subprocess.Popen(command, stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, env=env, cwd=root,
+                                            stderr=subprocess.DEVNULL,  # answers carry all
                                             close_fds=True)
             self.ready, self.buffer = False, b""
         return self.process
@@ -252,9 +266,10 @@ class _Server:
     def request(self, task: Task, payload: dict, budget: Budget) -> Answer:
         with self.lock:
             self.requests += 1
-            answer = self._send({"function": task.function, "payload": payload,
-                                 "budget": budget, "folder": str(self.requests)},
-                                budget.seconds + START_SECONDS)
+            answer = self._send({"function": task.function, "warm_files": task.warm_files,
+                                 "payload": payload, "budget": budget,
+                                 "folder": str(self.requests)},
+                                budget.wall_seconds + START_SECONDS)
             folder = self.scratch / str(self.requests)
             try:
                 arrays = {name: read_array(folder / f"{index}.npy", budget.file_bytes)
@@ -340,17 +355,21 @@ def _serve(scratch: str, warm: Optional[str], warm_files: tuple[str, ...]) -> No
     torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
     functions: dict[str, Any] = {}
 
-    def imported(function: str) -> Any:
+    def imported(function: str, files: Sequence[str]) -> Any:
+        """The task's function, its warm-up `files` loaded once (what they import lazily is
+        then imported before any child forks)."""
         if function not in functions:
             module, _, name = function.partition(":")
             functions[function] = getattr(importlib.import_module(module), name)
+            for path in files:
+                try:
+                    functions[function](source=path)
+                except Exception:  # noqa: BLE001 (a warm-up only saves time)
+                    pass
         return functions[function]
 
-    for path in warm_files:  # imports what the task imports lazily, once
-        try:
-            imported(warm)(source=path)
-        except Exception:  # noqa: BLE001 (a warm-up only saves time; children still work)
-            pass
+    if warm is not None:
+        imported(warm, warm_files)
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(b'{"ready": true}\n')
     answers.flush()
@@ -361,7 +380,8 @@ def _serve(scratch: str, warm: Optional[str], warm_files: tuple[str, ...]) -> No
         request = pickle.loads(requests.read(int.from_bytes(header, "little")))
         folder = Path(scratch) / request["folder"]
         folder.mkdir()
-        answer = _run_child(imported(request["function"]), request, folder)
+        answer = _run_child(imported(request["function"], request["warm_files"]), request,
+                            folder)
         answers.write(json.dumps(answer).encode() + b"\n")
         answers.flush()
 
@@ -387,7 +407,7 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
     os.close(write_end)
     chunks, timed_out = [], False
     while True:
-        remaining = started + budget.seconds - time.monotonic()
+        remaining = started + budget.wall_seconds - time.monotonic()
         readable = select.select([read_end], [], [], max(remaining, 0))[0]
         if not readable:
             timed_out = True
@@ -400,10 +420,15 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
     _, status, usage = os.wait4(pid, 0)
     os.close(read_end)
     measured = {"seconds": time.monotonic() - started, "peak_bytes": usage.ru_maxrss * 1024}
-    if timed_out or os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         return dict(measured, message=(
-            f"{budget.work} took longer than {round(budget.seconds, 1):g} s, the time "
-            f"budget of {budget.name}; it was stopped. {_OWN_FILES}"))
+            f"{budget.work} took more than {round(budget.seconds, 1):g} s of computing, the "
+            f"time budget of {budget.name}; it was stopped. {_OWN_FILES}"))
+    if timed_out:
+        return dict(measured, message=(
+            f"{budget.work} took longer than {round(budget.wall_seconds, 1):g} s, "
+            f"{WALL_FACTOR:g} times the time budget of {budget.name}; it was stopped. "
+            f"{_OWN_FILES}"))
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ:
         return dict(measured, message=(
             f"{budget.work} produced more than {budget.file_bytes / MB:,.0f} MB of data; if "
@@ -429,7 +454,7 @@ def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
     if address_space is not None:
         ceiling = address_space + budget.memory_bytes
         resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
-    cpu = math.ceil(budget.seconds) + 1
+    cpu = max(1, math.ceil(budget.seconds))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (budget.file_bytes, budget.file_bytes))
     os.chdir(folder)
