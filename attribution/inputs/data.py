@@ -38,11 +38,16 @@ from ..methods.scores import Progress, neuron_scores
 from .huggingface import TextEncoder, check_padding
 from .loaded import LoadedModel
 from .untrusted import jail
-from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
+from .untrusted.files import (Source, describe_kind, open_path, open_zip, read_source, sniff,
+                              zip_kind)
 from .untrusted.pickles import pickled_size, unpickle
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
+READ_STEP = 1 << 24
+"""Bytes of an array read from a file at a time (16 MB)."""
+FINITE_CHECK_VALUES = 1 << 22
+"""Values checked for NaN and infinity at a time (16 MB of float32)."""
 MAX_ID_CHARACTERS = 1000
 """Longest cluster id accepted (as text every id takes the room of the longest)."""
 KMEANS_RUNS = 4
@@ -241,15 +246,26 @@ def _as_image_shape(value: Any, inputs) -> tuple[int, ...]:
 
 
 def _check_finite(inputs: torch.Tensor, feature_names: Optional[Sequence[str]]) -> None:
-    finite = torch.isfinite(inputs).reshape(inputs.shape[0], -1)
-    if bool(finite.all()):
+    """Refuse NaN or infinite values, checked FINITE_CHECK_VALUES at a time: torch.isfinite
+    on a whole tensor makes temporaries of 1.75x its size."""
+    flat = inputs.flatten(1)
+    step = max(1, FINITE_CHECK_VALUES // flat.shape[1])
+    bad_rows, first = 0, None
+    for start in range(0, flat.shape[0], step):
+        finite = torch.isfinite(flat[start:start + step])
+        if bool(finite.all()):
+            continue
+        bad = (~finite).any(dim=1)
+        if first is None:
+            row = int(bad.nonzero()[0])
+            first = (start + row, int((~finite[row]).nonzero()[0]))
+        bad_rows += int(bad.sum())
+    if first is None:
         return
-    bad_rows = (~finite).any(dim=1).nonzero().flatten()
-    row = int(bad_rows[0])
-    column = int((~finite[row]).nonzero()[0])
+    row, column = first
     where = (f"column {feature_names[column]!r}" if feature_names is not None
              and column < len(feature_names) else f"value {column}")
-    raise AttributionError(f"{len(bad_rows)} sample(s) contain NaN or infinite values (first: "
+    raise AttributionError(f"{bad_rows} sample(s) contain NaN or infinite values (first: "
                            f"row {row}, {where}). Drop or impute them before loading.")
 
 
@@ -439,13 +455,16 @@ def _read_in_jail(source: Union[str, tuple[bytes, str]], max_bytes: Optional[int
                   label, cluster, limit: int, limits: Limits, tokenizer: Optional[dict]) -> dict:
     """In the jail's child: the data file (a path, or bytes and their name) read as
     `load_data` reads it, as plain facts and arrays (`jail.Task`)."""
-    data, name = source if isinstance(source, tuple) else read_source(
-        source, max_bytes=max_bytes, what="data")
+    data, name = source if isinstance(source, tuple) else (
+        open_path(source, max_bytes=max_bytes, what="data"), os.path.basename(source))
     try:
         dataset = _load_data(data, name, features, label, cluster, limit, limits,
                              None if tokenizer is None else TextEncoder.from_plain(tokenizer))
     except MemoryError as error:
         raise out_of_memory(name, error) from None
+    finally:
+        if not isinstance(data, bytes):
+            data.close()
     arrays = {key: _plain_array(getattr(dataset, key)) for key in _FIELDS
               if getattr(dataset, key) is not None}
     facts: dict[str, Any] = {key: None if getattr(dataset, key) is None
@@ -464,9 +483,14 @@ def _plain_array(value: Any) -> np.ndarray:
     return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
-               limits: Limits, tokenizer: Any = None) -> Dataset:
-    kind = sniff(data)
+def _load_data(data: Union[bytes, BinaryIO], name: str, features, label, cluster,
+               limit: int, limits: Limits, tokenizer: Any = None) -> Dataset:
+    """The Dataset in `data`: a file's bytes, or a binary file open on it, from which a
+    .npz or .npy is read entry by entry straight into its arrays (no copy of the file)."""
+    size = len(data) if isinstance(data, bytes) else os.fstat(data.fileno()).st_size
+    kind = sniff(data if isinstance(data, bytes) else _head(data), size)
+    if kind not in ("zip", "npy") and not isinstance(data, bytes):
+        data = data.read()  # parsed whole by its reader anyway
     if kind == "zip":
         archive = open_zip(data, limits)
         kind = zip_kind(archive)
@@ -480,8 +504,13 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
                 budget -= held_bytes(array.size, array.dtype.itemsize)
             return _from_arrays(arrays, features, label, cluster)
     if kind == "npy":
-        return Dataset(inputs=_read_npy(io.BytesIO(data), len(data), name, limit,
-                                        limits.max_decoded_bytes))
+        stream = io.BytesIO(data) if isinstance(data, bytes) else data
+        stream.seek(0)
+        return Dataset(inputs=_shared(_read_npy(stream, size, name, limit,
+                                                limits.max_decoded_bytes)))
+    if not isinstance(data, bytes):  # a zip of another kind: its reader takes bytes
+        data.seek(0)
+        data = data.read()
     if kind in ("torch.save", "pickle"):
         return _from_torch(data, features, label, cluster, limit, limits)
     if kind == "parquet":
@@ -492,6 +521,14 @@ def _load_data(data: bytes, name: str, features, label, cluster, limit: int,
                            tokenizer, limits)
     raise AttributionError(f"{name} is {describe_kind(kind)}, not a data file. Upload .npz, .npy, "
                            ".pt, .csv or .parquet (see demo/README.md for the layouts).")
+
+
+def _head(stream: BinaryIO) -> bytes:
+    """The first 4 KiB of `stream`, for `sniff`; the stream is left at its start."""
+    stream.seek(0)
+    head = stream.read(4096)
+    stream.seek(0)
+    return head
 
 
 def _too_many_rows(n: int, limit: int) -> AttributionError:
@@ -537,15 +574,16 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, budget: int
             f"{budget / MB:,.0f} MB", "max_decoded_bytes"))
     if shape and shape[0] > limit:
         raise _too_many_rows(shape[0], limit)
-    body = bytearray(count * dtype.itemsize)
+    body = bytearray(count * dtype.itemsize)  # filled READ_STEP at a time: a zip entry's
+    view, filled = memoryview(body), 0         # readinto reads the whole entry, then copies
     with reading(f"{name} is truncated or damaged"):
-        filled = stream.readinto(body)
         while filled < len(body):
-            more = stream.readinto(memoryview(body)[filled:])
-            if not more:
+            chunk = stream.read(min(len(body) - filled, READ_STEP))
+            if not chunk:
                 raise AttributionError(f"{name} is truncated: it ends after {filled} of "
                                        f"{len(body)} bytes of data.")
-            filled += more
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
     array = np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     if not dtype.isnative:
         array = array.byteswap(inplace=True).view(dtype.newbyteorder("="))
@@ -613,10 +651,21 @@ def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dat
     def names_of(key: str):
         return None if key not in arrays else [str(v) for v in np.asarray(arrays[key]).ravel()]
 
-    return Dataset(inputs={key: arrays[key] for key in named} if named else arrays[inputs_key],
+    return Dataset(inputs={key: _shared(arrays[key], integers=True) for key in named} if named
+                   else _shared(arrays[inputs_key]),
                    labels=arrays[label_key] if label_key else None, clusters=clusters,
                    feature_names=names_of("feature_names"), class_names=names_of("class_names"),
                    tokens=arrays.get("tokens"), image_shape=image_shape)
+
+
+def _shared(array: np.ndarray, integers: bool = False) -> Any:
+    """An array just read from a file as the tensor the Dataset holds, sharing its memory
+    where it already has the dtype the Dataset keeps (float32; int64 for named inputs, when
+    `integers`): a big file then costs its size once, not twice."""
+    kept = (np.float32, np.int64) if integers else (np.float32,)
+    if array.dtype in kept and array.dtype.isnative and array.flags.writeable:
+        return torch.from_numpy(array)
+    return array
 
 
 def _named_input_keys(arrays: dict, features) -> list[str]:

@@ -148,3 +148,50 @@ def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
     with pytest.raises(at.AttributionError, match="ran in the server's process"):
         at.load_model(accepted)  # parsed here once the jail accepted it
     assert events[:2] == ["jail", "attribution.inputs.loading._model_kind"]
+
+
+LEAN = r"""
+import json, sys
+import attribution as at
+from attribution.inputs.untrusted import jail
+
+def high_water():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
+
+at.load_data(sys.argv[2])  # starts the jail's server
+answers = []
+request = jail._SERVER.request
+jail._SERVER.request = lambda *args: answers.append(request(*args)) or answers[-1]
+before = high_water()
+data = at.load_data(sys.argv[1])
+print(json.dumps({"parent": high_water() - before,
+                  "child": answers[0].peak_bytes - answers[0].start_bytes,
+                  "array": data.inputs.numel() * 4}))
+"""
+
+
+def test_big_data_is_read_lean_in_the_jail_and_handed_back_once(tmp_path):
+    """A 160 MB float32 .npz by path: the jail's child streams each entry into its array
+    and this process reads the array back once, each about 1x the array beyond its own
+    start plus fixed buffers (was about 3.8x: the file's bytes, a copy per reader,
+    torch.isfinite's temporaries)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    path = tmp_path / "big.npz"
+    np.savez(path, inputs=np.random.default_rng(0).random((10_000, 4_000), np.float32),
+             labels=np.arange(10_000) % 10)
+    small = tmp_path / "small.npz"
+    np.savez(small, inputs=np.zeros((4, 3), np.float32))
+    done = subprocess.run([sys.executable, "-c", LEAN, str(path), str(small)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peaks["array"] == 160_000_000
+    allowed = 1.25 * peaks["array"] + 96 * 10 ** 6  # fixed: read and check buffers, malloc
+    assert peaks["parent"] < allowed, peaks  # a copy more would be 2x the array
+    assert peaks["child"] < allowed, peaks

@@ -20,7 +20,7 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, Iterator, Optional, Union
 
 from ...errors import AttributionError, reading
 from .limits import DEFAULT_LIMITS, MAX_UPLOAD_BYTES, MB, Limits, over_budget
@@ -35,12 +35,8 @@ def read_source(source: Source, *, max_bytes: Optional[int] = None, what: str = 
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, name = bytes(source), f"the uploaded {what}"
     elif isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise AttributionError(f"No such {what} file: {path}.")
-        if path.stat().st_size > limit:
-            raise _too_large(path.name, path.stat().st_size, limit)
-        data, name = path.read_bytes(), path.name
+        with open_path(source, max_bytes=max_bytes, what=what) as stream:
+            data, name = stream.read(), Path(source).name
     elif hasattr(source, "getvalue") or hasattr(source, "read"):
         data = source.getvalue() if hasattr(source, "getvalue") else source.read(limit + 1)
         if not isinstance(data, (bytes, bytearray)):
@@ -54,6 +50,22 @@ def read_source(source: Source, *, max_bytes: Optional[int] = None, what: str = 
     if not data:
         raise AttributionError(f"{name} is empty (0 bytes); upload the file again.")
     return data, name
+
+
+def open_path(path: Union[str, os.PathLike], *, max_bytes: Optional[int] = None,
+              what: str = "file") -> BinaryIO:
+    """The file at `path` opened for reading, within the size limit (as `read_source`), for
+    readers that take what they need in steps rather than the whole file at once."""
+    limit = MAX_UPLOAD_BYTES if max_bytes is None else max_bytes
+    path = Path(path)
+    if not path.is_file():
+        raise AttributionError(f"No such {what} file: {path}.")
+    size = path.stat().st_size
+    if size > limit:
+        raise _too_large(path.name, size, limit)
+    if not size:
+        raise AttributionError(f"{path.name} is empty (0 bytes); upload the file again.")
+    return open(path, "rb")
 
 
 def _too_large(name: str, size: int, limit: int) -> AttributionError:
@@ -72,12 +84,14 @@ _MAGIC = (  # (prefix, format) for formats recognised only to explain what they 
 )
 
 
-def sniff(data: bytes) -> str:
-    """The container format of `data` from its first bytes.
+def sniff(data: bytes, size: Optional[int] = None) -> str:
+    """The container format of `data` (a file's bytes, or its first 4 KiB when `size` gives
+    the file's size) from its first bytes.
 
     Returns one of "zip", "pickle", "safetensors", "npy", "parquet", "text", or a phrase such
     as "a PNG image" for a recognised format that is neither a model nor data.
     """
+    size = len(data) if size is None else size
     if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
     if data[:6] == b"\x93NUMPY":
@@ -86,7 +100,7 @@ def sniff(data: bytes) -> str:
         return "parquet"
     if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
         return "pickle"
-    if len(data) > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8:
+    if size > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= size - 8:
         return "safetensors"
     for prefix, description in _MAGIC:
         if data.startswith(prefix):
@@ -96,7 +110,7 @@ def sniff(data: bytes) -> str:
         sample.decode("utf-8")
         return "text"
     except UnicodeDecodeError as error:
-        if error.start >= len(sample) - 3 and len(data) > len(sample):
+        if error.start >= len(sample) - 3 and size > len(sample):
             return "text"  # a multi-byte character cut by the 4 KiB sample
     return "binary"
 
@@ -113,7 +127,33 @@ def describe_kind(kind: str) -> str:
 
 # ---------------------------------------------------------------- zip archives
 
-def zip_entry_names(data: bytes, limits: Optional[Limits] = None) -> list[str]:
+Archive = Union[bytes, BinaryIO]
+"""A zip archive's bytes, or a binary file open on it (read in steps, never whole)."""
+
+
+def _stream(data: Archive) -> BinaryIO:
+    """`data` as a seekable binary stream, without a copy."""
+    return io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+
+
+def _read_at(data: Archive, offset: int, length: int) -> bytes:
+    """At most `length` bytes of `data` from `offset`."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data[offset:offset + length])
+    data.seek(offset)
+    return data.read(length)
+
+
+def _chunks(data: Archive, offset: int, length: int, step: int = 1 << 20) -> Iterator[bytes]:
+    """`length` bytes of `data` from `offset`, `step` bytes at a time (fewer where it ends)."""
+    for start in range(offset, offset + length, step):
+        chunk = _read_at(data, start, min(step, offset + length - start))
+        if not chunk:
+            return
+        yield chunk
+
+
+def zip_entry_names(data: Archive, limits: Optional[Limits] = None) -> list[str]:
     """The entry names of a zip archive, read from its central directory by a bounded parse
     before anything else reads it: entries are counted from the directory itself (the end
     record's count is the file's claim), at most `max_archive_entries`; each name must be
@@ -121,7 +161,7 @@ def zip_entry_names(data: bytes, limits: Optional[Limits] = None) -> list[str]:
     refused."""
     limits = limits or DEFAULT_LIMITS
     with reading("The file looks like a zip archive but is damaged or truncated"):
-        end_record = zipfile._EndRecData(io.BytesIO(data))
+        end_record = zipfile._EndRecData(_stream(data))
     if end_record is None:
         raise AttributionError("The zip archive is damaged or truncated (it has no "
                                "directory); upload the file again.")
@@ -132,19 +172,20 @@ def zip_entry_names(data: bytes, limits: Optional[Limits] = None) -> list[str]:
     if position < 0 or offset > position:
         raise AttributionError("The zip archive's directory lies outside the file; it is "
                                "damaged or crafted. Save the file again.")
+    directory, base = _read_at(data, position, size), position  # within the file's size
     names, stop = [], position + size
     while position < stop:
         if len(names) == limits.max_archive_entries:
             raise AttributionError(over_budget(
                 "The zip archive lists", f"more than {len(names):,} entries",
                 f"{limits.max_archive_entries:,}", "max_archive_entries"))
-        header = data[position:position + zipfile.sizeCentralDir]
+        header = directory[position - base:position - base + zipfile.sizeCentralDir]
         if len(header) < zipfile.sizeCentralDir or header[:4] != zipfile.stringCentralDir:
             raise AttributionError("The zip archive's directory is damaged or truncated; "
                                    "upload the file again.")
         fields = struct.unpack(zipfile.structCentralDir, header)
         start = position + zipfile.sizeCentralDir
-        raw = data[start:start + fields[zipfile._CD_FILENAME_LENGTH]]
+        raw = directory[start - base:start - base + fields[zipfile._CD_FILENAME_LENGTH]]
         try:
             names.append(raw.decode("utf-8" if fields[zipfile._CD_FLAG_BITS] & 0x800
                                     else "cp437"))
@@ -165,16 +206,16 @@ def _normalised(name: str) -> str:
     return posixpath.normpath("/" + name.replace("\\", "/")).lstrip("/")
 
 
-def zip_directory(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+def zip_directory(data: Archive, limits: Optional[Limits] = None) -> zipfile.ZipFile:
     """Python's zipfile on `data`, opened only after the bounded parse of `zip_entry_names`
     accepted its directory (zipfile itself reads every entry the directory holds); no entry
     is read. The one way this package opens a zip it did not write."""
     zip_entry_names(data, limits)
     with reading("The file looks like a zip archive but is damaged or truncated"):
-        return zipfile.ZipFile(io.BytesIO(data))
+        return zipfile.ZipFile(_stream(data))
 
 
-def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
+def open_zip(data: Archive, limits: Optional[Limits] = None) -> zipfile.ZipFile:
     """A checked zip archive: its directory read by a bounded parse (`zip_directory`) and
     the unpacked sizes it declares within `limits` (before any entry is read), then every
     entry inflated once, in 1 MB steps, and refused as soon as it yields more than it
@@ -196,7 +237,7 @@ def open_zip(data: bytes, limits: Optional[Limits] = None) -> zipfile.ZipFile:
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... name length, extra length
 
 
-def _verify_entry(data: bytes, entry: zipfile.ZipInfo) -> None:
+def _verify_entry(data: Archive, entry: zipfile.ZipInfo) -> None:
     """Inflate one entry from the archive's bytes, stopping as soon as it exceeds the size
     it declares; its size and CRC must then match the directory."""
     if entry.flag_bits & 0x1 or entry.compress_type not in (zipfile.ZIP_STORED,
@@ -204,30 +245,34 @@ def _verify_entry(data: bytes, entry: zipfile.ZipInfo) -> None:
         raise AttributionError(f"The zip entry {entry.filename[:80]!r} is encrypted or uses "
                                "a compression other than deflate; save the file again with "
                                "numpy or torch.")
-    fields = _LOCAL_HEADER.unpack_from(data, entry.header_offset)
+    header = _read_at(data, entry.header_offset, _LOCAL_HEADER.size)
+    fields = _LOCAL_HEADER.unpack(header) if len(header) == _LOCAL_HEADER.size else (b"",)
     if fields[0] != b"PK\x03\x04":
         raise AttributionError(f"The zip entry {entry.filename[:80]!r} has no local header; "
                                "the archive is damaged. Upload the file again.")
     start = entry.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
-    packed = memoryview(data)[start:start + entry.compress_size]
-    produced, crc, finished = len(packed), zlib.crc32(packed), len(packed) == entry.file_size
-    if entry.compress_type == zipfile.ZIP_DEFLATED:
-        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-        produced, crc, pending = 0, 0, packed
-        while True:
-            chunk = inflater.decompress(pending, 1 << 20)
-            produced, crc = produced + len(chunk), zlib.crc32(chunk, crc)
+    deflated = entry.compress_type == zipfile.ZIP_DEFLATED
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    packed = produced = crc = 0
+    for chunk in _chunks(data, start, entry.compress_size):  # 1 MB read at a time
+        packed += len(chunk)
+        pending = chunk
+        while pending:
+            out = inflater.decompress(pending, 1 << 20) if deflated else pending
+            produced, crc = produced + len(out), zlib.crc32(out, crc)
             if produced > entry.file_size:
                 raise AttributionError(
                     f"The zip entry {entry.filename[:80]!r} unpacks to more than the "
                     f"{entry.file_size:,} bytes its header declares; the archive is damaged "
                     "or crafted, and was not unpacked further.")
-            pending = inflater.unconsumed_tail
-            if inflater.eof or not (pending or chunk):
+            pending = inflater.unconsumed_tail if deflated else b""
+            if deflated and (inflater.eof or not out):
                 break
-        finished = inflater.eof
-    if len(packed) != entry.compress_size or not finished or produced != entry.file_size \
-            or crc != entry.CRC:
+        if deflated and inflater.eof:
+            break
+    finished = inflater.eof if deflated else produced == entry.file_size
+    if packed != entry.compress_size and not (deflated and inflater.eof) or not finished \
+            or produced != entry.file_size or crc != entry.CRC:
         raise AttributionError(f"The zip archive is damaged (entry {entry.filename[:80]!r} is "
                                "truncated or fails its checksum); upload the file again.")
 

@@ -134,13 +134,16 @@ class Budget:
 
 @dataclass(frozen=True)
 class Answer:
-    """What the child handed back: `message` is None when it succeeded."""
+    """What the child handed back: `message` is None when it succeeded; `peak_bytes` is its
+    peak RSS and `start_bytes` its RSS as its work began (what it inherited from the server),
+    so `peak_bytes - start_bytes` is what the file cost."""
 
     message: Optional[str]
     facts: dict = field(default_factory=dict)
     arrays: dict = field(default_factory=dict)
     seconds: float = 0.0
     peak_bytes: int = 0
+    start_bytes: int = 0
 
 
 def run(task: Task, payload: dict, budget: Budget) -> Answer:
@@ -211,6 +214,7 @@ def read_array(path: Path, max_bytes: int) -> np.ndarray:
 
 _BUBBLEWRAP_WORKS: Optional[bool] = None
 _IN_CHILD = False
+_START_BYTES: Optional[int] = None
 
 
 def _bubblewrap_works() -> bool:
@@ -283,7 +287,7 @@ class _Server:
         message = answer.get("message")
         return Answer(None if message is None else str(message)[:_MESSAGE_CHARS],
                       answer.get("facts") or {}, arrays, float(answer.get("seconds", 0.0)),
-                      int(answer.get("peak_bytes", 0)))
+                      int(answer.get("peak_bytes", 0)), int(answer.get("start_bytes", 0)))
 
     def _send(self, request: dict, timeout: float) -> dict:
         process = self.running()
@@ -398,7 +402,7 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
             try:
                 data = json.dumps(_child(function, request["payload"], budget, folder))
             except BaseException as error:  # noqa: BLE001 (anything the file does is reported)
-                data = json.dumps({"message": _failure(error, budget)})
+                data = json.dumps({"message": _failure(error, budget), **_peaks()})
             data = data.encode()
             while data:
                 data = data[os.write(write_end, data):]
@@ -443,7 +447,7 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
             f"{budget.work} crashed the program (signal "
             f"{os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'none'}); this file cannot "
             "be used here."))
-    return dict(measured, **json.loads(b"".join(chunks)))
+    return dict(measured, **json.loads(b"".join(chunks)))  # with the child's own peak
 
 
 def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
@@ -458,11 +462,13 @@ def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (budget.file_bytes, budget.file_bytes))
     os.chdir(folder)
+    global _START_BYTES
+    _START_BYTES = _status_field("VmHWM", reset=True)  # the peak from here on is its own
     facts = dict(function(**payload))
     arrays = facts.pop("arrays", {}) or {}
     for index, array in enumerate(arrays.values()):
         np.save(folder / f"{index}.npy", np.ascontiguousarray(array), allow_pickle=False)
-    return {"message": None, "facts": facts, "arrays": list(arrays)}
+    return {"message": None, "facts": facts, "arrays": list(arrays), **_peaks()}
 
 
 def _failure(error: BaseException, budget: Budget) -> str:
@@ -478,12 +484,30 @@ def _failure(error: BaseException, budget: Budget) -> str:
     return f"{budget.work} failed ({type(error).__name__}{': ' + first if first else ''})."
 
 
+def _peaks() -> dict:
+    """The child's peak RSS and its RSS as its work began, where known."""
+    peak = _status_field("VmHWM")
+    if peak is None or _START_BYTES is None:
+        return {}
+    return {"peak_bytes": peak, "start_bytes": _START_BYTES}
+
+
 def _address_space() -> Optional[int]:
     """This process's virtual memory size in bytes (Linux), or None where unknown."""
+    return _status_field("VmSize")
+
+
+def _status_field(name: str, reset: bool = False) -> Optional[int]:
+    """A size in bytes from /proc/self/status (Linux), or None where unknown; with `reset`,
+    first restart the peak RSS (VmHWM) from the present RSS, as a fork inherits its
+    parent's peak."""
     try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith("VmSize:"):
+                if line.startswith(name + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
