@@ -59,11 +59,29 @@ deserializer); `warm_up` adds the demo's Hugging Face folder (transformers, seco
 import), for a server that will check uploads for hours."""
 
 
-def _load_in_child(source: Any, **options: Any) -> dict:
-    """`load_model` in the jail's child, then a batch at the size the engine scores with
-    (`DEFAULT_BATCH_SIZE`): batches of 1 and 3 do not show a cost that grows with the batch.
-    The facts it hands back."""
-    loaded = load_model(source, sandbox=False, **options)
+FLOPS_PER_SECOND = 200e9
+"""The compute a first run's time budget stands for, per second: above what one CPU core
+does, so the count refuses only what the timed run could not have seen (a branch the zeros
+of the first run did not take)."""
+
+
+def _load_in_child(source: Any, limits: Limits, **options: Any) -> dict:
+    """`load_model` in the jail's child; then the model's cost at the batch size the engine
+    scores with (`DEFAULT_BATCH_SIZE`), counted over every branch of its `torch.cond`s on
+    fake tensors, and measured by running that batch: batches of 1 and 3 do not show a cost
+    that grows with the batch, nor one behind a branch their zeros do not take. The facts
+    it hands back."""
+    loaded = load_model(source, sandbox=False, limits=limits, **options)
+    flops = batch_flops(loaded, DEFAULT_BATCH_SIZE)
+    if flops is not None and flops > limits.first_run_seconds * FLOPS_PER_SECOND:
+        raise AttributionError(
+            f"The model needs {flops / 1e12:,.2f} TFLOP for a batch of {DEFAULT_BATCH_SIZE} "
+            f"samples, counting every branch it may take, over the "
+            f"{limits.first_run_seconds * FLOPS_PER_SECOND / 1e12:,.2f} TFLOP its first run "
+            f"may stand for ({limits.first_run_seconds:g} s at "
+            f"{FLOPS_PER_SECOND / 1e9:,.0f} GFLOP/s), the time budget of a first run. If it "
+            "is genuine and yours, load it with sandbox=False (--trust-code) or raise "
+            "Limits(first_run_seconds=...) (--first-run-seconds).")
     with eval_mode(loaded.module), torch.no_grad():
         try:
             run_logits(loaded.module, loaded.example_input(DEFAULT_BATCH_SIZE))
@@ -72,6 +90,23 @@ def _load_in_child(source: Any, **options: Any) -> dict:
                 raise
     n_classes = loaded.n_classes
     return {"n_classes": n_classes if isinstance(n_classes, int) else None}
+
+
+def batch_flops(loaded: LoadedModel, batch: int) -> Optional[float]:
+    """FLOPs of one forward of `loaded` on a batch of `batch` samples, counted on fake
+    tensors (nothing is computed or allocated), every branch of a `torch.cond` included; None
+    where the model cannot run on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with eval_mode(loaded.module), torch.no_grad(), \
+                FakeTensorMode(allow_non_fake_inputs=True), \
+                FlopCounterMode(display=False) as counter:
+            run_logits(loaded.module, loaded.example_input(batch))
+    except Exception:  # noqa: BLE001 (data-dependent shapes and the like: the run decides)
+        return None
+    return float(counter.get_total_flops())
 
 
 def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:

@@ -26,7 +26,8 @@ from attribution.inputs.untrusted import jail
 from attribution.inputs.demo import DEMO_DIR
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
 from tests.support import ROOT
-from tests.support.hostile import (TINY, TINY_ARCHITECTURE, BatchSquareBomb, MatmulBomb,
+from tests.support.hostile import (TINY, TINY_ARCHITECTURE, BatchSquareBomb, CondBomb,
+                                   MatmulBomb,
                                    MemoryBomb, conv_bomb,
                                    csv_hiding_columns,
                                    conv_memory_bomb, deep_architecture, exotic_tensor,
@@ -111,7 +112,10 @@ MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message
     ".pt2 compute bomb (20 matmuls of 6000 x 6000)": (lambda: (exported(MatmulBomb()), None),
                                                       "budget of a first run"),
     ".pt2 whose cost grows as the square of the batch": (
-        lambda: (exported(BatchSquareBomb()), None), "batch of 256 samples needed more than"),
+        lambda: (exported(BatchSquareBomb()), None),
+        "TFLOP for a batch of 256|batch of 256 samples needed more than"),
+    ".pt2 whose cost hides behind a torch.cond on the data": (
+        lambda: (exported(CondBomb()), None), "counting every branch it may take"),
     ".pt2 memory bomb (40 GB inside forward)": (lambda: (exported(MemoryBomb()), None),
                                                 "memory budget of a first run|"
                                                 "computes a tensor of 40.00 GB"),

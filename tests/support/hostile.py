@@ -299,6 +299,27 @@ class BatchSquareBomb(nn.Module):
         return self.fc(x) + (big @ big.t()).sum() * 0.0
 
 
+class CondBomb(nn.Module):
+    """A branch on the data (torch.cond): zeros take the light branch; a batch that sums
+    above 100 takes ten products of 4096 x 4096 matrices (1.4 TFLOP)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        def heavy(x):
+            big = x.new_ones(4096, 4096)
+            for _ in range(10):
+                big = big @ big
+            return x + big[:1, :4].sum()
+
+        def light(x):
+            return x * 1.0
+
+        return self.fc(torch.cond(x.sum() > 100, heavy, light, (x,)))
+
+
 class MatmulBomb(nn.Module):
     """A legal aten graph: 20 products of 6000 x 6000 matrices made inside forward."""
 
