@@ -5,7 +5,8 @@ import pytest
 from pages.shared import workspace
 from tests.support.app import (GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, figure, run_app,
                                sidebar_widget, upload)
-from tests.support.hostile import MatmulBomb, exported, pickle_laughs
+from tests.support.hostile import (CondBomb, MatmulBomb, expanding_normalizer, exported,
+                                   pickle_laughs, texts)
 
 
 def counting(monkeypatch, name: str, replacement=None) -> list:
@@ -33,6 +34,12 @@ HOSTILE = {  # name: (loader counted, replacement, model, data, words of the mes
                               GOOD_DATA, "time budget of a first run"),
     "a loader failure that is no AttributionError": ("load_data", broken_loader, GOOD_MODEL,
                                                      GOOD_DATA, "TypeError"),
+    "a cost behind a torch.cond as model": ("load_model", None,
+                                            ("m.pt2", exported(CondBomb()), OCTET), GOOD_DATA,
+                                            "counting every branch it may take"),
+    "a tokenizer whose normalizer explodes on the data": (
+        "load_data", None, ("m.zip", expanding_normalizer(), OCTET),
+        ("d.csv", texts("the movie here", 50), OCTET), "past its memory budget"),
 }
 
 
@@ -56,3 +63,14 @@ def test_a_hostile_upload_is_refused_once_and_the_demo_keeps_working(monkeypatch
     assert_clean(app)
     assert figure(app, "score per cluster")
     assert len(calls) == 1
+
+
+def test_the_model_and_data_page_says_how_uploads_are_isolated():
+    from attribution.inputs.untrusted import jail
+
+    app = run_app()
+    app.switch_page("pages/data.py").run()
+    assert_clean(app)
+    captions = " ".join(caption.value for caption in app.caption)
+    assert "read, and a model first run, in a jail" in captions
+    assert jail.isolation() in captions and "bubblewrap" in captions
