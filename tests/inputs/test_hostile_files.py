@@ -46,6 +46,8 @@ SECONDS = 10.0
 
 # ------------------------------------------------------------------ the corpus
 
+TENSOR_WORDS = {"shadowed": "carries attributes"}  # what a refusal of each kind says
+
 DATA_CASES = {  # name: (builder, regex of the message)
     "npz bomb (2.4 GB in 2.4 MB)": (npz_bomb, "unpacks to"),
     "npz bomb in three 0.8 GB entries": (npz_bomb_in_parts, "unpacks to"),
@@ -80,6 +82,10 @@ DATA_CASES = {  # name: (builder, regex of the message)
     **{f"{kind} tensor in a .pt": ((lambda kind=kind: saved({"inputs": exotic_tensor(kind)})),
                                    "sparse" if kind == "sparse" else kind)
        for kind in ("sparse", "quantized", "meta", "complex")},
+    "tensor whose methods pickled attributes shadow, in a .pt": (
+        lambda: saved({"inputs": exotic_tensor("shadowed")}), "carries attributes"),
+    "bare tensor whose methods pickled attributes shadow": (
+        lambda: saved(exotic_tensor("shadowed")), "carries attributes"),
     **{f"{dtype} array in a .npz": ((lambda dtype=dtype: npz(inputs=np.zeros((2, 2), dtype))),
                                     words)
        for dtype, words in (("complex64", "complex"), ("datetime64[s]", "dates"),
@@ -98,8 +104,8 @@ MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message
     **{f"{kind} tensor in a state dict": ((lambda kind=kind: (state_dict_with(kind),
                                                               json.dumps(TINY_ARCHITECTURE)
                                                               .encode())),
-                                          "sparse" if kind == "sparse" else kind)
-       for kind in ("sparse", "quantized", "meta", "complex")},
+                                          TENSOR_WORDS.get(kind, kind))
+       for kind in ("sparse", "quantized", "meta", "complex", "shadowed")},
     "state dict of 60,000 tensors": (lambda: (many_tensors(),
                                               json.dumps(TINY_ARCHITECTURE).encode()),
                                      "pickle is"),

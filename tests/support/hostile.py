@@ -250,6 +250,9 @@ def exotic_tensor(kind: str) -> torch.Tensor:
         return torch.quantize_per_tensor(values, 0.1, 0, torch.quint8)
     if kind == "meta":
         return torch.ones(4, 4, device="meta")
+    if kind == "shadowed":  # attributes named like methods, set back by the unpickler
+        values.numpy, values.detach = 1, "not callable"
+        return values
     return values.to(torch.complex64)
 
 
@@ -257,6 +260,9 @@ def state_dict_with(kind: str) -> bytes:
     state = dict(TINY.state_dict())
     state["0.weight"] = exotic_tensor(kind)[:3, :4] if kind != "sparse" else \
         torch.ones(3, 4).to_sparse()
+    if kind == "shadowed":  # a slice has no attributes: set them on the weight itself
+        state["0.weight"] = torch.ones(3, 4)
+        state["0.weight"].numpy, state["0.weight"].detach = 1, "not callable"
     return saved(state)
 
 

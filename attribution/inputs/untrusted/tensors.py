@@ -22,7 +22,13 @@ _TENSOR_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.
 
 def check_tensor(tensor: torch.Tensor, what: str) -> None:
     """Refuse, by name, tensors that are not dense CPU numbers (sparse, quantized, meta,
-    nested; complex or exotic dtypes)."""
+    nested; complex or exotic dtypes), and tensors whose pickle set attributes on them (an
+    attribute named like a method, `numpy` or `detach`, would shadow it)."""
+    attributes = sorted(map(str, getattr(tensor, "__dict__", {}) or {}))
+    if attributes:
+        raise AttributionError(
+            f"{what} carries attributes ({', '.join(a[:40] for a in attributes[:5])}); only "
+            "plain tensors are read. Save tensor.detach().clone() instead.")
     if tensor.is_quantized:
         kind = f"quantized ({tensor.dtype})"
     elif tensor.layout != torch.strided:
