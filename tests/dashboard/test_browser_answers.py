@@ -224,7 +224,7 @@ def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neur
     app.page.get_by_text("Sample files").wait_for(timeout=60_000)
     app.upload("Model file", tmp_path / "wide_mlp.pt2")
     app.upload("Data file", tmp_path / "wide_digits.npz")
-    app.page.get_by_text("wide_mlp.pt2 + wide_digits.npz").wait_for(timeout=60_000)
+    app.wait_for_upload("wide_mlp.pt2 + wide_digits.npz")
     app.choose("Layer", "fc1")
     app.page.wait_for_url(re.compile("[?&]layer=fc1(&|$)"), timeout=60_000)
     app.go_to("Neuron scores")

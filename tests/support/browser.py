@@ -123,6 +123,19 @@ class App:
         uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
         idle.wait_for(timeout=120_000)
 
+    def wait_for_upload(self, title: str, timeout_s: float = 180) -> None:
+        """Wait until the uploaded files are in use (the page names them as `title`); if the
+        page refuses them instead, fail with its message and a screenshot. The jail reads
+        both files first, on a server that may still be importing transformers for its
+        warm-up while earlier sessions' runs finish: minutes on a busy machine, not seconds."""
+        named = self.page.get_by_text(title)
+        refused = self.page.get_by_text("These files could not be used")
+        named.or_(refused).first.wait_for(timeout=timeout_s * 1000)
+        if not named.count():
+            self.screenshot("upload-refused")
+            raise AssertionError("the upload was refused: " + " | ".join(
+                self.page.get_by_test_id("stAlertContainer").all_inner_texts()))
+
     def wait_for_text(self, text: str, timeout_s: float = 60) -> None:
         self.page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
 
