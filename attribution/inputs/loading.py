@@ -65,7 +65,7 @@ does, so the count refuses only what the timed run could not have seen (a branch
 of the first run did not take)."""
 
 
-def _load_in_child(source: Any, limits: Limits, **options: Any) -> dict:
+def _load_in_child(source: Any, limits: Limits = DEFAULT_LIMITS, **options: Any) -> dict:
     """`load_model` in the jail's child; then the model's cost at the batch size the engine
     scores with (`DEFAULT_BATCH_SIZE`), counted over every branch of its `torch.cond`s on
     fake tensors, and measured by running that batch: batches of 1 and 3 do not show a cost

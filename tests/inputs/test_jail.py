@@ -195,3 +195,11 @@ def test_big_data_is_read_lean_in_the_jail_and_handed_back_once(tmp_path):
     allowed = 1.25 * peaks["array"] + 96 * 10 ** 6  # fixed: read and check buffers, malloc
     assert peaks["parent"] < allowed, peaks  # a copy more would be 2x the array
     assert peaks["child"] < allowed, peaks
+
+
+def test_the_servers_warm_up_loads_each_file_as_the_server_calls_it():
+    """The server loads a task's warm-up files with `function(source=path)` and ignores a
+    failure (a warm-up only saves time), so a signature that needs more would silently leave
+    every child to import torch.export's deserializer inside its own time budget."""
+    for path in (*loading.FIRST_RUN.warm_files, str(DEMO_DIR / "text_classifier")):
+        assert loading._load_in_child(source=path)["n_classes"] in (2, 10)
