@@ -389,10 +389,7 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     limits = limits or DEFAULT_LIMITS
     if sandbox is False:
         data, name = read_source(source, max_bytes=max_bytes, what="data")
-        try:
-            dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
-        except MemoryError as error:
-            raise out_of_memory(name, error) from None
+        dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
     else:  # a path is read by the jail's child: its bytes never enter this process
         if not isinstance(source, (str, os.PathLike)):
             source = read_source(source, max_bytes=max_bytes, what="data")
@@ -455,16 +452,13 @@ def _read_in_jail(source: Union[str, tuple[bytes, str]], max_bytes: Optional[int
                   label, cluster, limit: int, limits: Limits, tokenizer: Optional[dict]) -> dict:
     """In the jail's child: the data file (a path, or bytes and their name) read as
     `load_data` reads it, as plain facts and arrays (`jail.Task`)."""
-    data, name = source if isinstance(source, tuple) else (
-        open_path(source, max_bytes=max_bytes, what="data"), os.path.basename(source))
-    try:
-        dataset = _load_data(data, name, features, label, cluster, limit, limits,
-                             None if tokenizer is None else TextEncoder.from_plain(tokenizer))
-    except MemoryError as error:
-        raise out_of_memory(name, error) from None
-    finally:
-        if not isinstance(data, bytes):
-            data.close()
+    encoder = None if tokenizer is None else TextEncoder.from_plain(tokenizer)
+    if isinstance(source, tuple):
+        dataset = _load_data(*source, features, label, cluster, limit, limits, encoder)
+    else:
+        with open_path(source, max_bytes=max_bytes, what="data") as stream:
+            dataset = _load_data(stream, os.path.basename(source), features, label, cluster,
+                                 limit, limits, encoder)
     arrays = {key: _plain_array(getattr(dataset, key)) for key in _FIELDS
               if getattr(dataset, key) is not None}
     facts: dict[str, Any] = {key: None if getattr(dataset, key) is None
@@ -485,6 +479,16 @@ def _plain_array(value: Any) -> np.ndarray:
 
 def _load_data(data: Union[bytes, BinaryIO], name: str, features, label, cluster,
                limit: int, limits: Limits, tokenizer: Any = None) -> Dataset:
+    """The Dataset in `data` (`_parse_data`), running out of memory as a message with the
+    size that was asked for."""
+    try:
+        return _parse_data(data, name, features, label, cluster, limit, limits, tokenizer)
+    except MemoryError as error:
+        raise out_of_memory(name, error) from None
+
+
+def _parse_data(data: Union[bytes, BinaryIO], name: str, features, label, cluster,
+                limit: int, limits: Limits, tokenizer: Any = None) -> Dataset:
     """The Dataset in `data`: a file's bytes, or a binary file open on it, from which a
     .npz or .npy is read entry by entry straight into its arrays (no copy of the file)."""
     size = len(data) if isinstance(data, bytes) else os.fstat(data.fileno()).st_size
