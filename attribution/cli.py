@@ -44,7 +44,7 @@ from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
 from .engine import model_io
 from .engine.layers import resolve_layer
-from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
+from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
 from .inputs.loading import load_model
 from .inputs.untrusted.files import sniff
@@ -57,7 +57,7 @@ from .analyses.settings import (AnalysisSettings, default_cluster_source, defaul
 from .presentation.report import collect_report, csv_text, render_report, report_csvs
 from .methods.scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
 from .engine.runners import LAYER_KEYS
-from .inputs.streaming import NpyRows
+from .inputs.streaming import NpyRows, read_per_sample
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 NO_CLUSTERS = "none"  # --clusters none: every sample in one cluster "all"
@@ -435,7 +435,8 @@ def load_problem(args) -> Problem:
 
 
 def _streamed_problem(args, model: LoadedModel) -> Problem:
-    rows = NpyRows(args.data, batch_size=args.batch_size)
+    rows = NpyRows(args.data, batch_size=args.batch_size, sandbox=not args.trust_code,
+                   limits=limits_from(args))
     if tuple(rows.shape[1:]) != tuple(model.input_shape) and not (  # or token ids [N, T]
             model.input_names and len(rows.shape) == 1 + len(model.input_shape)):
         expected = ", ".join(map(str, model.input_shape))
@@ -449,14 +450,14 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     n = rows.shape[0]
     labels = clusters = None
     if args.labels is not None:
-        labels = data_module.as_labels(_small_npy(args.labels, "labels", limits_from(args)), n)
+        labels = data_module.as_labels(_per_sample(args, args.labels, "labels"), n)
         try:  # a regression head's are its true values
             labels = labels.float() if model.n_classes == 1 else \
                 data_module.class_ids(labels, model.n_classes)
         except AttributionError as error:
             raise AttributionError(f"{args.labels}: {error}") from None
     if args.cluster_ids is not None:
-        clusters = _small_npy(args.cluster_ids, "cluster ids", limits_from(args))
+        clusters = _per_sample(args, args.cluster_ids, "cluster ids")
         if clusters.shape != (n,) or clusters.dtype.kind not in "biuUS":
             raise AttributionError(f"{args.cluster_ids} must hold one integer or text cluster "
                                    f"id per sample, shape [{n}]; it has shape "
@@ -465,25 +466,10 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
     return Problem(model, rows, labels, clusters, model.class_names, args.image_shape)
 
 
-def _small_npy(path: Path, what: str, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
-    """A .npy of per-sample values (labels, cluster ids, one's own scores), read whole once
-    its header's size is within `limits.max_decoded_bytes` (it is mapped, not read, until
-    then: a header may claim any size)."""
-    try:
-        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise AttributionError(f"No such {what} file: {path}.") from None
-    except (ValueError, OSError, EOFError) as error:
-        raise AttributionError(f"{path} is not a readable .npy file of {what} ({error}); save "
-                               "it with numpy.save.") from None
-    if not isinstance(mapped, np.ndarray):
-        raise AttributionError(f"{path} is not a .npy file of {what}; save one array with "
-                               "numpy.save.")
-    if mapped.nbytes > limits.max_decoded_bytes:
-        raise AttributionError(over_budget(
-            f"The {what} file holds", f"{mapped.nbytes / MB:,.0f} MB",
-            f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
-    return np.array(mapped)
+def _per_sample(args, path: Path, what: str) -> np.ndarray:
+    """The .npy of per-sample values at `path` (`streaming.read_per_sample`: read in the jail
+    unless --trust-code)."""
+    return read_per_sample(path, what, limits_from(args), sandbox=not args.trust_code)
 
 
 def cluster_source_of(args, problem: Problem) -> str:
@@ -845,8 +831,8 @@ def run_diagnose(args) -> int:
         if clusters is None:
             raise AttributionError("--cluster needs clusters: choose a --clusters source.")
         focus = cluster_id(args.cluster, clusters)
-    user_scores = None if args.user_scores is None else _small_npy(
-        args.user_scores, "user scores", limits_from(args))
+    user_scores = None if args.user_scores is None else _per_sample(
+        args, args.user_scores, "user scores")
     with ProgressBar("diagnose", args.quiet) as bar:
         findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
                             args.method, clusters, cluster=focus, reduce=args.reduce,

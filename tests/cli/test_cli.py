@@ -137,6 +137,46 @@ def test_score_streams_npy_files_to_the_same_table(tmp_path, demo, capsys):
                                   rtol=1e-6, atol=1e-9)
 
 
+def test_streamed_npy_files_are_parsed_only_in_the_jail(tmp_path, demo, capsys, monkeypatch):
+    """--data, --labels, --cluster-ids and --user-scores as .npy: with every .npy header
+    reader patched to fail on them in this process, the command line still gives what
+    --trust-code gives (it parses them here, and so now fails): the jail read them."""
+    _, dataset = demo
+    files = {"inputs": dataset.inputs.numpy(), "labels": dataset.labels.numpy(),
+             "clusters": dataset.clusters.astype("S"),
+             "scores": np.random.default_rng(0).random(16)}
+    for name, values in files.items():
+        np.save(tmp_path / f"{name}.npy", values)
+    streamed = ("--model", MODEL, "--layer", LAYER, "--data", tmp_path / "inputs.npy",
+                "--labels", tmp_path / "labels.npy", "--cluster-ids", tmp_path / "clusters.npy")
+    score = ("score", *streamed, "--method", "gradient", "--clusters", "provided")
+    diagnose = ("diagnose", *streamed, "--method", "gradient", "--n-random", "2",
+                "--user-scores", tmp_path / "scores.npy")
+    runs, codes = {"trusted.csv": score, "trusted.json": diagnose}, {}
+    for out, run in runs.items():  # diagnose exits 1 when it finds the scores degenerate
+        codes[out], _, err = in_process(*run, "--trust-code", "--out", tmp_path / out,
+                                        capsys=capsys)
+        assert codes[out] in (0, 1) and (tmp_path / out).exists(), err
+
+    def refuse_ours(reader):
+        def read(stream, *args, **kwargs):
+            if str(tmp_path) in str(getattr(stream, "name", stream)):
+                raise AssertionError(f"{reader.__name__} parsed a user's file here")
+            return reader(stream, *args, **kwargs)
+        return read
+
+    for name in ("read_magic", "read_array_header_1_0", "read_array_header_2_0"):
+        monkeypatch.setattr(np.lib.format, name, refuse_ours(getattr(np.lib.format, name)))
+    monkeypatch.setattr(np, "load", refuse_ours(np.load))
+    for out, run in runs.items():
+        jailed = tmp_path / out.replace("trusted", "jailed")
+        code, _, err = in_process(*run, "--out", jailed, capsys=capsys)
+        assert code == codes[out], err
+        assert jailed.read_text() == (tmp_path / out).read_text()
+        code, _, err = in_process(*run, "--trust-code", "--out", jailed, capsys=capsys)
+        assert code == 3 and "parsed a user's file here" in err
+
+
 def test_a_model_of_token_ids_from_file_and_streamed(tmp_path, capsys):
     _, ids, labels = token_files(tmp_path)
     np.save(tmp_path / "ids.npy", ids.numpy())

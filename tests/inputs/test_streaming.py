@@ -7,7 +7,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
 from attribution.methods.scores import cluster_codes, cluster_statistics, on_device, score_batches
-from attribution.inputs.streaming import NpyRows
+from attribution.inputs.streaming import NpyRows, read_per_sample
+from attribution.inputs.untrusted.limits import Limits
 
 from tests.support.models import build
 
@@ -108,8 +109,11 @@ def test_npy_rows_reads_big_endian_files(tmp_path):
     (None, "truncated"),
     ("fortran", "C order"),
     ("objects", "numeric array"),
+    ("nested", "not a valid .npy"),
 ])
-def test_npy_rows_refuses_bad_files(tmp_path, content, message):
+@pytest.mark.parametrize("sandbox", [None, False], ids=["jail", "here"])
+def test_npy_rows_refuses_bad_files(tmp_path, content, message, sandbox):
+    """The same refusal whether the header is read in the jail (the default) or here."""
     path = tmp_path / "bad.npy"
     if content is None:
         np.save(path, np.zeros((50, 4), dtype=np.float32))
@@ -118,15 +122,47 @@ def test_npy_rows_refuses_bad_files(tmp_path, content, message):
         np.save(path, np.asfortranarray(np.zeros((5, 4))))
     elif content == "objects":
         np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    elif content == "nested":  # a header numpy's literal parser recurses into
+        header = ("{'descr': '<f4', 'fortran_order': False, 'shape': "
+                  + "(" * 3000 + ")" * 3000 + "}").encode()
+        path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
     else:
         path.write_bytes(content)
     with pytest.raises(at.AttributionError, match=message):
-        NpyRows(path)
+        NpyRows(path, sandbox=sandbox)
 
 
-def test_missing_npy_file_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("sandbox", [None, False], ids=["jail", "here"])
+def test_missing_npy_file_is_a_clear_error(tmp_path, sandbox):
     with pytest.raises(at.AttributionError, match="Cannot read"):
-        NpyRows(tmp_path / "absent.npy")
+        NpyRows(tmp_path / "absent.npy", sandbox=sandbox)
+
+
+def test_npy_rows_that_shrink_after_their_header_was_read_are_an_error(tmp_path):
+    path = tmp_path / "rows.npy"
+    np.save(path, np.zeros((50, 4), dtype=np.float32))
+    rows = NpyRows(path, batch_size=8)
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(at.AttributionError, match="ended early"):
+        list(rows)
+
+
+@pytest.mark.parametrize("sandbox", [None, False], ids=["jail", "here"])
+def test_per_sample_files_are_read_whole_as_numbers_or_text(tmp_path, sandbox):
+    np.save(tmp_path / "ids.npy", np.array([b"even", b"odd", b"even"]))
+    np.save(tmp_path / "labels.npy", np.arange(3))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "big.npy", np.zeros(1000))
+    ids = read_per_sample(tmp_path / "ids.npy", "cluster ids", sandbox=sandbox)
+    assert ids.dtype.kind == "U" and list(ids) == ["even", "odd", "even"]
+    np.testing.assert_array_equal(read_per_sample(tmp_path / "labels.npy", "labels",
+                                                  sandbox=sandbox), np.arange(3))
+    for name, message in (("objects.npy", "not a readable .npy file of labels"),
+                          ("absent.npy", "No such labels file"),
+                          ("big.npy", "over the limit of 0 MB.*max-decoded-mb")):
+        with pytest.raises(at.AttributionError, match=message):
+            read_per_sample(tmp_path / name, "labels", sandbox=sandbox,
+                            limits=Limits(max_decoded_bytes=4000))
 
 
 def test_labels_need_labelled_batches(case):
