@@ -3,6 +3,7 @@ child, which hands back plain data; bubblewrap where it works, a plain child und
 limits where it does not, and the same budgets on both."""
 import io
 import socket
+import threading
 import zipfile
 
 import numpy as np
@@ -62,6 +63,18 @@ def test_the_jail_cuts_off_writes_and_the_network_where_bubblewrap_runs(isolatio
     else:  # the fallback says what it does not do
         assert answer.facts == {"wrote": True, "reached": True}
         assert "not cut off from the network and the file system" in jail.isolation()
+
+
+def test_the_server_outlives_the_thread_that_started_it(isolation):
+    """Streamlit runs each script run in its own thread: a server started by one run (the
+    Model & data page's warm-up) serves the next upload, not a fresh one (bubblewrap's
+    --die-with-parent signals when the starting *thread* ends)."""
+    starter = threading.Thread(target=lambda: jail.check(task("arrays"), {}, BUDGET))
+    starter.start()
+    starter.join()
+    server = jail._SERVER.process
+    assert jail.check(task("arrays"), {}, BUDGET).facts == {"n": 3}
+    assert jail._SERVER.process is server and server.poll() is None
 
 
 def test_memory_and_time_budgets_hold_in_both(isolation):

@@ -36,6 +36,7 @@ request runs at a time, so uploads cannot multiply the budget. POSIX only (fork,
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import importlib
 import json
 import math
@@ -260,10 +261,10 @@ class _Server:
                 scratch = str(self.scratch)
                 command = [BUBBLEWRAP, *_SANDBOX_OPTIONS, "--bind", scratch, scratch,
                            "--chdir", root, "--", *command]
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, env=env, cwd=root,
-                                            stderr=subprocess.DEVNULL,  # answers carry all
-                                            close_fds=True)
+            self.process = _LAUNCHER.submit(
+                subprocess.Popen, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env=env, cwd=root, stderr=subprocess.DEVNULL,  # answers carry all
+                close_fds=True).result()
             self.ready, self.buffer = False, b""
         return self.process
 
@@ -335,6 +336,13 @@ class _Server:
             self.scratch = None
 
 
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="jail-launcher")
+"""The one thread that starts the server, alive as long as this process: bubblewrap's
+--die-with-parent kills the server when the *thread* that started it ends (the kernel's
+parent-death signal is per thread), and Streamlit runs every script run in a thread of its
+own, so a server started by a page would die with that run and start again, 2-4 s, on the
+next upload."""
 _SERVER = _Server()
 atexit.register(_SERVER.stop)
 
