@@ -209,10 +209,11 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log: Path,
 
 @contextmanager
 def streamlit_server(log_name: str, entry_point: str = "make run",
-                     app_arguments: tuple[str, ...] = ()) -> Iterator[Server]:
+                     app_arguments: tuple[str, ...] = (), root: Path = ROOT) -> Iterator[Server]:
     """The dashboard on a free port, started by `entry_point` (a key of ENTRY_POINTS) with
-    `app_arguments` after `--`; its output in test-artifacts/<log_name>. `started` is when
-    the process was launched."""
+    `app_arguments` after `--`, in `root` (another checkout's app.py and package, for
+    "before" figures); its output in test-artifacts/<log_name>. `started` is when the
+    process was launched."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
     url = f"http://localhost:{port}"
@@ -222,7 +223,7 @@ def streamlit_server(log_name: str, entry_point: str = "make run",
         started = time.monotonic()
         process = subprocess.Popen(
             ENTRY_POINTS[entry_point] + flags + (["--", *app_arguments] if app_arguments else []),
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until_healthy(url, process, log_path)
             yield Server(url, started, process)
