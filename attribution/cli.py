@@ -48,7 +48,7 @@ from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
 from .inputs.loading import load_model
 from .inputs.untrusted.files import sniff
-from .methods.registry import METHODS
+from .methods.registry import MAX_STEPS_FACTOR, METHODS, REGISTRY, SUM_TOLERANCE
 from .analyses.prune import REMOVALS, prune, save_pt2
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary, model_metric
 from .analyses import settings as analysis
@@ -690,10 +690,33 @@ def run_score(args) -> int:
                 batch_size=args.batch_size, n_steps=args.n_steps, progress=bar,
                 seed=args.seed, per_sample=per_sample)
         _say_fit(args, method, statistics.layer)
-        parts.append(tidy_scores(statistics.frame(args.reduce), method))
+        tidy = tidy_scores(statistics.frame(args.reduce), method)
+        if statistics.sum_counts is not None:
+            missing = dict(zip(statistics.ids, statistics.sum_counts[:, 2].long().tolist()))
+            tidy["sum_missing"] = tidy["cluster"].map(missing)
+            _say_sums(args, method, statistics.sum_counts.sum(0))
+        parts.append(tidy)
     if _is_writer():
         write_table(pd.concat(parts, ignore_index=True), args.out)
     return EXIT_OK
+
+
+def _say_sums(args, method: str, totals: torch.Tensor) -> None:
+    """Print a path method's sum check (`SUM_COLUMNS` totals: checked, refined, missing) on
+    stderr: its table's sum_missing column counts the samples that miss, per cluster."""
+    if args.quiet or not _is_writer():
+        return
+    checked, refined, missing = (int(value) for value in totals.tolist())
+    target = REGISTRY[method].sums_to
+    more = (f"; {refined} took more than the {args.n_steps} steps asked for" if refined
+            else "")
+    if missing:
+        said = (f"{missing} of {checked} samples' scores miss {target} by more than "
+                f"{SUM_TOLERANCE:.0%} after up to {MAX_STEPS_FACTOR}x --n-steps (column "
+                "sum_missing); raise --n-steps")
+    else:
+        said = f"every sample's scores sum to {target} within {SUM_TOLERANCE:.0%}{more}"
+    print(f"{method}: {said}.", file=sys.stderr)
 
 
 def _ks(text: str) -> Optional[list[int]]:

@@ -70,6 +70,13 @@ for method in s.methods:
         note, usable = fit
         (st.info if usable else st.warning)(f"{plots.method_label(method)}: {note}",
                                             icon=":material/model_training:")
+    summed = ctx.sum_finding(method)
+    if summed is not None:
+        message, hint = summed.words(screen=True)
+        if summed.severity == "ok":
+            st.caption(message)
+        else:
+            st.warning(f"{message} {hint}", icon=":material/functions:")
 
 summaries = pd.concat([plots.neuron_summary(per_sample[m][ctx.focus], s.reduce, m)
                        for m in s.methods], ignore_index=True)

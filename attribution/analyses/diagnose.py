@@ -29,6 +29,13 @@ several clusters every check runs on each and reports the worst. Value measured;
   magnitude's 0.27 there; random is 0), if a random ranking agrees as well with p > 0.05
   (with 16 neurons, rho under about 0.43), or if the correlation does not exist; else
   warning.
+- incomplete_integral (integrated_gradients, conductance: `Method.sums_to`): the largest
+  share by which a sample's scores, summed over the layer, miss the difference they
+  integrate (F(z) - F(0) at the layer; F(x) - F(0) at the inputs), after the engine doubled
+  the steps of every sample that missed by more than 1% (up to 16x `n_steps`). Warning if a
+  sample still misses by more than 1%. Conductance's sum applies only where the layer
+  carries every path from the input (run from the zero input with the layer's output of x,
+  the model gives F(x)); other samples are counted, not checked.
 - suspicious_gradient_capture: relative error of the user's scores vs the engine's. Problem if
   > 1e-3 (float32 reassociation differences stay far below); known bug patterns are named.
 
@@ -62,7 +69,7 @@ from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman
 from ..methods.passes import LayerPass, check_targets, on_device
-from ..methods.registry import REGISTRY, method_label
+from ..methods.registry import REGISTRY, SUM_TOLERANCE, SumCheck, method_label, sum_check
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
@@ -73,7 +80,8 @@ from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_red
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
-          "not_better_than_random", "disagrees_with_ablation", "suspicious_gradient_capture")
+          "not_better_than_random", "disagrees_with_ablation", "incomplete_integral",
+          "suspicious_gradient_capture")
 PRECISION = 1e3 * float(np.finfo(np.float32).eps)  # ~1.2e-4: float32 rounding, with headroom
 CANCELLATION_WARNING, CANCELLATION_PROBLEM = 0.5, 0.2
 SHARE_WARNING = 0.01
@@ -204,8 +212,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         batch_size, n_steps, device: as in `neuron_scores`.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
-        One `Finding` per check in `CHECKS` order; suspicious_gradient_capture only when
-        user_scores is given; only non_finite when the logits or scores are not finite. The
+        One `Finding` per check in `CHECKS` order; incomplete_integral only for a method
+        whose scores have a sum to check (`Method.sums_to`), suspicious_gradient_capture only
+        when user_scores is given; only non_finite when the logits or scores are not finite. The
         not_better_than_random finding carries the pruning curve it rests on (`curve`): the
         cluster's `reduce` scores ranking its neurons, `metric` on its samples.
     """
@@ -234,9 +243,10 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         if progress is not None:
             progress(fraction, list(findings))
 
+    about: dict = {}  # a path method's sum check
     scores = fitted_scores if fitted_scores is not None else neuron_scores(
         model, layer, x, targets, method,  # from the first batch on
-        progress=lambda fraction: report(0.2 * fraction, []), **options).numpy()
+        progress=lambda fraction: report(0.2 * fraction, []), about=about, **options).numpy()
     logits = _logits(model, x, batch_size)
     report(0.2, [])
     if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):
@@ -279,6 +289,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
     findings.append(_worst(curve_checks, groups, labelled))
     findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
+    checked = sum_check(about, n_steps)
+    if checked is not None:
+        findings.append(integral_finding(checked, method, n_steps))
     if user_scores is not None:
         findings.append(_capture(user_scores, scores, method))
     report(1.0, findings)
@@ -650,6 +663,37 @@ def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
         prefix += f" (least good of {len(results)} clusters, all ok)"
     return replace(finding, message=f"{prefix}: {finding.message}",
                    screen_message=f"{prefix}: {finding.words(screen=True)[0]}")
+
+
+def integral_finding(checked: SumCheck, method: str, n_steps: int) -> Finding:
+    """incomplete_integral: do the path method's scores of each sample sum to the difference
+    they integrate (`Method.sums_to`), after the engine took more steps where they did not
+    (`registry.sum_check` of the scores' `about`)? Value: the largest miss, as a share of
+    that difference. Also what the scores page says under a path method's scores."""
+    target = REGISTRY[method].sums_to
+    tolerance = f"{SUM_TOLERANCE:.0%}"
+    bypassed = (f" For {checked.n_bypassed} sample(s) a path bypasses the layer (its output "
+                "does not carry all of the input's effect), so the sum does not apply and is "
+                "not checked." if checked.n_bypassed else "")
+    if checked.n_missing:
+        return _finding(
+            "incomplete_integral", "warning",
+            f"For {checked.n_missing} of {checked.n_samples} samples the «method={method}» "
+            f"scores miss {target} by more than {tolerance} (by up to {checked.worst:.1%}) "
+            f"after up to {checked.most_steps} integration steps: their integral is "
+            "inaccurate." + bypassed,
+            checked.worst, f"Raise n_steps (--n-steps on the command line; it is "
+            f"{n_steps}): the engine doubles a sample's steps up to 16 times that while its "
+            "sum misses.")
+    if not checked.n_samples:
+        return _finding("incomplete_integral", "ok",
+                        f"No sample's «method={method}» scores have a sum to check." + bypassed,
+                        0.0)
+    refined = (f" ({checked.n_refined} of them took more than the {n_steps} steps asked for, "
+               f"up to {checked.most_steps})" if checked.n_refined else "")
+    return _finding("incomplete_integral", "ok",
+                    f"Every sample's «method={method}» scores sum to {target} within "
+                    f"{tolerance}{refined}." + bypassed, checked.worst)
 
 
 def _neuron_list(indices: np.ndarray, shown: int = 8, noun: str = "neuron") -> str:

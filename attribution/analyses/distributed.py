@@ -34,9 +34,10 @@ from ..errors import AttributionError
 from ..methods.passes import on_device, resolve_device
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
-from ..methods.scores import (ClusterStatistics, Inputs, Progress, Targets, cluster_codes,
-                              find_cluster, cluster_statistics as shard_statistics, fit_method,
-                              n_samples)
+from ..methods.registry import REGISTRY
+from ..methods.scores import (SUM_COLUMNS, ClusterStatistics, Inputs, Progress, Targets,
+                              cluster_codes, find_cluster, cluster_statistics as shard_statistics,
+                              fit_method, n_samples)
 from ..engine.runners import LAYER_KEYS
 
 
@@ -178,6 +179,12 @@ def _reduce_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def _added(one: Optional[torch.Tensor], other: Optional[torch.Tensor]
+           ) -> Optional[torch.Tensor]:
+    """The sum of two shards' counts, either of which may be None (not counted)."""
+    return other if one is None else one if other is None else one + other
+
+
 def all_reduce_sum(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:
     """Element-wise sums of `tensors` over all ranks (the inputs are left as they were)."""
     if rank_and_size(group)[1] == 1:
@@ -241,7 +248,7 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
                     on_batch=write, fitted=fitted)
                 statistics = part if statistics is None else ClusterStatistics(
                     ids, *(a + b for a, b in zip(statistics.tensors(), part.tensors())),
-                    part.layer)
+                    part.layer, _added(statistics.sum_counts, part.sum_counts))
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
         if part_path is not None:
@@ -253,8 +260,14 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         zeros = torch.zeros((len(ids),) + trailing, dtype=torch.float64)
         statistics = ClusterStatistics(ids, torch.zeros(len(ids), dtype=torch.float64),
                                        zeros, zeros.clone(), zeros.clone())
-    statistics = ClusterStatistics(ids, *all_reduce_sum(list(statistics.tensors()), group),
-                                   statistics.layer)
+    sum_counts = None  # a path method's sum check, counted on every rank (zeros: no shard)
+    if REGISTRY[method].sums_to is not None:
+        sum_counts = (statistics.sum_counts if statistics.sum_counts is not None
+                      else torch.zeros((len(ids), len(SUM_COLUMNS)), dtype=torch.float64))
+    totals = all_reduce_sum(list(statistics.tensors())
+                            + ([sum_counts] if sum_counts is not None else []), group)
+    statistics = ClusterStatistics(ids, *totals[:4], statistics.layer,
+                                   totals[4] if sum_counts is not None else None)
     if per_sample is not None:
         shape = (int(statistics.counts.sum().item()),) + trailing
         error = None

@@ -41,7 +41,7 @@ from ..methods.registry import REGISTRY
 
 CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
-          "disagrees_with_ablation")
+          "disagrees_with_ablation", "incomplete_integral")
 """Every check, in the order their findings are listed as notes."""
 BROKEN = ("suspicious_gradient_capture", "non_finite", "constant_scores")
 """Checks whose problem means no ranking was computed worth judging (first flagged decides)."""
@@ -111,6 +111,8 @@ CHECK_NAMES = {  # check -> (name when it passed, name when it flagged something
                                "The ranking is not shown to beat random removal"),
     "disagrees_with_ablation": ("The ranking matches removing each neuron (exact ablation)",
                                 "The ranking does not clearly match exact ablation"),
+    "incomplete_integral": ("Each sample's scores sum to what they integrate",
+                            "Some samples' integrals miss their sum"),
     "suspicious_gradient_capture": ("Your own scores match the engine's",
                                     "Your own scores differ from the engine's"),
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -45,6 +45,8 @@ class Batch:
         codes: for a method fitted to clusters (`Method.fit`), the cluster index of each
             sample [B] (int64, on the CPU) among the ids it was fitted to; else None.
         fitted: what that method's `fit` returned; else None.
+        notes: a dict the method fills with per-sample facts about its scores, if given:
+            a path method's sum check (`SUM_KEYS`).
     """
 
     runner: LayerRunner
@@ -56,6 +58,7 @@ class Batch:
     max_rows: int
     codes: Optional[torch.Tensor] = None
     fitted: Any = None
+    notes: Optional[dict] = None
 
 
 ScoringFunction = Callable[[Batch], torch.Tensor]
@@ -103,6 +106,9 @@ class Method:
             pre-pass over all the data that fits it (`FitFunction`); every entry point then
             needs the clusters, and a sample's score depends on its cluster. None: a
             sample's score depends on that sample alone.
+        sums_to: for a path method, the difference its scores of a sample sum to over the
+            layer, in words ("F(z) - F(0) at the layer"); it checks that sum on every batch
+            (`sum_misses`) and reports what remains (`SUM_KEYS`). None: no such property.
     """
 
     name: str
@@ -119,6 +125,7 @@ class Method:
     layer_kinds: Optional[tuple[str, ...]] = None
     module_kinds: Optional[tuple[str, ...]] = None
     fit: Optional[FitFunction] = None
+    sums_to: Optional[str] = None
 
 
 REGISTRY: dict[str, Method] = {}
@@ -136,8 +143,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
              needs_float_inputs: bool = False, uses_gradients: bool = False,
              token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
              score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None,
-             module_kinds: Optional[Sequence[str]] = None, fit: Optional[FitFunction] = None
-             ) -> Callable[[ScoringFunction], ScoringFunction]:
+             module_kinds: Optional[Sequence[str]] = None, fit: Optional[FitFunction] = None,
+             sums_to: Optional[str] = None) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`, with the facts of `Method`;
     `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
     if logit_effect is not None and logit_effect not in LOGIT_EFFECTS:
@@ -151,7 +158,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
             uses_gradients=uses_gradients, token_value=token_value,
             logit_effect=logit_effect, score_line=score_line,
             layer_kinds=None if layer_kinds is None else tuple(layer_kinds),
-            module_kinds=None if module_kinds is None else tuple(module_kinds), fit=fit)
+            module_kinds=None if module_kinds is None else tuple(module_kinds), fit=fit,
+            sums_to=sums_to)
         return function
     return add
 
@@ -491,11 +499,139 @@ def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
         yield slice(begin, min(n_steps, begin + per_pass))
 
 
+SUM_TOLERANCE = 0.01
+"""How far a path method's scores of a sample may miss, summed over the layer, the difference
+they integrate (`Method.sums_to`), as a share of that difference; a sample that misses it
+is integrated again with twice the steps."""
+SUM_KEYS = ("sum_gap", "sum_difference", "sum_steps")
+"""What a path method reports per sample (`Batch.notes`): the difference minus the scores'
+sum, the difference (logits; [B] or [B, C] for every class), the steps it took [B]."""
+SUM_FLOOR = 1e-3
+"""Logits: a difference smaller than this is held to SUM_TOLERANCE of it (float rounding)."""
+MAX_STEPS_FACTOR = 16
+"""A sample's steps may double until they are this many times `n_steps`."""
+
+
+def sum_misses(gap: torch.Tensor, difference: torch.Tensor) -> torch.Tensor:
+    """Which samples' scores miss their sum: |gap| > SUM_TOLERANCE x max(|difference|,
+    SUM_FLOOR); [B] from [B] or [B, C] (any class), False where the logit is not finite."""
+    misses = gap.abs() > SUM_TOLERANCE * difference.abs().clamp_min(SUM_FLOOR)
+    return misses if misses.dim() == 1 else misses.any(1)
+
+
+@dataclass(frozen=True)
+class SumCheck:
+    """A path method's sum check over the samples of one computation (`sum_check`).
+
+    Attributes:
+        n_samples: samples checked (those whose sum applies: conductance's does not where a
+            path bypasses the layer).
+        n_bypassed: samples whose sum does not apply.
+        n_refined: samples that took more than the `n_steps` asked for.
+        most_steps: the most steps a sample took.
+        n_missing: samples whose scores still miss their sum by more than SUM_TOLERANCE.
+        worst: the largest miss, as a share of the difference (`sum_misses`' scale).
+    """
+
+    n_samples: int
+    n_bypassed: int
+    n_refined: int
+    most_steps: int
+    n_missing: int
+    worst: float
+
+
+def sum_check(about: dict, n_steps: int) -> Optional[SumCheck]:
+    """The sum check of a computation whose `about` dict received `SUM_KEYS` (None when it
+    did not: a method without a sum)."""
+    if not all(key in about for key in SUM_KEYS):
+        return None
+    share = sum_shares(about)
+    bypassed = np.isnan(share)
+    steps = np.asarray(about["sum_steps"])
+    checked = share[~bypassed]
+    return SumCheck(int(checked.size), int(bypassed.sum()), int((steps > n_steps).sum()),
+                    int(steps.max()) if steps.size else n_steps,
+                    int((checked > SUM_TOLERANCE).sum()),
+                    float(checked.max()) if checked.size else 0.0)
+
+
+def sum_shares(about: dict) -> np.ndarray:
+    """float64 [N]: by how much each sample's scores miss their sum (`SUM_KEYS` in `about`),
+    as a share of the difference on `sum_misses`' scale (every class: the largest); NaN
+    where the sum does not apply."""
+    gap, difference = (np.asarray(about[key], dtype=np.float64)
+                       for key in ("sum_gap", "sum_difference"))
+    share = np.abs(gap) / np.maximum(np.abs(difference), SUM_FLOOR)
+    return np.max(share, axis=1) if share.ndim > 1 else share
+
+
+def _checked_sum(batch: Batch, positions: Callable[[Batch], tuple]) -> torch.Tensor:
+    """Scores [B, (C,) n] of a path method whose scores sum over the layer to a difference
+    of the target logit: `positions(batch)` gives (scores at every position [B, (C,) n,
+    ...], that difference [B] or [B, C], the resolved targets, where the sum applies [B]:
+    bool, False for a sample with a path around the layer). Samples whose sum misses
+    (`sum_misses`) are integrated again with twice the steps, up to MAX_STEPS_FACTOR x
+    `n_steps`, while more steps still change their gap (a gap they no longer change is not
+    the quadrature's: a path around the layer, for conductance); what remains goes to
+    `batch.notes` (its gap NaN where the sum does not apply)."""
+    attribution, difference, targets, steps, applies = _refined(
+        batch, positions, batch.n_steps * MAX_STEPS_FACTOR)
+    if batch.notes is not None:
+        gap = difference - _layer_sum(attribution, targets)
+        where = applies if gap.dim() == 1 else applies.unsqueeze(1)
+        batch.notes.update(sum_gap=gap.where(where, gap.new_tensor(float("nan"))),
+                           sum_difference=difference, sum_steps=steps)
+    return _reduce_spatial(attribution, _neuron_dim(targets), "sum", _mask(batch))
+
+
+def _refined(batch: Batch, positions: Callable[[Batch], tuple], max_steps: int,
+             previous_gap: Optional[torch.Tensor] = None) -> tuple:
+    """(scores at every position, difference, targets, steps [B], where the sum applies)
+    with the samples that miss their sum integrated again, recursively, on a batch of those
+    samples alone."""
+    attribution, difference, targets, applies = positions(batch)
+    gap = difference - _layer_sum(attribution, targets)
+    steps = torch.full((gap.shape[0],), batch.n_steps, dtype=torch.int32, device=gap.device)
+    again = sum_misses(gap, difference) & applies
+    if previous_gap is not None:  # a gap more steps no longer change is not the quadrature's
+        again &= _row_size(gap - previous_gap) > SUM_TOLERANCE * _row_size(previous_gap)
+    # the one value a path method reads per batch, also where reads stall the device: a
+    # batch of n_steps passes pays for it once
+    if batch.n_steps * 2 > max_steps or not bool(again.any()):
+        return attribution, difference, targets, steps, applies
+    rows = again.nonzero()[:, 0]
+    fewer = replace(batch, x=model_io.take(batch.x, rows), n_steps=batch.n_steps * 2,
+                    targets=targets if isinstance(targets, str) else targets[rows],
+                    codes=None, notes=None)
+    better, _, _, more_steps, _ = _refined(fewer, positions, max_steps, gap[rows])
+    attribution[rows] = better
+    steps[rows] = more_steps
+    return attribution, difference, targets, steps, applies
+
+
+def _layer_sum(attribution: torch.Tensor, targets: Targets) -> torch.Tensor:
+    """Scores at every position [B, (C,) n, ...] summed over the layer: [B] or [B, C]."""
+    return attribution.flatten(_neuron_dim(targets)).sum(-1)
+
+
+def _row_size(gap: torch.Tensor) -> torch.Tensor:
+    """|gap| per sample [B] (the largest over classes)."""
+    return gap.abs() if gap.dim() == 1 else gap.abs().amax(1)
+
+
 @register("integrated_gradients",
-          "z * integral of dF/dz along 0 -> z (zero baseline at the layer)",
+          "z * integral of dF/dz along 0 -> z (zero baseline at the layer); checks that the "
+          "scores sum to F(z) - F(0), with more steps where they do not",
           label="integrated gradients", units="logits", colour="#88CCEE",
-          uses_gradients=True, logit_effect="score")
+          uses_gradients=True, logit_effect="score", sums_to="F(z) - F(0) at the layer")
 def integrated_gradients(batch: Batch) -> torch.Tensor:
+    return _checked_sum(batch, _integrated_positions)
+
+
+def _integrated_positions(batch: Batch) -> tuple:
+    """Integrated gradients at every position [B, (C,) n, ...], F(z) - F(0) at the layer,
+    targets."""
     runner = batch.runner
     z, state, logits = runner.capture(batch.x)  # the front runs once per batch
     targets = _resolve_targets(batch.targets, logits)
@@ -514,15 +650,24 @@ def integrated_gradients(batch: Batch) -> torch.Tensor:
         weighted = (weights[steps].view((-1,) + (1,) * (moved.dim() - 1)) * moved).sum(0)
         total = weighted if total is None else total + weighted
     total = _nan_where_not_finite(total, _selected(logits, targets), targets)  # alpha = 1 too
-    attribution = _with_class_axis(z, targets) * _classes_first(total, targets)
-    return _reduce_spatial(attribution, _neuron_dim(targets), "sum", _mask(batch))
+    with torch.no_grad():
+        at_zero = _selected(runner.tail(torch.zeros_like(z), state, 1), targets)
+    return (_with_class_axis(z, targets) * _classes_first(total, targets),
+            _selected(logits, targets) - at_zero, targets,
+            torch.ones(n_rows, dtype=torch.bool, device=z.device))  # a path integral: always
 
 
 @register("conductance",
-          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum)",
+          "Layer conductance with a zero input baseline (Dhamdhere et al.; as Captum); checks "
+          "that the scores sum to F(x) - F(0), with more steps where they do not",
           units="logits", colour="#999933", needs_float_inputs=True, uses_gradients=True,
-          logit_effect="score")
+          logit_effect="score", sums_to="F(x) - F(0) at the inputs")
 def conductance(batch: Batch) -> torch.Tensor:
+    return _checked_sum(batch, _conductance_positions)
+
+
+def _conductance_positions(batch: Batch) -> tuple:
+    """Conductance at every position [B, (C,) n, ...], F(x) - F(0) at the inputs, targets."""
     runner, x = batch.runner, batch.x
     real_logits = runner.capture(x)[2]  # the quadrature's steps never reach alpha = 1
     targets = _resolve_targets(batch.targets, real_logits)
@@ -545,8 +690,15 @@ def conductance(batch: Batch) -> torch.Tensor:
     else:
         attribution = (difference * grad_steps[:-1]).sum(0)
     attribution = _nan_where_not_finite(attribution, _selected(real_logits, targets), targets)
-    return _reduce_spatial(_classes_first(attribution, targets), _neuron_dim(targets), "sum",
-                           _mask(batch))
+    with torch.no_grad():
+        real, start = _selected(real_logits, targets), runner.capture(x)[0]
+        _, state_at_zero, at_zero = runner.capture(model_io.interpolate(x, alphas.new_zeros(1)))
+        start_with_real_layer = _selected(runner.tail(start, state_at_zero, 1), targets)
+    difference = real - _selected(at_zero, targets)
+    # the sum holds where the layer carries every path: with the layer's output of x, the
+    # rest of the model run from the zero input gives F(x)
+    return (_classes_first(attribution, targets), difference, targets,
+            ~sum_misses(real - start_with_real_layer, difference))
 
 
 @register("ablation", "F(x) - F(x with neuron zeroed): exact, one neuron at a time",

@@ -17,7 +17,8 @@ from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEF
                         DEFAULT_SEED)
 from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
-from .registry import METHODS, REGISTRY, Batch, Targets
+from .registry import (METHODS, REGISTRY, SUM_KEYS, SUM_TOLERANCE, Batch, Targets,
+                       sum_shares)
 from ..engine.runners import layer_attrs
 
 REDUCTIONS = ("mean", "mean_abs", "std")
@@ -54,9 +55,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     while the generator runs and restored when it finishes or is closed. `device` as in
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
-    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis)
-    and, for a method fitted to clusters, its fit's note ("method_note") and whether its
-    scores rank anything ("method_usable").
+    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis);
+    for a method fitted to clusters, its fit's note ("method_note") and whether its scores
+    rank anything ("method_usable"); for a path method, once every batch is scored, its sum
+    check per sample (`SUM_KEYS`: numpy arrays [N] or [N, C] in logits, and the steps each
+    sample took; `registry.sum_misses` says which miss).
 
     A method fitted to clusters (`Method.fit`) needs `codes` (int64 [N], each input's index
     among the cluster `ids`, as `cluster_codes` gives them) and is fitted here on all the
@@ -85,10 +88,13 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         per_row = max(1, model_io.row_size(batch.x), batch.runner.layer_size)  # a variant
         batch_codes = (None if fitted is None else
                        torch.from_numpy(codes[batch.start:batch.start + batch.rows]))
+        notes = None if about_layer is None else {}
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
                                         max(batch.rows, per_pass // per_row), batch_codes,
-                                        fitted))
+                                        fitted, notes))
+        for key, value in (notes or {}).items():  # read once, at the end
+            sums.setdefault(key, []).append(value.detach())
         scores = scores.detach()
         if scores.dtype != torch.float32 or (on_host and scores.device.type != "cpu"):
             scores = scores.to("cpu" if on_host else scores.device, torch.float32)
@@ -98,9 +104,12 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                            device=device, check=floating,
                            cpu_layer_elements=_LAYER_ELEMENTS_PER_CHUNK)
     per_pass = _MAX_ELEMENTS_PER_PASS["cpu" if layer_pass.device.type == "cpu" else "other"]
+    sums: dict[str, list[torch.Tensor]] = {}
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores
+    if about_layer is not None:
+        about_layer.update({key: torch.cat(parts).cpu().numpy() for key, parts in sums.items()})
 
 
 def fit_method(method: str, model: nn.Module, layer, inputs: Inputs,
@@ -286,6 +295,9 @@ class ClusterStatistics:
         sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
         layer: `split.layer_attrs` of the layer scored (and a fitted method's
             "method_note" and "method_usable"), copied to the frame's attrs.
+        sum_counts: for a path method (`Method.sums_to`), float64 [G, 3]: per cluster, the
+            samples whose sum was checked, those that took more steps than asked, and those
+            whose scores still miss it (`SUM_COLUMNS`); None for other methods. Shards add up.
     """
 
     ids: pd.Index
@@ -294,6 +306,7 @@ class ClusterStatistics:
     sums_abs: torch.Tensor
     sums_sq: torch.Tensor
     layer: dict = field(default_factory=dict)
+    sum_counts: Optional[torch.Tensor] = None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The summable tensors (for an all_reduce across processes)."""
@@ -348,7 +361,28 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         sums_sq.index_put_((index,), values * values, accumulate=True)
         if on_batch is not None:
             on_batch(start, scores)
-    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq, about_layer)
+    sum_counts = None
+    if all(key in about_layer for key in SUM_KEYS):
+        sum_counts = _sum_counts(about_layer, codes, len(ids), n_steps)
+        for key in SUM_KEYS:  # per sample, of this call's samples only: counted instead
+            del about_layer[key]
+    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq, about_layer, sum_counts)
+
+
+SUM_COLUMNS = ("sum_checked", "sum_refined", "sum_missing")
+"""The columns of `ClusterStatistics.sum_counts`."""
+
+
+def _sum_counts(about: dict, codes: np.ndarray, n_clusters: int, n_steps: int) -> torch.Tensor:
+    """float64 [G, 3] (`SUM_COLUMNS`) from the per-sample sum check of the first len(...)
+    samples, whose cluster indices are `codes`."""
+    share = sum_shares(about)
+    index = codes[:len(share)]
+    columns = (~np.isnan(share), np.asarray(about["sum_steps"]) > n_steps,
+               np.nan_to_num(share) > SUM_TOLERANCE)
+    return torch.from_numpy(np.stack([np.bincount(index, weights=column.astype(np.float64),
+                                                   minlength=n_clusters)
+                                      for column in columns], axis=1))
 
 
 def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, clusters,

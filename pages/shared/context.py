@@ -16,10 +16,13 @@ import streamlit as st
 import torch
 
 import attribution as at
+from attribution.analyses.diagnose import Finding, integral_finding
 from attribution.methods import REGISTRY
+from attribution.methods.registry import sum_check
 from attribution.presentation import plots
 from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
-                                           DEFAULT_BATCH_SIZE, cluster_label, is_regression)
+                                           DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, cluster_label,
+                                           is_regression)
 from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant_class,
                                           try_remedies)
 from pages.shared import keys
@@ -122,6 +125,12 @@ class Context:
         about = self._scored(method)[1]
         return (about["method_note"], about["method_usable"]) if "method_note" in about \
             else None
+
+    def sum_finding(self, method: str) -> Optional[Finding]:
+        """Whether `method`'s scores of each sample sum to what they integrate (a path
+        method: `Method.sums_to`), or None for a method without such a sum."""
+        checked = sum_check(self._scored(method)[1], DEFAULT_N_STEPS)
+        return None if checked is None else integral_finding(checked, method, DEFAULT_N_STEPS)
 
     def _scored(self, method: str) -> tuple[np.ndarray, dict]:
         s = self.settings

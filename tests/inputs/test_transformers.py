@@ -104,9 +104,11 @@ def _layer_out(model, module, sample):
     return store["z"]  # [1, T, F]
 
 
-def slow_scores(model, layer: str, batch: dict, targets, method: str) -> torch.Tensor:
+def slow_scores(model, layer: str, batch: dict, targets, method: str,
+                steps=None) -> torch.Tensor:
     """Per sample without padding, one neuron at a time: [N, F] with the sequence's
-    positions summed (mean for activation)."""
+    positions summed (mean for activation); integrated gradients with each sample's `steps`
+    (default N_STEPS)."""
     module = dict(model.named_modules())[layer]
     rows = []
     for i in range(batch["input_ids"].shape[0]):
@@ -128,10 +130,10 @@ def slow_scores(model, layer: str, batch: dict, targets, method: str) -> torch.T
                         effects.append(base - model(**sample).logits[0, target])
             rows.append(torch.stack(effects))
         else:
-            steps = [(1.0, 1.0)] if method != "integrated_gradients" else \
-                list(zip(*gauss_legendre(N_STEPS)))
+            nodes = [(1.0, 1.0)] if method != "integrated_gradients" else \
+                list(zip(*gauss_legendre(N_STEPS if steps is None else int(steps[i]))))
             total = torch.zeros_like(z)
-            for weight, alpha in steps:
+            for weight, alpha in nodes:
                 leaf = (alpha * z).requires_grad_(True)
                 with replaced_output(module, lambda out: leaf * 1):
                     logit = model(**sample).logits[0, target]
@@ -211,9 +213,10 @@ def test_select_output_chooses_the_logits_for_every_function():
 def test_scores_of_padded_batches_match_per_sample_loops_without_padding(case, method):
     kind, model, batch, targets = case
     for layer in LAYERS[kind]:
+        about = {}
         scores = at.neuron_scores(model, layer, batch, targets, method=method, batch_size=4,
-                                  n_steps=N_STEPS)
-        reference = slow_scores(model, layer, batch, targets, method)
+                                  n_steps=N_STEPS, about=about)
+        reference = slow_scores(model, layer, batch, targets, method, about.get("sum_steps"))
         torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-5)
         assert scores.abs().max() > 1e-3
 

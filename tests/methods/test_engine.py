@@ -58,11 +58,19 @@ def captum_scores(model, module, x, targets, method, n_steps=32):
 @pytest.mark.parametrize("arch,layer", CASES)
 @pytest.mark.parametrize("name", ["gradient", "activation", "gradient_x_activation", "conductance"])
 def test_matches_captum(arch, layer, name):
+    """Equal to Captum; a path method's sample against Captum at the steps it took (more
+    than 16 where 16 missed its sum)."""
     model, x, y = build(arch)
     module = dict(model.named_modules())[layer]
-    ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16)
-    expected = captum_scores(model, module, x, y, name, n_steps=16)
-    torch.testing.assert_close(ours, expected.float(), rtol=1e-4, atol=1e-5)
+    about = {}
+    ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16, about=about)
+    steps = about.get("sum_steps", np.full(len(x), 16))
+    expected = torch.empty_like(ours)
+    for n_steps in np.unique(steps):
+        rows = torch.from_numpy(np.flatnonzero(steps == n_steps))
+        expected[rows] = captum_scores(model, module, x[rows], y[rows], name,
+                                       n_steps=int(n_steps)).float()
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch,layer", CASES)
@@ -70,8 +78,10 @@ def test_integrated_gradients_matches_per_sample_loop(arch, layer):
     model, x, y = build(arch)
     x, y = x[:6], y[:6]
     module = dict(model.named_modules())[layer]
-    ours = at.neuron_scores(model, layer, x, y, "integrated_gradients", n_steps=8, batch_size=4)
-    expected = references.integrated_gradients(model, module, x, y, n_steps=8)
+    about = {}
+    ours = at.neuron_scores(model, layer, x, y, "integrated_gradients", n_steps=8, batch_size=4,
+                            about=about)
+    expected = references.integrated_gradients(model, module, x, y, about["sum_steps"])
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -525,8 +535,14 @@ def test_layers_on_a_sequence_have_their_features_as_neurons(network):
             "conductance": LayerConductance(model, module).attribute(x, target=y, n_steps=8)
             .sum(1)}
         for name, expected in per_position.items():
-            torch.testing.assert_close(at.neuron_scores(model, layer, x, y, name, n_steps=8),
-                                       expected.detach(), rtol=1e-4, atol=1e-5)
+            about = {}
+            scores = at.neuron_scores(model, layer, x, y, name, n_steps=8, about=about)
+            if name == "conductance":  # Captum at the steps each sample took (its sum's)
+                expected = torch.stack([
+                    LayerConductance(model, module).attribute(
+                        x[i:i + 1], target=y[i:i + 1], n_steps=int(steps))[0].sum(0)
+                    for i, steps in enumerate(about["sum_steps"])])
+            torch.testing.assert_close(scores, expected.detach(), rtol=1e-4, atol=1e-5)
         with torch.no_grad():  # ablation: feature j zeroed at every position
             base = model(x).gather(1, y[:, None])[:, 0]
             effects = []

@@ -1,6 +1,7 @@
 """Slow, obviously-correct references: one sample, one neuron, one step at a time."""
 import contextlib
 
+import numpy as np
 import torch
 
 from attribution.methods.registry import gauss_legendre
@@ -34,10 +35,11 @@ def _per_neuron(t):
 
 
 def integrated_gradients(model, module, x, targets, n_steps):
-    """z * sum_k w_k dF/dz(alpha_k z), one sample and one step at a time. [N, n_neurons]"""
-    weights, alphas = gauss_legendre(n_steps)
+    """z * sum_k w_k dF/dz(alpha_k z), one sample and one step at a time. [N, n_neurons];
+    `n_steps` an int, or one per sample (the steps the engine took: `SUM_KEYS`)."""
     rows = []
     for i in range(x.shape[0]):
+        weights, alphas = gauss_legendre(int(n_steps if np.ndim(n_steps) == 0 else n_steps[i]))
         z = layer_output(model, module, x[i:i + 1])
         total = torch.zeros_like(z)
         for weight, alpha in zip(weights, alphas):

@@ -1,0 +1,191 @@
+"""Path methods check their own sum: a sample's integrated gradients sum over the layer to
+F(z) - F(0), its conductance to F(x) - F(0) where the layer carries every path. Samples that
+miss by more than 1% are integrated again with more steps; what still misses is reported, by
+the API (`about`), `diagnose`, the command line and the dashboard."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from captum.attr import LayerConductance
+from torch import nn
+
+import attribution as at
+from attribution import cli
+from attribution.methods.registry import (MAX_STEPS_FACTOR, SUM_FLOOR, SUM_TOLERANCE,
+                                          sum_check)
+from tests.support import references
+from tests.support.app import assert_clean, run_app
+
+
+class LayerNormMLP(nn.Module):
+    """A tabular MLP: (Linear -> LayerNorm -> GELU) twice, with Dropout, then a Linear.
+    LayerNorm ignores the scale of its input, so along 0 -> z at fc1 the logit jumps near 0:
+    few nodes miss the jump."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.norm1 = nn.Linear(12, 32), nn.LayerNorm(32)
+        self.drop = nn.Dropout(0.1)
+        self.fc2, self.norm2 = nn.Linear(32, 16), nn.LayerNorm(16)
+        self.out = nn.Linear(16, 4)
+
+    def tail(self, z):
+        """The model after fc1."""
+        hidden = self.drop(nn.functional.gelu(self.norm1(z)))
+        return self.out(nn.functional.gelu(self.norm2(self.fc2(hidden))))
+
+    def forward(self, x):
+        return self.tail(self.fc1(x))
+
+
+class Bypass(nn.Module):
+    """The input also reaches the output around fc1: conductance's sum does not apply there."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.skip, self.out = nn.Linear(6, 8), nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc1(x)) + self.skip(x))
+
+
+@pytest.fixture(scope="module")
+def layer_norm_case():
+    torch.manual_seed(0)
+    model = LayerNormMLP().eval()
+    x = torch.randn(24, 12)
+    with torch.no_grad():
+        logits = model(x)
+        targets = logits.argmax(1)
+        at_zero = model.tail(torch.zeros_like(model.fc1(x)))
+    difference = (logits - at_zero).gather(1, targets[:, None])[:, 0]
+    return model, x, targets, difference
+
+
+def share(scores: torch.Tensor, difference: torch.Tensor) -> torch.Tensor:
+    return (scores.sum(1) - difference).abs() / difference.abs().clamp_min(SUM_FLOOR)
+
+
+def test_integrated_gradients_before_a_layernorm_meet_their_sum(layer_norm_case):
+    """64 Gauss-Legendre nodes miss F(z) - F(0) by more than 10% on some samples; the engine
+    takes more steps for those, and every sample is within 1%, equal to the slow loop at the
+    steps it took."""
+    model, x, targets, difference = layer_norm_case
+    plain = references.integrated_gradients(model, model.fc1, x, targets, 64)
+    assert share(plain, difference).max() > 0.10
+    about = {}
+    ours = at.neuron_scores(model, "fc1", x, targets, "integrated_gradients", n_steps=64,
+                            about=about)
+    assert share(ours, difference).max() <= SUM_TOLERANCE
+    steps = about["sum_steps"]
+    assert (steps == 64).any() and steps.max() > 64
+    torch.testing.assert_close(
+        ours, references.integrated_gradients(model, model.fc1, x, targets, steps),
+        rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(about["sum_gap"], (difference - ours.sum(1)).numpy(),
+                               atol=1e-5)
+    np.testing.assert_allclose(about["sum_difference"], difference.numpy(), rtol=1e-5)
+    checked = sum_check(about, 64)
+    assert checked.n_missing == 0 and checked.n_refined == int((steps > 64).sum())
+    finding = next(f for f in at.diagnose(model, "fc1", x, targets, "integrated_gradients",
+                                          n_steps=64) if f.code == "incomplete_integral")
+    assert finding.severity == "ok" and "took more than the 64 steps" in finding.message
+
+
+def test_a_sum_the_step_budget_cannot_meet_is_reported(layer_norm_case):
+    """One step, so at most MAX_STEPS_FACTOR: the samples that still miss are counted and
+    their gaps handed back; diagnose warns and says to raise n_steps."""
+    model, x, targets, difference = layer_norm_case
+    about = {}
+    ours = at.neuron_scores(model, "fc1", x, targets, "integrated_gradients", n_steps=1,
+                            about=about)
+    missing = share(ours, difference) > SUM_TOLERANCE
+    assert missing.any() and about["sum_steps"].max() <= MAX_STEPS_FACTOR
+    checked = sum_check(about, 1)
+    assert checked.n_missing == int(missing.sum())
+    assert checked.worst == pytest.approx(float(share(ours, difference).max()), rel=1e-4)
+    finding = next(f for f in at.diagnose(model, "fc1", x, targets, "integrated_gradients",
+                                          n_steps=1) if f.code == "incomplete_integral")
+    assert finding.severity == "warning"
+    assert f"For {checked.n_missing} of 24 samples" in finding.message
+    assert "Raise n_steps" in finding.hint and "--n-steps" in finding.hint
+
+
+def test_every_class_is_checked(layer_norm_case):
+    model, x, _, _ = layer_norm_case
+    about = {}
+    scores = at.neuron_scores(model, "fc1", x, "all", "integrated_gradients", n_steps=16,
+                              about=about)
+    assert about["sum_gap"].shape == (24, 4) and scores.shape == (24, 4, 32)
+    assert about["sum_steps"].max() > 16
+    with torch.no_grad():
+        difference = model(x) - model.tail(torch.zeros_like(model.fc1(x)))
+    shares = (scores.sum(2) - difference).abs() / difference.abs().clamp_min(SUM_FLOOR)
+    assert shares.max() <= SUM_TOLERANCE
+
+
+def test_conductance_where_a_path_bypasses_the_layer_is_not_refined():
+    """With a path around fc1 the sum F(x) - F(0) does not hold at any number of steps: the
+    engine does not chase it (steps as asked, equal to Captum), and reports no gap (NaN)."""
+    torch.manual_seed(1)
+    model, x = Bypass().eval(), torch.randn(20, 6)
+    targets = model(x).argmax(1)
+    about = {}
+    ours = at.neuron_scores(model, "fc1", x, targets, "conductance", n_steps=8, about=about)
+    assert np.isnan(about["sum_gap"]).all() and (about["sum_steps"] == 8).all()
+    expected = LayerConductance(model, model.fc1).attribute(x, target=targets, n_steps=8)
+    torch.testing.assert_close(ours, expected.detach().float(), rtol=1e-4, atol=1e-5)
+    checked = sum_check(about, 8)
+    assert checked.n_bypassed == 20 and checked.n_samples == 0
+
+
+def test_conductance_at_a_layer_every_path_crosses_meets_its_sum():
+    """A smooth MLP: 32 steps (Captum's) miss F(x) - F(0) by more than 1%; more steps meet
+    it. (Conductance's sum converges only as 1/steps: before a LayerNorm even 16x the steps
+    may not, which the sum check then reports.)"""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).eval()
+    x = torch.randn(20, 6) * 2
+    targets = model(x).argmax(1)
+    with torch.no_grad():
+        difference = (model(x) - model(torch.zeros_like(x))).gather(1, targets[:, None])[:, 0]
+    expected = LayerConductance(model, model[0]).attribute(x, target=targets, n_steps=32)
+    assert share(expected.detach(), difference).max() > SUM_TOLERANCE
+    about = {}
+    ours = at.neuron_scores(model, "0", x, targets, "conductance", n_steps=32, about=about)
+    assert share(ours, difference).max() <= SUM_TOLERANCE
+    assert about["sum_steps"].max() > 32 and not np.isnan(about["sum_gap"]).any()
+
+
+def test_the_command_line_counts_the_samples_that_miss_per_cluster(layer_norm_case, tmp_path,
+                                                                   capsys):
+    model, x, targets, difference = layer_norm_case
+    program = torch.export.export(model, (x[:4],),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    labels = np.arange(len(x)) % 2
+    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=labels)
+    common = ("score", "--model", tmp_path / "m.pt2", "--data", tmp_path / "d.npz",
+              "--layer", "fc1", "--targets", "predicted", "--clusters", "label",
+              "--trust-code")
+    code = cli.main([str(a) for a in (*common, "--method", "integrated_gradients",
+                                      "--n-steps", "1", "--out", tmp_path / "s.csv")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "s.csv")
+    per_cluster = table.groupby("cluster")["sum_missing"].first()
+    scores = at.neuron_scores(model, "fc1", x, targets, "integrated_gradients", n_steps=1)
+    missing = (share(scores, difference) > SUM_TOLERANCE).numpy()
+    assert per_cluster.to_dict() == {c: int(missing[labels == c].sum()) for c in (0, 1)}
+    assert f"{int(missing.sum())} of 24 samples' scores miss F(z) - F(0)" in err
+    code = cli.main([str(a) for a in (*common, "--method", "gradient", "--out",
+                                      tmp_path / "g.csv")])
+    assert code == 0 and "sum_missing" not in pd.read_csv(tmp_path / "g.csv")
+
+
+def test_the_scores_page_says_whether_the_integral_met_its_sum():
+    app = run_app({"method": "integrated_gradients"})
+    app.switch_page("pages/scores.py").run()
+    assert_clean(app)
+    said = " ".join(caption.value for caption in app.caption)
+    assert "integrated gradients scores sum to F(z) - F(0) at the layer within 1%" in said
