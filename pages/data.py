@@ -102,13 +102,14 @@ if ctx is not None:
         st.info("Each sample is drawn as an image of "
                 f"{' × '.join(map(str, ctx.ws.data.image_shape))} (the data's image shape).",
                 icon=":material/image:")
+    st.markdown("**Layers that can be scored**")  # the page's width: no column clipped
+    st.dataframe(layers_frame(ctx.ws.layers), hide_index=True, width="stretch",
+                 column_config={"type": st.column_config.TextColumn(width="small"),
+                                "neurons": st.column_config.NumberColumn(width="small")})
+    st.caption(f"Model format: {facts['model format']}. A neuron is a unit of a Linear "
+               "layer or a channel of a conv layer.")
     left, right = st.columns([3, 2], gap="medium")
     with left:
-        st.markdown("**Layers that can be scored**")
-        st.dataframe(layers_frame(ctx.ws.layers), hide_index=True, width="stretch")
-        st.caption(f"Model format: {facts['model format']}. A neuron is a unit of a Linear "
-                   "layer or a channel of a conv layer.")
-    with right:
         st.markdown("**Cluster sizes**")
         ids, counts = np.unique(ctx.clusters, return_counts=True)
         sizes = pd.DataFrame({"cluster": [ctx.cluster_label(c) for c in ids.tolist()],
@@ -117,8 +118,8 @@ if ctx is not None:
             "samples": st.column_config.ProgressColumn(
                 "samples", format="%d", min_value=0, max_value=int(counts.max()))})
     if ctx.ws.class_names:
-        st.caption("Classes: " + ", ".join(escape_markdown(name)
-                                          for name in ctx.ws.class_names))
+        right.caption("Classes: " + ", ".join(escape_markdown(name)
+                                              for name in ctx.ws.class_names))
 
 st.subheader("Sample files")
 st.caption("Templates of every accepted layout; the demo itself is built from them.")

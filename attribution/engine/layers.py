@@ -42,7 +42,7 @@ slices; `prune` zeroes them."""
 BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 AXIS_FOUND = {
     "only axis": "its only axis besides the batch",
-    "lengths": "found by varying the input's length",
+    "lengths": "the other axes follow the size of the input (found by resizing it)",
     "parameters": "found from the sizes of the layer's parameters",
     "input": "as the layer feeding it",
     "users": "as the layers it feeds",
@@ -100,10 +100,15 @@ class LayerInfo:
             "channels" if self.neuron_axis == 1 else "features")
 
     def axis_words(self) -> str:
-        """E.g. "128 features along dim 2, found by varying the input's length"."""
+        """E.g. "128 features along dim 2, the other axis follows the input's length (found
+        by resizing it)"; an image layer's follow its height and width."""
         found = AXIS_FOUND.get(self.axis_rule, self.axis_rule)
         if self.axis_rule == "only axis" and self.positions:
             found = "its only axis besides the batch longer than 1"
+        elif self.axis_rule == "lengths" and len(self.positions) == 1:
+            found = "the other axis follows the input's length (found by resizing it)"
+        elif self.axis_rule == "lengths" and len(self.positions) == 2:
+            found = "the other axes follow the input's height and width (found by resizing it)"
         return f"{self.n_neurons} {self.unit} along dim {self.neuron_axis}, {found}"
 
     def with_axis(self, axis: int) -> "LayerInfo":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import html
+import math
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -317,6 +318,28 @@ def _clickable_cells(traces: list[dict], layout: dict) -> None:
     layout["hoverdistance"] = -1
 
 
+HALF_WIDTH_PX = 560
+"""The plotting width of a chart in half the page (a column of two), in pixels."""
+
+
+def _column_ticks(labels: Sequence[str], width_px: int) -> tuple[dict, int]:
+    """(x-axis tick settings, k): a label under every column of a category axis where the
+    labels fit across `width_px` (turned upright and smaller when many; plotly's own ticks
+    skip every other label of a sorted axis), else under every k-th column, evenly."""
+    size = 11 if len(labels) <= 24 else 9
+    step = max(1, math.ceil(len(labels) * (size + 4) / width_px))
+    shown = list(labels)[::step]
+    return dict(tickmode="array", tickvals=shown, ticktext=shown, tickfont=dict(size=size),
+                tickangle=0 if len(labels) <= 12 else -90), step
+
+
+def _ordinal(number: int) -> str:
+    """2 -> "2nd", 3 -> "3rd", 11 -> "11th"."""
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(
+        number % 10, "th")
+    return f"{number}{suffix}"
+
+
 def _clickable_columns(traces: list[dict], layout: dict) -> None:
     """Make the columns of the heatmap `traces[0]` clickable with one invisible marker per
     column, for heatmaps whose click needs only the column (x). The heatmap keeps its own
@@ -404,9 +427,11 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     shown = len(sample_order)
     count = f"{shown} samples" if not n_total or n_total == shown else \
         f"{shown} of {n_total} samples, evenly spaced"
+    ticks, step = _column_ticks(traces[0]["x"], HALF_WIDTH_PX)
+    labelled = "" if step == 1 else f"; every {_ordinal(step)} labelled, hover for the rest"
     layout = dict(
-        xaxis=dict(title=_title(f"neuron<br>sorted by cluster {order}, highest first{spacing}"),
-                   type="category"),
+        xaxis=dict(title=_title(f"neuron<br>sorted by cluster {order}, highest first{spacing}"
+                                f"{labelled}"), type="category", **ticks),
         # two short lines: one long vertical title ran past the plot into the chart title
         yaxis=dict(title=_title(f"sample<br>({count})"), type="category", showticklabels=False,
                    autorange="reversed"))

@@ -34,6 +34,9 @@ from pages.shared.workspace import (DEMO_TITLES, UPLOAD, Workspace, cluster_ids,
                                     workspace_of)
 
 CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
+SIDEBAR_BOX_CHARS = 36
+"""About the most characters a sidebar select box shows before it cuts its text with "…";
+a longer layer choice is written out in full beneath it."""
 """`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
 (`apply_choice`)."""
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
@@ -219,11 +222,15 @@ def sidebar(page: str = "") -> Optional[Context]:
     layer_names = [info.name for info in ws.layers]
     info_of = {info.name: info for info in ws.layers}
     _prepare("w_layer", layer_names, defaults.default_layer(ws.layers))
-    bar.selectbox("Layer", layer_names, key="w_layer",
-                  format_func=lambda n: f"{n} · {info_of[n].kind} · {info_of[n].describe()}",
+    def layer_words(name: str) -> str:
+        return f"{name} · {info_of[name].kind} · {info_of[name].describe()}"
+
+    bar.selectbox("Layer", layer_names, key="w_layer", format_func=layer_words,
                   help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
                        "feature of a layer applied at every position of a sequence (found from "
                        "the data: its positions follow the input's length).")
+    if len(layer_words(st.session_state["w_layer"])) > SIDEBAR_BOX_CHARS:  # the box cuts it
+        bar.caption(escape_markdown(layer_words(st.session_state["w_layer"])))
     layer = _axis_choice(bar, info_of[st.session_state["w_layer"]]).spec
 
     has_labels = ws.data.labels is not None

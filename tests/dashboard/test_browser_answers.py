@@ -278,3 +278,64 @@ def test_which_method_to_trust_draws_every_layer_and_a_click_opens_that_view(app
     assert sidebar.get_by_role("combobox", name="Layer", exact=True).input_value().startswith(
         "fc2 ·")
     assert sidebar.get_by_role("combobox", name="Method", exact=True).input_value() == method
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 16, 3, padding=1)
+        self.activation = nn.ReLU()
+
+    def forward(self, x):
+        return self.activation(self.conv(x))
+
+
+class _DeepNamedImageNet(nn.Module):
+    """An image model whose layers have long dotted names (encoder.layers.0.activation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList([_Block()])
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder.layers[0](x).mean((2, 3)))
+
+
+SAMPLE_TICKS = """(title) => [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(plot => plot.layout.title.text.startsWith(title))
+    .map(plot => [...plot.querySelectorAll('.xtick text')].map(t => t.textContent))[0]"""
+
+
+def test_an_image_model_with_long_layer_names_reads_in_full(app, tmp_path):
+    """The sidebar writes out a layer choice its box cuts; the neuron axis of an image layer
+    is said to follow the input's height and width; the Model & data table has the page's
+    width; the samples heatmap labels each of its 16 neurons (it labelled every other)."""
+    torch.manual_seed(0)
+    model = _DeepNamedImageNet().eval()
+    images = np.load(DEMO_DIR / "digits_images.npz")
+    height, width = (torch.export.Dim(name, min=4, max=64) for name in ("height", "width"))
+    program = torch.export.export(model, (torch.tensor(images["inputs"][:8]),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch"), 2: height,
+                                                   3: width},))
+    torch.export.save(program, tmp_path / "deep_names.pt2")
+    app.open("/data")
+    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
+    app.upload("Model file", tmp_path / "deep_names.pt2")
+    app.upload("Data file", DEMO_DIR / "digits_images.npz")
+    app.wait_for_upload("deep_names.pt2 + digits_images.npz")
+    app.page.get_by_text("Layers that can be scored").wait_for()
+    app.screenshot("edges-1-layer-table")
+    app.choose("Layer", "encoder.layers.0.activation")
+    app.page.wait_for_url(re.compile("[?&]layer=encoder.layers.0.activation(&|$)"),
+                          timeout=60_000)
+    sidebar = app.page.get_by_test_id("stSidebar")
+    sidebar.get_by_text("encoder.layers.0.activation · ReLU · 8 × 8 positions × 16 channels",
+                        exact=True).wait_for()
+    sidebar.get_by_text("the other axes follow the input's height and width").wait_for()
+    app.go_to("Neuron scores")
+    app.wait_for_chart("Each sample of cluster", timeout_s=120)
+    ticks = app.page.evaluate(SAMPLE_TICKS, "Each sample of cluster")
+    assert sorted(map(int, ticks)) == list(range(16)), ticks
+    app.screenshot("edges-2-sample-heatmap")

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import attribution as at
 from attribution import cli
@@ -88,6 +89,22 @@ def test_the_report_and_the_cli_json_say_the_axis(sequence, tmp_path, capsys):
     summary = json.loads((tmp_path / "c.json").read_text())
     assert (summary["layer"], summary["neuron_axis"], summary["n_neurons"]) == ("proj", 2, 6)
     assert summary["axis_rule"] not in ("chosen", "channels first")
+
+
+def test_the_words_for_an_axis_found_by_resizing_name_length_or_height_and_width(sequence):
+    """A sequence layer's other axis follows the input's length; an image layer's follow its
+    height and width (the words said "length" for images too)."""
+    model, x, _ = sequence
+    info = next(i for i in at.list_layers(model, x[:2]) if i.name == "proj")
+    assert info.axis_rule == "lengths"
+    assert info.axis_words() == ("6 features along dim 2, the other axis follows the input's "
+                                 "length (found by resizing it)")
+    image_model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                nn.Flatten(), nn.Linear(5, 2))
+    conv = at.list_layers(image_model, torch.randn(2, 3, 8, 8))[0]
+    assert conv.axis_rule == "lengths"
+    assert conv.axis_words() == ("5 channels along dim 1, the other axes follow the input's "
+                                 "height and width (found by resizing it)")
 
 
 def test_a_layer_with_its_axis_chosen_by_hand(sequence):

@@ -213,6 +213,19 @@ def test_sample_scores_sorted_and_downsampled():
     assert figure.layout.yaxis.title.text == "sample<br>(50 of 500 samples, evenly spaced)"
 
 
+def test_the_samples_heatmap_labels_every_neuron_it_has_room_for():
+    """Sorted by score, plotly's own ticks labelled every other neuron ("2, 12, 18, ..."):
+    16 or 32 neurons get every label, upright; 128 get every 3rd, which the axis says."""
+    rng = np.random.default_rng(0)
+    for n_neurons, step in ((16, 1), (32, 1), (128, 3)):
+        tidy = plots.tidy_sample_scores(rng.normal(size=(20, n_neurons)), np.arange(20))
+        axis = plots.sample_heatmap(tidy, method="gradient", cluster=1).layout.xaxis
+        order = [str(n) for n in pd.unique(tidy["neuron"])]
+        assert list(axis.tickvals) == order[::step] == list(axis.ticktext)
+        assert axis.tickangle == -90
+        assert ("every 3rd labelled" in axis.title.text) == (step == 3)
+
+
 def test_wide_layers_are_thinned_and_drawn_without_cell_gaps():
     rng = np.random.default_rng(0)
     per_sample = rng.normal(size=(30, 1024))
