@@ -43,10 +43,11 @@ from .analyses.diagnose import diagnose
 from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
 from .engine import model_io
+from .engine.model_io import NamedInputs
 from .engine.layers import resolve_layer
 from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
-from .inputs.loading import load_model
+from .inputs.loading import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import sniff
 from .methods.registry import MAX_STEPS_FACTOR, METHODS, REGISTRY, SUM_TOLERANCE
 from .analyses.prune import REMOVALS, prune, save_pt2
@@ -397,11 +398,62 @@ def load_model_from(args) -> LoadedModel:
     architecture = args.architecture
     if architecture is not None and not architecture.is_file():
         raise AttributionError(f"No such architecture file: {architecture}.")
-    loaded = load_model(args.model, architecture=architecture, trust_code=args.trust_code,
-                        max_bytes=_file_size(args.model), output=args.output,
-                        limits=limits_from(args))
+    options = dict(architecture=architecture, trust_code=args.trust_code,
+                   max_bytes=_file_size(args.model), output=args.output, limits=limits_from(args))
+    try:
+        loaded = load_model(args.model, **options)
+    except GuessedExampleFailed as guessed:  # the file does not say what the model takes:
+        failure: AttributionError = guessed    # the data does
+        for example in _examples_from_data(args):
+            try:
+                loaded = load_model(args.model, example_input=example, **options)
+                break
+            except AttributionError as error:
+                failure = error
+        else:
+            raise failure from None
     loaded.module.to(device)
     return loaded
+
+
+def _examples_from_data(args) -> list[torch.Tensor]:
+    """The first two samples of --data [2, ...] as they are stored and, when they are whole
+    numbers in floats (token ids a table or .npz holds as floats), as int64 ids: the
+    examples to try for a model whose file does not say what it takes."""
+    rows = _first_rows(args)
+    if rows is None:
+        return []
+    if rows.is_floating_point() and bool((rows == rows.round()).all()):
+        return [rows, rows.long()]
+    return [rows]
+
+
+def _is_npy(path: Path) -> bool:
+    """Does the file at `path` start as a .npy (its magic bytes; read batch by batch)?"""
+    with open(path, "rb") as file:
+        return sniff(file.read(16)) == "npy"
+
+
+def _features(args):
+    """--features: one inputs key or column, or a list of columns ("a,b,c"), or None."""
+    return args.features.split(",") if args.features and "," in args.features \
+        else args.features
+
+
+def _first_rows(args) -> Optional[torch.Tensor]:
+    """The first two samples of --data, as one tensor [2, ...], for a model whose file does
+    not say what it takes; None without --data, or for named inputs."""
+    path = getattr(args, "data", None)
+    if path is None or not path.is_file():
+        return None
+    if _is_npy(path):
+        rows = NpyRows(path, batch_size=2, sandbox=not args.trust_code, limits=limits_from(args))
+        return torch.from_numpy(next(iter(rows)))
+    dataset = data_module.load_data(path, features=_features(args), label=args.label_key,
+                                    cluster=args.cluster_key, max_bytes=_file_size(path),
+                                    limits=limits_from(args), sandbox=not args.trust_code)
+    inputs = dataset.inputs
+    return None if isinstance(inputs, NamedInputs) else torch.as_tensor(np.asarray(inputs[:2]))
 
 
 def load_problem(args) -> Problem:
@@ -409,16 +461,13 @@ def load_problem(args) -> Problem:
     model = load_model_from(args)
     if not args.data.is_file():
         raise AttributionError(f"No such data file: {args.data}.")
-    with open(args.data, "rb") as file:
-        is_npy = sniff(file.read(16)) == "npy"
-    if is_npy:
+    if _is_npy(args.data):
         return _streamed_problem(args, model)
     for flag in ("labels", "cluster_ids"):
         if getattr(args, flag) is not None:
             raise AttributionError(f"--{flag.replace('_', '-')} is for .npy data; {args.data} "
                                    "holds its own columns: use --label-key / --cluster-key.")
-    features = args.features.split(",") if args.features and "," in args.features \
-        else args.features
+    features = _features(args)
     if args.input_names is not None:
         if args.features is not None:
             raise AttributionError("Give either --features (one inputs array or columns) or "
@@ -428,7 +477,8 @@ def load_problem(args) -> Problem:
                                     cluster=args.cluster_key, max_bytes=_file_size(args.data),
                                     max_rows=args.max_rows, tokenizer=model.tokenizer,
                                     limits=limits_from(args), image_shape=args.image_shape,
-                                    sandbox=not args.trust_code)
+                                    sandbox=not args.trust_code,
+                                    input_names=model.input_names)
     dataset = data_module.check_data(dataset, model)
     return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names,
                    dataset.image_shape)

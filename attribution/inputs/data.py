@@ -357,7 +357,7 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
               max_bytes: Optional[int] = None, max_rows: Optional[int] = None,
               limits: Optional[Limits] = None, tokenizer: Any = None,
               image_shape: Union[str, Sequence[int], None] = None,
-              sandbox: Optional[bool] = None) -> Dataset:
+              sandbox: Optional[bool] = None, input_names: Sequence[str] = ()) -> Dataset:
     """Load samples from a path or bytes; the format is detected from the content.
 
     Args:
@@ -382,6 +382,9 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
             back plain arrays; this process never parses the file. Default: on, for paths
             too (a file someone sent you is as untrusted as an upload); sandbox=False for
             your own files.
+        input_names: the model's own input names (`LoadedModel.input_names`, e.g.
+            pixel_values): looked for first among a .npz's or .pt's arrays, before the
+            usual names (inputs, x, ...), when `features` does not choose.
     Returns:
         Dataset.
     """
@@ -389,12 +392,13 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     limits = limits or DEFAULT_LIMITS
     if sandbox is False:
         data, name = read_source(source, max_bytes=max_bytes, what="data")
-        dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer)
+        dataset = _load_data(data, name, features, label, cluster, limit, limits, tokenizer,
+                             tuple(input_names))
     else:  # a path is read by the jail's child: its bytes never enter this process
         if not isinstance(source, (str, os.PathLike)):
             source = read_source(source, max_bytes=max_bytes, what="data")
         dataset = _jailed(source, features, label, cluster, max_bytes, limit, limits,
-                          tokenizer)
+                          tokenizer, tuple(input_names))
     return dataset if image_shape is None else replace(dataset, image_shape=image_shape)
 
 
@@ -408,7 +412,7 @@ _FIELDS = ("labels", "clusters", "tokens")  # the Dataset fields that cross back
 
 def _jailed(source: Union[str, os.PathLike, tuple[bytes, str]], features, label, cluster,
             max_bytes: Optional[int], limit: int, limits: Limits,
-            tokenizer: Optional[TextEncoder]) -> Dataset:
+            tokenizer: Optional[TextEncoder], input_names: tuple[str, ...] = ()) -> Dataset:
     """`_load_data` in the jail on a path or on (bytes, name) already read; the Dataset
     rebuilt here from its plain arrays and facts."""
     size = len(source[0]) if isinstance(source, tuple) else _size_of(source)
@@ -421,7 +425,7 @@ def _jailed(source: Union[str, os.PathLike, tuple[bytes, str]], features, label,
     answer = jail.check(READ_DATA, {
         "source": source if isinstance(source, tuple) else os.path.abspath(source),
         "max_bytes": max_bytes, "features": features, "label": label, "cluster": cluster,
-        "limit": limit, "limits": limits,
+        "limit": limit, "limits": limits, "input_names": input_names,
         "tokenizer": None if tokenizer is None else tokenizer.plain()}, budget)
     facts, arrays = answer.facts, answer.arrays
     names = facts.get("input_names")
@@ -449,16 +453,18 @@ def _tensor_or_text(array: Optional[np.ndarray]) -> Any:
 
 @reads_input("data file")
 def _read_in_jail(source: Union[str, tuple[bytes, str]], max_bytes: Optional[int], features,
-                  label, cluster, limit: int, limits: Limits, tokenizer: Optional[dict]) -> dict:
+                  label, cluster, limit: int, limits: Limits, tokenizer: Optional[dict],
+                  input_names: tuple[str, ...] = ()) -> dict:
     """In the jail's child: the data file (a path, or bytes and their name) read as
     `load_data` reads it, as plain facts and arrays (`jail.Task`)."""
     encoder = None if tokenizer is None else TextEncoder.from_plain(tokenizer)
     if isinstance(source, tuple):
-        dataset = _load_data(*source, features, label, cluster, limit, limits, encoder)
+        dataset = _load_data(*source, features, label, cluster, limit, limits, encoder,
+                             input_names)
     else:
         with open_path(source, max_bytes=max_bytes, what="data") as stream:
             dataset = _load_data(stream, os.path.basename(source), features, label, cluster,
-                                 limit, limits, encoder)
+                                 limit, limits, encoder, input_names)
     arrays = {key: _plain_array(getattr(dataset, key)) for key in _FIELDS
               if getattr(dataset, key) is not None}
     facts: dict[str, Any] = {key: None if getattr(dataset, key) is None
@@ -478,17 +484,20 @@ def _plain_array(value: Any) -> np.ndarray:
 
 
 def _load_data(data: Union[bytes, BinaryIO], name: str, features, label, cluster,
-               limit: int, limits: Limits, tokenizer: Any = None) -> Dataset:
+               limit: int, limits: Limits, tokenizer: Any = None,
+               input_names: tuple[str, ...] = ()) -> Dataset:
     """The Dataset in `data` (`_parse_data`), running out of memory as a message with the
     size that was asked for."""
     try:
-        return _parse_data(data, name, features, label, cluster, limit, limits, tokenizer)
+        return _parse_data(data, name, features, label, cluster, limit, limits, tokenizer,
+                           input_names)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
 
 
 def _parse_data(data: Union[bytes, BinaryIO], name: str, features, label, cluster,
-                limit: int, limits: Limits, tokenizer: Any = None) -> Dataset:
+                limit: int, limits: Limits, tokenizer: Any = None,
+                input_names: tuple[str, ...] = ()) -> Dataset:
     """The Dataset in `data`: a file's bytes, or a binary file open on it, from which a
     .npz or .npy is read entry by entry straight into its arrays (no copy of the file)."""
     size = len(data) if isinstance(data, bytes) else os.fstat(data.fileno()).st_size
@@ -506,7 +515,7 @@ def _parse_data(data: Union[bytes, BinaryIO], name: str, features, label, cluste
                     array = _read_npy(stream, entry.file_size, entry.filename, limit, budget)
                 arrays[entry.filename[:-4]] = array
                 budget -= held_bytes(array.size, array.dtype.itemsize)
-            return _from_arrays(arrays, features, label, cluster)
+            return _from_arrays(arrays, features, label, cluster, input_names)
     if kind == "npy":
         stream = io.BytesIO(data) if isinstance(data, bytes) else data
         stream.seek(0)
@@ -516,7 +525,7 @@ def _parse_data(data: Union[bytes, BinaryIO], name: str, features, label, cluste
         data.seek(0)
         data = data.read()
     if kind in ("torch.save", "pickle"):
-        return _from_torch(data, features, label, cluster, limit, limits)
+        return _from_torch(data, features, label, cluster, limit, limits, input_names)
     if kind == "parquet":
         return _from_frame(_read_parquet(data, limit, limits), features, label, cluster,
                            tokenizer, limits)
@@ -594,7 +603,8 @@ def _read_npy(stream: BinaryIO, size: int, name: str, limit: int, budget: int
     return array
 
 
-def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits) -> Dataset:
+def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limits,
+                input_names: tuple[str, ...] = ()) -> Dataset:
     loaded = unpickle(data, limits, what="This .pt file", remedy=(
         "Save tensors, or lists, tuples or a dict of them, e.g. torch.save({'inputs': "
         "torch.tensor(x), 'labels': torch.tensor(y)}, path)."))
@@ -612,7 +622,7 @@ def _from_torch(data: bytes, features, label, cluster, limit: int, limits: Limit
         if array.ndim and array.shape[0] > limit:
             raise _too_many_rows(array.shape[0], limit)
         arrays[str(key)] = array
-    return _from_arrays(arrays, features, label, cluster)
+    return _from_arrays(arrays, features, label, cluster, input_names)
 
 
 def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: str,
@@ -633,11 +643,15 @@ def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: 
     return found
 
 
-def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster) -> Dataset:
+def _from_arrays(arrays: dict[str, np.ndarray], features, label, cluster,
+                 input_names: tuple[str, ...] = ()) -> Dataset:
+    """The Dataset of a .npz's or .pt's arrays; the inputs are `features`, else the model's
+    own `input_names` (several: named inputs), else the first of the usual names."""
     arrays = dict(arrays)
     image_shape = arrays.pop("image_shape", None)
-    named = _named_input_keys(arrays, features)
-    inputs_key = None if named else _pick(arrays, features, _INPUT_KEYS, "inputs array",
+    named = _named_input_keys(arrays, features, input_names)
+    candidates = tuple(input_names) + tuple(k for k in _INPUT_KEYS if k not in input_names)
+    inputs_key = None if named else _pick(arrays, features, candidates, "inputs array",
                                           required=len(arrays) != 1)
     if inputs_key is None and not named:
         inputs_key = next(iter(arrays))
@@ -672,8 +686,9 @@ def _shared(array: np.ndarray, integers: bool = False) -> Any:
     return array
 
 
-def _named_input_keys(arrays: dict, features) -> list[str]:
-    """The arrays that are named model inputs: those listed in `features` (a list), else
+def _named_input_keys(arrays: dict, features, input_names: tuple[str, ...] = ()) -> list[str]:
+    """The arrays that are named model inputs: those listed in `features` (a list), else the
+    model's own several `input_names` that the data holds (the first of them at least), else
     transformers' text inputs (input_ids, attention_mask, token_type_ids) when the data
     has input_ids and no plain inputs array; [] for one plain inputs array."""
     if features is not None and not isinstance(features, str):
@@ -682,6 +697,9 @@ def _named_input_keys(arrays: dict, features) -> list[str]:
             raise AttributionError(f"There is no array {', '.join(map(repr, missing))}; "
                                    f"available: {', '.join(map(str, arrays))}.")
         return list(features)
+    held = [name for name in input_names if name in arrays]
+    if features is None and len(input_names) > 1 and input_names[0] in arrays:
+        return held
     if features is None and model_io.TEXT_INPUT in arrays \
             and not any(key in arrays for key in _INPUT_KEYS):
         return [key for key in model_io.TEXT_INPUTS if key in arrays]

@@ -452,10 +452,21 @@ def _load(data: bytes, kind: str, architecture: Any, example_input: Any,
             stored_names = description.class_names
     if example_input is not None:
         example = _example_from(example_input)
-    if example is None:
+    guessed = example is None
+    if guessed:
         example = _guess_example(module)
     module.eval()
-    return checked_model(module, example, source_format, class_names, stored_names, output)
+    try:
+        return checked_model(module, example, source_format, class_names, stored_names, output)
+    except AttributionError as error:
+        if not guessed:
+            raise
+        raise GuessedExampleFailed(
+            f"{error} That input was the loader's guess ({shape_text(example)}, zeros, from "
+            "the model's first layer): this file does not say what the model takes. Pass "
+            "an example: example_input=x[:2] (a batch of your data) or the shape of one "
+            "sample, e.g. example_input=(1, 28, 28); the command line takes the first rows "
+            "of --data.") from None
 
 
 _PICKLE_REMEDY = (
@@ -470,6 +481,12 @@ def _torchscript_error() -> AttributionError:
         "This is a TorchScript file (torch.jit.save). PyTorch does not allow forward hooks on "
         "ScriptModules, so its neurons cannot be scored. From the original Python model, "
         f"export it instead:\n{EXPORT_RECIPE}")
+
+
+class GuessedExampleFailed(AttributionError):
+    """The model could not run on the example input the loader guessed from its first layer
+    (a pickled module or a Python file does not say what it takes): give one
+    (`load_model(example_input=...)`)."""
 
 
 def _example_from(example_input: Union[torch.Tensor, Sequence[int]]) -> torch.Tensor:

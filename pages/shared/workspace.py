@@ -109,7 +109,8 @@ def _on_compute_device(loaded: LoadedModel) -> LoadedModel:
 @st.cache_data(max_entries=4, show_spinner="Reading the data…")
 def _uploaded_data(key: str, _data: bytes, _loaded: LoadedModel, image_shape: str) -> Dataset:
     return check_data(load_data(_data, tokenizer=_loaded.tokenizer,
-                                image_shape=image_shape or None), _loaded)
+                                image_shape=image_shape or None,
+                                input_names=_loaded.input_names), _loaded)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

@@ -17,7 +17,7 @@ from attribution.analyses import distributed
 from attribution.analyses import pruning
 from attribution.analyses import settings
 from attribution.inputs.data import check_data, load_data
-from attribution.inputs.loading import load_model
+from attribution.inputs.loading import GuessedExampleFailed, load_model
 
 from tests.support.models import token_files
 from tests.support import ROOT
@@ -175,6 +175,39 @@ def test_streamed_npy_files_are_parsed_only_in_the_jail(tmp_path, demo, capsys, 
         assert jailed.read_text() == (tmp_path / out).read_text()
         code, _, err = in_process(*run, "--trust-code", "--out", jailed, capsys=capsys)
         assert code == 3 and "parsed a user's file here" in err
+
+
+def test_a_pickled_model_of_token_ids_takes_its_example_from_the_data(tmp_path, capsys):
+    """A pickled module does not say what it takes, and the loader's guess from its first
+    Linear (float zeros [2, 8]) cannot feed an Embedding: the error names example_input=;
+    the command line takes the first rows of --data (.npz or streamed .npy) and scores as
+    the same model exported does; `layers`, without data, says what to pass."""
+    model, ids, labels = token_files(tmp_path)
+    torch.save(model, tmp_path / "tokens.pt")
+    with pytest.raises(GuessedExampleFailed, match=r"loader's guess .*example_input=x\[:2\]"):
+        load_model(tmp_path / "tokens.pt", trust_code=True)
+    loaded = load_model(tmp_path / "tokens.pt", trust_code=True, example_input=ids[:2])
+    assert loaded.input_dtype == torch.int64 and loaded.input_shape == (5,)
+    np.save(tmp_path / "ids.npy", ids.numpy())
+    np.save(tmp_path / "labels.npy", labels.numpy())
+    common = ("score", "--layer", "fc1", "--method", "gradient", "--clusters", "label",
+              "--trust-code")
+    tables = {}
+    for model_file, data in (("tokens.pt2", ("tokens.npz",)), ("tokens.pt", ("tokens.npz",)),
+                             ("tokens.pt", ("ids.npy", "--labels", "labels.npy"))):
+        out = tmp_path / f"{model_file}.{data[0]}.csv"
+        code, _, err = in_process(*common, "--model", tmp_path / model_file, "--data",
+                                  tmp_path / data[0], *[tmp_path / d if d.endswith(".npy")
+                                                        else d for d in data[1:]],
+                                  "--out", out, capsys=capsys)
+        assert code == 0, err
+        tables[model_file, data[0]] = pd.read_csv(out)
+    expected = tables["tokens.pt2", "tokens.npz"]
+    for table in tables.values():
+        pd.testing.assert_frame_equal(table, expected, rtol=1e-5)
+    code, _, err = in_process("layers", "--model", tmp_path / "tokens.pt", "--trust-code",
+                              capsys=capsys)
+    assert code == 2 and "example_input=" in err and "first rows of --data" in err
 
 
 def test_a_model_of_token_ids_from_file_and_streamed(tmp_path, capsys):

@@ -413,6 +413,36 @@ def test_an_image_classifier_folder_takes_image_arrays_and_every_method(tmp_path
         assert scores.shape == (5, 24) and torch.isfinite(scores).all()
 
 
+def test_data_under_the_models_own_input_name_is_found_by_the_api_and_the_cli(tmp_path,
+                                                                           capsys):
+    """A ViT folder takes pixel_values: a .npz keyed pixel_values is its inputs (the name was
+    refused: "name it one of inputs, x, ..."); a key no rule knows is refused with the
+    model's own name first and the option that chooses (features= / --features)."""
+    from attribution import cli
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=24, num_labels=3)
+    folder = _folder_files(transformers.ViTForImageClassification(config).eval(), tmp_path,
+                           "vit")
+    loaded = at.load_model(folder)
+    images, labels = torch.rand(6, 1, 8, 8), np.arange(6) % 3
+    (tmp_path / "own.npz").write_bytes(_npz_bytes(pixel_values=images.numpy(), labels=labels))
+    for sandbox in (None, False):
+        dataset = check_data(load_data(tmp_path / "own.npz", input_names=loaded.input_names,
+                                       sandbox=sandbox), loaded)
+        torch.testing.assert_close(dataset.inputs["pixel_values"], images)
+    code = cli.main([str(a) for a in ("score", "--model", folder, "--data",
+                                      tmp_path / "own.npz", "--layer", "vit.layernorm",
+                                      "--method", "gradient", "--out", tmp_path / "s.csv")])
+    assert code == 0, capsys.readouterr().err
+    (tmp_path / "odd.npz").write_bytes(_npz_bytes(pictures=images.numpy(), labels=labels))
+    with pytest.raises(at.AttributionError, match=r"name it one of pixel_values, inputs, x"
+                                                  r".*features=.*--features"):
+        load_data(tmp_path / "odd.npz", input_names=loaded.input_names)
+
+
 def _npz_bytes(**arrays) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
