@@ -207,8 +207,11 @@ def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
     common = ["--model", root / "demo" / "digits_mlp.pt2", "--data", root / "demo" / "digits.npz",
               "--layer", "fc2", "--reduce", "mean_abs", "--clusters", "provided"]
     commands = {
-        "score": ["score", *common, "--method", "gradient", "random", "--per-sample",
-                  "{folder}/samples.npy", "--out", "{folder}/scores.csv"],
+        # conductance at 2 steps: samples refined, some still missing (the sum_missing column
+        # counted on each rank's shard, then summed)
+        "score": ["score", *common, "--method", "gradient", "random", "conductance",
+                  "--n-steps", "2", "--per-sample", "{folder}/samples.npy",
+                  "--out", "{folder}/scores.csv"],
         "curve": ["curve", *common, "--cluster", "odd", "--n-random", "6", "--ks", "0,1,4,16",
                   "--out", "{folder}/curve.csv", "--summary", "{folder}/summary.json"],
     }
@@ -229,7 +232,8 @@ def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
     for table in ("scores.csv", "curve.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "torchrun" / table),
                                       pd.read_csv(tmp_path / "single" / table), rtol=1e-6)
-    for method in ("gradient", "random"):
+    assert pd.read_csv(tmp_path / "single" / "scores.csv")["sum_missing"].sum() > 0
+    for method in ("gradient", "random", "conductance"):
         np.testing.assert_allclose(np.load(tmp_path / "torchrun" / f"samples.{method}.npy"),
                                    np.load(tmp_path / "single" / f"samples.{method}.npy"),
                                    rtol=1e-5, atol=1e-7)
