@@ -11,6 +11,7 @@ from torch import nn
 import attribution as at
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import eval_mode
+from attribution.methods import registry
 from attribution.methods.registry import REGISTRY, gauss_legendre
 
 from tests.support import references
@@ -115,6 +116,24 @@ def test_integrated_gradients_completeness(arch, layer):
         with references.replaced_output(module, torch.zeros_like):
             zeroed = model(x).gather(1, y[:, None])[:, 0]
     torch.testing.assert_close(scores.sum(1), full - zeroed, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 32, 33, 64, 256, 1024])
+def test_gauss_legendre_nodes_equal_numpys_without_calling_numpys_lapack(n, monkeypatch):
+    """Equal to NumPy's leggauss to float32 rounding, computed in torch: NumPy's LAPACK call
+    woke its OpenBLAS threads, which spun beside torch's and slowed the next batches 3x."""
+    nodes, weights = np.polynomial.legendre.leggauss(n)
+    registry._gauss_legendre_on_cpu.cache_clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("NumPy's LAPACK is called")
+    monkeypatch.setattr(np.linalg, "eigvalsh", refuse)
+    monkeypatch.setattr(np.polynomial.legendre, "leggauss", refuse)
+    ours_weights, alphas = gauss_legendre(n)
+    assert ours_weights.dtype == alphas.dtype == torch.float32
+    np.testing.assert_allclose(ours_weights.double(), 0.5 * weights, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(alphas.double(), 0.5 * (nodes + 1), rtol=0, atol=6e-8)
+    assert (alphas.diff() > 0).all() and abs(float(ours_weights.double().sum()) - 1) < 1e-6
 
 
 def test_hand_set_weights_give_literal_scores():
