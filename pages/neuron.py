@@ -5,6 +5,7 @@ they are). Opened by clicking a bar or heatmap cell on the Scores page, or by a 
 import streamlit as st
 
 from attribution.presentation import plots
+from attribution.presentation.report import sample_shape
 from attribution.analyses.neuron import neuron_view
 from attribution.analyses.settings import cluster_label
 from pages.shared.context import context
@@ -127,7 +128,7 @@ elif view.input_kind in ("table", "tokens"):
                view.input_kind == "tokens" else
                "Each row is a sample (most-activating first), each column an input feature.")
 else:
-    st.info(f"Inputs of shape {list(ctx.ws.data.inputs.shape[1:])} are not drawn; the table "
+    st.info(f"Inputs of shape {sample_shape(ctx.ws.data.inputs)} are not drawn; the table "
             "below lists the samples.", icon=":material/info:")
 st.dataframe(examples[["side", "sample", "activation", "score", "in_cluster", "label_name"]]
              .rename(columns={"side": "drives it", "label_name": "label",

@@ -26,6 +26,7 @@ from torch import nn
 from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE
 from ..engine.layers import resolve_layer
+from ..engine.model_io import NamedInputs, sample_values
 from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
 from .pruning import metric_values
@@ -48,7 +49,8 @@ class NeuronView:
             "target_logit" of the cluster (and the rest) with the neuron removed alone.
         examples: rows (sample, rank, side, activation, score, in_cluster, label,
             input, positions, tokens, token_scores): side "most" or "least"; `input` the
-            sample's input array (image [C, H, W], token ids [T], features [F]); `positions`
+            sample's input array (image [C, H, W], token ids [T], features [F]; named
+            inputs: {name: array}, `model_io.sample_values`); `positions`
             the neuron's output at each position ([H', W'] or [T]) or None for a layer
             without positions; `tokens` (str [T']) and `token_scores` [T'] the sample's real
             tokens and the method's score at each, or None.
@@ -64,8 +66,10 @@ class NeuronView:
 
 def input_kind(inputs: torch.Tensor, image_shape: Optional[tuple[int, ...]] = None) -> str:
     """"image" for [N, C, H, W] with 1, 3 or 4 channels or data that declares an
-    `image_shape` (a table of pixels), "tokens" for integer ids, "table" for [N, F]
-    features, else "other"."""
+    `image_shape` (a table of pixels), "tokens" for integer ids (named inputs: all of them
+    integers), "table" for [N, F] features, else "other" (an image beside a table)."""
+    if isinstance(inputs, NamedInputs):
+        return "other" if inputs.dtype.is_floating_point else "tokens"
     if not inputs.is_floating_point():
         return "tokens"
     if image_shape is not None or (inputs.dim() == 4 and inputs.shape[1] in (1, 3, 4)):
@@ -234,7 +238,7 @@ def _examples(model, name: str, inputs: torch.Tensor, samples: pd.DataFrame,
             "score": float(samples["score"].iloc[sample]),
             "in_cluster": bool(samples["in_cluster"].iloc[sample]),
             "label": None if labels is None else labels[sample].item(),
-            "input": inputs[sample].detach().cpu().numpy(),
+            "input": sample_values(inputs, sample),
             "positions": None if positions is None else positions[position],
         })
     return pd.DataFrame(rows)

@@ -123,6 +123,15 @@ def is_batch(x: Any) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray, NamedInputs))
 
 
+def sample_values(x: Any, index: int) -> Any:
+    """Sample `index` of a batch on the CPU as NumPy: an array [...], or {name: array} for
+    named inputs (each of its own shape)."""
+    x = named(x)
+    if isinstance(x, NamedInputs):
+        return {name: _tensor(value[index]).detach().cpu().numpy() for name, value in x.items()}
+    return _tensor(x[index]).detach().cpu().numpy()
+
+
 def n_rows(x: Any) -> int:
     """N of a batch [N, ...]."""
     x = named(x)

@@ -953,17 +953,16 @@ def _named_for(inputs, model: LoadedModel) -> NamedInputs:
             f"The model takes the inputs {', '.join(model.input_names)} (at least "
             f"{model.input_names[0]}); the data has {', '.join(inputs.keys())}. Name the "
             "arrays after the model's inputs, or choose them (features= / --input-names).")
-    checked = {}
+    checked, specs = {}, model.named_specs()
     for name, value in inputs.items():
-        if value.dim() != 1 + len(model.input_shape):
+        shape, dtype = specs[name]
+        if value.dim() != 1 + len(shape):
             raise AttributionError(
                 f"Input {name!r} has shape {list(value.shape)}; the model expects "
-                f"[N, {', '.join(['...'] * len(model.input_shape))}] like its example "
-                f"[N, {', '.join(map(str, model.input_shape))}].")
-        if model.input_dtype.is_floating_point:
-            checked[name] = value.to(torch.float32)
-        else:
-            checked[name] = _as_ids(value, model.input_dtype)
+                f"[N, {', '.join(['...'] * len(shape))}] like its example "
+                f"[N, {', '.join(map(str, shape))}].")
+        checked[name] = value.to(torch.float32) if dtype.is_floating_point else \
+            _as_ids(value, dtype)
     return NamedInputs(checked)
 
 

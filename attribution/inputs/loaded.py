@@ -13,7 +13,7 @@ from torch import nn
 from ..errors import AttributionError
 from ..engine.guards import eval_mode
 from ..engine.layers import LayerInfo, list_layers, run_logits
-from ..engine.model_io import MASK_NAME, NamedInputs, OutputKey, describe, select_output, to_model
+from ..engine.model_io import MASK_NAME, NamedInputs, OutputKey, select_output, to_model
 from ..methods.scores import model_device
 from .untrusted.export_guard import EXPORT_RECIPE
 
@@ -30,8 +30,11 @@ class LoadedModel:
         source_format: "torch.export", "state dict", "safetensors", "pickled module" or
             "Hugging Face".
         input_dtype: dtype of the example input (int64 for a model of token ids).
-        input_names: for a model called with keywords (transformers), the names it takes,
-            each [B, *input_shape] (`model_io.NamedInputs`); () for a model of one tensor.
+        input_names: for a model called with keywords (transformers, an image beside a
+            table), the names it takes (`model_io.NamedInputs`); () for a model of one tensor.
+            `input_shape` and `input_dtype` are then the first one's.
+        input_specs: (name, shape of one sample, dtype) of each named input (`named_specs`);
+            () for one tensor, or where every one is [B, *input_shape] of input_dtype.
         output: where the logits are in the model's output (`model_io.select_output`);
             None = the default rule. Declared for the module on construction.
         tokenizer: for a Hugging Face folder with a tokenizer.json, its
@@ -47,19 +50,25 @@ class LoadedModel:
     input_names: tuple[str, ...] = ()
     output: OutputKey = None
     tokenizer: Any = None
+    input_specs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()
 
     def __post_init__(self):
         if self.output is not None:
             select_output(self.module, self.output)
 
+    def named_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """name -> (shape of one sample, dtype) of each named input, in `input_names` order."""
+        specs = {name: (shape, dtype) for name, shape, dtype in self.input_specs}
+        return {name: specs.get(name, (self.input_shape, self.input_dtype))
+                for name in self.input_names}
+
     def example_input(self, batch: int = 1):
-        """Zeros [batch, *input_shape] in the model's input dtype; for named inputs one such
-        tensor per name (an attention mask of ones)."""
-        zeros = torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+        """Zeros [batch, *input_shape] in the model's input dtype; for named inputs one
+        tensor per name, each of its own shape and dtype (an attention mask of ones)."""
         if not self.input_names:
-            return zeros
-        return NamedInputs({name: torch.ones_like(zeros) if name == MASK_NAME else zeros
-                            for name in self.input_names})
+            return torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
+        return NamedInputs({name: (torch.ones if name == MASK_NAME else torch.zeros)(
+            (batch,) + shape, dtype=dtype) for name, (shape, dtype) in self.named_specs().items()})
 
     def layers(self, example: Any = None) -> list[LayerInfo]:
         """`list_layers` of the module, found with `example` (a few rows of the data: their
@@ -74,21 +83,20 @@ def checked_model(module: nn.Module, example: Any, source_format: str,
                   stored_names: Optional[Sequence[str]] = None,
                   output: OutputKey = None) -> LoadedModel:
     """The LoadedModel of an eval-mode `module`, after runs on batches of 1 and 3 samples
-    shaped like `example` ([B, ...] tensor, or `NamedInputs` of equally shaped entries)."""
+    shaped like `example` ([B, ...] tensor, or `NamedInputs`, each entry of its own sample
+    shape and dtype)."""
     if isinstance(example, NamedInputs):
-        signatures = {(tuple(value.shape[1:]), value.dtype) for value in example.values()}
-        if len(signatures) != 1:
-            raise AttributionError(f"The model's named inputs must share one sample shape and "
-                                   f"dtype (e.g. input_ids and attention_mask [T]); got "
-                                   f"{describe(example)}.")
+        specs = tuple((name, tuple(int(s) for s in value.shape[1:]), value.dtype)
+                      for name, value in example.items())
         first = next(iter(example.values()))
         input_names = tuple(example.keys())
     else:
-        first, input_names = example, ()
+        first, input_names, specs = example, (), ()
     select_output(module, output)
     loaded = LoadedModel(module=module, input_shape=tuple(int(s) for s in first.shape[1:]),
                          n_classes=0, source_format=source_format, input_dtype=first.dtype,
-                         input_names=input_names, output=output)
+                         input_names=input_names, output=output,
+                         input_specs=specs)
     n_classes = _check_runs(loaded, source_format == "torch.export")
     names = class_names if class_names is not None else stored_names
     if names is not None and len(names) != n_classes:

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from ..analyses.settings import REDUCTION_LABELS
+from ..engine.model_io import TEXT_INPUT
 from ..methods.registry import REGISTRY, colour_from_name, method_label
 from ..methods.scores import averaged, cluster_table, reduce_scores
 
@@ -808,14 +809,17 @@ def example_values(examples: pd.DataFrame, *, neuron: int,
 
     Args:
         examples: rows (sample, side, activation, input, positions[, tokens, token_scores])
-            as `attribution.analyses.neuron.NeuronView.examples`.
+            as `attribution.analyses.neuron.NeuronView.examples` (an input of named inputs
+            is {name: array}: its input_ids, else its first, are drawn).
         feature_names: one name per feature, or None.
         method: the method of the token scores, for the colour bar.
     """
     rows = [f"{side} · #{int(sample)} · act {act:.3g}" for side, sample, act in
             zip(examples["side"], examples["sample"], examples["activation"])]
     scored = "token_scores" in examples and examples["token_scores"].notna().all()
-    inputs = [np.asarray(value).reshape(-1) for value in examples["input"]]
+    inputs = [np.asarray(value.get(TEXT_INPUT, next(iter(value.values())))
+                         if isinstance(value, dict) else value).reshape(-1)
+              for value in examples["input"]]  # named inputs: the token ids
     per_token = scored or all(m is not None and np.size(m) == np.size(x)
                               for m, x in zip(examples["positions"], inputs))
     if scored:  # ragged: each sample's real tokens, padded with blanks
