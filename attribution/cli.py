@@ -27,7 +27,7 @@ import math
 import sys
 import textwrap
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -39,6 +39,7 @@ from tqdm import tqdm
 from .inputs import data as data_module
 from .analyses import distributed
 from .presentation import plots
+from .analyses.costs import curve_cost
 from .analyses.diagnose import diagnose
 from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
@@ -139,6 +140,9 @@ def _data_arguments(group, kmeans_flag: str) -> None:
     group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
                        help="most samples loaded into memory (default %(default)s); larger "
                             "data: save the inputs as .npy")
+    group.add_argument("--sample", type=_positive, metavar="N",
+                       help="work on a random N of the samples (seeded by --seed, in their "
+                            "order): a curve or a diagnosis that costs less")
     group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
                        help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
                             "the label when the data has labels, else the data's cluster ids, "
@@ -480,11 +484,27 @@ def load_problem(args) -> Problem:
                                     sandbox=not args.trust_code,
                                     input_names=model.input_names)
     dataset = data_module.check_data(dataset, model)
-    return Problem(model, dataset.inputs, dataset.labels, dataset.clusters, dataset.class_names,
-                   dataset.image_shape)
+    return _sampled(Problem(model, dataset.inputs, dataset.labels, dataset.clusters,
+                            dataset.class_names, dataset.image_shape), args.sample, args.seed)
+
+
+def _sampled(problem: Problem, n: Optional[int], seed: int) -> Problem:
+    """`problem` on a seeded random `n` of its samples, kept in their order (--sample)."""
+    if n is None or n >= problem.n_samples:
+        return problem
+    chosen = torch.randperm(problem.n_samples, generator=torch.Generator().manual_seed(seed)
+                            )[:n].sort().values
+    return replace(problem, inputs=model_io.take(problem.inputs, chosen),
+                   labels=None if problem.labels is None else problem.labels[chosen],
+                   provided_clusters=None if problem.provided_clusters is None
+                   else problem.provided_clusters[chosen.numpy()])
 
 
 def _streamed_problem(args, model: LoadedModel) -> Problem:
+    if args.sample is not None:
+        raise AttributionError("--sample takes data held in memory (.npz, .pt, .csv, "
+                               ".parquet); a streamed .npy is read in order: save a sample "
+                               "of it, e.g. numpy.save(path, x[::10]).")
     rows = NpyRows(args.data, batch_size=args.batch_size, sandbox=not args.trust_code,
                    limits=limits_from(args))
     if tuple(rows.shape[1:]) != tuple(model.input_shape) and not (  # or token ids [N, T]
@@ -824,6 +844,12 @@ def run_curve(args) -> int:
     module, layer = problem.model.module, args.layer
     clusters, focus, ranking = _ranking(args, problem, targets)
     measured = analysis.curve_targets(args.metric, problem.labels, targets)
+    if not args.quiet and _is_writer() and isinstance(problem.inputs,
+                                                      torch.Tensor | NamedInputs):
+        _say("pruning curves: " + curve_cost(module, layer, problem.inputs, measured, ks=ks,
+                                             n_random=args.n_random, seed=args.seed,
+                                             batch_size=args.batch_size
+                                             ).words(command_line=True))
     with ProgressBar("pruning curves", args.quiet) as bar:
         if args.cluster is None:
             curves = distributed.pruning_curve(module, layer, problem.inputs, measured,
@@ -906,6 +932,13 @@ def run_diagnose(args) -> int:
         focus = cluster_id(args.cluster, clusters)
     user_scores = None if args.user_scores is None else _per_sample(
         args, args.user_scores, "user scores")
+    if not args.quiet and isinstance(problem.inputs, torch.Tensor | NamedInputs):
+        _say("diagnose, its exact ablation and pruning curve: " + curve_cost(
+            problem.model.module, args.layer, problem.inputs,
+            analysis.curve_targets(metric_of(args, problem), problem.labels, targets),
+            ks=analysis.evidence_ks,
+            n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
+            exact_ablation=True).words(command_line=True))
     with ProgressBar("diagnose", args.quiet) as bar:
         findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
                             args.method, clusters, cluster=focus, reduce=args.reduce,

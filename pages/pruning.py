@@ -49,6 +49,10 @@ controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
                           help="More orders give a smoother band and take longer.")
 titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the data"}
 n_neurons = ctx.n_neurons
+try:  # said before the curve runs; a layer that cannot run is the curve's own error below
+    controls[2].caption(f"This curve costs {ctx.curve_cost().words()}")
+except at.AttributionError:
+    pass
 curve = PruningCurve(st.session_state, ctx.curve_key())
 view = curve.view(len(s.curve_ks(n_neurons)))
 status, stop_slot = st.empty(), st.empty()  # the same places in every state, then the chart

@@ -71,6 +71,7 @@ from ..inputs.data import CLUSTER_SOURCES, Dataset
 from ..errors import AttributionError
 from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
+from .costs import CurveCost, curve_cost
 from .prune import prune, save_pt2
 from .pruning import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
 from ..methods.passes import check_targets
@@ -448,6 +449,13 @@ class AnalysisSettings:
             clusters, self.cluster, ranking, ks=self.curve_ks(len(ranking)),
             n_random=self.n_random, seed=self.seed, metric=self.metric,
             batch_size=self.batch_size, **run)
+
+    def curve_cost(self, model: nn.Module, dataset: Dataset,
+                   targets: Optional[torch.Tensor]) -> CurveCost:
+        """What `pruning_curves` will cost (`costs.curve_cost`), said before it runs."""
+        return curve_cost(model, self.layer, dataset.inputs,
+                          self.curve_targets(dataset.labels, targets), ks=self.curve_ks,
+                          n_random=self.n_random, seed=self.seed, batch_size=self.batch_size)
 
     def pruned_model_file(self, model: nn.Module, dataset: Dataset, ranking: np.ndarray,
                           k: int, class_names: Optional[Sequence[str]] = None) -> bytes:

@@ -77,6 +77,11 @@ def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch
                             batch_size=batch_size, progress=_progress)
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def _curve_cost(curve_key: tuple, _settings: AnalysisSettings, _model, _dataset, _targets):
+    return _settings.curve_cost(_model, _dataset, _targets)
+
+
 @dataclass(frozen=True)
 class Context:
     """What every page works on: the workspace, the choices, and the clusters they imply."""
@@ -244,6 +249,12 @@ class Context:
         s = self.settings
         return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
                                 s.ranking(self.scores(s.method), self.clusters), **run)
+
+    def curve_cost(self):
+        """What the pruning curves will cost (`AnalysisSettings.curve_cost`), measured once
+        per curve (a probe of a few dozen samples)."""
+        return _curve_cost(self.curve_key(), self.settings, self.ws.model, self.ws.data,
+                           self.targets)
 
     def pruned_model_file(self, k: int) -> bytes:
         """A .pt2 of the model with the layer's k lowest-ranked neurons removed, ranked as

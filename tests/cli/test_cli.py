@@ -13,7 +13,7 @@ import torch
 
 import attribution as at
 from attribution import cli
-from attribution.analyses import distributed
+from attribution.analyses import costs, distributed
 from attribution.analyses import pruning
 from attribution.analyses import settings
 from attribution.inputs.data import check_data, load_data
@@ -305,6 +305,41 @@ def test_prune_without_labels_measures_agreement_with_the_unpruned_model(tmp_pat
     assert at.model_metric(pruned, dataset.inputs, predicted) == pytest.approx(
         curve["ranked"].iloc[0], abs=1e-9)
     assert out.startswith("accuracy 1.0000 -> ")
+
+
+def test_curve_and_diagnose_say_their_cost_before_they_run(runs):
+    """16 neurons, 10 orders at 5 k; diagnose also ablates every neuron."""
+    curve = runs["curve"][2]
+    masks = costs.distinct_masks(16, 8, [0, 2, 4, 8, 16], settings.DEFAULT_SEED)
+    assert "pruning curves: " in curve and (
+        f"10 removal orders x 5 values of k on 719 samples, {masks} masked passes" in curve)
+    diagnosis = runs["diagnose"][2]
+    masks = costs.distinct_masks(16, 8, settings.evidence_ks(16), settings.DEFAULT_SEED) + 16
+    assert ("diagnose, its exact ablation and pruning curve: " in diagnosis
+            and f"{masks} masked passes" in diagnosis)
+
+
+def test_sample_scores_a_seeded_sample_in_order_and_streamed_data_refuses_it(tmp_path, demo,
+                                                                             capsys):
+    module, dataset = demo
+    common = ("--model", MODEL, "--data", DATA, "--layer", LAYER, "--method", "gradient",
+              "--quiet", "--clusters", "label", "--seed", "3")
+    code, _, err = in_process("score", *common, "--sample", "100", "--out",
+                              tmp_path / "a.csv", "--per-sample", tmp_path / "a.npy",
+                              capsys=capsys)
+    assert code == 0, err
+    chosen = torch.randperm(719, generator=torch.Generator().manual_seed(3))[:100].sort().values
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy"), at.neuron_scores(
+        module, LAYER, dataset.inputs[chosen], dataset.labels[chosen], "gradient").numpy(),
+        rtol=1e-5,
+        atol=1e-7)
+    table = pd.read_csv(tmp_path / "a.csv")
+    assert table[table["neuron"] == 0]["n"].sum() == 100  # the clusters' sizes
+    np.save(tmp_path / "inputs.npy", dataset.inputs.numpy())
+    code, _, err = in_process("score", "--model", MODEL, "--data", tmp_path / "inputs.npy",
+                              "--layer", LAYER, "--sample", "100", "--out", tmp_path / "b.csv",
+                              capsys=capsys)
+    assert code == 2 and "--sample takes data held in memory" in err
 
 
 def test_diagnose_exit_code_gates_on_the_severity(runs, capsys):

@@ -167,3 +167,27 @@ def test_slow_scoring_says_how_long_it_takes_on_the_first_page(monkeypatch, draw
     assert scored and scored[0] <= 0.4
     assert any(text.startswith("Scoring neurons by") and ESTIMATE.search(text)
                for text in drawn), drawn
+
+
+def test_the_pruning_page_says_the_curves_cost_and_its_cheaper_setting_first(monkeypatch):
+    """Before the curve runs, beside its controls: its passes and time, and where it costs
+    more than a few seconds the cheaper number of random orders (a choice of the slider);
+    the command line's flags are not offered on the page."""
+    from attribution.analyses import costs
+
+    app = run_app()
+    app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    said = [c.value for c in app.caption if c.value.startswith("This curve costs ")]
+    n_neurons = app.session_state["context"].n_neurons
+    s = app.session_state["context"].settings
+    masks = costs.distinct_masks(n_neurons, s.n_random, s.curve_ks(n_neurons), s.seed)
+    assert len(said) == 1 and f"{masks} masked passes" in said[0], said
+    monkeypatch.setattr(costs, "WORTH_SAYING_SECONDS", 0.0)
+    app.switch_page("pages/scores.py").run()
+    app.session_state["w_random"] = 50  # another curve: its cost measured anew
+    app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    said = [c.value for c in app.caption if c.value.startswith("This curve costs ")]
+    assert len(said) == 1 and f"cheaper: {costs.CHEAPER_N_RANDOM} random orders (" in said[0]
+    assert "--" not in said[0] and costs.CHEAPER_N_RANDOM in analysis.RANDOM_ORDERS

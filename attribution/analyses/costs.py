@@ -1,0 +1,172 @@
+"""What a pruning curve will cost, said before it runs, with the cheaper settings a user can
+trade for speed (fewer random orders, coarser k, a sample of the data).
+
+A curve's time is the front of the model once over the samples, then one masked pass of the
+layer's tail per distinct removal mask (`pruning._order_sums` shares masks between orders):
+(2 + n_random) orders x the k values, less the masks they share (k = 0, k = n). Both parts
+are timed on a probe of the user's own samples, through the same engine, and scaled by the
+number of samples: a linear model of the work, stated as an estimate.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
+from ..engine.model_io import n_rows, take
+from ..methods.passes import LayerPass
+from .pruning import _removal_masks, check_ks, order_curves, random_orders, spaced_ks
+
+PROBE_ROWS = 64
+"""Samples the estimate times the front and the masked tail on."""
+WORTH_SAYING_SECONDS = 5.0
+"""A curve estimated to take longer than this comes with its cheaper settings."""
+CHEAPER_N_RANDOM = 5
+CHEAPER_K_POINTS = 8
+CHEAPER_SAMPLES = 200
+
+
+@dataclass(frozen=True)
+class Cheaper:
+    """A setting that makes the curve cheaper: `option` (the command line's flag and value),
+    `setting` (its words for the dashboard; None where the dashboard has no such control),
+    and the estimated seconds with it."""
+
+    option: str
+    setting: Optional[str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CurveCost:
+    """The estimated cost of a pruning curve.
+
+    Attributes:
+        seconds: estimated wall time.
+        n_samples, n_neurons, n_orders, n_ks: its size (orders: ranked, bottom, random).
+        masks: distinct removal masks, each one masked pass of the tail over the samples
+            (with exact ablation, one more per neuron).
+        front_share: the share of the time spent in the front (the model up to the layer).
+        cheaper: settings that cost less (empty when the curve is quick anyway).
+    """
+
+    seconds: float
+    n_samples: int
+    n_neurons: int
+    n_orders: int
+    n_ks: int
+    masks: int
+    front_share: float
+    cheaper: tuple[Cheaper, ...]
+
+    def words(self, command_line: bool = False) -> str:
+        """One paragraph: the cost ("about 14 s", an estimate), where the time goes, and the
+        cheaper settings (as command-line flags, or in words for the dashboard's controls)."""
+        said = (f"{_seconds(self.seconds)}: {self.n_orders} removal orders x "
+                f"{self.n_ks} values of k on {self.n_samples} samples, {self.masks} masked "
+                f"passes of the layer's tail ({1 - self.front_share:.0%} of the time; the model "
+                "up to the layer runs once)")
+        offered = [(choice.option if command_line else choice.setting, choice.seconds)
+                   for choice in self.cheaper]
+        offered = [(words, seconds) for words, seconds in offered if words]
+        if offered:
+            said += "; cheaper: " + ", ".join(f"{words} ({_seconds(seconds)})"
+                                              for words, seconds in offered)
+        return said + "."
+
+
+def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
+               ks: Union[Sequence[int], Callable[[int], list[int]], None] = None,
+               n_random: int = 20, seed: int = DEFAULT_SEED,
+               batch_size: int = DEFAULT_BATCH_SIZE, device=None,
+               exact_ablation: bool = False) -> CurveCost:
+    """The cost of `pruning_curve(model, layer, inputs, targets, ..., ks=ks,
+    n_random=n_random)`, timed on the first `PROBE_ROWS` samples (in-memory inputs: a tensor,
+    array or named inputs). `ks` may be a rule of the layer's neuron count (e.g.
+    `settings.evidence_ks`: then coarser k is not offered); `exact_ablation` adds one masked
+    pass per neuron (`diagnose` ablates every neuron beside its curve)."""
+    n_samples = n_rows(inputs)
+    probe = take(inputs, slice(0, min(PROBE_ROWS, n_samples)))
+    probe_targets = None if targets is None or isinstance(targets, str) else \
+        targets[:n_rows(probe)]
+    front, per_mask, n_neurons = _probe(model, layer, probe, probe_targets, batch_size, device)
+    scale = n_samples / n_rows(probe)
+    offer_ks = not callable(ks)
+    ks = check_ks(ks(n_neurons) if callable(ks) else ks, n_neurons)
+
+    def seconds(n_random: int, ks: list[int], scale: float) -> tuple[float, int]:
+        masks = distinct_masks(n_neurons, n_random, ks, seed) + n_neurons * exact_ablation
+        return scale * (front + masks * per_mask), masks
+
+    total, masks = seconds(n_random, ks, scale)
+    cheaper = []
+    if total > WORTH_SAYING_SECONDS:
+        if n_random > CHEAPER_N_RANDOM:
+            cheaper.append(Cheaper(f"--n-random {CHEAPER_N_RANDOM}",
+                                   f"{CHEAPER_N_RANDOM} random orders",
+                                   seconds(CHEAPER_N_RANDOM, ks, scale)[0]))
+        if offer_ks and len(ks) > CHEAPER_K_POINTS + 1:
+            coarse = spaced_ks(n_neurons, CHEAPER_K_POINTS)
+            cheaper.append(Cheaper(f"--ks {','.join(map(str, coarse))}",
+                                   f"{len(coarse)} values of k",
+                                   seconds(n_random, coarse, scale)[0]))
+        if n_samples > CHEAPER_SAMPLES:
+            cheaper.append(Cheaper(f"--sample {CHEAPER_SAMPLES}", None,
+                                   seconds(n_random, ks, CHEAPER_SAMPLES / n_rows(probe))[0]))
+    return CurveCost(seconds=total, n_samples=n_samples, n_neurons=n_neurons,
+                     n_orders=2 + n_random, n_ks=len(ks), masks=masks,
+                     front_share=front / max(front + masks * per_mask, 1e-12),
+                     cheaper=tuple(cheaper))
+
+
+def distinct_masks(n_neurons: int, n_random: int, ks: Sequence[int], seed: int) -> int:
+    """Distinct removal masks of the ranked, bottom and `n_random` seeded random orders at
+    `ks` (a ranking and its reverse stand for any scores: the masks they share are k = 0 and
+    k = n)."""
+    ranked = torch.arange(n_neurons)
+    orders = torch.cat([ranked[None], ranked.flip(0)[None],
+                        random_orders(n_neurons, n_random, seed)])
+    masks = _removal_masks(orders, list(ks)).reshape(-1, n_neurons)
+    return int(torch.unique(masks, dim=0).shape[0])
+
+
+def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float, float, int]:
+    """(seconds of the front, seconds per masked tail pass, n_neurons) on `probe`: a curve of
+    one order at k = 0 (the front and one pass), then of four orders at eight k (the front
+    and up to 32); the difference is the passes'. The faster of two runs of each."""
+    def timed(orders_of, ks_of) -> tuple[float, int]:
+        best = float("inf")
+        for _ in range(2):
+            started = time.perf_counter()
+            order_curves(model, layer, probe, targets, orders_of, ks_of,
+                         batch_size=batch_size, device=device)
+            best = min(best, time.perf_counter() - started)
+        return best, int(torch.unique(_removal_masks(orders_of, ks_of)
+                                      .reshape(-1, orders_of.shape[1]), dim=0).shape[0])
+
+    n_neurons = _n_neurons(model, layer, probe, device)
+    ranked = torch.arange(n_neurons)
+    one, one_masks = timed(ranked[None], [0])
+    ks = sorted({min(n_neurons, k) for k in range(1, 9)})
+    several, masks = timed(torch.cat([ranked[None], ranked.flip(0)[None],
+                                      random_orders(n_neurons, 2, DEFAULT_SEED)]), ks)
+    per_mask = max(several - one, 0.0) / max(masks - one_masks, 1)
+    return max(one - per_mask, 0.0), per_mask, n_neurons
+
+
+def _n_neurons(model, layer, probe, device) -> int:
+    """The layer's neurons: its output's neuron axis, captured for one sample."""
+    layer_pass = LayerPass(model, layer, take(probe, slice(0, 1)), None, batch_size=1,
+                           device=device, grad=False)
+    (_, z), = layer_pass.run(lambda batch: batch.runner.capture(batch.x)[0])
+    return int(z.shape[1])
+
+
+def _seconds(value: float) -> str:
+    """An estimate in words: "under 1 s", "about 4.9 s", "about 14 s"."""
+    return "under 1 s" if value < 1 else f"about {value:.1f} s" if value < 10 else \
+        f"about {value:.0f} s"

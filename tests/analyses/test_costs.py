@@ -1,0 +1,81 @@
+"""A pruning curve's cost, said before it runs: its passes counted as the engine runs them,
+and the cheaper settings each priced and smaller."""
+import numpy as np
+import pytest
+import torch
+
+import attribution as at
+from attribution.analyses import costs, pruning
+from attribution.analyses.settings import evidence_ks
+from tests.support.models import build
+
+
+def counted_masks(monkeypatch) -> list[int]:
+    """Patch the engine's masked passes to count the masks each evaluates."""
+    seen, masked_sums = [], pruning._masked_sums
+
+    def counting(runner, captured, removed, *args):
+        seen.append(int(removed.shape[0]))
+        return masked_sums(runner, captured, removed, *args)
+    monkeypatch.setattr(pruning, "_masked_sums", counting)
+    return seen
+
+
+@pytest.mark.parametrize("ks", [None, [0, 1, 5, 16], [3, 7]])
+@pytest.mark.parametrize("n_random", [1, 6])
+def test_the_masks_counted_are_the_masks_a_curve_evaluates(ks, n_random, monkeypatch):
+    model, x, y = build("residual_mlp")
+    seen = counted_masks(monkeypatch)
+    scores = -np.arange(16.0)  # ranked 0, 1, ..., 15 (any ranking: up to a random order's
+    # masks that happen to equal its own)
+    at.pruning_curve(model, "fc2", x, y, scores, ks=ks, n_random=n_random, batch_size=10**4)
+    evaluated, n_ks = sum(seen), len(pruning.check_ks(ks, 16))
+    assert costs.distinct_masks(16, n_random, pruning.check_ks(ks, 16), seed=0) == evaluated
+    cost = costs.curve_cost(model, "fc2", x, y, ks=ks, n_random=n_random)
+    assert (cost.masks, cost.n_orders, cost.n_ks, cost.n_samples, cost.n_neurons) == (
+        evaluated, 2 + n_random, n_ks, x.shape[0], 16)
+    assert cost.seconds > 0 and 0 <= cost.front_share <= 1
+
+
+def test_exact_ablation_adds_a_pass_per_neuron_and_a_rule_of_k_is_not_offered(monkeypatch):
+    model, x, y = build("residual_conv")
+    monkeypatch.setattr(costs, "WORTH_SAYING_SECONDS", 0.0)
+    curve = costs.curve_cost(model, "conv1", x, y, ks=evidence_ks, n_random=8)
+    n = curve.n_neurons
+    assert curve.n_ks == len(evidence_ks(n))
+    diagnosis = costs.curve_cost(model, "conv1", x, y, ks=evidence_ks, n_random=8,
+                                 exact_ablation=True)
+    assert diagnosis.masks == curve.masks + n
+    assert not any(choice.option.startswith("--ks") for choice in diagnosis.cheaper)
+
+
+def test_cheaper_settings_are_priced_below_the_curve_and_named_as_flags(monkeypatch):
+    model, x, y = build("residual_mlp")
+    x, y = x.repeat(8, 1), y.repeat(8)  # more samples than a sample of CHEAPER_SAMPLES
+    monkeypatch.setattr(costs, "WORTH_SAYING_SECONDS", 0.0)
+    cost = costs.curve_cost(model, "fc2", x, y, n_random=20)
+    options = [choice.option for choice in cost.cheaper]
+    assert options == [f"--n-random {costs.CHEAPER_N_RANDOM}",
+                       "--ks " + ",".join(map(str, pruning.spaced_ks(16, costs.CHEAPER_K_POINTS))),
+                       f"--sample {costs.CHEAPER_SAMPLES}"]
+    assert all(choice.seconds <= cost.seconds for choice in cost.cheaper)
+    words = cost.words(command_line=True)
+    assert f"{cost.masks} masked passes" in words and "--n-random 5 (" in words
+    assert "5 random orders (" in cost.words()
+    monkeypatch.setattr(costs, "WORTH_SAYING_SECONDS", float("inf"))  # a quick curve
+    assert "cheaper" not in costs.curve_cost(model, "fc2", x, y).words()
+
+
+def test_named_inputs_are_probed_and_scaled_by_their_rows():
+    model, x, y = build("residual_mlp")
+    named = at.NamedInputs({"x": x})
+
+    class Keyword(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return self.inner(x)
+    cost = costs.curve_cost(Keyword().eval(), "inner.fc2", named, y, ks=[0, 4], n_random=2)
+    assert cost.n_samples == x.shape[0] and cost.masks == costs.distinct_masks(16, 2, [0, 4], 0)
