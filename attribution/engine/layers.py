@@ -203,6 +203,12 @@ class _Survey:
 
 
 def _survey(model: nn.Module, example_input) -> _Survey:
+    example_input = named(example_input)
+    if not is_batch(example_input):
+        raise AttributionError(
+            f"The example input is a {type(example_input).__name__}; give one batch: a tensor "
+            "[B, ...], or for a forward() of several arguments a dict of named inputs "
+            "{argument name: tensor [B, ...]}, not a tuple or list.")
     if n_rows(example_input) == 1:  # two rows tell a per-sample output from a broadcast one
         example_input = repeat(example_input, 2)
     rows = n_rows(example_input)

@@ -84,6 +84,16 @@ def test_its_scores_from_a_file_equal_the_eager_model_given_a_dict(case, data_fi
                 expected(case, layer, method), rtol=1e-4, atol=1e-6)
 
 
+def test_a_tuple_of_the_two_inputs_is_told_to_be_a_dict(case):
+    model, inputs, labels, _ = case
+    pair = (inputs["image"], inputs["tab"])
+    with pytest.raises(at.AttributionError, match=r"a dict of named inputs \{argument name"):
+        at.list_layers(model, pair)
+    with pytest.raises(at.AttributionError, match="forward takes more than one input: pass a "
+                                                  "dict of named inputs"):
+        at.neuron_scores(model, "conv", inputs["image"], labels)
+
+
 def test_an_input_of_the_wrong_rank_names_that_inputs_own_shape(case, tmp_path):
     _, inputs, labels, folder = case
     loaded = at.load_model(folder / "model.pt2")
