@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -396,12 +397,30 @@ def _accept(source: Any, limits: Limits, options: dict) -> None:
     key = hashlib.sha256(pickle.dumps((source, options, limits))).hexdigest()
     if key in _ACCEPTED:
         return
+    _import_deserializer_meanwhile()
     answer = first_run(source, limits, **options)
     if answer.message is not None:
         raise AttributionError(answer.message)
     _ACCEPTED[key] = None
     while len(_ACCEPTED) > _ACCEPTED_KEPT:
         del _ACCEPTED[next(iter(_ACCEPTED))]
+
+
+_DESERIALIZER = "torch._export.serde.serialize"
+
+
+def _import_deserializer_meanwhile() -> None:
+    """Import torch.export's deserializer (about 1.2 s, which `torch.export.load` imports
+    on first use) in a thread while this one waits for the jail's answer, once per process:
+    `layers` on a .pt2 spent 5.3 s, of which that import after the answer. An import reads
+    no byte of the file."""
+    if _DESERIALIZER not in sys.modules and not _IMPORTING:
+        _IMPORTING.append(threading.Thread(target=importlib.import_module,
+                                           args=(_DESERIALIZER,), daemon=True))
+        _IMPORTING[0].start()
+
+
+_IMPORTING: list[threading.Thread] = []
 
 
 def _model_kind(data: bytes, name: str, architecture: Any, limits: Limits) -> str:

@@ -437,3 +437,25 @@ def test_loaded_model_runs_and_is_eval(mlp_pt2):
     loaded = at.load_model(mlp_pt2)
     logits = loaded.module(loaded.example_input(2))
     assert logits.shape == (2, 3) and np.isfinite(logits.detach().numpy()).all()
+
+
+def test_torch_exports_deserializer_is_imported_while_the_jail_runs_and_the_model_loads():
+    """In a fresh process, the first jailed load of a .pt2 imports the deserializer in a
+    thread while it waits for the jail (once), then loads and scores as ever."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    script = (
+        "import sys, torch\n"
+        "from attribution.inputs import loading\n"
+        "assert loading._DESERIALIZER not in sys.modules\n"
+        "model = loading.load_model('demo/digits_mlp.pt2')\n"
+        "assert len(loading._IMPORTING) == 1 and loading._DESERIALIZER in sys.modules\n"
+        "loading.load_model('demo/digits_cnn.pt2')\n"
+        "assert len(loading._IMPORTING) == 1\n"
+        "print(model.n_classes)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "10", done.stderr
