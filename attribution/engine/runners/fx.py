@@ -14,7 +14,7 @@ from ..layers import run_model
 from ..model_io import call, logits_of, output_key
 from .ablation import columns_of, per_neuron_prefix, run_nodes, shifted
 from .base import LayerRunner, repeat_batch, runs_own_hooks, zeroed_variants
-from .fx_graph import batch_sizes, graph_of, input_signature, parts_of
+from .fx_graph import batch_sizes, graph_of, input_signature, may_write_in_place, parts_of
 
 
 class FxRunner(LayerRunner):
@@ -64,6 +64,10 @@ class FxRunner(LayerRunner):
         # the owner of the graphs' targets: held weakly when it is the model itself
         self._export = owner if owner is not model else None
         self.tail_graph, self._prefix = tail_graph, None
+        # a gradient's leaf z is copied before the tail only where the tail may write into
+        # it (a copy per batch cost 8% of a small MLP's gradient); a missed in-place op on
+        # the leaf is autograd's error, never a silent change of z
+        self._tail_writes_in_place = may_write_in_place(tail_graph, owner)
         self._constants: Optional[tuple] = None  # see `_shortcut_constants`
         calls = getattr(owner, "module_call_graph", None)  # torch.export: flat outputs
         self._out_spec = calls[0].signature.out_spec if calls else None
@@ -105,7 +109,7 @@ class FxRunner(LayerRunner):
                  for value, per_sample in zip(saved, self._per_sample)]
         if z.requires_grad:
             self.check_differentiable_once()
-            if z.is_leaf:
+            if z.is_leaf and self._tail_writes_in_place:
                 z = z.clone()  # in-place ops after the layer must not touch the leaf
         z = self.from_neurons(z)  # exported graphs view it: keep the model's own layout
         return self._logits(self.back.forward(z if z.is_contiguous() else z.contiguous(),

@@ -2,6 +2,7 @@
 with torch.export where fx cannot trace it, with unflattened submodules inlined."""
 from __future__ import annotations
 
+import inspect
 import operator
 import threading
 import warnings
@@ -244,3 +245,51 @@ def parts_of(model: nn.Module, attributes: list[str]) -> list[tuple[str, Any]]:
         read.append((target, value))
     submodules = [(name, module) for name, module in model.named_modules() if name]
     return [*submodules, *model.named_parameters(), *model.named_buffers(), *read]
+
+
+_IN_PLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.setitem})
+
+
+def may_write_in_place(graph: fx.Graph, owner: nn.Module) -> bool:
+    """Could a node of `graph` write into a tensor it is given (so that a leaf passed in must
+    be copied first)? Conservative: yes for any module that is not torch.nn's own, for a
+    module or function called with inplace=True, an in-place operator (`x += y`, `x[i] =
+    v`), a method or function whose name ends in "_" (`relu_`, `add_`), and an op whose
+    schema mutates an argument."""
+    for node in graph.nodes:
+        if node.op == "call_module":
+            try:
+                module = owner.get_submodule(node.target)
+            except AttributeError:  # a module the owner does not name: assume the worst
+                return True
+            if (not type(module).__module__.startswith("torch.nn.")
+                    or getattr(module, "inplace", False)):
+                return True
+        elif node.op == "call_method":
+            name = node.target
+            if name.endswith("_") and not name.endswith("__") or name in (
+                    "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"):
+                return True
+        elif node.op == "call_function":
+            target = node.target
+            schema = getattr(target, "_schema", None)
+            name = getattr(target, "__name__", "")
+            if (target in _IN_PLACE_OPERATORS or (schema is not None and schema.is_mutable)
+                    or name.endswith("_") and not name.endswith("__")
+                    or _called_in_place(target, node)):
+                return True
+    return False
+
+
+def _called_in_place(function: Any, node: fx.Node) -> bool:
+    """Does `node` call `function` with inplace=True (by keyword or by position)?"""
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        bound = inspect.signature(function).bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):  # builtins without a signature, or other arguments
+        return False
+    return bound.arguments.get("inplace") is True
