@@ -453,14 +453,14 @@ def _loss_taylor_terms(batch: Batch) -> torch.Tensor:
 @register("taylor", "|sum_p z * dL/dz|: first-order Taylor change of the loss (Molchanov 2017)",
           label="Taylor (loss)", units="loss (nats)", colour="#DDCC77", uses_gradients=True)
 def taylor(batch: Batch) -> torch.Tensor:
-    return _loss_taylor_terms(batch).abs()
+    return _loss_taylor_terms(batch).abs_()  # a fresh tensor: no second one
 
 
 @register("fisher", "(sum_p z * dL/dz)^2 / 2: the Fisher pruning signal (Theis 2018)",
           label="Fisher (loss)", units="squared loss (nats²)", colour="#882255",
           uses_gradients=True)
 def fisher(batch: Batch) -> torch.Tensor:
-    return 0.5 * _loss_taylor_terms(batch).square()
+    return _loss_taylor_terms(batch).square_().mul_(0.5)  # a fresh tensor: no second one
 
 
 @register("active_fraction", "share of a neuron's positions where z > 0 (1 - APoZ, Hu 2016)",
