@@ -16,7 +16,8 @@ from attribution.inputs.demo import DEMO_DIR, load_demo
 from attribution.analyses.pruning import METRICS, spaced_ks
 from attribution.presentation.report import collect_report
 from pages.shared import url, workspace
-from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, assert_clean, demo_bytes,
+from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, app_pages, assert_clean,
+                               demo_bytes,
                                figure, figures, run_app, sidebar_widget,
                                stall_after_first_points, upload, values)
 from tests.support.models import token_files
@@ -289,10 +290,11 @@ def test_a_model_of_token_ids_works_on_every_page(tmp_path):
                  ("t.npz", (tmp_path / "tokens.npz").read_bytes(), OCTET))
     assert_clean(app)
     assert not app.error, [e.value for e in app.error]
-    for page in ("pages/scores.py", "pages/pruning.py", "pages/diagnosis.py"):
+    for page in app_pages(leave_out=("pages/data.py",)):  # uploaded there
         app.switch_page(page).run()
         assert_clean(app)
         assert not app.error, (page, [e.value for e in app.error])
+    app.switch_page("pages/diagnosis.py").run()  # its oracle table
     model = app.session_state["context"].ws.model
     labels = [plots.method_label(m)  # no conductance, nor bn_scale: fc1 is a Linear; no lrp:
               for m in at.methods_for(torch.int64, "Linear", model)]  # no rule for Embedding

@@ -1,5 +1,6 @@
 """Driving the dashboard through Streamlit's AppTest: run it, upload files, read its widgets and
 figures, and slow down what its pages call to see their progress lines."""
+import ast
 import base64
 import json
 import re
@@ -14,6 +15,16 @@ from tests.support import ROOT
 
 APP = str(ROOT / "app.py")
 OCTET = "application/octet-stream"
+
+
+def app_pages(leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The pages app.py lists (each st.Page's path, in its order), less `leave_out`: a test
+    that visits every page then visits a page added later too."""
+    tree = ast.parse((ROOT / "app.py").read_text())
+    pages = [call.args[0].value for call in ast.walk(tree) if isinstance(call, ast.Call)
+             and getattr(call.func, "attr", None) == "Page"]
+    assert pages and set(leave_out) <= set(pages), (pages, leave_out)
+    return [page for page in pages if page not in leave_out]
 
 
 def run_app(query: dict | None = None) -> AppTest:
