@@ -50,7 +50,7 @@ from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
 from .inputs.loading import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import sniff
-from .methods.registry import METHODS, REGISTRY, STEPS_FACTOR, SUM_TOLERANCE
+from .methods.registry import METHODS, REGISTRY, SUM_TOLERANCE
 from .analyses.prune import REMOVALS, prune, save_pt2
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary, model_metric
 from .analyses import settings as analysis
@@ -782,8 +782,8 @@ def _say_sums(args, method: str, totals: torch.Tensor) -> None:
             else "")
     if missing:
         said = (f"{missing} of {checked} samples' scores miss {target} by more than "
-                f"{SUM_TOLERANCE:.0%} after up to {STEPS_FACTOR[method]}x --n-steps (column "
-                "sum_missing); raise --n-steps")
+                f"{SUM_TOLERANCE:.0%} after up to {REGISTRY[method].refine_factor}x "
+                "--n-steps (column sum_missing); raise --n-steps")
     else:
         said = f"every sample's scores sum to {target} within {SUM_TOLERANCE:.0%}{more}"
     print(f"{method}: {said}.", file=sys.stderr)

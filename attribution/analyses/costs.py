@@ -128,10 +128,14 @@ def distinct_masks(n_neurons: int, n_random: int, ks: Sequence[int], seed: int) 
     `ks` (a ranking and its reverse stand for any scores: the masks they share are k = 0 and
     k = n)."""
     ranked = torch.arange(n_neurons)
-    orders = torch.cat([ranked[None], ranked.flip(0)[None],
-                        random_orders(n_neurons, n_random, seed)])
-    masks = _removal_masks(orders, list(ks)).reshape(-1, n_neurons)
-    return int(torch.unique(masks, dim=0).shape[0])
+    return _count_masks(torch.cat([ranked[None], ranked.flip(0)[None],
+                                   random_orders(n_neurons, n_random, seed)]), ks)
+
+
+def _count_masks(orders: torch.Tensor, ks: Sequence[int]) -> int:
+    """Distinct removal masks of `orders` [O, n] at `ks`: the masked passes they cost."""
+    return int(torch.unique(_removal_masks(orders, list(ks)).reshape(-1, orders.shape[1]),
+                            dim=0).shape[0])
 
 
 def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float, float, int]:
@@ -145,8 +149,7 @@ def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float
             order_curves(model, layer, probe, targets, orders_of, ks_of,
                          batch_size=batch_size, device=device)
             best = min(best, time.perf_counter() - started)
-        return best, int(torch.unique(_removal_masks(orders_of, ks_of)
-                                      .reshape(-1, orders_of.shape[1]), dim=0).shape[0])
+        return best, _count_masks(orders_of, ks_of)
 
     n_neurons = _n_neurons(model, layer, probe, device)
     ranked = torch.arange(n_neurons)

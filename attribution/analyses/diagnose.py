@@ -32,7 +32,7 @@ several clusters every check runs on each and reports the worst. Value measured;
 - incomplete_integral (integrated_gradients, conductance: `Method.sums_to`): the largest
   share by which a sample's scores, summed over the layer, miss the difference they
   integrate (F(z) - F(0) at the layer; F(x) - F(0) at the inputs), after the engine doubled
-  the steps of every sample that missed by more than 1% (`STEPS_FACTOR`: integrated
+  the steps of every sample that missed by more than 1% (`Method.refine_factor`: integrated
   gradients up to 16x `n_steps`; conductance is checked only). Warning if a
   sample still misses by more than 1%. Conductance's sum applies only where the layer
   carries every path from the input (run from the zero input with the layer's output of x,
@@ -70,8 +70,7 @@ from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman
 from ..methods.passes import LayerPass, check_targets, on_device
-from ..methods.registry import (REGISTRY, STEPS_FACTOR, SUM_TOLERANCE, SumCheck, method_label,
-                                sum_check)
+from ..methods.registry import REGISTRY, SUM_TOLERANCE, SumCheck, method_label, sum_check
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
@@ -686,8 +685,8 @@ def integral_finding(checked: SumCheck, method: str, n_steps: int) -> Finding:
             "inaccurate." + bypassed,
             checked.worst, f"Raise n_steps (--n-steps on the command line; it is "
             f"{n_steps}): " + (
-                f"the engine doubles a sample's steps up to {STEPS_FACTOR[method]} times that "
-                "while its sum misses." if STEPS_FACTOR[method] > 1 else
+                f"the engine doubles a sample's steps up to {REGISTRY[method].refine_factor} "
+                "times that while its sum misses." if REGISTRY[method].refine_factor > 1 else
                 "this method's sum converges only as 1/steps, so the engine checks it "
                 "without integrating again."))
     if not checked.n_samples:

@@ -112,6 +112,9 @@ class Method:
         sums_to: for a path method, the difference its scores of a sample sum to over the
             layer, in words ("F(z) - F(0) at the layer"); it checks that sum on every batch
             (`sum_misses`) and reports what remains (`SUM_KEYS`). None: no such property.
+        refine_factor: for a path method, how far it integrates a sample that misses its
+            sum again, as a factor of `n_steps` (up to `MAX_STEPS_FACTOR`, per sample, so a
+            score never depends on its batch); 1: it checks and reports, never refines.
     """
 
     name: str
@@ -129,6 +132,7 @@ class Method:
     module_kinds: Optional[tuple[str, ...]] = None
     fit: Optional[FitFunction] = None
     sums_to: Optional[str] = None
+    refine_factor: int = 1
 
 
 REGISTRY: dict[str, Method] = {}
@@ -147,7 +151,8 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
              token_value: Optional[TokenValue] = None, logit_effect: Optional[str] = None,
              score_line: Optional[str] = None, layer_kinds: Optional[Sequence[str]] = None,
              module_kinds: Optional[Sequence[str]] = None, fit: Optional[FitFunction] = None,
-             sums_to: Optional[str] = None) -> Callable[[ScoringFunction], ScoringFunction]:
+             sums_to: Optional[str] = None, refine_factor: int = 1
+             ) -> Callable[[ScoringFunction], ScoringFunction]:
     """Add a scoring function to the registry under `name`, with the facts of `Method`;
     `label` defaults to the name, `colour` to one of a fixed set picked from the name."""
     if logit_effect is not None and logit_effect not in LOGIT_EFFECTS:
@@ -162,7 +167,7 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
             logit_effect=logit_effect, score_line=score_line,
             layer_kinds=None if layer_kinds is None else tuple(layer_kinds),
             module_kinds=None if module_kinds is None else tuple(module_kinds), fit=fit,
-            sums_to=sums_to)
+            sums_to=sums_to, refine_factor=refine_factor)
         return function
     return add
 
@@ -542,14 +547,7 @@ SUM_FLOOR = 1e-3
 """Logits: a difference smaller than this is held to SUM_TOLERANCE of it (float rounding)."""
 MAX_STEPS_FACTOR = 16
 """A sample's steps may double until they are this many times `n_steps`."""
-STEPS_FACTOR = {"integrated_gradients": MAX_STEPS_FACTOR, "conductance": 1}
-"""How far each path method integrates a missing sample again, as a factor of `n_steps`
-(1: it checks and reports, never refines). Per sample, so a score never depends on its batch.
-Integrated gradients' Gauss-Legendre sum converges fast: a miss is a sharp feature (a
-LayerNorm after the layer) that a few doublings resolve. Conductance's sum converges only as
-1/steps (on the digits CNN most samples miss 1% at 32 steps): refined, it cost 3.4x as much
-over the demo's layers and the scorecard, which scores every layer twice, took 14 s instead of
-7 s. Conductance reports its sum instead (raise n_steps)."""
+
 
 
 def sum_misses(gap: torch.Tensor, difference: torch.Tensor) -> torch.Tensor:
@@ -613,7 +611,7 @@ def _checked_sum(batch: Batch, positions: Callable[[Batch], tuple],
     ...], that difference [B] or [B, C], the resolved targets, where the sum applies [B]:
     bool, False for a sample with a path around the layer). Samples whose sum misses
     (`sum_misses`) are integrated again with twice the steps, up to `steps_factor` x
-    `n_steps` (`STEPS_FACTOR`), while more steps still change their gap (a gap they no
+    `n_steps` (`Method.refine_factor`), while more steps still change their gap (a gap they no
     longer change is not the quadrature's: a path around the layer); what remains goes to
     `batch.notes` (its gap NaN where the sum does not apply)."""
     attribution, difference, targets, steps, applies = _refined(
@@ -665,9 +663,12 @@ def _row_size(gap: torch.Tensor) -> torch.Tensor:
           "z * integral of dF/dz along 0 -> z (zero baseline at the layer); checks that the "
           "scores sum to F(z) - F(0), with more steps where they do not",
           label="integrated gradients", units="logits", colour="#88CCEE",
-          uses_gradients=True, logit_effect="score", sums_to="F(z) - F(0) at the layer")
+          uses_gradients=True, logit_effect="score", sums_to="F(z) - F(0) at the layer",
+          refine_factor=MAX_STEPS_FACTOR)  # Gauss-Legendre converges fast: a miss is a sharp
+# feature (a LayerNorm after the layer) that a few doublings resolve
 def integrated_gradients(batch: Batch) -> torch.Tensor:
-    return _checked_sum(batch, _integrated_positions, STEPS_FACTOR["integrated_gradients"])
+    return _checked_sum(batch, _integrated_positions,
+                        REGISTRY["integrated_gradients"].refine_factor)
 
 
 def _integrated_positions(batch: Batch) -> tuple:
@@ -703,8 +704,11 @@ def _integrated_positions(batch: Batch) -> tuple:
           "that the scores sum to F(x) - F(0) and counts the samples that miss it",
           units="logits", colour="#999933", needs_float_inputs=True, uses_gradients=True,
           logit_effect="score", sums_to="F(x) - F(0) at the inputs")
+# refine_factor 1: conductance's sum converges only as 1/steps (on the digits CNN most samples
+# miss 1% at 32 steps); refined, it cost 3.4x as much over the demo's layers and the
+# scorecard, which scores every layer twice, took 14 s instead of 7 s: it reports its sum
 def conductance(batch: Batch) -> torch.Tensor:
-    return _checked_sum(batch, _conductance_positions, STEPS_FACTOR["conductance"])
+    return _checked_sum(batch, _conductance_positions, REGISTRY["conductance"].refine_factor)
 
 
 def _conductance_positions(batch: Batch) -> tuple:

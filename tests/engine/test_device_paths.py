@@ -56,6 +56,6 @@ def test_where_reads_stall_the_device_no_method_reads_a_value_per_batch(method, 
         reads.append(sum(host_reads.values()))
         torch.testing.assert_close(scores, on_cpu, rtol=1e-4, atol=1e-6, equal_nan=True)
     # a path method that refines reads one value a batch: whether any sample misses its sum
-    per_batch = 1 if registry.STEPS_FACTOR.get(method, 1) > 1 else 0
+    per_batch = 1 if registry.REGISTRY[method].refine_factor > 1 else 0
     assert reads[1] - reads[0] == per_batch * (20 - 2), \
         f"{method}: {reads[0]} reads for 2 batches, {reads[1]} for 20"

@@ -142,7 +142,7 @@ def test_conductance_where_a_path_bypasses_the_layer_is_not_refined():
 def test_conductance_checks_its_sum_and_reports_what_misses():
     """A smooth MLP: conductance at 32 steps (Captum's, which it equals) misses F(x) - F(0)
     by more than 1% on some samples; its sum converges only as 1/steps, so it is checked and
-    reported, not integrated again (STEPS_FACTOR)."""
+    reported, not integrated again (its refine_factor is 1)."""
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).eval()
     x = torch.randn(20, 6) * 2
