@@ -20,6 +20,7 @@ reads it, and an untrusted model's first load and run happen in the jail
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -399,6 +400,8 @@ def _accept(source: Any, limits: Limits, options: dict) -> None:
         return
     _import_deserializer_meanwhile()
     answer = first_run(source, limits, **options)
+    for thread in _IMPORTING:  # this thread imports nothing while that one does
+        thread.join()
     if answer.message is not None:
         raise AttributionError(answer.message)
     _ACCEPTED[key] = None
@@ -413,11 +416,16 @@ def _import_deserializer_meanwhile() -> None:
     """Import torch.export's deserializer (about 1.2 s, which `torch.export.load` imports
     on first use) in a thread while this one waits for the jail's answer, once per process:
     `layers` on a .pt2 spent 5.3 s, of which that import after the answer. An import reads
-    no byte of the file."""
+    no byte of the file. A failure is left for this thread's own import to raise."""
     if _DESERIALIZER not in sys.modules and not _IMPORTING:
-        _IMPORTING.append(threading.Thread(target=importlib.import_module,
-                                           args=(_DESERIALIZER,), daemon=True))
+        _IMPORTING.append(threading.Thread(target=_import_quietly, args=(_DESERIALIZER,),
+                                           daemon=True))
         _IMPORTING[0].start()
+
+
+def _import_quietly(name: str) -> None:
+    with contextlib.suppress(Exception):
+        importlib.import_module(name)
 
 
 _IMPORTING: list[threading.Thread] = []
