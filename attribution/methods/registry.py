@@ -539,7 +539,8 @@ def _step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
 SUM_TOLERANCE = 0.01
 """How far a path method's scores of a sample may miss, summed over the layer, the difference
 they integrate (`Method.sums_to`), as a share of that difference; a sample that misses it
-is integrated again with twice the steps."""
+is integrated again with twice the steps where the method refines (`Method.refine_factor`),
+and counted where it still misses."""
 SUM_KEYS = ("sum_gap", "sum_difference", "sum_steps")
 """What a path method reports per sample (`Batch.notes`): the difference minus the scores'
 sum, the difference (logits; [B] or [B, C] for every class), the steps it took [B]."""
@@ -547,7 +548,6 @@ SUM_FLOOR = 1e-3
 """Logits: a difference smaller than this is held to SUM_TOLERANCE of it (float rounding)."""
 MAX_STEPS_FACTOR = 16
 """A sample's steps may double until they are this many times `n_steps`."""
-
 
 
 def sum_misses(gap: torch.Tensor, difference: torch.Tensor) -> torch.Tensor:
@@ -605,17 +605,17 @@ def sum_shares(about: dict) -> np.ndarray:
 
 
 def _checked_sum(batch: Batch, positions: Callable[[Batch], tuple],
-                 steps_factor: int) -> torch.Tensor:
+                 refine_factor: int) -> torch.Tensor:
     """Scores [B, (C,) n] of a path method whose scores sum over the layer to a difference
     of the target logit: `positions(batch)` gives (scores at every position [B, (C,) n,
     ...], that difference [B] or [B, C], the resolved targets, where the sum applies [B]:
     bool, False for a sample with a path around the layer). Samples whose sum misses
-    (`sum_misses`) are integrated again with twice the steps, up to `steps_factor` x
-    `n_steps` (`Method.refine_factor`), while more steps still change their gap (a gap they no
-    longer change is not the quadrature's: a path around the layer); what remains goes to
-    `batch.notes` (its gap NaN where the sum does not apply)."""
+    (`sum_misses`) are integrated again with twice the steps, up to `refine_factor` (the
+    method's `Method.refine_factor`) x `n_steps`, while more steps still change their gap (a
+    gap they no longer change is not the quadrature's: a path around the layer); what remains
+    goes to `batch.notes` (its gap NaN where the sum does not apply)."""
     attribution, difference, targets, steps, applies = _refined(
-        batch, positions, batch.n_steps * steps_factor)
+        batch, positions, batch.n_steps * refine_factor)
     if batch.notes is not None:
         gap = difference - _layer_sum(attribution, targets)
         where = applies if gap.dim() == 1 else applies.unsqueeze(1)
