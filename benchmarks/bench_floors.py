@@ -2,7 +2,8 @@
 
 Timed side by side in 5 interleaved runs: each row gives the floor, the median of the 5
 per-run ratios, and their spread (min-max), so a slow run shows as the machine (every ratio
-holds) or as the code (the ratio moves).
+holds) or as the code (the ratio moves). Each ratio is the candidate's time over the floor's
+timed just before it.
 
 Floors, over the same batches (256 samples; inputs on the CPU, as users pass them):
 - `gradient`, `gradient_x_activation`: one plain forward+backward of the target logits,
@@ -81,20 +82,21 @@ class Timer:
 
 def ratios_to_floor(timer: Timer, floor: Callable[[], object],
                     candidates: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
-    """Per candidate, its time over the floor's in each of `RUNS` interleaved runs (each run
-    times the floor, then every candidate), after one warm-up of each; "floor" holds the
+    """Per candidate, its time over the floor's in each of `RUNS` interleaved runs, after one
+    warm-up of each. Each ratio pairs the candidate with a floor timed just before it, so a
+    slow spell of the machine slows both sides of the ratio it falls in; "floor" holds every
     floor's own seconds."""
     floor()
     for call in candidates.values():
         call()
-    seconds: dict[str, list[float]] = {"floor": [], **{name: [] for name in candidates}}
+    seconds: dict[str, list[float]] = {"floor": []}
+    ratios: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(RUNS):
-        seconds["floor"].append(timer(floor))
         for name, call in candidates.items():
-            seconds[name].append(timer(call))
-    return {"floor": seconds["floor"],
-            **{name: [mine / base for mine, base in zip(values, seconds["floor"])]
-               for name, values in seconds.items() if name != "floor"}}
+            base = timer(floor)
+            seconds["floor"].append(base)
+            ratios[name].append(timer(call) / base)
+    return {"floor": seconds["floor"], **ratios}
 
 
 def report_floor(title: str, floor_name: str, ratios: dict[str, list[float]]) -> None:

@@ -113,7 +113,9 @@ class NamedInputs:
 
 def named(inputs: Any) -> Any:
     """A plain mapping of arrays as `NamedInputs`; anything else unchanged."""
-    if isinstance(inputs, Mapping) and not isinstance(inputs, NamedInputs):
+    if isinstance(inputs, (torch.Tensor, np.ndarray, NamedInputs)):  # no ABC check per batch
+        return inputs
+    if isinstance(inputs, Mapping):
         return NamedInputs(inputs)
     return inputs
 
@@ -174,8 +176,12 @@ def float_dtype(model: nn.Module) -> Optional[torch.dtype]:
 
 def to_model(x: Any, model: nn.Module, device: torch.device) -> Any:
     """A batch as tensors on `device`; floating-point ones in the model's float dtype."""
+    return to_device(x, device, float_dtype(model))
+
+
+def to_device(x: Any, device: torch.device, dtype: Optional[torch.dtype]) -> Any:
+    """A batch as tensors on `device`; floating-point ones in `dtype` (None: as they are)."""
     x = named(x)
-    dtype = float_dtype(model)
 
     def convert(value):
         value = _tensor(value)

@@ -93,10 +93,11 @@ def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Mo
     return copy.deepcopy(model).to(wanted)
 
 
-def as_batch_tensor(x, model: nn.Module, device: torch.device):
-    """One batch (tensor, array or named inputs) as tensors on `device` for `model`, detached
-    and ordinary even when made under torch.inference_mode() (`guards.autograd_input`)."""
-    batch = model_io.to_model(x, model, device)
+def as_batch_tensor(x, device: torch.device, dtype: Optional[torch.dtype]):
+    """One batch (tensor, array or named inputs) as tensors on `device`, floating-point ones
+    in `dtype` (the model's: `model_io.float_dtype`), detached and ordinary even when made
+    under torch.inference_mode() (`guards.autograd_input`)."""
+    batch = model_io.to_device(x, device, dtype)
     if isinstance(batch, model_io.NamedInputs):
         return batch.map(autograd_input)
     return autograd_input(batch)
@@ -325,6 +326,7 @@ class LayerPass:
         self.inputs, self.batch_size, self.grad = inputs, batch_size, grad
         self.what, self.check = what, check
         self.device = model_device(self.model)
+        self.float_dtype = model_io.float_dtype(self.model)
         self.cpu_layer_elements = cpu_layer_elements if self.device.type == "cpu" else None
         self.total = n_samples(inputs)
         self.values = values
@@ -363,7 +365,7 @@ class LayerPass:
     def _batch(self, raw, labels, start: int) -> Optional[LayerBatch]:
         """The batch (x, y) of the inputs at rows `start`.. on the device, with its runner
         and checked targets; None for an empty batch. Runs under `engine_modes`."""
-        x = as_batch_tensor(raw, self.model, self.device)
+        x = as_batch_tensor(raw, self.device, self.float_dtype)
         rows = model_io.n_rows(x)
         if rows == 0:
             return None

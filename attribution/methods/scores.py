@@ -76,7 +76,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         about_layer.update(method_note=fitted.note, method_usable=fitted.usable)
 
     def floating(x) -> None:
-        if scoring.needs_float_inputs and not model_io.is_floating(x):
+        if not model_io.is_floating(x):
             raise AttributionError(
                 f"{method} starts from a zero baseline of the inputs themselves, which "
                 f"{x.dtype} inputs (e.g. token ids) do not allow; use integrated_gradients, "
@@ -101,7 +101,8 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         return scores
 
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size,
-                           device=device, check=floating,
+                           device=device,
+                           check=floating if scoring.needs_float_inputs else None,
                            cpu_layer_elements=_LAYER_ELEMENTS_PER_CHUNK)
     per_pass = _MAX_ELEMENTS_PER_PASS["cpu" if layer_pass.device.type == "cpu" else "other"]
     sums: dict[str, list[torch.Tensor]] = {}

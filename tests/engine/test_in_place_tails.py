@@ -111,3 +111,35 @@ def test_scores_equal_a_plain_loop_whether_the_leaf_is_copied_or_not(after):
     torch.testing.assert_close(at.neuron_scores(model, "fc", x, y, "gradient"), grad)
     torch.testing.assert_close(at.neuron_scores(model, "fc", x, y, "gradient_x_activation"),
                                grad * z)
+
+
+class LogitsAreTheLayer(nn.Module):
+    """The scored layer's output is the logits: its gradient for targets="all" is the
+    one-hot rows themselves, a view that no product may be written into."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.out = nn.Linear(5, 3), nn.Identity()
+
+    def forward(self, x):
+        return self.out(self.body(x))
+
+
+@pytest.mark.parametrize("targets", ["all", None, "ids"])
+@pytest.mark.parametrize("method", ["gradient_x_activation", "taylor", "fisher"])
+def test_products_written_into_the_gradient_equal_a_plain_product(method, targets):
+    """z * grad is written into autograd's gradient where it owns its memory: the scores
+    equal the plain product on every call (a write into a shared gradient, such as the
+    cached one-hot rows of targets="all", would change the second call's)."""
+    torch.manual_seed(0)
+    model, x = LogitsAreTheLayer().eval(), torch.randn(7, 5)
+    chosen = torch.tensor([0, 1, 2, 0, 1, 2, 0]) if targets == "ids" else targets
+    first = at.neuron_scores(model, "out", x, chosen, method)
+    second = at.neuron_scores(model, "out", x, chosen, method)
+    z = model(x).detach()
+    if method == "gradient_x_activation":  # dF_c/dz_j = [j == c]: z_j for the chosen class
+        classes = z.argmax(1) if targets is None else chosen
+        expected = z.unsqueeze(1) * torch.eye(3) if targets == "all" else \
+            z * nn.functional.one_hot(classes, 3)
+        torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)

@@ -69,6 +69,7 @@ class FxRunner(LayerRunner):
         # the leaf is autograd's error, never a silent change of z
         self._tail_writes_in_place = may_write_in_place(tail_graph, owner)
         self._constants: Optional[tuple] = None  # see `_shortcut_constants`
+        self._output_key = output_key(model)  # read again by `renew`, not per batch
         calls = getattr(owner, "module_call_graph", None)  # torch.export: flat outputs
         self._out_spec = calls[0].signature.out_spec if calls else None
         self._read = [node.target for node in graph.nodes if node.op == "get_attr"]
@@ -118,6 +119,7 @@ class FxRunner(LayerRunner):
     def renew(self) -> None:
         super().renew()
         self._constants = None
+        self._output_key = output_key(self.model)
 
     @property
     def owner(self) -> nn.Module:
@@ -169,7 +171,7 @@ class FxRunner(LayerRunner):
         if self._out_spec is not None:  # the model's own structure (a ModelOutput, a dict)
             output = pytree.tree_unflatten(
                 list(output) if isinstance(output, (tuple, list)) else [output], self._out_spec)
-        return logits_of(output, output_key(self.model))
+        return logits_of(output, self._output_key)
 
     def forward_with_leaf(self, x):
         with engine_modes():
@@ -185,7 +187,9 @@ def _leaf(z: torch.Tensor, saved: list) -> torch.Tensor:
     run, so z itself can be the leaf (a copy cost ~15% of a wide layer's gradient) unless a
     value the tail reads from the front shares its memory (an in-place layer's input kept
     for a residual): then the leaf is a copy, which no tail op can reach."""
-    memory = z.untyped_storage().data_ptr()
-    shared = any(isinstance(value, torch.Tensor)
-                 and value.untyped_storage().data_ptr() == memory for value in saved)
-    return leaf_like(z) if shared else z.detach().requires_grad_(True)
+    if saved:
+        memory = z.untyped_storage().data_ptr()
+        if any(isinstance(value, torch.Tensor)
+               and value.untyped_storage().data_ptr() == memory for value in saved):
+            return leaf_like(z)
+    return z.detach().requires_grad_(True)
