@@ -3,7 +3,7 @@
 Timed side by side in 5 interleaved runs: each row gives the floor, the median of the 5
 per-run ratios, and their spread (min-max), so a slow run shows as the machine (every ratio
 holds) or as the code (the ratio moves). Each ratio is the candidate's time over the floor's
-timed just before it.
+timed just before it, each the least of 3 timings back to back.
 
 Floors, over the same batches (256 samples; inputs on the CPU, as users pass them):
 - `gradient`, `gradient_x_activation`: one plain forward+backward of the target logits,
@@ -47,7 +47,7 @@ from attribution.engine.layers import module_kind
 from attribution.analyses.pruning import random_orders
 from benchmarks.common import batches, digits_mlp, note, record, run
 
-BATCH, RUNS, N_RANDOM = 256, 5, 9
+BATCH, RUNS, REPEATS, N_RANDOM = 256, 5, 3, 9
 
 
 def conv_net(n_images: int = 256, side: int = 16, seed: int = 0
@@ -83,9 +83,10 @@ class Timer:
 def ratios_to_floor(timer: Timer, floor: Callable[[], object],
                     candidates: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
     """Per candidate, its time over the floor's in each of `RUNS` interleaved runs, after one
-    warm-up of each. Each ratio pairs the candidate with a floor timed just before it, so a
-    slow spell of the machine slows both sides of the ratio it falls in; "floor" holds every
-    floor's own seconds."""
+    warm-up of each. In a run, the floor and then the candidate each take the least of
+    `REPEATS` timings back to back (timeit's rule: the least is the code, the rest is other
+    work on the machine), so a slow spell shows in neither side rather than in one; "floor"
+    holds each run's floor seconds."""
     floor()
     for call in candidates.values():
         call()
@@ -93,9 +94,9 @@ def ratios_to_floor(timer: Timer, floor: Callable[[], object],
     ratios: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(RUNS):
         for name, call in candidates.items():
-            base = timer(floor)
+            base = min(timer(floor) for _ in range(REPEATS))
             seconds["floor"].append(base)
-            ratios[name].append(timer(call) / base)
+            ratios[name].append(min(timer(call) for _ in range(REPEATS)) / base)
     return {"floor": seconds["floor"], **ratios}
 
 
