@@ -2,7 +2,8 @@
 #   make run   - set up .venv and start the dashboard on the built-in demo
 #   make test  - set up .venv (plus headless Chromium and bubblewrap), lint with ruff, run the
 #                whole test suite
-#   make bench - run every benchmark and write docs/speed.md (long: tens of minutes)
+#   make bench - run every benchmark and write docs/speed.md (long: tens of minutes), beside
+#                the runs kept in benchmarks/kept/ from machines it cannot run on (a GPU's)
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python

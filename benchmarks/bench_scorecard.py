@@ -1,4 +1,6 @@
-"""The scorecard: every listed layer of the digits CNN demo (demo/digits_cnn.pt2, its 719
+"""The scorecard of the digits CNN demo against exact ablation.
+
+Every listed layer of the digits CNN demo (demo/digits_cnn.pt2, its 719
 held-out samples, clusters by true label) x the 7 default methods, against one exact-ablation
 pass per layer, side by side in one run (medians of 5, interleaved). Targets: under 10 s on
 the 2-core machine; at most 2x the ablation passes (not met: see the breakdown printed after,

@@ -1,6 +1,7 @@
-"""Dashboard: seconds from uploading a model and data to their first chart, in headless
-Chromium, with the jail against an older checkout without it (`--before`, default 0755354,
-the commit before the jail landed).
+"""Dashboard: seconds from uploading a model and data to their first chart.
+
+In headless Chromium, with the jail against an older checkout without it (`--before`,
+default 0755354, the commit before the jail landed).
 
     python -m benchmarks.bench_upload_chart [--before REV] [--runs 3] [--results FILE]
 

@@ -3,11 +3,14 @@
     python -m benchmarks.speed_doc RESULTS_DIR [OUT]      # OUT: docs/speed.md
 
 RESULTS_DIR holds one JSON file per benchmark, written by `benchmarks.common.run` when the
-benchmark ran with `--results FILE`. The page says which commit and machine measured it and
-when, explains each benchmark from its script's docstring (what it measures, against what,
-its floor and target), and lays out every table and note the benchmark recorded. A
-benchmark without a results file is listed as not measured. Nothing here measures or edits
-figures: change a benchmark, then rerun `make bench`.
+benchmark ran with `--results FILE`. Runs on machines `make bench` does not run on (a GPU's)
+are kept in `benchmarks/kept/` (committed; copy a device's results file there) and shown
+beside them, until RESULTS_DIR has a run of the same benchmark with the same arguments. The
+page says which commit and machine measured it and when, explains each benchmark from its
+script's docstring (what it measures, against what, its floor and target), and lays out
+every table and note the benchmark recorded. A benchmark without a results file is listed as
+not measured. Nothing here measures or edits figures: change a benchmark, then rerun `make
+bench`.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Iterable, Optional
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 OUT = ROOT / "docs" / "speed.md"
+KEPT = BENCHMARKS / "kept"
 
 PREAMBLE = """\
 How fast the engine and the dashboard are, against the obvious way to compute the same
@@ -109,6 +113,19 @@ def load_results(folder: Path) -> dict[str, list[dict]]:
     return results
 
 
+def with_kept(results: dict[str, list[dict]], kept: dict[str, list[dict]]
+              ) -> dict[str, list[dict]]:
+    """`results` plus each kept run (`KEPT`) of which it has no run with the same
+    arguments, after them."""
+    merged = {name: list(runs) for name, runs in results.items()}
+    for name, runs in kept.items():
+        for data in runs:
+            if all(fresh.get("arguments") != data.get("arguments")
+                   for fresh in merged.get(name, [])):
+                merged.setdefault(name, []).append(data)
+    return merged
+
+
 def render(results: dict[str, list[dict]], scripts: Optional[list[Path]] = None) -> str:
     """docs/speed.md for `results` ({benchmark: its runs}); `scripts`: the benchmarks that
     exist (default: benchmarks/bench_*.py), each a section, measured or not."""
@@ -121,7 +138,7 @@ def render(results: dict[str, list[dict]], scripts: Optional[list[Path]] = None)
     first = measured[0]
     facts = [
         ("commit", ", ".join(f"`{commit}`" for commit in commits)),
-        ("started", started(min(data["started"] for data in measured))),
+        ("started", started(min(data["started"] for data in measured if data.get("started")))),
         ("benchmarks run", f"{sum(script.stem in results for script in scripts)} of "
          f"{len(scripts)}: "
          + ", ".join(data["benchmark"] + (f" ({' '.join(data['arguments'])})"
@@ -152,6 +169,8 @@ def render(results: dict[str, list[dict]], scripts: Optional[list[Path]] = None)
                 run_line += (f", on commit `{data['commit']}`, "
                              f"{describe_machine(data['machine'])}, "
                              f"{describe_software(data['machine'])}")
+            if data.get("source"):
+                run_line += f" (kept: {data['source']})"
             parts += [run_line + ".", ""]
             for entry in data.get("recorded", []):
                 if "note" in entry:
@@ -162,9 +181,11 @@ def render(results: dict[str, list[dict]], scripts: Optional[list[Path]] = None)
     return "\n".join(parts).rstrip() + "\n"
 
 
-def write(results_dir: Path, out: Path = OUT, scripts: Optional[list[Path]] = None) -> Path:
+def write(results_dir: Path, out: Path = OUT, scripts: Optional[list[Path]] = None,
+          kept_dir: Path = KEPT) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(load_results(results_dir), scripts))
+    kept = load_results(kept_dir) if kept_dir.is_dir() else {}
+    out.write_text(render(with_kept(load_results(results_dir), kept), scripts))
     return out
 
 

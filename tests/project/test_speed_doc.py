@@ -112,3 +112,27 @@ def test_a_benchmark_run_twice_shows_both_runs_with_their_arguments_and_machines
     assert section.count("| a \\| b | 520.0 ms | 40.00x |") == 2
     assert "arguments `--device cuda`, on commit `abc1234`, Example GPU host" in section
     assert "torch 2.11.0+cu130" in section and "**Not one run:**" in page
+
+
+def test_a_kept_run_from_another_machine_shows_until_a_fresh_run_replaces_it(tmp_path):
+    """benchmarks/kept/ holds runs `make bench` cannot make here (a GPU's): they show beside
+    the fresh results, with where they came from, until the results have a run of the same
+    benchmark with the same arguments."""
+    results, kept = tmp_path / "results", tmp_path / "kept"
+    results.mkdir()
+    kept.mkdir()
+    (results / "bench_one.json").write_text(json.dumps(results_of("bench_one")))
+    on_gpu = results_of("bench_one", "0ld0ld0")
+    on_gpu.update(arguments=["--device", "cuda"], started=None, source="an H200 lent once")
+    on_gpu["recorded"] = [{"note": "On the GPU."}]
+    (kept / "bench_one-cuda.json").write_text(json.dumps(on_gpu))
+    page = speed_doc.write(results, tmp_path / "speed.md", fake_scripts(tmp_path),
+                           kept).read_text()
+    assert "on commit `0ld0ld0`" in page and "(kept: an H200 lent once)" in page
+    assert "On the GPU." in page and "2030-01-02 03:04:05 UTC" in page
+    fresh = results_of("bench_one", "new1234")
+    fresh.update(arguments=["--device", "cuda"], recorded=[{"note": "Measured again."}])
+    (results / "bench_one-cuda.json").write_text(json.dumps(fresh))
+    page = speed_doc.write(results, tmp_path / "speed.md", fake_scripts(tmp_path),
+                           kept).read_text()
+    assert "Measured again." in page and "On the GPU." not in page and "kept:" not in page
