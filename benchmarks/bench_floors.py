@@ -25,7 +25,8 @@ On a light tail, an MLP (64-128-64-10 on the digits, 10,782 samples; layer "2", 
 and a heavy one, a 3-conv net (32 channels, 16x16 images; its first conv, 32 channels, 256
 images; the curve on 64). `--device cuda` runs everything on a GPU (times synchronised),
 after checking every method there against the CPU on the test models (exit status 1 beyond
-1e-4 of the scores' scale).
+1e-4 of the scores' scale); its results file belongs in `benchmarks/kept/`, which `make
+bench`, run where there is no GPU, keeps beside its own runs.
 
     python -m benchmarks.bench_floors [--device cuda] [--results FILE]
 """
