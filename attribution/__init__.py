@@ -7,38 +7,51 @@
     at.prune(model, "fc2", scores, k=8, inputs=inputs)                        # a pruned copy
     at.probe(model, "fc2", inputs, clusters).accuracy     # do the neurons encode the clusters?
     at.scorecard(model, inputs, labels, clusters)         # which method to trust, per layer
-"""
-from .errors import AttributionError
-from .engine.layers import LayerInfo, list_layers
-from .methods.registry import METHODS, methods_for
-from .methods.scores import REDUCTIONS, cluster_scores, neuron_scores, reduce_scores
-from .methods.probe import Probe, probe
-from .analyses.pruning import cluster_pruning_curves, curve_summary, model_metric, pruning_curve
-from .analyses.prune import prune, save_pt2
-from .analyses.oracle import oracle_agreement
-from .analyses.scorecard import scorecard
-from .analyses.diagnose import Finding, diagnose
-from .inputs.architectures import Architecture, parse_architecture
-from .inputs.loaded import LoadedModel
-from .inputs.loading import load_model
-from .inputs.data import (CLUSTER_SOURCES, Dataset, StreamedData, check_clusters, check_data,
-                          load_data, make_clusters, predict_classes)
-from .inputs.demo import DEMOS, demo_files, load_demo
-from .engine.model_io import NamedInputs, select_output
-from .methods.tokens import TOKEN_METHODS, token_scores
-from .inputs.streaming import NpyRows
-from .analyses import distributed
 
-__all__ = [
-    "AttributionError", "LayerInfo", "METHODS", "methods_for", "REDUCTIONS", "cluster_scores",
-    "list_layers", "neuron_scores", "reduce_scores", "Probe", "probe",
-    "pruning_curve", "cluster_pruning_curves", "curve_summary", "model_metric", "prune",
-    "save_pt2", "oracle_agreement", "scorecard",
-    "Finding", "diagnose",
-    "Architecture", "parse_architecture", "LoadedModel", "load_model", "CLUSTER_SOURCES",
-    "Dataset", "StreamedData", "check_clusters", "check_data", "load_data", "make_clusters",
-    "predict_classes",
-    "DEMOS", "demo_files", "load_demo", "NamedInputs", "select_output", "TOKEN_METHODS",
-    "token_scores",
-    "NpyRows", "distributed",
-]
+The names below are imported on first use (PEP 562), so `import attribution` and the command
+line's overview (`python -m attribution --help`) do not import torch.
+"""
+import importlib
+
+_HOMES = {
+    ".errors": ("AttributionError",),
+    ".engine.layers": ("LayerInfo", "list_layers"),
+    ".methods.registry": ("METHODS", "methods_for"),
+    ".methods.scores": ("REDUCTIONS", "cluster_scores", "neuron_scores", "reduce_scores"),
+    ".methods.probe": ("Probe", "probe"),
+    ".analyses.pruning": ("cluster_pruning_curves", "curve_summary", "model_metric",
+                          "pruning_curve"),
+    ".analyses.prune": ("prune", "save_pt2"),
+    ".analyses.oracle": ("oracle_agreement",),
+    ".analyses.scorecard": ("scorecard",),
+    ".analyses.diagnose": ("Finding", "diagnose"),
+    ".inputs.architectures": ("Architecture", "parse_architecture"),
+    ".inputs.loaded": ("LoadedModel",),
+    ".inputs.loading": ("load_model",),
+    ".inputs.data": ("CLUSTER_SOURCES", "Dataset", "StreamedData", "check_clusters",
+                     "check_data", "load_data", "make_clusters", "predict_classes"),
+    ".inputs.demo": ("DEMOS", "demo_files", "load_demo"),
+    ".engine.model_io": ("NamedInputs", "select_output"),
+    ".methods.tokens": ("TOKEN_METHODS", "token_scores"),
+    ".inputs.streaming": ("NpyRows",),
+}
+_SUBMODULES = {"distributed": ".analyses.distributed"}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = [*_HOME_OF, *_SUBMODULES]
+
+
+def __getattr__(name: str):
+    """An exported name, imported from its module on first use (then an ordinary global)."""
+    if name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name], __name__)
+    elif name in _HOME_OF:
+        value = getattr(importlib.import_module(_HOME_OF[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *__all__})

@@ -40,6 +40,7 @@ from .inputs import data as data_module
 from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
+from .commands import BAD_INPUT, Parser, add_command, overview_parser
 from .analyses.diagnose import diagnose
 from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
@@ -61,20 +62,13 @@ from .methods.scores import REDUCTIONS, cluster_codes, find_cluster, scored_laye
 from .engine.runners import LAYER_KEYS
 from .inputs.streaming import NpyRows, read_per_sample
 
-EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, BAD_INPUT, 3, 130
 NO_CLUSTERS = "none"  # --clusters none: every sample in one cluster "all"
 CLUSTER_SOURCES = analysis.CLUSTER_SOURCES + (NO_CLUSTERS,)
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
 # ---------------------------------------------------------------------------- arguments
-
-class _Parser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line (plus where to find help), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"error: {message}\n(see `{self.prog} --help`)\n")
-
 
 def _positive(text: str) -> int:
     try:
@@ -168,14 +162,9 @@ def _run_arguments(group, seeded: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its seven commands."""
-    parser = _Parser(prog="python -m attribution",
-                     description="Neuron importance for PyTorch classifiers, from the shell.")
-    parser.add_argument("--traceback", action="store_true",
-                        help="show the full traceback of an internal error")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="{layers,score,curve,prune,diagnose,report,scorecard}")
+    parser, commands = overview_parser()
 
-    model = _Parser(add_help=False)
+    model = Parser(add_help=False)
     group = model.add_argument_group("model")
     group.add_argument("--model", required=True, type=Path,
                        help=".pt2 (torch.export), a state dict with --architecture, or a "
@@ -204,14 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
                            default=default // MB if field.endswith("_bytes") else default,
                            help=f"{help_text} (default %(default)s)")
 
-    def data_options(kmeans_flag: str) -> _Parser:  # prune's --k counts neurons
-        data = _Parser(add_help=False)
+    def data_options(kmeans_flag: str) -> Parser:  # prune's --k counts neurons
+        data = Parser(add_help=False)
         _data_arguments(data.add_argument_group("data"), kmeans_flag)
         return data
 
     data = data_options("--k")
 
-    compute = _Parser(add_help=False)
+    compute = Parser(add_help=False)
     group = compute.add_argument_group("computation")
     group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
     group.add_argument("--neuron-axis", type=int, default=None,
@@ -222,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per-cluster reduction of per-sample scores (default %(default)s)")
     _run_arguments(group, "random orders, k-means and the random method")
 
-    def band(metric: Optional[str]) -> _Parser:  # one per default: parents share actions
-        parser = _Parser(add_help=False)
+    def band(metric: Optional[str]) -> Parser:  # one per default: parents share actions
+        parser = Parser(add_help=False)
         group = parser.add_argument_group("pruning curves")
         group.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
                            help="random orders forming the band (default %(default)s)")
@@ -231,18 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"what the curves measure (default {metric or METRIC_WORDS})")
         return parser
 
-    ablation = _Parser(add_help=False)
+    ablation = Parser(add_help=False)
     ablation.add_argument("--ablation", choices=ABLATIONS, default=analysis.DEFAULT_ABLATION,
                           help="a removed neuron's output becomes 0 or its mean (default "
                                "%(default)s)")
 
-    command = commands.add_parser("layers", parents=[model], help="list the model's layers")
+    command = add_command(commands, "layers", [model])
     command.add_argument("--format", choices=("table", "csv", "json"), default="table")
     command.set_defaults(run=run_layers)
 
-    command = commands.add_parser(
-        "score", parents=[model, data, compute],
-        help="neuron scores per cluster as a tidy CSV/Parquet table")
+    command = add_command(commands, "score", [model, data, compute])
     command.add_argument("--method", nargs="+", choices=METHODS,
                          default=[analysis.DEFAULT_METHOD], metavar="METHOD",
                          help=f"one or more of {', '.join(METHODS)} (default "
@@ -255,9 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "methods: one file each, NAME.METHOD.npy)")
     command.set_defaults(run=run_score)
 
-    command = commands.add_parser(
-        "curve", parents=[model, data, compute, band(None), ablation],
-        help="pruning curves (ranked, bottom, random band) as CSV, summary as JSON")
+    command = add_command(commands, "curve", [model, data, compute, band(None), ablation])
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
     command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
@@ -269,9 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--summary", type=Path, help="summary as JSON")
     command.set_defaults(run=run_curve)
 
-    command = commands.add_parser(
-        "prune", parents=[model, data_options("--kmeans-k"), compute, ablation],
-        help="a copy of the model with a layer's K lowest-ranked neurons removed, as .pt2")
+    command = add_command(commands, "prune",
+                          [model, data_options("--kmeans-k"), compute, ablation])
     command.add_argument("--k", type=_positive, required=True,
                          help="how many neurons of the layer to remove")
     command.add_argument("--remove", choices=REMOVALS, default="bottom",
@@ -290,9 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "and after, as JSON")
     command.set_defaults(run=run_prune)
 
-    command = commands.add_parser(
-        "diagnose", parents=[model, data, compute, band(analysis.EVIDENCE_METRIC), ablation],
-        help="are the scores degenerate? findings as JSON and a table; exit 1 on a problem")
+    command = add_command(commands, "diagnose",
+                          [model, data, compute, band(analysis.EVIDENCE_METRIC), ablation])
     command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
                          metavar="METHOD", help=f"the method under test: {', '.join(METHODS)} "
                                                 "(default %(default)s)")
@@ -306,9 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lowest severity that makes the exit code 1 (default problem)")
     command.set_defaults(run=run_diagnose)
 
-    command = commands.add_parser(
-        "report", parents=[model, data, compute, band(None)],
-        help="the dashboard's self-contained offline HTML report")
+    command = add_command(commands, "report", [model, data, compute, band(None)])
     report_methods = [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE]
     command.add_argument("--method", nargs="+", choices=METHODS, default=report_methods,
                          metavar="METHOD", help="methods to show; the first ranks the pruning "
@@ -320,9 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--csv-dir", type=Path, help="also write the report's tables as CSVs")
     command.set_defaults(run=run_report)
 
-    command = commands.add_parser(
-        "scorecard", parents=[model, data, ablation],
-        help="every method on every layer against exact ablation, as a CSV/Parquet table")
+    command = add_command(commands, "scorecard", [model, data, ablation])
     group = command.add_argument_group("scorecard")
     group.add_argument("--layers", nargs="+", metavar="LAYER",
                        help="layer names (default: every layer of `layers`)")

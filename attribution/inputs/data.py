@@ -41,6 +41,7 @@ from .untrusted import jail
 from .untrusted.files import (Source, describe_kind, open_path, open_zip, read_source, sniff,
                               zip_kind)
 from .untrusted.pickles import pickled_size, unpickle
+from .tasks import READ_DATA
 
 MAX_ROWS = 200_000
 """Default limit on samples held in memory (`max_rows=` overrides it per call)."""
@@ -402,8 +403,6 @@ def load_data(source: Source, *, features: Union[str, Sequence[str], None] = Non
     return dataset if image_shape is None else replace(dataset, image_shape=image_shape)
 
 
-READ_DATA = jail.Task(f"{__name__}:_read_in_jail")
-"""What the jail's child runs for an untrusted data file."""
 READ_BYTES_PER_SECOND = 25 * MB
 """How fast the jail must read a data file: its time budget is `first_run_seconds` plus the
 file's size at this rate."""

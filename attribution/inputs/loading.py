@@ -51,15 +51,8 @@ from .untrusted.export_guard import EXPORT_RECIPE, check_export_archive
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .untrusted.pickles import unpickle
+from .tasks import FIRST_RUN
 from .untrusted.tensors import checked_state, load_safetensors
-
-FIRST_RUN = jail.Task(f"{__name__}:_load_in_child",
-                      warm_files=(str(DEMO_DIR / "digits_mlp.pt2"),))
-"""What the jail's child runs for an untrusted model: `load_model` without a sandbox of its
-own. The jail's server loads the demo's .pt2 first (torch.export's lazily imported
-deserializer); `warm_up` adds the demo's Hugging Face folder (transformers, seconds to
-import), for a server that will check uploads for hours."""
-
 
 FLOPS_PER_SECOND = 200e9
 """The compute a first run's time budget stands for, per second: above what one CPU core

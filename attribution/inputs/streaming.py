@@ -17,11 +17,8 @@ from ..errors import AttributionError, reading
 from ..defaults import DEFAULT_BATCH_SIZE
 from .untrusted import jail
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
+from .tasks import READ_LAYOUT, READ_SMALL
 
-READ_LAYOUT = jail.Task(f"{__name__}:read_layout")
-"""What the jail's child runs to read a .npy file's header."""
-READ_SMALL = jail.Task(f"{__name__}:_read_small")
-"""What the jail's child runs to read a small .npy of per-sample values whole."""
 _PLAIN_DTYPE = re.compile(r"[<>|=][biuf][1-9][0-9]?")  # e.g. "<f4", "|b1": numbers, no fields
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
                    (2, 0): np.lib.format.read_array_header_2_0}

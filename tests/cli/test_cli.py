@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import attribution as at
-from attribution import cli
+import attribution.__main__ as entry
+from attribution import cli, commands
 from attribution.analyses import costs, distributed
 from attribution.analyses import pruning
 from attribution.analyses import settings
@@ -670,3 +671,77 @@ def test_files_given_by_path_go_through_the_jail_and_trust_code_opts_out(tmp_pat
     finally:
         at.inputs.untrusted.jail.run = real
     assert pd.read_csv(tmp_path / "t.csv").equals(pd.read_csv(tmp_path / "u.csv"))
+
+
+OVERVIEW_WITHOUT_TORCH = """
+import runpy, sys
+sys.argv = ["attribution", *sys.argv[1:]]
+try:
+    runpy.run_module("attribution", run_name="__main__")
+except SystemExit as done:
+    assert done.code == 0, done.code
+heavy = sorted(name for name in ("torch", "numpy", "pandas") if name in sys.modules)
+assert not heavy, f"the overview imported {heavy}"
+"""
+
+
+@pytest.mark.parametrize("asked", [["--help"], ["-h"], ["--traceback", "--help"]])
+def test_the_overview_prints_without_torch_as_the_full_parser_prints_it(asked, monkeypatch):
+    """`python -m attribution --help` answers from `attribution.commands` alone (no torch,
+    no NumPy: it prints at once) and says what the full parser's help says."""
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to the terminal's width
+    result = subprocess.run([sys.executable, "-c", OVERVIEW_WITHOUT_TORCH, *asked], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == cli.build_parser().format_help()
+    for name, line in commands.COMMANDS.items():
+        assert name in result.stdout and line.split()[0] in result.stdout
+
+
+def test_the_entry_point_hands_every_command_to_the_command_line(capsys):
+    """`run` (the `attribution` script and `python -m attribution`) prints the
+    overview itself and gives anything else to `cli.main`: its usage errors included."""
+    assert entry.run(["--help"]) == 0
+    assert "every method on every layer" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        entry.run(["score", "--model", MODEL])
+    assert exited.value.code == cli.EXIT_BAD_INPUT
+    assert "--data" in capsys.readouterr().err
+    assert entry.run(["layers", "--model", MODEL, "--format", "json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "fc1"
+
+
+def test_importing_the_package_imports_torch_only_when_a_name_is_used():
+    """`import attribution` is lazy (PEP 562): every exported name resolves on first use to
+    its module's object, and `dir()` lists them."""
+    script = ("import sys, attribution as at\n"
+              "assert 'torch' not in sys.modules\n"
+              "names = at.__all__\n"
+              "assert set(names) <= set(dir(at))\n"
+              "from attribution.methods.scores import neuron_scores\n"
+              "assert at.neuron_scores is neuron_scores and 'torch' in sys.modules\n"
+              "assert all(getattr(at, name) is not None for name in names)\n"
+              "from attribution import scorecard, distributed\n"
+              "assert distributed.__name__ == 'attribution.analyses.distributed'\n"
+              "try:\n    at.no_such_name\nexcept AttributeError:\n    pass\n"
+              "else:\n    raise AssertionError('no AttributeError')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("arguments, starts", [
+    (["layers", "--model", "m.pt2"], True),
+    (["--traceback", "score", "--model", "m.pt2", "--data", "d.npz"], True),
+    (["score", "--model", "m.pt2", "--trust-code"], False),
+    (["curve", "--help"], False),
+    (["--help"], False),
+    (["nonsense", "--model", "m.pt2"], False),
+    ([], False),
+])
+def test_the_jail_starts_before_torch_is_imported_only_for_a_model_it_will_read(arguments,
+                                                                                starts):
+    """A command that loads a model in the jail starts the jail's server first, so its
+    import of torch runs beside the command line's own; help, --trust-code and mistakes
+    start nothing."""
+    assert entry.reads_a_model_in_the_jail(arguments) is starts

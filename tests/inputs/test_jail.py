@@ -1,6 +1,7 @@
 """The jail (`attribution.inputs.untrusted.jail`): untrusted files are parsed only in its
 child, which hands back plain data; bubblewrap where it works, a plain child under kernel
 limits where it does not, and the same budgets on both."""
+import importlib
 import io
 import socket
 import threading
@@ -15,6 +16,7 @@ import attribution as at
 from attribution.inputs import data as data_module
 from attribution.inputs import huggingface, loading
 from attribution.inputs.shipped import DEMO_DIR
+from attribution.inputs import tasks
 from attribution.inputs.untrusted import jail
 from attribution.inputs.untrusted.limits import Limits
 from tests.support.hostile import MatmulBomb, exported, many_zip_entries, npz, parquet, saved
@@ -166,6 +168,7 @@ def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
 LEAN = r"""
 import json, sys
 import attribution as at
+from attribution.inputs import tasks
 from attribution.inputs.untrusted import jail
 
 def high_water():
@@ -216,3 +219,14 @@ def test_the_servers_warm_up_loads_each_file_as_the_server_calls_it():
     every child to import torch.export's deserializer inside its own time budget."""
     for path in (*loading.FIRST_RUN.warm_files, str(DEMO_DIR / "text_classifier")):
         assert loading._load_in_child(source=path)["n_classes"] in (2, 10)
+
+
+def test_every_task_names_a_function_its_module_defines():
+    """The jail's tasks name their functions by string (`inputs.tasks` imports no torch),
+    so a renamed function would fail only in the server: each must resolve."""
+    named = [task for task in vars(tasks).values() if isinstance(task, jail.Task)]
+    assert {task.function.partition(":")[0] for task in named} == {
+        "attribution.inputs.loading", "attribution.inputs.data", "attribution.inputs.streaming"}
+    for task in named:
+        module, _, name = task.function.partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), task.function

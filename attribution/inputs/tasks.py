@@ -1,0 +1,20 @@
+"""What the jail's children run: one `jail.Task` per kind of untrusted file, its function
+named, not imported. Torch-free, so a front end can start the jail (`jail.warm_up`) before it
+imports torch itself: the two imports then run side by side."""
+from __future__ import annotations
+
+from .shipped import DEMO_DIR
+from .untrusted import jail
+
+FIRST_RUN = jail.Task("attribution.inputs.loading:_load_in_child",
+                      warm_files=(str(DEMO_DIR / "digits_mlp.pt2"),))
+"""A model's load and first run (`loading.first_run`): `load_model` without a sandbox of its
+own. The jail's server loads the demo's .pt2 first (torch.export's lazily imported
+deserializer); `loading.warm_up` adds the demo's Hugging Face folder (transformers, seconds
+to import), for a server that will check uploads for hours."""
+READ_DATA = jail.Task("attribution.inputs.data:_read_in_jail")
+"""An untrusted data file, read whole (`data.load_data`)."""
+READ_LAYOUT = jail.Task("attribution.inputs.streaming:read_layout")
+"""A .npy file's header, for streaming it (`streaming.NpyRows`)."""
+READ_SMALL = jail.Task("attribution.inputs.streaming:_read_small")
+"""A small .npy of per-sample values, read whole (`streaming.read_per_sample`)."""
