@@ -55,3 +55,10 @@ def __getattr__(name: str):
 
 def __dir__() -> list:
     return sorted({*globals(), *__all__})
+
+
+def import_all() -> None:
+    """Import every exported name's module now, as `import attribution` did before it was
+    lazy: for a server that imports its libraries before its first visitor arrives."""
+    for module in (*_HOMES, *_SUBMODULES.values()):
+        importlib.import_module(module, __name__)

@@ -44,6 +44,7 @@ def warm_up() -> None:
     try:
         for name in WARMED:
             importlib.import_module(name)
+        importlib.import_module("attribution").import_all()  # the package imports lazily
     finally:
         gc.enable()
     print(WARMED_LINE.format(seconds=time.monotonic() - started), flush=True)

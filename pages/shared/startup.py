@@ -19,6 +19,7 @@ LIBRARIES = (  # what the dashboard's modules import: made before the freeze
     "attribution.analyses.verdict")
 for _name in LIBRARIES:
     importlib.import_module(_name)
+importlib.import_module("attribution").import_all()  # the package imports lazily
 
 gc.collect()  # nothing unreachable is frozen
 gc.freeze()
