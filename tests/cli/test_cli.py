@@ -21,7 +21,7 @@ from attribution.inputs.data import check_data, load_data
 from attribution.inputs.loading import GuessedExampleFailed, load_model
 
 from tests.support.models import token_files
-from tests.support import ROOT
+from tests.support import ROOT, fresh_python
 
 MODEL = ROOT / "demo" / "digits_mlp.pt2"
 DATA = ROOT / "demo" / "digits.npz"
@@ -690,8 +690,7 @@ def test_the_overview_prints_without_torch_as_the_full_parser_prints_it(asked, m
     """`python -m attribution --help` answers from `attribution.commands` alone (no torch,
     no NumPy: it prints at once) and says what the full parser's help says."""
     monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to the terminal's width
-    result = subprocess.run([sys.executable, "-c", OVERVIEW_WITHOUT_TORCH, *asked], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = fresh_python(OVERVIEW_WITHOUT_TORCH, *asked, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == cli.build_parser().format_help()
     for name, line in commands.COMMANDS.items():
@@ -732,8 +731,7 @@ def test_importing_the_package_imports_torch_only_when_a_name_is_used():
               "assert all(getattr(at, name) is not None for name in at.__all__)\n"
               "assert set(sys.modules) == before, sorted(set(sys.modules) - before)\n")
     for code in (script, warmed):
-        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                                text=True, timeout=300)
+        result = fresh_python(code)
         assert result.returncode == 0, result.stderr
 
 

@@ -2,12 +2,11 @@
 pages and only draw (no torch, no autograd or hooks, no engine), and the shared modules that
 need no streamlit import none."""
 import ast
-import subprocess
 import sys
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, fresh_python
 
 PAGES_DIR = ROOT / "pages"
 SHARED = PAGES_DIR / "shared"
@@ -114,7 +113,6 @@ def test_importing_them_loads_no_streamlit():
     code = ("import sys\n"
             + "".join(f"import pages.shared.{name}\n" for name in WITHOUT_STREAMLIT)
             + "print(sorted(m for m in sys.modules if m.split('.')[0] == 'streamlit'))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = fresh_python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

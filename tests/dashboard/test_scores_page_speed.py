@@ -1,8 +1,6 @@
 """A redraw of the Scores page does only what it shows: the every-cluster CSV is made when its
 button is clicked (Streamlit's deferred download), not on every sidebar change."""
 import io
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -13,7 +11,7 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 
 from attribution.presentation import plots
 from pages.shared import context, sidebar
-from tests.support import ROOT
+from tests.support import fresh_python
 from tests.support.app import run_app, sidebar_widget
 
 EVERY_CLUSTER = "Download every cluster (CSV)"
@@ -110,8 +108,7 @@ def test_the_imports_are_left_out_of_the_servers_collection_after_each_run():
             "started = time.perf_counter(); gc.collect(2)\n"
             "print(gc.get_freeze_count(), id(plots.method_colour) in tracked,\n"
             "      len(tracked), round(1000 * (time.perf_counter() - started), 1))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = fresh_python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     frozen, still_tracked, tracked, collect_ms = result.stdout.split()[-4:]
     assert still_tracked == "False"  # an import-time object: frozen, not walked

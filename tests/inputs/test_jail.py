@@ -19,6 +19,7 @@ from attribution.inputs.shipped import DEMO_DIR
 from attribution.inputs import tasks
 from attribution.inputs.untrusted import jail
 from attribution.inputs.untrusted.limits import Limits
+from tests.support import fresh_python
 from tests.support.hostile import MatmulBomb, exported, many_zip_entries, npz, parquet, saved
 
 BUDGET = jail.Budget(seconds=20.0, memory_bytes=500 * 10 ** 6, file_bytes=10 ** 6,
@@ -193,18 +194,13 @@ def test_big_data_is_read_lean_in_the_jail_and_handed_back_once(tmp_path):
     start plus fixed buffers (was about 3.8x: the file's bytes, a copy per reader,
     torch.isfinite's temporaries)."""
     import json
-    import subprocess
-    import sys
-
-    from tests.support import ROOT
 
     path = tmp_path / "big.npz"
     np.savez(path, inputs=np.random.default_rng(0).random((10_000, 4_000), np.float32),
              labels=np.arange(10_000) % 10)
     small = tmp_path / "small.npz"
     np.savez(small, inputs=np.zeros((4, 3), np.float32))
-    done = subprocess.run([sys.executable, "-c", LEAN, str(path), str(small)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+    done = fresh_python(LEAN, str(path), str(small))
     assert done.returncode == 0, done.stderr[-2000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
     assert peaks["array"] == 160_000_000

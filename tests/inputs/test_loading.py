@@ -15,6 +15,7 @@ from torch import nn
 import attribution as at
 from attribution.inputs.architectures import parse_architecture
 
+from tests.support import fresh_python
 from tests.support.hostile import program_edit, rebuilt, saved
 from tests.support.models import token_files
 
@@ -442,11 +443,6 @@ def test_loaded_model_runs_and_is_eval(mlp_pt2):
 def test_torch_exports_deserializer_is_imported_while_the_jail_runs_and_the_model_loads():
     """In a fresh process, the first jailed load of a .pt2 imports the deserializer in a
     thread while it waits for the jail (once), then loads and scores as ever."""
-    import subprocess
-    import sys
-
-    from tests.support import ROOT
-
     script = (
         "import sys, torch\n"
         "from attribution.inputs import loading\n"
@@ -456,6 +452,5 @@ def test_torch_exports_deserializer_is_imported_while_the_jail_runs_and_the_mode
         "loading.load_model('demo/digits_cnn.pt2')\n"
         "assert len(loading._IMPORTING) == 1\n"
         "print(model.n_classes)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = fresh_python(script)
     assert done.returncode == 0 and done.stdout.strip() == "10", done.stderr
