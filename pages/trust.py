@@ -37,7 +37,7 @@ st.markdown(
     "model (Adebayo et al. 2018), as activation never can.")
 
 every = st.toggle("Every method the layers take", key="scorecard_every",
-                  help="The seven default methods take about 7 s on the demos; every method "
+                  help="The seven default methods take about 11 s on the demos; every method "
                        "(the pruning criteria, DeepLift, LRP, the probe) about three times "
                        "that. A method that cannot score a layer leaves its cell empty.")
 card = guarded(lambda: ctx.scorecard(at.METHODS if every else SCORECARD_METHODS))

@@ -31,9 +31,10 @@ several clusters every check runs on each and reports the worst. Value measured;
   warning.
 - incomplete_integral (integrated_gradients, conductance: `Method.sums_to`): the largest
   share by which a sample's scores, summed over the layer, miss the difference they
-  integrate (F(z) - F(0) at the layer; F(x) - F(0) at the inputs), after the engine doubled
-  the steps of every sample that missed by more than 1% (`Method.refine_factor`: integrated
-  gradients up to 16x `n_steps`; conductance is checked only). Warning if a
+  integrate (F(z) - F(0) at the layer; F(x) - F(0) at the inputs), after the engine
+  integrated every sample that missed by more than 1% again, with up to
+  `Method.refine_factor` (16) x `n_steps` steps (integrated gradients: doubled; conductance:
+  its path bisected where the gradient jumps). Warning if a
   sample still misses by more than 1%. Conductance's sum applies only where the layer
   carries every path from the input (run from the zero input with the layer's output of x,
   the model gives F(x)); other samples are counted, not checked.
@@ -685,10 +686,10 @@ def integral_finding(checked: SumCheck, method: str, n_steps: int) -> Finding:
             "inaccurate." + bypassed,
             checked.worst, f"Raise n_steps (--n-steps on the command line; it is "
             f"{n_steps}): " + (
-                f"the engine doubles a sample's steps up to {REGISTRY[method].refine_factor} "
-                "times that while its sum misses." if REGISTRY[method].refine_factor > 1 else
-                "this method's sum converges only as 1/steps, so the engine checks it "
-                "without integrating again."))
+                f"the engine integrates a sample whose sum misses again with up to "
+                f"{REGISTRY[method].refine_factor} times that many steps." if
+                REGISTRY[method].refine_factor > 1 else
+                "the engine checks this method's sum without integrating again."))
     if not checked.n_samples:
         return _finding("incomplete_integral", "ok",
                         f"No sample's «method={method}» scores have a sum to check." + bypassed,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import math
 
@@ -262,16 +262,31 @@ def attention_mask(x: Any) -> Optional[torch.Tensor]:
 def interpolate(x: Any, alphas: torch.Tensor) -> Any:
     """[S*N, ...]: the batch with its floating-point inputs scaled by each of the S alphas
     (step-major); integer inputs (ids, masks) and the attention mask are repeated as they are."""
-    x = named(x)
     def scaled(value: torch.Tensor) -> torch.Tensor:
         scaled = alphas.view((-1,) + (1,) * value.dim()) * value.unsqueeze(0)
         return scaled.to(value.dtype).flatten(0, 1)  # a half-precision model stays half
 
+    return _map_floats(x, scaled, lambda value: repeat(value, alphas.numel()))
+
+
+def scale_rows(x: Any, alphas: torch.Tensor) -> Any:
+    """[N, ...]: row i of the batch with its floating-point inputs scaled by alphas[i] [N];
+    integer inputs and the attention mask as they are."""
+    def scaled(value: torch.Tensor) -> torch.Tensor:
+        return (alphas.view((-1,) + (1,) * (value.dim() - 1)) * value).to(value.dtype)
+
+    return _map_floats(x, scaled, lambda value: value)
+
+
+def _map_floats(x: Any, on_floats: Callable, on_others: Callable) -> Any:
+    """The batch with `on_floats` applied to its floating-point inputs (but the attention
+    mask) and `on_others` to the rest."""
+    x = named(x)
     if isinstance(x, NamedInputs):
         return NamedInputs({
-            name: scaled(value) if value.is_floating_point() and name != MASK_NAME
-            else repeat(value, alphas.numel()) for name, value in x.items()})
-    return scaled(x)
+            name: on_floats(value) if value.is_floating_point() and name != MASK_NAME
+            else on_others(value) for name, value in x.items()})
+    return on_floats(x)
 
 
 def device_of(x: Any) -> torch.device:

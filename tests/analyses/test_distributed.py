@@ -207,8 +207,8 @@ def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
     common = ["--model", root / "demo" / "digits_mlp.pt2", "--data", root / "demo" / "digits.npz",
               "--layer", "fc2", "--reduce", "mean_abs", "--clusters", "provided"]
     commands = {
-        # conductance at 2 steps: samples refined, some still missing (the sum_missing column
-        # counted on each rank's shard, then summed)
+        # conductance at 2 steps: samples refined (the sum check counted on each rank's
+        # shard, then summed)
         "score": ["score", *common, "--method", "gradient", "random", "conductance",
                   "--n-steps", "2", "--per-sample", "{folder}/samples.npy",
                   "--out", "{folder}/scores.csv"],
@@ -223,16 +223,22 @@ def test_torchrun_command_line_equals_one_process(tmp_path, capsys):
          *[str(a).format(folder=tmp_path / "torchrun") for a in arguments]],
         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for arguments in commands.values()]
+    said = []
     for arguments in commands.values():
         single = [str(a).format(folder=tmp_path / "single") for a in arguments]
         assert cli.main(single) == 0, capsys.readouterr().err
-    for process in launched:
+        said.append(capsys.readouterr().err)
+    for process, single_said in zip(launched, said):
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err
+        sums = [[line for line in text.splitlines() if line.startswith("conductance:")]
+                for text in (err, single_said)]
+        assert sums[0] == sums[1]
+    assert "718 took more than the 2 steps asked for" in said[0]
     for table in ("scores.csv", "curve.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "torchrun" / table),
                                       pd.read_csv(tmp_path / "single" / table), rtol=1e-6)
-    assert pd.read_csv(tmp_path / "single" / "scores.csv")["sum_missing"].sum() > 0
+    assert (pd.read_csv(tmp_path / "single" / "scores.csv")["sum_missing"] == 0).sum() == 32
     for method in ("gradient", "random", "conductance"):
         np.testing.assert_allclose(np.load(tmp_path / "torchrun" / f"samples.{method}.npy"),
                                    np.load(tmp_path / "single" / f"samples.{method}.npy"),

@@ -60,12 +60,17 @@ def captum_scores(model, module, x, targets, method, n_steps=32):
 @pytest.mark.parametrize("name", ["gradient", "activation", "gradient_x_activation", "conductance"])
 def test_matches_captum(arch, layer, name):
     """Equal to Captum; a path method's sample against Captum at the steps it took (more
-    than 16 where 16 missed its sum)."""
+    than 16 where 16 missed its sum). Conductance integrates a sample that missed by
+    bisecting its path (`references.assert_conductance_matches`)."""
     model, x, y = build(arch)
     module = dict(model.named_modules())[layer]
     about = {}
     ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16, about=about)
     steps = about.get("sum_steps", np.full(len(x), 16))
+    if name == "conductance":
+        references.assert_conductance_matches(ours, steps, 16, lambda rows, n_steps: (
+            captum_scores(model, module, x[rows], y[rows], name, n_steps=n_steps)))
+        return
     expected = torch.empty_like(ours)
     for n_steps in np.unique(steps):
         rows = torch.from_numpy(np.flatnonzero(steps == n_steps))
@@ -550,18 +555,16 @@ def test_layers_on_a_sequence_have_their_features_as_neurons(network):
             .attribute(x, target=y).sum(1),
             "gradient_x_activation": LayerGradientXActivation(model, module)
             .attribute(x, target=y).sum(1),
-            "activation": LayerActivation(model, module).attribute(x).mean(1),
-            "conductance": LayerConductance(model, module).attribute(x, target=y, n_steps=8)
-            .sum(1)}
+            "activation": LayerActivation(model, module).attribute(x).mean(1)}
         for name, expected in per_position.items():
-            about = {}
-            scores = at.neuron_scores(model, layer, x, y, name, n_steps=8, about=about)
-            if name == "conductance":  # Captum at the steps each sample took (its sum's)
-                expected = torch.stack([
-                    LayerConductance(model, module).attribute(
-                        x[i:i + 1], target=y[i:i + 1], n_steps=int(steps))[0].sum(0)
-                    for i, steps in enumerate(about["sum_steps"])])
+            scores = at.neuron_scores(model, layer, x, y, name, n_steps=8)
             torch.testing.assert_close(scores, expected.detach(), rtol=1e-4, atol=1e-5)
+        about = {}
+        scores = at.neuron_scores(model, layer, x, y, "conductance", n_steps=8, about=about)
+        references.assert_conductance_matches(
+            scores, about["sum_steps"], 8, lambda rows, n_steps, module=module: (
+                LayerConductance(model, module).attribute(x[rows], target=y[rows],
+                                                          n_steps=n_steps).detach().sum(1)))
         with torch.no_grad():  # ablation: feature j zeroed at every position
             base = model(x).gather(1, y[:, None])[:, 0]
             effects = []

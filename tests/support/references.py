@@ -112,3 +112,22 @@ def per_sample_loss_taylor(model, module, x, targets, neuron_axis=1):
         term = (z * grad).detach()[0].movedim(neuron_axis - 1, 0)
         rows.append(term.flatten(1).sum(1) if term.dim() > 1 else term)
     return torch.stack(rows)
+
+
+FINE_STEPS = 2048
+"""Captum's conductance at this many steps stands in for the integral itself."""
+
+
+def assert_conductance_matches(scores, steps, n_steps, captum):
+    """Conductance scores [N, n] of a computation whose samples took `steps` [N] (its
+    `about["sum_steps"]`) against `captum(rows, n_steps)`, Captum's LayerConductance of
+    those samples [R, n]: equal at `n_steps` where a sample met its sum there; within 2% of
+    the scale of Captum at FINE_STEPS where the engine bisected the sample's path."""
+    refined = torch.from_numpy(np.asarray(steps) > n_steps)
+    if refined.any():
+        fine = captum(refined, FINE_STEPS).float()
+        torch.testing.assert_close(scores[refined], fine, rtol=0,
+                                   atol=0.02 * float(fine.abs().max()))
+    if not refined.all():
+        torch.testing.assert_close(scores[~refined], captum(~refined, n_steps).float(),
+                                   rtol=1e-4, atol=1e-5)
