@@ -1,7 +1,8 @@
 """Methods that change how the gradient passes back through the model's modules, as Captum's
 layer methods do: DeepLift's rules (`deeplift`) and LRP's (`lrp`).
 
-The model runs once (DeepLift: on the batch and its baseline, stacked); each module after
+The model runs once (DeepLift: on the batch and its baseline, stacked: one baseline row
+shared by every sample where the rules allow it, `_stacked_forward`); each module after
 the layer whose kind has a rule (`layers.module_kind`, so a .pt2's unflattened modules have
 theirs too) hands its rule to autograd in place of its own gradient, through hooks removed in
 `finally`. A functional call such as `F.relu` is no module and keeps its plain gradient, as
@@ -22,6 +23,7 @@ from ..errors import AttributionError
 from .registry import (Batch, _classes_first, _gradients, _mask, _neuron_dim, _reduce_spatial,
                        _resolve_targets, _selected, _with_class_axis, register,
                        uncovered_modules)
+from . import registry
 
 EPSILON = 1e-10
 """Below this change of a module's input (input - baseline) its plain gradient is used."""
@@ -32,15 +34,19 @@ MAX_POOLS = {"MaxPool1d": (functional.max_pool1d, functional.max_unpool1d),
              "MaxPool3d": (functional.max_pool3d, functional.max_unpool3d)}
 SOFTMAX = ("Softmax",)
 RULE_KINDS = RESCALE + tuple(MAX_POOLS) + SOFTMAX
+BASELINE_GRADIENT_KINDS = tuple(MAX_POOLS) + SOFTMAX
+"""Kinds whose rule reads the baseline's own gradients (Captum's max-pool and softmax rules)."""
 
 
 class _Rule:
-    """One call of a module with a DeepLift rule: its input u and output y [2B, ...] (the
-    inputs' rows, then the baseline's), y's graph leading back to u (the module ran on a
-    copy of u, which an in-place module may change), from which plain gradients are taken."""
+    """One call of a module with a DeepLift rule: its input u and output y [B + B', ...]
+    (the inputs' B rows, then the baseline's: B' = B, or 1 where every sample shares it),
+    y's graph leading back to u (the module ran on a copy of u, which an in-place module
+    may change), from which plain gradients are taken."""
 
-    def __init__(self, kind: str, module: nn.Module, u: torch.Tensor, y: torch.Tensor):
-        self.kind, self.module, self.u, self.y = kind, module, u, y
+    def __init__(self, kind: str, module: nn.Module, u: torch.Tensor, y: torch.Tensor,
+                 rows: int):
+        self.kind, self.module, self.u, self.y, self.rows = kind, module, u, y, rows
 
     def plain(self, grad: torch.Tensor) -> torch.Tensor:
         """The module's own vector-Jacobian product at its input (in `grad`'s dtype)."""
@@ -54,7 +60,24 @@ class _Rule:
         return self._rule(grad.to(_at_least_float32(dtype))).to(dtype)
 
     def _rule(self, grad: torch.Tensor) -> torch.Tensor:
+        """The rescale rule on the inputs' rows against a shared baseline row (whose own
+        gradient nothing reads); Captum's rules on a stacked baseline."""
         u, y = self.u.detach().to(grad.dtype), self.y.detach().to(grad.dtype)
+        rows = self.rows
+        if u.shape[0] == 2 * rows:
+            return self._stacked_rule(grad, u, y)
+        delta_in = u[:rows] - u[rows:]
+        rescaled = grad[:rows] * (y[:rows] - y[rows:]) / delta_in
+        small = delta_in.abs() < EPSILON
+        if not registry.syncs_are_free(u.device) or bool(small.any()):
+            rescaled = torch.where(small, self.plain(grad)[:rows], rescaled)
+        # the baseline's rows: only the inputs' rows of z are read
+        return torch.cat([rescaled, grad[rows:]])
+
+    def _stacked_rule(self, grad: torch.Tensor, u: torch.Tensor, y: torch.Tensor
+                      ) -> torch.Tensor:
+        """Captum's rules on a baseline of B rows of its own, whose gradients the max-pool
+        and softmax rules read."""
         u_in, u_base = u.chunk(2)
         y_in, y_base = y.chunk(2)
         delta_in = torch.cat([u_in - u_base] * 2)
@@ -186,11 +209,20 @@ def _kinds_of(model: nn.Module, kinds: Sequence[str]) -> dict[nn.Module, str]:
 
 
 def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepLift's forward: the inputs and the zero baseline stacked ([2B]), every module
-    after the layer with a rule (`RULE_KINDS`) running it. Returns (z leaf [2B, n, ...],
-    logits [2B, C])."""
-    inputs = model_io.interpolate(batch.x, torch.tensor([1.0, 0.0],
-                                                        device=model_io.device_of(batch.x)))
+    """DeepLift's forward: the inputs and the zero baseline stacked ([B + B']), every module
+    after the layer with a rule (`RULE_KINDS`) running it. The baseline runs once (B' = 1)
+    where it is the same for every sample (every input is scaled to zero: no integer input,
+    no attention mask) and no rule reads the baseline's own gradients (max-pool, softmax);
+    else on a copy per sample (B' = B), as Captum runs it. Returns (z leaf [B + B', n, ...],
+    logits [B + B', C])."""
+    kinds = _kinds_of(batch.runner.model, RULE_KINDS)
+    rows, device = model_io.n_rows(batch.x), model_io.device_of(batch.x)
+    baseline = model_io.interpolate(model_io.take(batch.x, slice(0, 1)),
+                                     torch.zeros(1, device=device))
+    shared = not set(kinds.values()) & set(BASELINE_GRADIENT_KINDS) and _all_scaled(batch.x)
+    if not shared:
+        baseline = model_io.interpolate(batch.x, torch.zeros(1, device=device))
+    inputs = model_io.cat([batch.x, baseline])
     ruled_outputs: list[torch.Tensor] = []  # what ruled modules returned, in order
 
     def enter(module, kind, u):
@@ -199,11 +231,18 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return u.clone()  # an in-place module changes the copy, not u
 
     def leave(module, kind, u, y):
-        ruled_outputs.append(_WithRule.apply(u, _Rule(kind, module, u, y)))
+        ruled_outputs.append(_WithRule.apply(u, _Rule(kind, module, u, y, rows)))
         return ruled_outputs[-1]
 
-    return _forward_with_rules(batch, inputs, _kinds_of(batch.runner.model, RULE_KINDS),
-                               enter, leave, "deeplift")
+    return _forward_with_rules(batch, inputs, kinds, enter, leave, "deeplift")
+
+
+def _all_scaled(x) -> bool:
+    """Does the zero baseline scale every input of `x` (no integer input, no mask)?"""
+    x = model_io.named(x)
+    values = x.items() if isinstance(x, model_io.NamedInputs) else [("", x)]
+    return all(value.is_floating_point() and name != model_io.MASK_NAME
+               for name, value in values)
 
 
 @register("deeplift", "DeepLift (rescale rule) with a zero input baseline, as Captum's "
@@ -222,9 +261,13 @@ def deeplift(batch: Batch) -> torch.Tensor:
     """
     batch.runner.check_differentiable_once()
     z, logits = _stacked_forward(batch)
-    rows = z.shape[0] // 2
+    rows = model_io.n_rows(batch.x)
     targets = _resolve_targets(batch.targets, logits[:rows])
-    grad = _gradients(batch, logits, z, targets, repeats=2)  # [(C,) 2B, n, ...]
+    if z.shape[0] == 2 * rows:  # the baseline's own targets: its rules read its gradients
+        grad = _gradients(batch, logits, z, targets, repeats=2)  # [(C,) 2B, n, ...]
+    else:  # a shared baseline row, whose gradient nothing reads: any target
+        grad = _gradients(batch, logits, z, targets if isinstance(targets, str)
+                          else torch.cat([targets, targets[:1]]))  # [(C,) B + 1, n, ...]
     grad = grad[:, :rows] if isinstance(targets, str) else grad[:rows]
     change = (z[:rows] - z[rows:]).detach()  # the layer's output minus its baseline's
     return _reduce_spatial(_with_class_axis(change, targets) * _classes_first(grad, targets),

@@ -183,3 +183,51 @@ def test_token_ids_have_no_zero_baseline_to_start_from():
     with pytest.raises(at.AttributionError, match="deeplift starts from a zero baseline of the "
                                                   "inputs themselves, which torch.int64"):
         at.neuron_scores(model, "embed", ids, None, "deeplift")
+
+
+class MaskedMean(nn.Module):
+    """Features [N, T, F] averaged over the real tokens of an attention mask [N, T]."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.act, self.out = nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)
+
+    def forward(self, features, attention_mask):
+        hidden = self.act(self.proj(features))
+        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return self.out((hidden * weights).sum(1) / weights.sum(1))
+
+
+def test_the_baseline_runs_once_where_every_sample_shares_it():
+    """A zero baseline of float inputs is one row for every sample: the model runs on B + 1
+    rows, not Captum's 2B, with Captum's scores. An attention mask stays as it is in the
+    baseline, so there each sample's baseline runs on its own row, as in Captum."""
+    model, x, targets = build("residual_mlp")
+    x, targets = x[:10], targets[:10]
+    rows = []
+    first = next(module for module in model.modules() if isinstance(module, nn.Linear))
+    handle = first.register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    try:
+        scores = ours(model, "fc1", x, targets)
+    finally:
+        handle.remove()
+    assert max(rows) == 11  # (smaller calls: the layer found on a few examples)
+    torch.testing.assert_close(scores, captum(model, "fc1", x, targets).detach(),
+                               rtol=1e-4, atol=1e-6)
+    masked = MaskedMean().eval()
+    features = torch.randn(6, 5, 4)
+    mask = (torch.arange(5) < torch.tensor([5, 3, 4, 2, 5, 1])[:, None]).long()
+    rows.clear()
+    handle = masked.proj.register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    try:
+        scores = ours(masked, "proj", at.NamedInputs(
+            {"features": features, "attention_mask": mask}), torch.arange(6) % 3)
+    finally:
+        handle.remove()
+    assert max(rows) == 12
+    method = LayerDeepLift(masked, masked.proj)
+    expected = method.attribute(features, torch.zeros_like(features), target=torch.arange(6) % 3,
+                                additional_forward_args=(mask,))
+    weights = mask.unsqueeze(-1).float()
+    torch.testing.assert_close(scores, (expected * weights).sum(1).detach(), rtol=1e-4,
+                               atol=1e-6)
