@@ -155,7 +155,6 @@ def _forward_with_rules(batch: Batch, inputs, kinds: dict[nn.Module, str], enter
     instead of y. A module entered twice is refused. Returns (z leaf [R, n, ...], logits)."""
     runner = batch.runner
     model, layer = runner.model, runner.module
-    names = {module: name for name, module in model.named_modules()}
     captured: dict[str, torch.Tensor] = {}
     pending: dict[nn.Module, torch.Tensor] = {}
     entered: set[nn.Module] = set()
@@ -174,8 +173,8 @@ def _forward_with_rules(batch: Batch, inputs, kinds: dict[nn.Module, str], enter
             return None
         if module in entered:
             raise AttributionError(
-                f"{method}: module {names[module]!r} ({kinds[module]}) runs more than once "
-                f"after layer {runner.name!r}. Its rule (as Captum applies it) holds one "
+                f"{method}: module {_name_of(model, module)!r} ({kinds[module]}) runs more "
+                f"than once after layer {runner.name!r}. Its rule (as Captum applies it) holds one "
                 "input and output per module: give each use its own module (e.g. one "
                 "nn.ReLU per activation).")
         replaced = enter(module, kinds[module], u)
@@ -202,10 +201,19 @@ def _forward_with_rules(batch: Batch, inputs, kinds: dict[nn.Module, str], enter
     return captured["z"], logits
 
 
-def _kinds_of(model: nn.Module, kinds: Sequence[str]) -> dict[nn.Module, str]:
-    """The model's modules whose kind (`layers.module_kind`) is one of `kinds`."""
-    found = ((module, module_kind(name, module)) for name, module in model.named_modules())
-    return {module: kind for module, kind in found if kind in kinds}
+def _name_of(model: nn.Module, module: nn.Module) -> str:
+    return next(name for name, each in model.named_modules() if each is module)
+
+
+def _kinds_of(batch: Batch, kinds: Sequence[str]) -> dict[nn.Module, str]:
+    """The model's modules whose kind (`layers.module_kind`) is one of `kinds`, found at
+    the computation's first batch."""
+    def read() -> dict[nn.Module, str]:
+        found = ((module, module_kind(name, module))
+                 for name, module in batch.runner.model.named_modules())
+        return {module: kind for module, kind in found if kind in kinds}
+
+    return batch.runner.once(("module kinds", tuple(kinds)), read)
 
 
 def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +223,7 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     no attention mask) and no rule reads the baseline's own gradients (max-pool, softmax);
     else on a copy per sample (B' = B), as Captum runs it. Returns (z leaf [B + B', n, ...],
     logits [B + B', C])."""
-    kinds = _kinds_of(batch.runner.model, RULE_KINDS)
+    kinds = _kinds_of(batch, RULE_KINDS)
     rows, device = model_io.n_rows(batch.x), model_io.device_of(batch.x)
     baseline = model_io.interpolate(model_io.take(batch.x, slice(0, 1)),
                                      torch.zeros(1, device=device))
@@ -328,7 +336,8 @@ def _relevance_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     `PASSED_KINDS`); a model with a leaf module of another kind is refused, as Captum's
     LayerLRP refuses it. Returns (z leaf [B, n, ...], logits [B, C])."""
     model = batch.runner.model
-    uncovered = uncovered_modules(model, "lrp")
+    uncovered = batch.runner.once("lrp's uncovered modules",
+                                  lambda: uncovered_modules(model, "lrp"))
     if uncovered:
         shown = ", ".join(f"{name!r} ({kind})" for name, kind in list(uncovered.items())[:4])
         more = f" and {len(uncovered) - 4} more" if len(uncovered) > 4 else ""
@@ -348,7 +357,7 @@ def _relevance_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
             return _OverOutput.apply(y)
         return _PassedThrough.apply(u, y)
 
-    return _forward_with_rules(batch, batch.x, _kinds_of(model, EPSILON_KINDS + PASSED_KINDS),
+    return _forward_with_rules(batch, batch.x, _kinds_of(batch, EPSILON_KINDS + PASSED_KINDS),
                                enter, leave, "lrp")
 
 

@@ -146,3 +146,21 @@ def test_a_model_with_a_module_without_a_default_rule_is_refused_with_the_reason
     residual, x_mlp, y_mlp = build("residual_mlp")
     with pytest.raises(at.AttributionError, match=r"'bn' \(BatchNorm1d\)"):
         ours(residual, "fc2", x_mlp, y_mlp)
+
+
+def test_each_computation_reads_the_model_as_it_is_now():
+    """The modules with a rule are found once per computation, not per batch: a module
+    swapped between two computations is seen by the second (refused here: GELU has no rule),
+    and swapped back, the scores are as before."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x, targets = torch.randn(40, 5), torch.arange(40) % 3
+    before = at.neuron_scores(model, "0", x, targets, "lrp", batch_size=8)
+    torch.testing.assert_close(before, captum(model, "0", x, targets).detach())
+    relu = model[1]
+    model[1] = nn.GELU()
+    with pytest.raises(at.AttributionError, match="'1' \\(GELU\\)"):
+        at.neuron_scores(model, "0", x, targets, "lrp", batch_size=8)
+    model[1] = relu
+    torch.testing.assert_close(at.neuron_scores(model, "0", x, targets, "lrp", batch_size=8),
+                               before)

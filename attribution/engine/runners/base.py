@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -115,6 +115,7 @@ class LayerRunner(ABC):
         self.axis = 1  # the layer's neuron axis; z is always handed out with neurons at dim 1
         self.axis_rule = "only axis"  # how the axis was found (`layers.AXIS_RULES`)
         self._differentiable_checked = False
+        self._facts: dict = {}
 
     def to_neurons(self, output: torch.Tensor) -> torch.Tensor:
         return output if self.axis == 1 else output.movedim(self.axis, 1)
@@ -136,6 +137,14 @@ class LayerRunner(ABC):
         place and through `.data`, which no version counter sees, included) and checks the
         model's hooks again (`check_differentiable_once`)."""
         self._differentiable_checked = False
+        self._facts = {}
+
+    def once(self, key: Any, read: Callable[[], Any]) -> Any:
+        """`read()`, a fact of the model a computation reads on every batch (which of its
+        modules have a rule, say), read at its first batch only (until `renew`)."""
+        if key not in self._facts:
+            self._facts[key] = read()
+        return self._facts[key]
 
     def check_differentiable_once(self) -> None:
         """`check_differentiable(self.model)` at the first gradient pass of a computation
