@@ -759,7 +759,7 @@ def _conductance_refined(batch: Batch, max_steps: int) -> tuple:
     better, better_steps = _bisected(
         batch, model_io.take(x, rows), targets if isinstance(targets, str) else targets[rows],
         alphas, z_steps[:, rows], grad_steps.index_select(point_dim + 1, rows),
-        difference[rows], max_steps)
+        difference[rows], max_steps, _interval_budget(grad_steps, n_nodes * n))
     improves = _row_size((difference[rows] - _layer_sum(better, targets))
                          / difference[rows].abs().clamp_min(SUM_FLOOR)) < _row_size(
         gap[rows] / difference[rows].abs().clamp_min(SUM_FLOOR))
@@ -771,14 +771,28 @@ def _conductance_refined(batch: Batch, max_steps: int) -> tuple:
 
 MAX_BISECTIONS = 24
 """Rounds of bisection `_bisected` runs at most (each one model pass over the new nodes)."""
+MAX_INTERVALS_FACTOR = 2
+INTERVALS_MEMORY = 256 << 20
+"""`_bisected` holds at most MAX_INTERVALS_FACTOR intervals per node of the batch's first
+pass (each keeps z and dF/dz at both ends: twice that pass's memory), or as many as fit in
+INTERVALS_MEMORY bytes where that is more; the intervals of samples that met their sum are
+let go first, then a round splits only the largest errors that fit."""
+
+
+def _interval_budget(grad_nodes: torch.Tensor, n_nodes: int) -> int:
+    """How many intervals `_bisected` may hold, after a first pass of `n_nodes` nodes
+    (S+1 times B) whose dF/dz is `grad_nodes` [(C,) S+1, B, n, ...]."""
+    node_bytes = 2 * grad_nodes.numel() * grad_nodes.element_size() // n_nodes  # z, dF/dz
+    return max(int(MAX_INTERVALS_FACTOR * n_nodes), INTERVALS_MEMORY // max(2 * node_bytes, 1))
 
 
 def _bisected(batch: Batch, x: Any, targets: Targets, alphas: torch.Tensor,
               z_nodes: torch.Tensor, grad_nodes: torch.Tensor, difference: torch.Tensor,
-              max_steps: int) -> tuple:
+              max_steps: int, max_intervals: int) -> tuple:
     """Conductance at every position [R, (C,) n, ...] and the intervals it took [R] of R
     samples `x` whose Captum sum over `alphas` [S+1] (z there [S+1, R, n, ...], dF/dz
-    [(C,) S+1, R, n, ...]) missed `difference` [R] or [R, C].
+    [(C,) S+1, R, n, ...]) missed `difference` [R] or [R, C], holding at most
+    `max_intervals` intervals at a time.
 
     Adaptive quadrature on the path 0 -> 1 with both ends: the trapezoid rule
     (z(b) - z(a)) (dF/dz(a) + dF/dz(b)) / 2 over each interval [a, b], whose error is at
@@ -816,12 +830,16 @@ def _bisected(batch: Batch, x: Any, targets: Targets, alphas: torch.Tensor,
         attribution = intervals.total
         gap = (difference - _layer_sum(attribution, targets)) / scale
         refining = (_row_size(gap) > SUM_TOLERANCE) & (n_intervals < max_steps)
+        if 2 * intervals.size > max_intervals:  # a sample's total stays: its intervals go
+            intervals.keep(refining[intervals.owner])
         owner, error = intervals.owner, intervals.error * refining[intervals.owner]
         largest = torch.zeros(n_samples, dtype=error.dtype, device=error.device).scatter_reduce(
             0, owner, error, "amax")
         bar = torch.minimum(SUM_TOLERANCE / n_intervals, largest)[owner]
         chosen = ((error >= bar) & (error > 0)).nonzero()[:, 0]
         chosen = _within(chosen, owner[chosen], error[chosen], max_steps - n_intervals)
+        room = max(0, max_intervals - intervals.size)  # the largest errors that fit
+        chosen = chosen[error[chosen].argsort(descending=True)[:room]]
         if not len(chosen) or bisections == MAX_BISECTIONS:
             break
         split_owner, lo, hi = owner[chosen], intervals.lo[chosen], intervals.hi[chosen]
@@ -881,6 +899,11 @@ class _Intervals:
         for name, value in values.items():
             self.buffers[name][self.size:self.size + count] = value
         self.size += count
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the intervals `rows` (bool [I]); the samples' totals stay as they are."""
+        self.buffers = {name: getattr(self, name)[rows] for name in _Intervals.COLUMNS}
+        self.size = len(self.buffers["owner"])
 
     def split(self, index: torch.Tensor, middle: torch.Tensor, z_mid: torch.Tensor,
               grad_mid: torch.Tensor) -> None:

@@ -257,3 +257,40 @@ def test_the_scores_page_says_whether_the_integral_met_its_sum():
     assert_clean(app)
     said = " ".join(caption.value for caption in app.caption)
     assert "integrated gradients scores sum to F(z) - F(0) at the layer within 1%" in said
+
+
+def test_conductance_holds_at_most_its_intervals_budget(monkeypatch):
+    """Each interval keeps z and dF/dz at both ends, so the intervals held at once are
+    bounded (MAX_INTERVALS_FACTOR per node of the batch's first pass, or INTERVALS_MEMORY):
+    at a tight budget the samples that met their sum let theirs go, rounds split only what
+    fits, and a sample that could not be finished is reported, not returned as if it met
+    its sum."""
+    from attribution.methods import registry
+
+    torch.manual_seed(3)
+    model, x = ReluNet().eval(), torch.randn(40, 1, 8, 8) * 3
+    targets = torch.arange(40) % 5
+    held = []
+    append = registry._Intervals.append
+
+    def counted(self, *args):
+        append(self, *args)
+        held.append(self.size)
+
+    monkeypatch.setattr(registry._Intervals, "append", counted)
+    free_about = {}
+    at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, about=free_about,
+                     batch_size=40)
+    assert max(held) > 2 * 17 * 40  # INTERVALS_MEMORY holds more than 2 per node here
+    monkeypatch.setattr(registry, "MAX_INTERVALS_FACTOR", 1.1)
+    monkeypatch.setattr(registry, "INTERVALS_MEMORY", 0)
+    held.clear()
+    about = {}
+    ours = at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16,
+                            about=about, batch_size=40)
+    assert max(held) <= 1.1 * 17 * 40
+    with torch.no_grad():
+        difference = (model(x) - model(torch.zeros_like(x))).gather(1, targets[:, None])[:, 0]
+    checked = sum_check(about, 16)
+    assert checked.n_missing == int((share(ours, difference) > SUM_TOLERANCE).sum())
+    assert checked.n_missing >= sum_check(free_about, 16).n_missing
