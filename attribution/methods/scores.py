@@ -110,7 +110,15 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         for batch, scores in batches:
             yield batch.start, scores
     if about_layer is not None:
-        about_layer.update({key: torch.cat(parts).cpu().numpy() for key, parts in sums.items()})
+        about_layer.update({key: _as_numpy(torch.cat(parts)) for key, parts in sums.items()})
+
+
+def _as_numpy(values: torch.Tensor) -> np.ndarray:
+    """`values` as a NumPy array; half-precision floats (bfloat16 has no NumPy dtype) as
+    float32."""
+    if values.is_floating_point() and values.dtype not in (torch.float32, torch.float64):
+        values = values.float()
+    return values.cpu().numpy()
 
 
 def fit_method(method: str, model: nn.Module, layer, inputs: Inputs,

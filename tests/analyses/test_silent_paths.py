@@ -196,16 +196,20 @@ def test_every_method_runs_a_model_of_another_float_dtype(dtype):
     """Every method, integrated_gradients and conductance included (their interpolation steps
     take the model's dtype), scores float64, float16 and bfloat16 models as float32. Enough
     steps that the path methods' sums hold in every dtype: near 1% a rounding could send one
-    dtype's sample to more steps than the other's."""
+    dtype's sample to more steps than the other's. Their sum checks come back as NumPy
+    floats (bfloat16 has no NumPy dtype: it crashed `about=` there)."""
     model, x, y = build("residual_mlp")
     tolerance = {torch.float64: 1e-5, torch.float16: 2e-2, torch.bfloat16: 0.15}[dtype]
     cast = build("residual_mlp")[0].to(dtype)
     for method in LINEAR_METHODS:
         expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=32,
                                  clusters=groups(x))
+        about = {}
         scores = at.neuron_scores(cast, "fc1", x, y, method, n_steps=32,
-                                 clusters=groups(x))
+                                 clusters=groups(x), about=about)
         assert scores.dtype == torch.float32
+        if REGISTRY[method].sums_to is not None:
+            assert about["sum_gap"].dtype in (np.float32, np.float64)
         if method == "active_fraction":  # a step at z = 0: a value near it may round across
             assert (scores != expected).float().mean() <= 0.05
             continue
