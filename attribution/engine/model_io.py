@@ -279,14 +279,27 @@ def scale_rows(x: Any, alphas: torch.Tensor) -> Any:
 
 
 def _map_floats(x: Any, on_floats: Callable, on_others: Callable) -> Any:
-    """The batch with `on_floats` applied to its floating-point inputs (but the attention
-    mask) and `on_others` to the rest."""
+    """The batch with `on_floats` applied to the inputs a path scales (`_scaled`) and
+    `on_others` to the rest."""
     x = named(x)
     if isinstance(x, NamedInputs):
-        return NamedInputs({
-            name: on_floats(value) if value.is_floating_point() and name != MASK_NAME
-            else on_others(value) for name, value in x.items()})
+        return NamedInputs({name: on_floats(value) if _scaled(name, value) else on_others(value)
+                            for name, value in x.items()})
     return on_floats(x)
+
+
+def all_scaled(x: Any) -> bool:
+    """Does a path from zero (`interpolate`, `scale_rows`) scale every input of the batch,
+    so that its zero end is the same for every sample (no integer input, no mask)?"""
+    x = named(x)
+    if isinstance(x, NamedInputs):
+        return all(_scaled(name, value) for name, value in x.items())
+    return x.is_floating_point()
+
+
+def _scaled(name: str, value: torch.Tensor) -> bool:
+    """Does a path scale this named input: floating point, and not the attention mask?"""
+    return value.is_floating_point() and name != MASK_NAME
 
 
 def device_of(x: Any) -> torch.device:

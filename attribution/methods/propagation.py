@@ -224,12 +224,11 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     else on a copy per sample (B' = B), as Captum runs it. Returns (z leaf [B + B', n, ...],
     logits [B + B', C])."""
     kinds = _kinds_of(batch, RULE_KINDS)
-    rows, device = model_io.n_rows(batch.x), model_io.device_of(batch.x)
-    baseline = model_io.interpolate(model_io.take(batch.x, slice(0, 1)),
-                                     torch.zeros(1, device=device))
-    shared = not set(kinds.values()) & set(BASELINE_GRADIENT_KINDS) and _all_scaled(batch.x)
-    if not shared:
-        baseline = model_io.interpolate(batch.x, torch.zeros(1, device=device))
+    rows = model_io.n_rows(batch.x)
+    shared = (not set(kinds.values()) & set(BASELINE_GRADIENT_KINDS)
+              and model_io.all_scaled(batch.x))
+    from_rows = model_io.take(batch.x, slice(0, 1)) if shared else batch.x
+    baseline = model_io.interpolate(from_rows, torch.zeros(1, device=model_io.device_of(batch.x)))
     inputs = model_io.cat([batch.x, baseline])
     ruled_outputs: list[torch.Tensor] = []  # what ruled modules returned, in order
 
@@ -244,13 +243,6 @@ def _stacked_forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
     return _forward_with_rules(batch, inputs, kinds, enter, leave, "deeplift")
 
-
-def _all_scaled(x) -> bool:
-    """Does the zero baseline scale every input of `x` (no integer input, no mask)?"""
-    x = model_io.named(x)
-    values = x.items() if isinstance(x, model_io.NamedInputs) else [("", x)]
-    return all(value.is_floating_point() and name != model_io.MASK_NAME
-               for name, value in values)
 
 
 @register("deeplift", "DeepLift (rescale rule) with a zero input baseline, as Captum's "

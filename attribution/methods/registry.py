@@ -255,7 +255,7 @@ def _selected(logits: torch.Tensor, targets: Targets, repeats: int = 1) -> torch
         return logits.gather(1, targets.unsqueeze(1)).squeeze(1)
     # a copy (cat copies even one part; repeat costs ~5x more): gather saves its index for
     # backward, which an inference tensor cannot be
-    return logits.gather(1, torch.cat([targets] * repeats)[:, None]).squeeze(1)
+    return logits.gather(1, _repeated(targets, repeats)[:, None]).squeeze(1)
 
 
 def _gradients(batch: Batch, logits: torch.Tensor, z: torch.Tensor, targets: Targets,
@@ -947,7 +947,7 @@ def _path_points(batch: Batch, points: Any, targets: Targets) -> tuple:
 
 
 def _repeated(targets: Targets, repeats: int) -> Targets:
-    """Class ids [B] -> [repeats*B] (copy-major); "all" as it is."""
+    """Class ids [B] -> [repeats*B] (copy-major, a copy even for one); "all" as it is."""
     return targets if isinstance(targets, str) else torch.cat([targets] * repeats)
 
 
