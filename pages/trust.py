@@ -38,8 +38,8 @@ st.markdown(
 
 every = st.toggle("Every method the layers take", key="scorecard_every",
                   help="The seven default methods take about 11 s on the demos; every method "
-                       "(the pruning criteria, DeepLift, LRP, the probe) about three times "
-                       "that. A method that cannot score a layer leaves its cell empty.")
+                       "(the pruning criteria, DeepLift, LRP, the probe) about 15 s. A method "
+                       "that cannot score a layer leaves its cell empty.")
 card = guarded(lambda: ctx.scorecard(at.METHODS if every else SCORECARD_METHODS))
 if card is None:
     st.stop()
