@@ -52,13 +52,14 @@ from .inputs.loaded import LoadedModel
 from .inputs.loading import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import sniff
 from .methods.registry import METHODS, REGISTRY, SUM_TOLERANCE
-from .analyses.prune import REMOVALS, prune, save_pt2
-from .analyses.pruning import ABLATIONS, METRICS, curve_summary, model_metric
+from .analyses.prune import REMOVALS, prune, prune_check, save_pt2
+from .analyses.pruning import ABLATIONS, METRICS, curve_summary
 from .analyses import settings as analysis
 from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
                                 scoring_targets)
 from .presentation.report import collect_report, csv_text, render_report, report_csvs
-from .methods.scores import REDUCTIONS, cluster_codes, find_cluster, scored_layer
+from .methods.scores import (REDUCTIONS, cluster_codes, find_cluster, neuron_scores,
+                             scored_layer)
 from .engine.runners import LAYER_KEYS
 from .inputs.streaming import NpyRows, read_per_sample
 
@@ -200,16 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = data_options("--k")
 
-    compute = Parser(add_help=False)
-    group = compute.add_argument_group("computation")
-    group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
-    group.add_argument("--neuron-axis", type=int, default=None,
-                       help="the output dim holding the layer's neurons (batch = 0), e.g. 2 "
-                            "for a sequence [N, T, F]; default: read from the data (see "
-                            "`layers`); the same as --layer NAME:AXIS")
-    group.add_argument("--reduce", choices=REDUCTIONS, default=analysis.DEFAULT_REDUCE,
-                       help="per-cluster reduction of per-sample scores (default %(default)s)")
-    _run_arguments(group, "random orders, k-means and the random method")
+    def computation(reduce: str) -> Parser:  # one per default: parents share actions
+        parser = Parser(add_help=False)
+        group = parser.add_argument_group("computation")
+        group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
+        group.add_argument("--neuron-axis", type=int, default=None,
+                           help="the output dim holding the layer's neurons (batch = 0), e.g. "
+                                "2 for a sequence [N, T, F]; default: read from the data (see "
+                                "`layers`); the same as --layer NAME:AXIS")
+        group.add_argument("--reduce", choices=REDUCTIONS, default=reduce,
+                           help="per-cluster reduction of per-sample scores (default "
+                                "%(default)s)")
+        _run_arguments(group, "random orders, k-means and the random method")
+        return parser
+
+    compute = computation(analysis.DEFAULT_REDUCE)
 
     def band(metric: Optional[str]) -> Parser:  # one per default: parents share actions
         parser = Parser(add_help=False)
@@ -255,9 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_curve)
 
     command = add_command(commands, "prune",
-                          [model, data_options("--kmeans-k"), compute, ablation])
+                          [model, data_options("--kmeans-k"),
+                           computation(analysis.DEFAULT_PRUNE_REDUCE), ablation])
     command.add_argument("--k", type=_positive, required=True,
                          help="how many neurons of the layer to remove")
+    command.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
+                         help="random draws of K neurons the removal is compared with "
+                              "(default %(default)s)")
+    command.add_argument("--oracle", choices=analysis.ORACLE_CHOICES, default="auto",
+                         help="also remove the K neurons exact ablation finds least important, "
+                              "for comparison: auto (when estimated under "
+                              f"{analysis.PRUNE_ORACLE_SECONDS:.0f} s), on or off (default "
+                              "%(default)s)")
     command.add_argument("--remove", choices=REMOVALS, default="bottom",
                          help="the K lowest-ranked neurons (bottom, the default) or the K "
                               "highest (top)")
@@ -858,6 +873,29 @@ def run_curve(args) -> int:
     return EXIT_OK
 
 
+def _prune_oracle(args, problem: Problem, targets) -> Optional[np.ndarray]:
+    """Each neuron's mean |exact ablation effect| over the data [n], for `prune`'s check:
+    with --oracle on, or auto where it is estimated under PRUNE_ORACLE_SECONDS (said on
+    stderr either way); None otherwise."""
+    if args.oracle == "off" or (args.oracle == "auto" and problem.streamed):
+        return None
+    module, inputs = problem.model.module, problem.inputs
+    if args.oracle == "auto":
+        cost = curve_cost(module, args.layer, inputs, targets, ks=[0], n_random=1,
+                          seed=args.seed, batch_size=args.batch_size, exact_ablation=True)
+        seconds = cost.seconds_of_masks(cost.n_neurons)
+        if seconds > analysis.PRUNE_ORACLE_SECONDS:
+            if not args.quiet:
+                _say(f"exact ablation of the {cost.n_neurons} neurons would take about "
+                     f"{seconds:.0f} s: the check compares with random neurons only "
+                     "(--oracle on to compute it)")
+            return None
+    with ProgressBar("exact ablation", args.quiet) as bar:
+        effects = neuron_scores(module, args.layer, inputs, targets, "ablation",
+                                batch_size=args.batch_size, progress=bar)
+    return np.abs(effects.numpy()).mean(0)
+
+
 def _one_process(command: str) -> None:
     if distributed.rank_and_size()[1] > 1:
         raise AttributionError(f"`{command}` runs in one process; start it with "
@@ -877,24 +915,33 @@ def run_prune(args) -> int:
     targets = analysis.curve_targets(args.metric, problem.labels, targets)
     if targets is None:  # the unpruned model's predictions, as the curves measure them
         targets = data_module.predict_classes(module, inputs, batch_size=args.batch_size)
-    pruned = prune(module, args.layer, ranking, args.k, mode=args.ablation, remove=args.remove,
-                   inputs=inputs, batch_size=args.batch_size)
     options = dict(batch_size=args.batch_size)
-    before = model_metric(module, inputs, targets, args.metric, **options)
-    after = model_metric(pruned, inputs, targets, args.metric, **options)
+    pruned = prune(module, args.layer, ranking, args.k, mode=args.ablation, remove=args.remove,
+                   inputs=inputs, **options)
+    check = prune_check(module, args.layer, inputs, targets, ranking, args.k,
+                        oracle=_prune_oracle(args, problem, targets), remove=args.remove,
+                        metric=args.metric, ablation=args.ablation, n_random=args.n_random,
+                        seed=args.seed, **options)
     first = torch.as_tensor(next(iter(inputs))) if problem.streamed else inputs
     example = model_io.take(first, slice(0, 2))
     save_pt2(pruned, example, _prepare(args.out), class_names=problem.model.class_names)
     removed = {"k": args.k, "remove": args.remove, "method": args.method,
                "reduce": args.reduce, "cluster": None if args.cluster is None else focus,
                "ablation": args.ablation}
-    print(f"{args.metric} {before:.4f} -> {after:.4f} after removing the {args.k} "
-          f"{'lowest' if args.remove == 'bottom' else 'highest'}-ranked neurons of "
-          f"{args.layer} ({args.method}); wrote {args.out}")
+    print(f"Removed {args.k} neurons of {args.layer}, the "
+          f"{'lowest' if args.remove == 'bottom' else 'highest'}-ranked by {args.method} "
+          f"({analysis.REDUCTION_LABELS[args.reduce]}); wrote {args.out}")
+    print("\n".join(check.words()))
+    if check.warning:
+        _say(check.warning)
     if args.summary is not None:
         write_json({"model": str(args.model), "data": str(args.data), "layer": args.layer,
-                    **removed, "metric": args.metric, "before": before, "after": after,
-                    "n_samples": problem.n_samples, "out": str(args.out)}, args.summary)
+                    **removed, "metric": args.metric, "before": check.before,
+                    "after": check.after, "random_mean": check.random_mean,
+                    "random_low": check.random_low, "random_high": check.random_high,
+                    "n_random": check.n_random, "oracle": check.oracle,
+                    "damaged": check.damaged, "n_samples": problem.n_samples,
+                    "out": str(args.out)}, args.summary)
     return EXIT_OK
 
 

@@ -14,6 +14,8 @@ DEFAULT_METHOD = "gradient_x_activation"
 """The scoring method used when none is chosen (see `analyses.settings` for why)."""
 DEFAULT_REDUCE = "mean"
 """How per-sample scores become a cluster score: the signed mean."""
+DEFAULT_PRUNE_REDUCE = "mean_abs"
+"""How per-sample scores rank the neurons `prune` removes: their mean magnitude."""
 DEFAULT_BATCH_SIZE = 256
 """Samples per pass; results do not depend on it, memory does."""
 DEFAULT_N_STEPS = 32

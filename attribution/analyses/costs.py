@@ -63,6 +63,11 @@ class CurveCost:
     front_share: float
     cheaper: tuple[Cheaper, ...]
 
+    def seconds_of_masks(self, count: int) -> float:
+        """The estimated seconds of `count` masked passes of the tail over the samples (e.g.
+        exact ablation's, one per neuron)."""
+        return self.seconds * (1 - self.front_share) * count / max(self.masks, 1)
+
     def words(self, command_line: bool = False) -> str:
         """One paragraph: the cost ("about 14 s", an estimate), where the time goes, and the
         cheaper settings (as command-line flags, or in words for the dashboard's controls)."""

@@ -11,26 +11,38 @@ so the copy has the model's modules and names. Elsewhere (a parameter-free layer
 on another axis than the weight's, a conv channel's mean map, a weight shared with another
 module) the layer's module is wrapped in `PrunedOutput`, which sets those neurons' outputs;
 the layer's name then holds the wrapper and "name.layer" the original module.
+
+Which neurons to remove is the ranking's call, and `prune_check` measures it the way the
+pruning curves would: the metric with the k neurons removed, beside the unpruned model, k
+random neurons (a band over seeded draws) and, given exact ablation's effects, the k neurons
+whose removal changes the model least. A ranking whose removal does more damage than
+random's is said to (`PruneCheck.damaged`). Front ends rank by `DEFAULT_PRUNE_REDUCE`, the
+mean magnitude of each neuron's scores: a signed mean puts the neurons with the largest
+negative effect at the bottom, which are among the most important.
 """
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import json
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..defaults import DEFAULT_BATCH_SIZE
+from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC,
+                        DEFAULT_N_RANDOM, DEFAULT_SEED)
 from ..engine.guards import eval_mode
 from ..engine.layers import (WEIGHT_LAYOUTS, module_kind, output_tensor, resolve_layer,
                              split_axis, with_output_tensor)
-from ..engine.model_io import NamedInputs, n_rows, repeat
+from ..engine.model_io import NamedInputs, n_rows, repeat, to_model
 from ..errors import AttributionError
 from ..methods.passes import Inputs, LayerPass, model_device
-from .pruning import ABLATIONS, _LayerPasses, neuron_vector
+from .pruning import (ABLATIONS, BAND_PERCENTILES, HIGHER_IS_WORSE, _LayerPasses,
+                      neuron_vector, order_curves, random_orders)
 
 REMOVALS = ("bottom", "top")
 """Which end of the ranking `prune` removes: the k lowest-scored neurons or the k highest."""
@@ -120,6 +132,116 @@ def prune(model: nn.Module, layer, ranking, k: int, *, mode: str = "zero",
     setattr(pruned.get_submodule(parent), child,
             PrunedOutput(target, removed.to(home), fill.to(home), axis))
     return pruned
+
+
+@dataclass(frozen=True)
+class PruneCheck:
+    """What removing k neurons of a layer does to the model's metric, beside its baselines.
+
+    Attributes:
+        metric: what was measured ("accuracy", "target_logit", "loss", "squared_error").
+        k, n_neurons: neurons removed, of the layer's.
+        before: the unpruned model's metric.
+        after: the metric with the ranking's k neurons removed (what `prune` returns).
+        random_mean, random_low, random_high: k random neurons removed, the mean and the
+            5th and 95th percentiles over `n_random` seeded draws (the curves' band).
+        n_random: the draws.
+        oracle: the k neurons whose exact removal changes the target least (smallest mean
+            |ablation effect|) removed; None where exact ablation was not computed.
+    """
+
+    metric: str
+    k: int
+    n_neurons: int
+    before: float
+    after: float
+    random_mean: float
+    random_low: float
+    random_high: float
+    n_random: int
+    oracle: Optional[float] = None
+
+    def _damage(self, value: float) -> float:
+        """How much worse than the unpruned model `value` is (positive = damage)."""
+        return value - self.before if self.metric in HIGHER_IS_WORSE else self.before - value
+
+    @property
+    def damaged(self) -> bool:
+        """Does removing the ranking's k neurons do more damage than the random band's
+        damaging end (the 5th percentile of accuracy, the 95th of a loss)?"""
+        worst = self.random_high if self.metric in HIGHER_IS_WORSE else self.random_low
+        return self._damage(self.after) > self._damage(worst) + _TIE
+
+    @property
+    def worse_than_oracle(self) -> Optional[float]:
+        """The damage beyond the oracle's k least important neurons' (None without it)."""
+        return None if self.oracle is None else self._damage(self.after) - self._damage(
+            self.oracle)
+
+    def words(self, shown: str = "{:.4f}") -> list[str]:
+        """Sentences: the metric before and after, and beside its baselines."""
+        value = shown.format
+        said = [f"{self.metric} {value(self.before)} -> {value(self.after)} with these "
+                f"{self.k} of {self.n_neurons} neurons removed.",
+                f"{self.k} random neurons removed: {value(self.random_mean)} on average "
+                f"({value(self.random_low)} to {value(self.random_high)}, 5-95% of "
+                f"{self.n_random} draws)."]
+        if self.oracle is not None:
+            said.append(f"The {self.k} neurons whose exact removal changes the target least "
+                        f"(mean |ablation effect|) removed: {value(self.oracle)}.")
+        return said
+
+    @property
+    def warning(self) -> Optional[str]:
+        """Where the removal is `damaged`, what that means and what to do; else None."""
+        if not self.damaged:
+            return None
+        return (f"Warning: removing these {self.k} neurons does more damage than removing "
+                f"{self.k} random neurons: the ranking puts important neurons at its bottom. "
+                "Rank by mean magnitude (reduce mean_abs) or by exact ablation.")
+
+
+_TIE = 1e-9  # differences below this are float noise, not damage
+
+
+def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: int, *,
+                oracle=None, remove: str = "bottom", metric: str = DEFAULT_METRIC,
+                ablation: str = DEFAULT_ABLATION, n_random: int = DEFAULT_N_RANDOM,
+                seed: int = DEFAULT_SEED, batch_size: int = DEFAULT_BATCH_SIZE,
+                device=None) -> PruneCheck:
+    """`PruneCheck` of `prune(model, layer, ranking, k, remove=remove, mode=ablation)`,
+    measured in one pass of the layer's tail per removal (as `pruning_curve` measures it).
+
+    Args:
+        ranking: one score per neuron [n] (higher = more important), as `prune` takes it.
+        oracle: each neuron's mean |exact ablation effect| [n] (`neuron_scores(...,
+            "ablation")`, magnitudes averaged), or None: its k least important (for remove
+            "top": most important) neurons form the check's `oracle`.
+        targets, metric, ablation, n_random, seed, batch_size, device: as in
+            `pruning_curve` (targets None = agreement with the unpruned model's classes).
+    """
+    if remove not in REMOVALS:
+        raise AttributionError(f"Unknown remove {remove!r}; use one of {', '.join(REMOVALS)}.")
+    if n_random < 1:
+        raise AttributionError("n_random must be a positive integer.")
+    values = neuron_vector(ranking, None)
+    n_neurons = len(values)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n_neurons:
+        raise AttributionError(f"k must be an integer in 0..{n_neurons}; got {k!r}.")
+    first = -1.0 if remove == "top" else 1.0  # removed first: the lowest (or highest)
+    rankings = [values] + ([] if oracle is None else [neuron_vector(oracle, n_neurons)])
+    orders = torch.cat([
+        torch.as_tensor(np.stack([np.argsort(first * r, kind="stable") for r in rankings])),
+        random_orders(n_neurons, n_random, seed)])
+    curves = order_curves(model, layer, inputs, targets, orders, sorted({0, int(k)}),
+                          ablation=ablation, metric=metric, batch_size=batch_size,
+                          device=device)  # [O, 1 or 2]: at k = 0 (every order alike), at k
+    draws = curves[len(rankings):, -1]
+    low, high = np.percentile(draws, BAND_PERCENTILES)
+    return PruneCheck(metric=metric, k=int(k), n_neurons=n_neurons, before=float(curves[0, 0]),
+                      after=float(curves[0, -1]), random_mean=float(draws.mean()),
+                      random_low=float(low), random_high=float(high), n_random=n_random,
+                      oracle=None if oracle is None else float(curves[1, -1]))
 
 
 def copy_model(model: nn.Module) -> nn.Module:
@@ -240,16 +362,41 @@ def save_pt2(model: nn.Module, example: Any, path=None, *,
 
 
 def export_program(model: nn.Module, example: Any) -> torch.export.ExportedProgram:
-    """torch.export's program of `model` on `example`, its batch dim dynamic."""
+    """torch.export's program of `model` on `example` (cast to the model's float dtype), its
+    batch dim dynamic; named inputs are taken by name, as the model takes them."""
+    example = to_model(example, model, model_device(model))  # a dict as NamedInputs too
     rows = example if n_rows(example) >= 2 else repeat(example, 2)  # batch 1 would specialize
-    dims = torch.export.ShapesCollection()
-    tensors = list(rows.values()) if isinstance(rows, NamedInputs) else [rows]
-    for tensor in tensors:
-        dims[tensor] = {0: torch.export.Dim.AUTO}
-    args, kwargs = ((), dict(rows.items())) if isinstance(rows, NamedInputs) else ((rows,), {})
+    batch = {0: torch.export.Dim.AUTO}
+    if isinstance(rows, NamedInputs):
+        traced, args, kwargs = _ByName(model, list(rows.keys())), (), dict(rows.items())
+        dims = {name: batch for name in rows.keys()}
+    else:
+        traced, args, kwargs = model, (rows,), {}
+        dims = torch.export.ShapesCollection()  # matched by tensor: any forward signature
+        dims[rows] = batch
     try:
         with eval_mode(model), torch.no_grad():
-            return torch.export.export(model, args, kwargs, dynamic_shapes=dims, strict=False)
+            return torch.export.export(traced, args, kwargs, dynamic_shapes=dims, strict=False)
     except Exception as error:  # noqa: BLE001 - torch.export's many refusals
         raise AttributionError(f"torch.export could not export this model "
                                f"({type(error).__name__}: {str(error).splitlines()[0]}).") from None
+
+
+class _ByName(nn.Module):
+    """`model` called with keyword arguments named `names`: torch.export cannot give dynamic
+    shapes to a forward(**kwargs) (a loaded .pt2's), so this forward names each input. It
+    shares the model's parameter, buffer and child tables, so the program's names are the
+    model's own."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]):
+        super().__init__()
+        for table in ("_parameters", "_buffers", "_modules"):
+            self.__dict__[table] = model.__dict__[table]
+        self.training = model.training
+
+        def forward(**inputs):
+            return model.forward(**inputs)
+
+        forward.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
+        self.__dict__["forward"] = forward

@@ -200,8 +200,9 @@ def _mean_over_k(values: np.ndarray, k: np.ndarray) -> float:
     return float(np.trapezoid(values, k) / (k[-1] - k[0]))
 
 
-def neuron_vector(scores, n_neurons: int) -> np.ndarray:
-    """One float per neuron [n_neurons] from an array, tensor or a `cluster_scores` row."""
+def neuron_vector(scores, n_neurons: Optional[int]) -> np.ndarray:
+    """One float per neuron [n_neurons] from an array, tensor or a `cluster_scores` row
+    (n_neurons None: as many as it holds; the layer then checks the count)."""
     if isinstance(scores, pd.DataFrame):
         if len(scores) != 1:
             raise AttributionError("Pass one row of cluster_scores (e.g. df.loc[cluster]), not "
@@ -212,7 +213,7 @@ def neuron_vector(scores, n_neurons: int) -> np.ndarray:
     if isinstance(scores, torch.Tensor):
         scores = scores.detach().cpu().numpy()
     values = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if values.shape[0] != n_neurons:
+    if n_neurons is not None and values.shape[0] != n_neurons:
         raise AttributionError(f"scores has {values.shape[0]} values but the layer has "
                                f"{n_neurons} neurons; pass one score per neuron.")
     if not np.isfinite(values).all():

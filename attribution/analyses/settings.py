@@ -46,7 +46,15 @@ here. The defaults, and why:
   "label", and by "predicted": the output's quartiles), and its curves measure the squared
   error against them (`default_metric`), else the output.
 - Layer: `default_layer`: the last hidden activation (a ReLU or similar before the output).
-- Reduction: the signed mean (DEFAULT_REDUCE); REDUCE_CHOICES are the dashboard's.
+- Reduction: the signed mean (DEFAULT_REDUCE); REDUCE_CHOICES are the dashboard's. It shows
+  what a user's own averaging computes, and the degeneracy check says when it cancels.
+- Pruning a model (`prune` on the command line, the take-away of the dashboard's ranking):
+  DEFAULT_PRUNE_REDUCE, the mean magnitude. A signed mean ranks the neurons whose removal
+  raises the target most at the bottom: "lowest" then means "most negative", and removing
+  them can cost more than removing random neurons (a trained 1D-CNN lost a third of its
+  accuracy to two of them). Every prune is measured against k random neurons
+  (`prune.prune_check`) and, where exact ablation is estimated under PRUNE_ORACLE_SECONDS,
+  against the k neurons whose exact removal changes the target least (ORACLE_CHOICES).
 - k-means: DEFAULT_K clusters; `k_choices(n_samples)` the dashboard's k slider.
 - Pruning curves: DEFAULT_METRIC (accuracy), DEFAULT_N_RANDOM random orders (RANDOM_ORDERS),
   DEFAULT_ABLATION, DEFAULT_SEED; DEFAULT_BATCH_SIZE samples per pass (BATCH_SIZES).
@@ -66,7 +74,8 @@ import torch
 from torch import nn
 
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
-                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
+                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_PRUNE_REDUCE,
+                        DEFAULT_REDUCE, DEFAULT_SEED)
 from ..inputs.data import CLUSTER_SOURCES, Dataset
 from ..errors import AttributionError
 from ..engine import model_io
@@ -81,7 +90,8 @@ from ..methods.scores import (REDUCTIONS, check_reduce, cluster_codes, cluster_t
 
 __all__ = [  # the defaults re-exported from attribution.defaults, and this module's own
     "DEFAULT_ABLATION", "DEFAULT_BATCH_SIZE", "DEFAULT_METHOD", "DEFAULT_METRIC",
-    "DEFAULT_N_RANDOM", "DEFAULT_N_STEPS", "DEFAULT_REDUCE", "DEFAULT_SEED",
+    "DEFAULT_N_RANDOM", "DEFAULT_N_STEPS", "DEFAULT_PRUNE_REDUCE", "DEFAULT_REDUCE",
+    "DEFAULT_SEED", "ORACLE_CHOICES", "PRUNE_ORACLE_SECONDS",
     "ABLATIONS", "METRICS", "REDUCTIONS", "CLUSTER_SOURCES",
     "DEFAULT_COMPARE", "DEFAULT_K", "K_RANGE", "BATCH_SIZES", "RANDOM_ORDERS",
     "REDUCE_CHOICES", "TARGETS", "ACTIVATION_KINDS", "EVIDENCE_METRIC", "EVIDENCE_CURVE_POINTS",
@@ -108,6 +118,10 @@ DEFAULT_COMPARE = ("gradient", "ablation")
 """Methods shown beside the main one (the dashboard's "Compare with", the report's)."""
 TARGETS = ("true", "predicted", "fixed")
 """Which logit each sample is scored for: its true class, its predicted class, one class."""
+ORACLE_CHOICES = ("auto", "on", "off")
+"""Whether `prune` also measures exact ablation's k least important neurons: auto = when it
+is estimated to take under PRUNE_ORACLE_SECONDS."""
+PRUNE_ORACLE_SECONDS = 60.0
 REDUCE_CHOICES = ("mean", "mean_abs")
 """The reductions the dashboard offers (the library and the command line also take "std")."""
 DEFAULT_K = 8

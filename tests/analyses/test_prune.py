@@ -1,13 +1,17 @@
 """`at.prune`: a pruned copy whose metric on the data is the pruning curve's point at k, on
 every kind of layer, through eager models, .pt2 files and a sequence model under a mask;
 the original model untouched, and the refusals."""
+import json
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.prune import PrunedOutput, copy_model
+from attribution import cli
+from attribution.analyses.prune import PruneCheck, PrunedOutput, copy_model, prune_check
+from tests.support.families import family, trained_cnn1d
 from tests.support.models import SequenceNet, build, build_model, exported
 
 CASES = [  # (model, layer): Linear, conv, BatchNorm, parameter-free, residual, attention
@@ -158,3 +162,106 @@ def test_refusals_say_what_to_change(call, match):
     model, x, _ = build("residual_mlp")
     with pytest.raises(at.AttributionError, match=match):
         call(model, x)
+
+
+# ---------------------------------------------------------------- the check beside a prune
+
+@pytest.fixture(scope="module")
+def trained():
+    """A trained 1D-CNN, its series and classes, and its conv2's per-sample gradient x
+    activation and exact ablation effects."""
+    model, x, y = trained_cnn1d()
+    scores = at.neuron_scores(model, "2", x, y, "gradient_x_activation").numpy()
+    effects = at.neuron_scores(model, "2", x, y, "ablation").numpy()
+    return model, x, y, scores, np.abs(effects).mean(0)
+
+
+def test_the_check_measures_what_prune_removes(trained):
+    model, x, y, scores, oracle = trained
+    ranking = np.abs(scores).mean(0)
+    for remove in ("bottom", "top"):
+        check = prune_check(model, "2", x, y, ranking, 5, oracle=oracle, remove=remove,
+                            n_random=7, seed=3)
+        pruned = at.prune(model, "2", ranking, 5, remove=remove, inputs=x)
+        assert check.after == pytest.approx(at.model_metric(pruned, x, y), abs=1e-12)
+        assert check.before == pytest.approx(at.model_metric(model, x, y), abs=1e-12)
+        least = at.prune(model, "2", oracle if remove == "bottom" else -oracle, 5,
+                         remove="bottom", inputs=x)
+        assert check.oracle == pytest.approx(at.model_metric(least, x, y), abs=1e-12)
+        curve = at.pruning_curve(model, "2", x, y, ranking, ks=[0, 5], n_random=7, seed=3)
+        at_k = curve[curve["k"] == 5].iloc[0]
+        assert (check.random_mean, check.random_low, check.random_high) == pytest.approx(
+            (at_k["random_mean"], at_k["random_lo"], at_k["random_hi"]), abs=1e-12)
+    assert prune_check(model, "2", x, y, ranking, 0, n_random=2).after == check.before
+
+
+def test_the_default_prune_keeps_what_the_oracles_least_important_keep(trained, tmp_path,
+                                                                        capsys):
+    """The command line's prune without options ranks by mean |gradient x activation|: its
+    accuracy is at least that of removing the k neurons exact ablation finds least
+    important. The signed mean ranked the two most negative neurons lowest, and removing them
+    lost half the accuracy: that prune is flagged, on stderr and in the summary."""
+    model, x, y, scores, _ = trained
+    (tmp_path / "m.pt2").write_bytes(at.save_pt2(model, x[:2]))
+    np.savez(tmp_path / "d.npz", inputs=x.numpy(), labels=y.numpy())
+    common = ("prune", "--model", tmp_path / "m.pt2", "--data", tmp_path / "d.npz",
+              "--layer", "2", "--k", "2", "--quiet")
+    code = cli.main([str(a) for a in (*common, "--out", tmp_path / "p.pt2",
+                                      "--summary", tmp_path / "p.json")])
+    first = capsys.readouterr()
+    out = first.out
+    assert code == 0
+    summary = json.loads((tmp_path / "p.json").read_text())
+    assert summary["reduce"] == "mean_abs" and summary["oracle"] is not None
+    assert summary["after"] >= summary["oracle"] - 0.01 and summary["after"] > 0.95
+    assert not summary["damaged"] and "Warning" not in out + first.err
+    assert "the lowest-ranked by gradient_x_activation (mean |·|)" in out
+    assert f"{summary['before']:.4f} -> {summary['after']:.4f}" in out
+    code = cli.main([str(a) for a in (*common, "--reduce", "mean", "--oracle", "off",
+                                      "--out", tmp_path / "signed.pt2",
+                                      "--summary", tmp_path / "signed.json")])
+    captured = capsys.readouterr()
+    signed = json.loads((tmp_path / "signed.json").read_text())
+    assert code == 0 and signed["oracle"] is None
+    assert signed["after"] < signed["random_low"] and signed["damaged"]
+    assert "more damage than removing 2 random neurons" in captured.err
+    lowest = set(np.argsort(scores.mean(0))[:2])
+    magnitudes = np.argsort(-np.abs(scores).mean(0))
+    assert lowest <= set(magnitudes[:8])  # the signed mean's bottom: important neurons
+
+
+def test_damage_follows_the_metric_direction():
+    common = dict(k=2, n_neurons=8, n_random=5)
+    loss = PruneCheck("loss", before=0.1, after=0.9, random_mean=0.3, random_low=0.2,
+                      random_high=0.5, **common)
+    assert loss.damaged and loss.worse_than_oracle is None
+    assert not PruneCheck("loss", before=0.1, after=0.4, random_mean=0.3, random_low=0.2,
+                          random_high=0.5, **common).damaged
+    accuracy = PruneCheck("accuracy", before=0.9, after=0.6, random_mean=0.7, random_low=0.6,
+                          random_high=0.8, oracle=0.85, **common)
+    assert not accuracy.damaged  # at the band's end is inside it
+    assert accuracy.worse_than_oracle == pytest.approx(0.25)
+    assert accuracy.warning is None
+    assert "more damage" in PruneCheck("accuracy", before=0.9, after=0.5, random_mean=0.7,
+                                       random_low=0.6, random_high=0.8, **common).warning
+
+
+@pytest.mark.parametrize("name", ["tabular", "graph", "bfloat16_cnn"])
+def test_a_pruned_model_of_named_inputs_or_bfloat16_is_taken_away_and_loads(name, tmp_path):
+    """Named inputs (an eager model and its loaded .pt2, whose forward takes **kwargs) and a
+    bfloat16 model given float32 data are exported with a dynamic batch and load back."""
+    model, x = family(name)
+    first = {key: value[:3] for key, value in x.items()} if isinstance(x, dict) else x[:3]
+    (tmp_path / "m.pt2").write_bytes(at.save_pt2(model, first))
+    loaded = at.load_model(tmp_path / "m.pt2").module
+    layer = "act" if isinstance(x, dict) else "2"
+    as_float = first if isinstance(x, dict) else first.float()  # the data as a file holds it
+    for source in (model, loaded):
+        pruned = at.prune(source, layer, torch.arange(16.0), 3, inputs=x)
+        (tmp_path / "p.pt2").write_bytes(at.save_pt2(pruned, as_float))
+        back = at.load_model(tmp_path / "p.pt2").module
+        more = {key: value[:7] for key, value in x.items()} if isinstance(x, dict) else x[:7]
+        with torch.no_grad():
+            expected = pruned(**more) if isinstance(more, dict) else pruned(more)
+            got = back(**more) if isinstance(more, dict) else back(more)
+        assert got.shape == (7, 3) and torch.allclose(got.float(), expected.float(), atol=1e-2)
