@@ -21,7 +21,7 @@ _HOMES = {
     ".methods.probe": ("Probe", "probe"),
     ".analyses.pruning": ("cluster_pruning_curves", "curve_summary", "model_metric",
                           "pruning_curve"),
-    ".analyses.prune": ("prune", "save_pt2"),
+    ".analyses.prune": ("PruneCheck", "curve_checks", "prune", "prune_check", "save_pt2"),
     ".analyses.oracle": ("oracle_agreement",),
     ".analyses.scorecard": ("scorecard",),
     ".analyses.diagnose": ("Finding", "diagnose"),

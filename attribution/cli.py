@@ -933,7 +933,8 @@ def run_prune(args) -> int:
           f"({analysis.REDUCTION_LABELS[args.reduce]}); wrote {args.out}")
     print("\n".join(check.words()))
     if check.warning:
-        _say(check.warning)
+        _say(f"Warning: {check.warning} Rank by mean magnitude (--reduce mean_abs) or by "
+             "exact ablation (--method ablation).")
     if args.summary is not None:
         write_json({"model": str(args.model), "data": str(args.data), "layer": args.layer,
                     **removed, "metric": args.metric, "before": check.before,

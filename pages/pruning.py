@@ -118,6 +118,12 @@ def take_away(curves) -> None:
         f"{metric_label(s.metric, ctx.regression).capitalize()} with these {k} neurons of "
         f"{s.layer} removed (the blue curve at k = {k}): {measured}. The file is a "
         "torch.export .pt2 that loads here and in PyTorch (torch.export.load)."))
+    for subset, check in at.curve_checks(curves, k).items():
+        if check.warning:
+            st.warning(escape_markdown(
+                f"{titles.get(subset, 'All data').capitalize()}: {check.warning} Rank by mean "
+                "magnitude (Reduction: mean |·| in the sidebar) or by exact ablation."),
+                icon=":material/warning:")
     wanted = (ctx.curve_key(), k)
     kept = st.session_state.get(PRUNED_FILE)
     if kept is None or kept[0] != wanted:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
@@ -193,15 +194,36 @@ class PruneCheck:
 
     @property
     def warning(self) -> Optional[str]:
-        """Where the removal is `damaged`, what that means and what to do; else None."""
+        """Where the removal is `damaged`, what that means (each front end says how to rank
+        otherwise in its own words); else None."""
         if not self.damaged:
             return None
-        return (f"Warning: removing these {self.k} neurons does more damage than removing "
-                f"{self.k} random neurons: the ranking puts important neurons at its bottom. "
-                "Rank by mean magnitude (reduce mean_abs) or by exact ablation.")
+        return (f"Removing these {self.k} neurons does more damage than removing {self.k} "
+                "random neurons: the ranking puts important neurons at its bottom.")
 
 
 _TIE = 1e-9  # differences below this are float noise, not damage
+
+
+def curve_checks(curves: pd.DataFrame, k: int) -> dict[str, PruneCheck]:
+    """Per subset of a finished pruning curve ("all" for a single curve), the `PruneCheck`
+    of `prune(..., k, remove="bottom")`: the curve's bottom point at k against its value at
+    k = 0 and its random band at k (no oracle). KeyError where the curve lacks k or 0."""
+    attrs = curves.attrs
+    parts = (curves.groupby("subset", sort=False) if "subset" in curves.columns
+             else [("all", curves)])
+    checks = {}
+    for subset, part in parts:
+        at_k, at_0 = part[part["k"] == k], part[part["k"] == 0]
+        if at_k.empty or at_0.empty:
+            raise KeyError(f"the curve has no point at k = {k} and k = 0")
+        row = at_k.iloc[0]
+        checks[subset] = PruneCheck(
+            metric=attrs["metric"], k=int(k), n_neurons=int(attrs["n_neurons"]),
+            before=float(at_0.iloc[0]["bottom"]), after=float(row["bottom"]),
+            random_mean=float(row["random_mean"]), random_low=float(row["random_lo"]),
+            random_high=float(row["random_hi"]), n_random=int(attrs["n_random"]))
+    return checks
 
 
 def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: int, *,

@@ -192,6 +192,14 @@ def test_the_check_measures_what_prune_removes(trained):
         at_k = curve[curve["k"] == 5].iloc[0]
         assert (check.random_mean, check.random_low, check.random_high) == pytest.approx(
             (at_k["random_mean"], at_k["random_lo"], at_k["random_hi"]), abs=1e-12)
+        if remove == "bottom":  # the dashboard's check, read off a finished curve
+            from_curve = at.curve_checks(curve, 5)["all"]
+            assert from_curve.oracle is None and from_curve.damaged == check.damaged
+            for field in ("metric", "k", "n_neurons", "n_random"):
+                assert getattr(from_curve, field) == getattr(check, field)
+            for field in ("before", "after", "random_mean", "random_low", "random_high"):
+                assert getattr(from_curve, field) == pytest.approx(getattr(check, field),
+                                                                   abs=1e-12)
     assert prune_check(model, "2", x, y, ranking, 0, n_random=2).after == check.before
 
 

@@ -732,3 +732,25 @@ def test_the_pruning_page_hands_over_the_model_its_curve_describes():
         assert measured == pytest.approx(expected, abs=1e-5), subset
     app.run()  # the prepared file stays offered until the curve or k changes
     assert len(app.get("download_button")) == 1
+
+
+def test_the_pruning_page_warns_where_removing_the_bottom_does_more_damage_than_random():
+    """On the demo, class 0's signed-mean bottom neurons matter to the other classes: at some
+    k removing them lowers the rest's target logit below the random band. The page warns at
+    exactly the (k, subset) where `curve_checks` finds that, and nowhere else."""
+    app = run_app({"metric": "target_logit"})
+    app.switch_page("pages/pruning.py").run()
+    ctx = app.session_state["context"]
+    curves = app.session_state["curves"][ctx.curve_key()]
+    damaged = {int(k): sorted(subset for subset, check in at.curve_checks(curves, int(k)).items()
+                              if check.damaged) for k in curves["k"].unique()}
+    assert any(damaged.values()) and not all(damaged.values())
+    for k in (min(k for k, found in damaged.items() if found),
+              min(k for k, found in damaged.items() if not found and k > 0)):
+        app.select_slider(key=f"prune_k_{ctx.n_neurons}").set_value(k).run()
+        assert_clean(app)
+        warned = [w.value for w in app.warning if "more damage than removing" in w.value]
+        assert len(warned) == len(damaged[k]), (k, warned)
+        for subset, text in zip(damaged[k], warned):
+            assert text.startswith({"cluster": "Cluster", "rest": "Rest"}[subset])
+            assert f"Removing these {k} neurons" in unescaped(text)
