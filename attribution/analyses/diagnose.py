@@ -470,7 +470,7 @@ def _cancellation(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     size = len(group.scores)
     values = group.scores.astype(np.float64)
     low, high = interval(_cancellation_ratio(group.draws @ values / size,
-                                             group.draws @ np.abs(values) / size))
+                                             group.draws @ np.abs(values) / size), ratio)
     kept = (f"the signed mean keeps {ratio:.0%} of the mean |score| (median over neurons; 95% "
             f"interval {low:.0%} to {high:.0%})")
     bounds = dict(low=low, high=high)
@@ -590,7 +590,7 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     scores = group.cluster_score if signed else np.abs(group.cluster_score)
     oracle = oracle if signed else np.abs(oracle)
     rho = rank_correlation("spearman", scores, oracle)
-    low, high = interval(_resampled_agreement(group, reduce))
+    low, high = interval(_resampled_agreement(group, reduce), rho)
     chance = _chance_of(rho, len(scores))
     convention = "signed" if signed else "absolute-value"
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "

@@ -17,8 +17,10 @@ the true label, or the predicted class without labels):
   (halves rounded up), averaged over clusters;
 - curve_area: (A_random - A_method) / (A_random - A_ablation), where A_x is the area under
   the cluster's metric-vs-k curve when the top-k neurons of ranking x are removed (A_random:
-  the mean over random orders), averaged over clusters: random is about 0, the oracle's own
-  ranking 1, a ranking that does more damage than the oracle's above 1;
+  the mean over random orders), averaged over clusters: `random` is 0 by construction (its
+  area is the random orders' mean), the oracle's own ranking 1, a ranking that does more
+  damage than the oracle's above 1. A cluster where the oracle's area is within the random
+  orders' spread (their standard deviation) of A_random has no scale to divide by: NaN;
 - after_randomization: Spearman of S.mean(0) with the same method's cluster scores on a copy
   of the model whose modules after the layer are re-initialised (`randomized_after`),
   averaged over clusters. A ranking that survives it (near 1) does not read the model after
@@ -54,6 +56,10 @@ from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEF
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
                      "top_overlap", "curve_area", "after_randomization", "n_clusters")
 ORACLE = "ablation"
+BASELINE = "random"
+"""The method whose ranking is a random order: its curve_area is the random orders' own
+mean area, so it is 0 by construction (one draw's area scatters around it)."""
+_NOISE = 1e-6  # areas closer than this (relative) are equal to float precision
 
 TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
@@ -209,9 +215,9 @@ def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
         per_draw = np.nanmean(resampled, axis=0)
-    low, high = interval(per_draw)
-    return {"spearman": _nanmean(row_spearman(row_ranks(means), row_ranks(oracle_means))),
-            "kendall": _nanmean(_kendall(means, oracle_means)),
+    spearman = _nanmean(row_spearman(row_ranks(means), row_ranks(oracle_means)))
+    low, high = interval(per_draw, spearman)
+    return {"spearman": spearman, "kendall": _nanmean(_kendall(means, oracle_means)),
             "spearman_low": low, "spearman_high": high,
             "top_overlap": float(np.mean(overlap))}
 
@@ -260,10 +266,16 @@ def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray]
                               **curve_options)  # [O, K]
         area = (np.trapezoid(metric, ks, axis=1) / (ks[-1] - ks[0]) if len(ks) > 1
                 else metric[:, 0])
-        random_area, oracle_area = area[len(names) + 1:].mean(), area[len(names)]
+        random_areas, oracle_area = area[len(names) + 1:], area[len(names)]
+        random_area = random_areas.mean()
         span = random_area - oracle_area
+        spread = random_areas.std(ddof=1) if len(random_areas) > 1 else 0.0
         for position, name in enumerate(names):
-            areas[name].append((random_area - area[position]) / span if span != 0 else np.nan)
+            if abs(span) <= max(spread, _NOISE * max(abs(random_area), 1.0)):
+                areas[name].append(np.nan)  # the oracle does no more damage than random
+            else:
+                mine = random_area if name == BASELINE else area[position]
+                areas[name].append((random_area - mine) / span)
     return areas
 
 
