@@ -34,6 +34,8 @@ from .registry import Batch, register
 L1 = 1e-3
 L2 = 1e-3
 HELD_OUT = 0.2
+PROBE_ALPHA = 0.05
+"""A probe is usable when its held-out accuracy beats the majority baseline at this level."""
 MAX_ITERATIONS = 20_000
 TOLERANCE = 1e-9
 """Stop when the largest entry of the proximal gradient step (in gradient units) is below."""
@@ -80,10 +82,23 @@ class Probe:
         return (standard @ self.weights.T + self.intercept).argmax(1)
 
     @property
+    def p_value(self) -> float:
+        """The one-sided exact binomial test of its held-out accuracy against always naming
+        the commonest training cluster (H0: its chance of a right answer is at most
+        `chance`); NaN with nothing held out."""
+        if self.n_test == 0 or not np.isfinite(self.accuracy):
+            return float("nan")
+        from scipy.stats import binomtest  # only a probe's note needs scipy's tests
+
+        correct = int(round(self.accuracy * self.n_test))
+        return float(binomtest(correct, self.n_test, min(max(self.chance, 0.0), 1.0),
+                               alternative="greater").pvalue)
+
+    @property
     def usable(self) -> bool:
-        """Does it predict the held-out clusters better than always naming the commonest?
-        (Else its weights rank nothing.)"""
-        return bool(self.accuracy > self.chance)
+        """Does it predict the held-out clusters better than always naming the commonest,
+        by that test at level PROBE_ALPHA? (Else its weights rank nothing.)"""
+        return bool(self.p_value < PROBE_ALPHA)
 
     @property
     def note(self) -> str:
@@ -93,10 +108,12 @@ class Probe:
             return (f"The probe could hold no sample out to test on (each of the {clusters} "
                     "has one sample), so nothing says its weights rank anything.")
         said = (f"A linear probe predicts the {clusters} from this layer at "
-                f"{self.accuracy:.1%} held-out accuracy ({self.n_test} samples; chance "
-                f"{self.chance:.1%})")
+                f"{self.accuracy:.1%} held-out accuracy ({self.n_test} samples; always "
+                f"naming the commonest cluster: {self.chance:.1%}; binomial test p = "
+                f"{self.p_value:.2g})")
         if not self.usable:
-            said += ": no better than chance, so its weights rank nothing"
+            said += (": not significantly better than chance (p >= "
+                     f"{PROBE_ALPHA:g}), so its weights rank nothing")
         if not self.converged:
             said += f"; its solver stopped after {self.iterations} iterations short of the optimum"
         if self.left_out.any():

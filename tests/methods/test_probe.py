@@ -3,7 +3,9 @@ by an independent forward hook and pooled per neuron as `activation` pools them 
 conv channel's positions, over a sequence's tokens), standardised on the training samples,
 and fitted by LogisticRegression with the same elastic-net penalty; neuron j's score for
 cluster c is |W_cj|, the same weights to solver tolerance, so the same ranking."""
+import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -148,7 +150,8 @@ def test_the_probe_reports_a_layer_that_cannot_tell_the_clusters_apart():
     x, clusters = torch.randn(50, 4), np.arange(50) % 2
     probe = at.probe(model, "1", x, clusters)
     assert not probe.usable and (probe.scores == 0).all()
-    assert "no better than chance, so its weights rank nothing" in probe.note
+    assert "not significantly better than chance (p >= 0.05), so its weights rank nothing" \
+        in probe.note
     about: dict = {}
     at.neuron_scores(model, "1", x, None, "probe", clusters=clusters, about=about)
     assert about["method_usable"] is False and about["method_note"] == probe.note
@@ -214,3 +217,26 @@ def test_data_streamed_from_disk_or_a_dataloader_is_probed_alike(tmp_path):
     batched = at.cluster_scores(model, "relu2", loader, "labels", clusters, "probe")
     for table in (streamed, batched):
         np.testing.assert_array_equal(table.to_numpy(), expected.to_numpy())
+
+
+def test_a_probe_is_usable_only_when_a_binomial_test_says_it_beats_the_majority():
+    """A held-out accuracy a hair above the majority baseline on a few dozen samples is
+    chance: usable only where the one-sided exact binomial test gives p < 0.05."""
+    model, x, labels = demo()
+    fitted = at.probe(model, "relu2", x, labels.numpy())
+    assert fitted.usable and fitted.p_value < 1e-12 and "binomial test p = " in fitted.note
+
+    def tail(correct, n, chance):  # P(Binomial(n, chance) >= correct), summed exactly
+        return sum(math.comb(n, i) * chance ** i * (1 - chance) ** (n - i)
+                   for i in range(correct, n + 1))
+
+    for accuracy, n_test, chance, usable in ((22 / 40, 40, 0.5, False),
+                                             (30 / 40, 40, 0.5, True),
+                                             (13 / 30, 30, 0.3, False),
+                                             (15 / 30, 30, 0.3, True)):
+        probe = replace(fitted, accuracy=accuracy, n_test=n_test, chance=chance)
+        assert probe.p_value == pytest.approx(tail(round(accuracy * n_test), n_test, chance),
+                                              rel=1e-9)
+        assert probe.usable is usable, (accuracy, n_test, chance, probe.p_value)
+        assert ("not significantly better than chance" in probe.note) is not usable
+    assert np.isnan(replace(fitted, n_test=0, accuracy=float("nan")).p_value)
