@@ -6,6 +6,12 @@ several clusters every check runs on each and reports the worst. Value measured;
 
 - non_finite: share of the analysed samples whose logits or scores are NaN/inf (named in the
   message). Problem if > 0 (the other checks are then skipped).
+- flat_output: the largest change of the evidence curve's metric (every order and k,
+  removing all neurons included) from the unpruned value; for the target logit as a share
+  of the logit scale. Problem if it is within float precision (PRECISION of the values) or,
+  for the target logit, under FLAT_SHARE (1%) of the scale: the output does not depend on
+  this layer, so no ranking can beat random (random weights give such curves). It leads the
+  verdict.
 - constant_scores: (max - min) / max |s| of the cluster scores. Problem if <= 1e3 float32 eps
   (every neuron equal to float32 resolution).
 - tiny_scores: largest neuron effect / logit scale (std of all logits). Problem if <= 1e3
@@ -20,8 +26,9 @@ several clusters every check runs on each and reports the worst. Value measured;
 - not_better_than_random: share of random orders whose pruning-curve area the ranking beats,
   and the permutation test's p-value (`Finding.p_value`, `curve_summary`'s p_value): a
   random ranking is one more random order, so its p-value is uniform. Ok if p <= 0.1 (at
-  most 1 random ranking in 10 does this well: 19 of 20 orders beaten), problem if p > 0.5 (a
-  typical random order does as much damage), else warning.
+  most 1 random ranking in 10 does this well: 19 of 20 orders beaten) and the ranked curve
+  leaves the 5-95% random band at some k (`curve_summary`'s outside_band), problem if p > 0.5
+  (a typical random order does as much damage), else warning.
 - disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle, with its 95%
   bootstrap interval over the cluster's samples and its one-sided p-value against a random
   ranking of the n neurons (`Finding.p_value`). Ok if the whole interval is >= 0.6 (above
@@ -81,12 +88,15 @@ from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_red
                               score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
-CHECKS = ("non_finite", "constant_scores", "tiny_scores", "sign_cancellation", "dead_neurons",
+CHECKS = ("non_finite", "flat_output", "constant_scores", "tiny_scores", "sign_cancellation",
+          "dead_neurons",
           "not_better_than_random", "disagrees_with_ablation", "incomplete_integral",
           "suspicious_gradient_capture")
 PRECISION = 1e3 * float(np.finfo(np.float32).eps)  # ~1.2e-4: float32 rounding, with headroom
 CANCELLATION_WARNING, CANCELLATION_PROBLEM = 0.5, 0.2
 SHARE_WARNING = 0.01
+FLAT_SHARE = 0.01  # removing a whole layer moves the target logit by under 1% of its scale
+METRIC_UNITS = {"accuracy": "", "loss": "nats", "squared_error": "squared units"}
 DEAD_PROBLEM = 0.5
 SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_random
 FEWEST_RANDOM_ORDERS = math.ceil(1 / SIGNAL_P) - 1  # 9: fewer cannot reach p <= SIGNAL_P
@@ -284,12 +294,15 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     findings.append(_worst([_dead_neurons(g, everywhere_dead, zeroed) for g in groups], groups,
                            labelled))
     report(0.5, findings)
-    curve_checks = []
+    curves = []
     for position, group in enumerate(groups):
-        curve_checks.append(_random_baseline(model, layer, group, metric, ablation, n_random,
-                                             seed, batch_size))
+        curves.append(_evidence_curve(model, layer, group, metric, ablation, n_random, seed,
+                                      batch_size))
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
-    findings.append(_worst(curve_checks, groups, labelled))
+    findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
+                              labelled))
+    findings.append(_worst([_random_baseline(g, c, metric, n_random)
+                            for g, c in zip(groups, curves)], groups, labelled))
     findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
     checked = sum_check(about, n_steps)
     if checked is not None:
@@ -540,37 +553,81 @@ def _dead_neurons(group: _Evidence, everywhere_dead: np.ndarray,
     return Finding("dead_neurons", "ok", "No neuron is dead on these samples.", share), share
 
 
-def random_severity(p_value: float) -> str:
-    """The severity of a ranking against random orders, by its permutation p-value
-    (`curve_summary`): "ok" when p <= SIGNAL_P, "problem" when p > NO_SIGNAL_P (or unknown),
-    else "warning". One rule for not_better_than_random and the pruning page's words."""
+def random_severity(p_value: float, outside_band: float = float("nan")) -> str:
+    """The severity of a ranking against random orders, by its permutation p-value and the
+    share of k at which its curve leaves the random band (`curve_summary`): "ok" when p <=
+    SIGNAL_P and the curve leaves the band somewhere (or that is unknown), "problem" when p >
+    NO_SIGNAL_P (or unknown), else "warning". One rule for not_better_than_random and the
+    pruning page's words: "beats random" and "inside the band at every k" never meet."""
     if not p_value <= NO_SIGNAL_P:
         return "problem"
-    return "ok" if p_value <= SIGNAL_P else "warning"
+    return "ok" if p_value <= SIGNAL_P and outside_band != 0 else "warning"
 
 
-def _random_baseline(model, layer, group: _Evidence, metric, ablation, n_random, seed,
-                     batch_size) -> tuple[Finding, float]:
-    n_neurons = group.cluster_score.shape[0]
-    curve = pruning_curve(model, layer, group.x, group.targets,
-                          np.nan_to_num(group.cluster_score, nan=0.0),
-                          ks=evidence_ks(n_neurons), n_random=n_random, seed=seed,
-                          ablation=ablation, metric=metric, batch_size=batch_size)
+def permutation_words(p_value: float, n_random: int) -> str:
+    """"permutation p = 0.12", saying where p is the smallest `n_random` orders can give."""
+    said = f"permutation p = {p_value:.2g}"
+    if np.isfinite(p_value) and p_value <= 1 / (n_random + 1) + 1e-12:
+        said += f", the smallest {n_random} random orders can give"
+    return said
+
+
+def _evidence_curve(model, layer, group: _Evidence, metric, ablation, n_random, seed,
+                    batch_size) -> pd.DataFrame:
+    """The pruning curve the flat and random checks read, at `evidence_ks`."""
+    return pruning_curve(model, layer, group.x, group.targets,
+                         np.nan_to_num(group.cluster_score, nan=0.0),
+                         ks=evidence_ks(group.cluster_score.shape[0]), n_random=n_random,
+                         seed=seed, ablation=ablation, metric=metric, batch_size=batch_size)
+
+
+def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, float]:
+    """flat_output: does removing this layer's neurons move the output at all? Value: the
+    largest change of the metric over every order and k (removing all neurons included)
+    against the unpruned value, as a share of the logit scale for the target logit."""
+    columns = ["ranked", "bottom", "random_mean", "random_lo", "random_hi"]
+    start = float(curve.loc[curve["k"] == 0, "ranked"].iloc[0])
+    change = float(np.nanmax(np.abs(curve[columns].to_numpy() - start)))
+    scale = group.logit_scale
+    units = "logits" if metric == "target_logit" else METRIC_UNITS.get(metric, "")
+    floor = PRECISION * max(abs(start), scale if metric == "target_logit" else 0.0, 1e-30)
+    described = (f"removing any of its neurons (all of them included) moves the "
+                 f"«metric={metric}» by at most {change:.3g} {units}").rstrip()
+    if metric == "target_logit":
+        value = change / scale if scale > 0 else 0.0
+        described += f", {value:.2g} of the logit scale ({scale:.3g})"
+        flat = change <= floor or value < FLAT_SHARE
+    else:
+        value = change
+        flat = change <= floor or (metric == "accuracy" and change < 1 / max(len(group.x), 1))
+    if flat:
+        return _finding(
+            "flat_output", "problem",
+            f"The model's output is flat on this layer: {described}, so no ranking of its "
+            "neurons can be told from random.", value,
+            "Pick a layer that feeds the output, or check that the model is trained: a model "
+            "of random weights gives flat curves."), -value
+    return _finding("flat_output", "ok", f"The output depends on this layer: {described}.",
+                    value), -value
+
+
+def _random_baseline(group: _Evidence, curve: pd.DataFrame, metric: str,
+                     n_random: int) -> tuple[Finding, float]:
     summary = curve_summary(curve).iloc[0]
     beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
-    interior = curve[(curve["k"] > 0) & (curve["k"] < n_neurons)]
-    within = ((interior["ranked"] >= interior["random_lo"])
-              & (interior["ranked"] <= interior["random_hi"]))
-    inside = float(within.mean()) if len(interior) else 1.0
-    measured = (f"removing the top-ranked neurons beats {beaten:.0%} of {n_random} random "
-                f"orders (permutation p = {p_value:.2f}; «metric={metric}», area under the "
-                f"curve) and stays inside the 5-95% random band at {inside:.0%} of k")
+    outside = float(summary["outside_band"])
+    severity = random_severity(p_value, outside)
+    band = ("its curve is never beyond the 5-95% random band" if outside == 0 else
+            f"its curve is beyond the 5-95% random band at {outside:.0%} of k"
+            if np.isfinite(outside) else "")
+    measured = (f"removing the top-ranked neurons does more damage than {beaten:.0%} of "
+                f"{n_random} random orders ({permutation_words(p_value, n_random)}; "
+                f"«metric={metric}», area under the curve)" + (f"; {band}" if band else ""))
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if n_random < FEWEST_RANDOM_ORDERS:
         hint += (f" With {n_random} random orders no ranking can show p <= {SIGNAL_P}: use at "
                  f"least {FEWEST_RANDOM_ORDERS}.")
-    severity = random_severity(p_value)
     if severity == "problem":
         finding = _finding("not_better_than_random", "problem",
                            f"The ranking is no better than random: {measured}.", beaten, hint)
@@ -593,9 +650,10 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     low, high = interval(_resampled_agreement(group, reduce), rho)
     chance = _chance_of(rho, len(scores))
     convention = "signed" if signed else "absolute-value"
+    odds = f"p = {chance:.2g}" if chance >= 1e-12 else "p < 1e-12"
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "
-                f"random ranking does as well with p = {chance:.2g}) with the exact "
-                "single-neuron ablation effect on the target logit")
+                f"random ranking of {len(scores)} neurons agrees as well with {odds}) with the "
+                "exact single-neuron ablation effect on the target logit")
     hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
             "«method=ablation» itself; see the oracle table.")
     bounds = dict(low=low, high=high, p_value=chance)

@@ -156,7 +156,10 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
         ranking does no more damage than a random order", (1 + orders doing at least as
         much damage, ties half) / (n_random + 1): a random ranking is one more random order,
         so its p_value is uniform; the smallest possible is 1 / (n_random + 1) (NaN as for
-        fraction_random_beaten).
+        fraction_random_beaten); and outside_band: the share of the k strictly between 0
+        and n at which the ranked curve lies beyond the random band's damaging end (below
+        random_lo, or above random_hi for a loss; NaN without such k). A ranking whose
+        curve never leaves the band is not said to beat random, whatever its area.
     """
     metric = metric or curves.attrs.get("metric")
     if metric not in METRICS:
@@ -185,11 +188,16 @@ def curve_summary(curves: pd.DataFrame, metric: Optional[str] = None) -> pd.Data
             wins = (margin > 0) + 0.5 * (margin == 0)
             beaten = float(np.mean(wins))
             p_value = float((1 + np.sum(1 - wins)) / (len(wins) + 1))
+        interior = part[(part["k"] > 0)
+                        & (part["k"] < curves.attrs.get("n_neurons", part["k"].max()))]
+        beyond = (interior["ranked"] > interior["random_hi"] if damage_sign > 0
+                  else interior["ranked"] < interior["random_lo"])
         rows.append({"subset": name, "area_ranked": ranked,
                      "area_bottom": _mean_over_k(part["bottom"].to_numpy(), k),
                      "area_random": random_mean,
                      "gap_vs_random": damage_sign * (ranked - random_mean),
-                     "fraction_random_beaten": beaten, "p_value": p_value})
+                     "fraction_random_beaten": beaten, "p_value": p_value,
+                     "outside_band": float(beyond.mean()) if len(interior) else np.nan})
     return pd.DataFrame(rows).set_index("subset")
 
 

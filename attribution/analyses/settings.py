@@ -132,7 +132,9 @@ BATCH_SIZES = (32, 64, 128, 256, 512, 1024)
 """The dashboard's batch sizes; DEFAULT_BATCH_SIZE is one of them."""
 RANDOM_ORDERS = (5, 10, 20, 50, 100)
 """The dashboard's numbers of random orders; DEFAULT_N_RANDOM is one of them."""
-ACTIVATION_KINDS = frozenset({"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU"})
+ACTIVATION_KINDS = frozenset({"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU",
+                              "ReLU6", "Hardswish", "Mish", "SELU", "CELU", "PReLU", "RReLU",
+                              "Softplus", "Hardtanh"})
 """Module types `default_layer` treats as a hidden activation."""
 EVIDENCE_METRIC = "target_logit"
 """What the degeneracy check's pruning curve measures (not_better_than_random)."""

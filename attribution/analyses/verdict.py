@@ -10,7 +10,9 @@ interface can apply (and measure first: `try_remedies`).
 The headline is a rules table over the checks' outcomes (`outcomes`), which tests enumerate:
 
 1. A broken computation decides alone (`BROKEN`, first flagged): one's own gradient code
-   (named by its bug), scores that are not numbers, scores equal for every neuron.
+   (named by its bug), scores that are not numbers, an output that removing the layer's
+   neurons does not move (flat curves: a model of random weights), scores equal for every
+   neuron.
 2. Otherwise two checks measure whether the ranking carries signal, each with its
    uncertainty: the permutation test against random orders ("beats" when p <= 0.1, "unclear",
    "no_better" when p > 0.5) and the rank agreement with exact ablation ("agrees" when its 95%
@@ -39,11 +41,12 @@ from .diagnose import Finding
 from ..engine.layers import LayerInfo
 from ..methods.registry import REGISTRY
 
-CAUSES = ("suspicious_gradient_capture", "non_finite", "constant_scores", "tiny_scores",
+CAUSES = ("suspicious_gradient_capture", "non_finite", "flat_output", "constant_scores",
+          "tiny_scores",
           "sign_cancellation", "dead_neurons", "not_better_than_random",
           "disagrees_with_ablation", "incomplete_integral")
 """Every check, in the order their findings are listed as notes."""
-BROKEN = ("suspicious_gradient_capture", "non_finite", "constant_scores")
+BROKEN = ("suspicious_gradient_capture", "non_finite", "flat_output", "constant_scores")
 """Checks whose problem means no ranking was computed worth judging (first flagged decides)."""
 EVIDENCE = ("not_better_than_random", "disagrees_with_ablation")
 """The two checks that measure whether the ranking carries signal."""
@@ -95,6 +98,8 @@ HEADLINES = {  # reason -> signal -> headline ({signal}: SIGNAL's words, capital
 }
 BROKEN_HEADLINES = {
     "non_finite": "The scores are not numbers: no ranking can be trusted",
+    "flat_output": "The model's output does not depend on this layer: no ranking of its "
+                   "neurons can mean anything",
     "constant_scores": "Every neuron scores the same: the ranking carries nothing",
 }
 CHOICES = ("reduce", "method", "cluster_source")
@@ -102,6 +107,8 @@ CHOICES = ("reduce", "method", "cluster_source")
 ONE_CLASS_SOURCES = ("label", "predicted")
 CHECK_NAMES = {  # check -> (name when it passed, name when it flagged something)
     "non_finite": ("Every score is a finite number", "Some scores are NaN or infinite"),
+    "flat_output": ("Removing this layer's neurons moves the output",
+                    "The output is flat on this layer"),
     "constant_scores": ("Neurons get different scores", "Every neuron gets the same score"),
     "tiny_scores": ("Scores are well above float rounding", "Scores are tiny"),
     "sign_cancellation": ("Signs agree within the cluster",

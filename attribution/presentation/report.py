@@ -26,7 +26,8 @@ from plotly.offline import get_plotlyjs
 from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..inputs.data import Dataset, make_clusters, predictions
-from ..analyses.diagnose import FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, random_severity
+from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, permutation_words,
+                                 random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
@@ -122,7 +123,8 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
     if pd.notna(beaten):
         orders = f"{n_random} " if n_random else ""
         text += f" It does more damage than {beaten:.0%} of the {orders}random orders"
-        text += f" (permutation p = {p_value:.2f})." if pd.notna(p_value) else "."
+        text += (f" ({permutation_words(p_value, n_random or 0)})." if pd.notna(p_value)
+                 else ".")
     sentences = [text]
     if "rest" in summary.index:
         rest_gap = float(summary.loc["rest", "gap_vs_random"]) * scale
@@ -132,7 +134,8 @@ def curve_sentences(summary: pd.DataFrame, *, metric: str, method: str, cluster:
             ": " + ("these neurons matter specifically for this cluster." if specific
                     else "these neurons are not specific to this cluster."))
     if pd.notna(p_value):
-        severity = random_severity(p_value)  # the rule of the Diagnosis page's check
+        severity = random_severity(p_value, row.get("outside_band", np.nan))  # the
+        # rule of the Diagnosis page's check
         if severity != "ok" and gap > 0 and n_random and n_random < FEWEST_RANDOM_ORDERS:
             verdict = (f"with {n_random} random orders no ranking can show that it beats "
                        f"random (p <= {SIGNAL_P}); use at least {FEWEST_RANDOM_ORDERS}.")

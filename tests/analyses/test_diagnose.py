@@ -16,6 +16,9 @@ from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution
                                      seed_000_stale_gradient_loop, seed_002_whole_batch_loop,
                                      seed_002_whole_batch_rows)
 from tests.support.models import build
+from attribution.analyses import settings
+from attribution.analyses.verdict import verdict
+from tests.support.families import family, trained_cnn1d
 
 
 def by_code(findings):
@@ -369,3 +372,66 @@ def test_among_clusters_the_evidence_curve_is_the_reported_clusters():
     reported = re.match(r"Cluster '(\w+)'", finding.message).group(1)
     assert finding.curve.attrs["n_samples"] == (clusters == reported).sum()
     assert list(finding.curve["k"]) == list(range(WIDTH + 1))
+
+
+class BarelyUsed(nn.Module):
+    """A layer whose contribution to the logits is scaled down to a millionth of the rest:
+    its curves are flat, whatever ranks its neurons."""
+
+    def __init__(self):
+        super().__init__()
+        self.direct = nn.Linear(5, 3)
+        self.fc, self.act, self.out = nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.direct(x) + 1e-6 * self.out(self.act(self.fc(x)))
+
+
+def test_a_flat_output_leads_the_verdict_and_is_never_called_usable():
+    torch.manual_seed(0)
+    model, x = BarelyUsed().eval(), torch.randn(60, 5)
+    findings = at.diagnose(model, "act", x, None, "gradient_x_activation")
+    flat = next(f for f in findings if f.code == "flat_output")
+    assert flat.severity == "problem" and flat.value < 1e-5
+    assert "removing any of its neurons (all of them included) moves the metric='target_logit'" \
+        in flat.message and "random weights" in flat.hint
+    assert [f.code for f in findings][:2] == ["non_finite", "flat_output"]
+    answer = verdict(findings, method="gradient_x_activation", reduce="mean")
+    assert answer.severity == "problem" and answer.cause == "flat_output"
+    assert answer.headline.startswith("The model's output does not depend on this layer")
+
+
+def test_beats_random_and_inside_the_band_never_meet():
+    """Over models of several families (trained, random weights, flat), a ranking called
+    better than random has a curve beyond the random band somewhere, and one whose curve
+    never leaves the band is not called better than random."""
+    cases = [(trained_cnn1d()[:2], "2"), (family("separable_cnn"), "se.act")]
+    for name in ("transformer_encoder", "cnn1d"):
+        model, x = family(name)
+        cases.append(((model, x), settings.default_layer(at.list_layers(model, x[:2]))))
+    cases.append(((BarelyUsed().eval(), torch.randn(60, 5)), "act"))
+    seen, inside = set(), 0
+    for (model, x), layer in cases:
+        for method in ("gradient", "gradient_x_activation"):
+            finding = next(f for f in at.diagnose(model, layer, x[:120], None, method)
+                           if f.code == "not_better_than_random")
+            summary = at.curve_summary(finding.curve).iloc[0]
+            seen.add(finding.severity)
+            assert not ("beats random" in finding.message and "never beyond" in finding.message)
+            if finding.severity == "ok":
+                assert summary["outside_band"] > 0 and summary["p_value"] <= 0.1
+            if summary["outside_band"] == 0:
+                inside += 1
+                assert finding.severity != "ok" and "never beyond" in finding.message
+    assert "ok" in seen and inside  # both sides of the rule were met
+
+
+def test_the_smallest_p_that_the_orders_allow_is_said_to_be_so():
+    model, x, y = trained_cnn1d()
+    finding = next(f for f in at.diagnose(model, "2", x, y, "gradient_x_activation")
+                   if f.code == "not_better_than_random")
+    assert finding.p_value == pytest.approx(1 / 21)
+    assert "permutation p = 0.048, the smallest 20 random orders can give" in finding.message
+    oracle = next(f for f in at.diagnose(model, "2", x, y, "gradient_x_activation")
+                  if f.code == "disagrees_with_ablation")
+    assert "p = 0)" not in oracle.message and "random ranking of 16 neurons" in oracle.message

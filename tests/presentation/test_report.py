@@ -55,7 +55,7 @@ def test_report_shows_settings_facts_findings_and_charts(content, page):
     for label, value in {**content.settings, **content.facts}.items():
         assert f"<th>{html.escape(label)}</th><td>{html.escape(value)}</td>" in page
     assert content.facts["accuracy on this data"].endswith("%")
-    assert len(content.findings) == 7
+    assert len(content.findings) == 8
     for finding in content.findings:  # in the dashboard's words, as the settings table
         message, hint = finding.words(screen=True)
         assert html.escape(message) in page and html.escape(hint) in page
@@ -200,10 +200,11 @@ def _summary(cluster_gap: float, rest_gap: float, beaten: float) -> pd.DataFrame
 
 @pytest.mark.parametrize("cluster_gap,rest_gap,beaten,expected", [
     (0.25, 0.02, 1.0, ["lowers accuracy by 25.0 percentage points more", "100% of the 20",
+                       "p = 0.048, the smallest 20 random orders can give",
                        "specifically for this cluster", "carry real information"]),
     (0.25, 0.20, 1.0, ["not specific to this cluster"]),
     (0.03, 0.0, 0.7, ["not clearly better than random", "(permutation p = 0.33)"]),
-    (0.03, 0.0, 0.95, ["(permutation p = 0.10)", "carry real information"]),
+    (0.03, 0.0, 0.95, ["(permutation p = 0.095)", "carry real information"]),
     (0.03, 0.0, 0.9, ["(permutation p = 0.14)", "not clearly better than random"]),
     (-0.05, -0.01, 0.1, ["by 5.0 percentage points less", "no better than random"]),
 ])
@@ -367,3 +368,14 @@ def test_the_default_layer_k_and_partition_words(demo):
             unlabelled.method) == ("fc2", "predicted", "predicted", "gradient")
     words = replace(settings, cluster_source="kmeans_activations", k=4).describe()
     assert words["clusters from"] == "k-means on layer relu2 (k = 4)"
+
+
+def test_a_curve_that_never_leaves_the_random_band_is_not_said_to_beat_random():
+    summary = _summary(0.03, 0.0, 1.0).assign(outside_band=[0.0, 0.0])
+    text = " ".join(report.curve_sentences(summary, metric="accuracy", method="gradient",
+                                           cluster="3", n_random=20))
+    assert "not clearly better than random" in text and "real information" not in text
+    text = " ".join(report.curve_sentences(summary.assign(outside_band=[0.2, 0.0]),
+                                           metric="accuracy", method="gradient", cluster="3",
+                                           n_random=20))
+    assert "carry real information" in text
