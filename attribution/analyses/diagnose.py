@@ -195,6 +195,15 @@ class _Evidence:
     logit_scale: float
     reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
     draws: np.ndarray  # [BOOTSTRAP_DRAWS, m]: how often each sample is drawn in each resample
+    regression: bool = False  # one output: effects are in its own units, not logits
+
+    @property
+    def units(self) -> str:
+        return "output units" if self.regression else "logits"
+
+    @property
+    def scale_name(self) -> str:
+        return "output's scale" if self.regression else "logit scale"
 
 
 def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = DEFAULT_METHOD,
@@ -283,7 +292,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             name, x[part], targets[part] if targets is not None else None, group_scores,
             reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
             effects[rows], float(logits[part].double().std()) if len(rows) else 0.0,
-            reach[rows], bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator)))
+            reach[rows], bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
+            logits.shape[1] == 1))
     labelled = len(groups) > 1
     everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
@@ -436,8 +446,8 @@ def _tiny(group: _Evidence, method: str) -> tuple[Finding, float]:
         largest = float(np.nanmax(effect)) if effect.size else 0.0
         scale = group.logit_scale
         value = largest / scale if scale > 0 else (0.0 if largest == 0 else np.inf)
-        described = (f"the largest neuron effect is {largest:.3g} logits, {value:.2g} of the "
-                     f"logit scale ({scale:.3g})")
+        described = (f"the largest neuron effect is {largest:.3g} {group.units}, {value:.2g} "
+                     f"of the {group.scale_name} ({scale:.3g})")
         warn_below = SHARE_WARNING / n_neurons
     else:
         largest = float(np.nanmax(magnitude))
@@ -589,13 +599,13 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
     start = float(curve.loc[curve["k"] == 0, "ranked"].iloc[0])
     change = float(np.nanmax(np.abs(curve[columns].to_numpy() - start)))
     scale = group.logit_scale
-    units = "logits" if metric == "target_logit" else METRIC_UNITS.get(metric, "")
+    units = group.units if metric == "target_logit" else METRIC_UNITS.get(metric, "")
     floor = PRECISION * max(abs(start), scale if metric == "target_logit" else 0.0, 1e-30)
     described = (f"removing any of its neurons (all of them included) moves the "
                  f"«metric={metric}» by at most {change:.3g} {units}").rstrip()
     if metric == "target_logit":
         value = change / scale if scale > 0 else 0.0
-        described += f", {value:.2g} of the logit scale ({scale:.3g})"
+        described += f", {value:.2g} of the {group.scale_name} ({scale:.3g})"
         flat = change <= floor or value < FLAT_SHARE
     else:
         value = change

@@ -34,8 +34,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC,
-                        DEFAULT_N_RANDOM, DEFAULT_SEED)
+from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_RANDOM, DEFAULT_SEED)
 from ..engine.guards import eval_mode
 from ..engine.layers import (WEIGHT_LAYOUTS, module_kind, output_tensor, resolve_layer,
                              split_axis, with_output_tensor)
@@ -43,7 +42,7 @@ from ..engine.model_io import NamedInputs, n_rows, repeat, to_model
 from ..errors import AttributionError
 from ..methods.passes import Inputs, LayerPass, model_device
 from .pruning import (ABLATIONS, BAND_PERCENTILES, HIGHER_IS_WORSE, _LayerPasses,
-                      neuron_vector, order_curves, random_orders)
+                      model_default_metric, neuron_vector, order_curves, random_orders)
 
 REMOVALS = ("bottom", "top")
 """Which end of the ranking `prune` removes: the k lowest-scored neurons or the k highest."""
@@ -227,7 +226,7 @@ def curve_checks(curves: pd.DataFrame, k: int) -> dict[str, PruneCheck]:
 
 
 def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: int, *,
-                oracle=None, remove: str = "bottom", metric: str = DEFAULT_METRIC,
+                oracle=None, remove: str = "bottom", metric: Optional[str] = None,
                 ablation: str = DEFAULT_ABLATION, n_random: int = DEFAULT_N_RANDOM,
                 seed: int = DEFAULT_SEED, batch_size: int = DEFAULT_BATCH_SIZE,
                 device=None) -> PruneCheck:
@@ -240,7 +239,8 @@ def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: in
             "ablation")`, magnitudes averaged), or None: its k least important (for remove
             "top": most important) neurons form the check's `oracle`.
         targets, metric, ablation, n_random, seed, batch_size, device: as in
-            `pruning_curve` (targets None = agreement with the unpruned model's classes).
+            `pruning_curve` (targets None = agreement with the unpruned model's classes;
+            metric None = the head's default, `pruning.chosen_metric`).
     """
     if remove not in REMOVALS:
         raise AttributionError(f"Unknown remove {remove!r}; use one of {', '.join(REMOVALS)}.")
@@ -255,6 +255,7 @@ def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: in
     orders = torch.cat([
         torch.as_tensor(np.stack([np.argsort(first * r, kind="stable") for r in rankings])),
         random_orders(n_neurons, n_random, seed)])
+    metric = model_default_metric(model, inputs, targets, metric)
     curves = order_curves(model, layer, inputs, targets, orders, sorted({0, int(k)}),
                           ablation=ablation, metric=metric, batch_size=batch_size,
                           device=device)  # [O, 1 or 2]: at k = 0 (every order alike), at k

@@ -34,7 +34,7 @@ from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DE
                         DEFAULT_SEED)
 from ..engine.guards import eval_mode
 from ..engine.layers import run_logits
-from ..engine.model_io import NamedInputs, attention_mask
+from ..engine.model_io import NamedInputs, attention_mask, named, take
 from ..methods.passes import Inputs, LayerBatch, LayerPass, n_samples, pass_modes
 from ..methods.scores import cluster_codes, find_cluster
 from ..engine.runners import layer_attrs
@@ -66,7 +66,7 @@ CurveProgress = Optional[Callable[[float, pd.DataFrame], object]]
 def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
                   ks: Optional[Sequence[int]] = None, n_random: int = DEFAULT_N_RANDOM,
                   seed: int = DEFAULT_SEED, ablation: str = DEFAULT_ABLATION,
-                  metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
+                  metric: Optional[str] = None, batch_size: int = DEFAULT_BATCH_SIZE,
                   progress: CurveProgress = None, resume: Optional[pd.DataFrame] = None,
                   device=None) -> pd.DataFrame:
     """The metric after removing k neurons in descending score order, against bottom-k and random.
@@ -110,7 +110,7 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
 def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
                            cluster, scores, *, ks: Optional[Sequence[int]] = None,
                            n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
-                           ablation: str = DEFAULT_ABLATION, metric: str = DEFAULT_METRIC,
+                           ablation: str = DEFAULT_ABLATION, metric: Optional[str] = None,
                            batch_size: int = DEFAULT_BATCH_SIZE, progress: CurveProgress = None,
                            resume: Optional[pd.DataFrame] = None, device=None) -> pd.DataFrame:
     """Pruning curves of one ranking on a cluster and on the rest of the data, in one pass.
@@ -385,6 +385,11 @@ def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> t
                                    "value: pass the true values [N] as the targets (data "
                                    "without them: measure 'target_logit', the output).")
         return (logits[:, 0] - targets.to(logits.dtype)).square()
+    if regression:  # target_logit: the one output, whatever true values came with it
+        return logits[:, 0]
+    if targets.is_floating_point():
+        raise AttributionError(f"{metric} needs class ids as targets; got real values, which "
+                               "only a regression head (one output) takes.")
     if metric == "accuracy":
         return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
     if metric == "target_logit":
@@ -392,7 +397,7 @@ def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> t
     return functional.cross_entropy(logits, targets, reduction="none")
 
 
-def model_metric(model: nn.Module, inputs: Inputs, targets, metric: str = DEFAULT_METRIC, *,
+def model_metric(model: nn.Module, inputs: Inputs, targets, metric: Optional[str] = None, *,
                  batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> float:
     """The model's metric over the inputs (the mean of `metric_values`), e.g. the accuracy
     of a pruned copy. targets: LongTensor [N], "labels" (the y of each (x, y) batch), or None
@@ -402,13 +407,43 @@ def model_metric(model: nn.Module, inputs: Inputs, targets, metric: str = DEFAUL
     layer_pass = LayerPass(model, None, inputs, targets, batch_size=batch_size, device=device,
                            grad=False, accepts=("labels",), what="evaluate",
                            need="A metric needs one target per sample",
-                           values=metric == "squared_error")
+                           values=_values(metric))
     total, count = 0.0, 0
     for batch, logits in layer_pass.run(lambda batch: run_logits(layer_pass.model, batch.x)):
+        metric = chosen_metric(metric, logits.shape[1], batch.targets)
         batch_targets = logits.argmax(1) if batch.targets is None else batch.targets
         total += float(metric_values(logits.float(), batch_targets, metric).double().sum())
         count += batch.rows
     return total / count
+
+
+def chosen_metric(metric: Optional[str], n_outputs: int, targets) -> str:
+    """`metric`, or where it is None the default for this head (`settings.default_metric`):
+    accuracy for a classifier; for a regression head (one output) the squared error against
+    its true values when the targets are real values, else its output ("target_logit")."""
+    if metric is not None:
+        return metric
+    if n_outputs != 1:
+        return DEFAULT_METRIC
+    real = isinstance(targets, torch.Tensor) and targets.is_floating_point()
+    return "squared_error" if real else "target_logit"
+
+
+def model_default_metric(model: nn.Module, inputs, targets, metric: Optional[str] = None
+                         ) -> str:
+    """`chosen_metric` for `model` on in-memory `inputs` (one row is run to count the
+    outputs where `metric` is None)."""
+    if metric is not None:
+        return metric
+    with eval_mode(model), torch.no_grad():
+        logits = run_logits(model, take(named(inputs), slice(0, 1)))
+    return chosen_metric(None, logits.shape[1], targets)
+
+
+def _values(metric: Optional[str]) -> Optional[bool]:
+    """`LayerPass`'s values for a metric: real values needed (squared error), class ids
+    needed, or either (None: the metric follows the head and the targets)."""
+    return None if metric is None else metric == "squared_error"
 
 
 def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optional[torch.Tensor],
@@ -454,7 +489,7 @@ def _order_sums(passes: "_LayerPasses", orders: torch.Tensor, ks: Sequence[int],
 
 def order_curves(model: nn.Module, layer, inputs: Inputs, targets, orders: torch.Tensor,
                  ks: Sequence[int], *, ablation: str = DEFAULT_ABLATION,
-                 metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
+                 metric: Optional[str] = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  device=None) -> np.ndarray:
     """The metric after removing the first k neurons of each removal order, in one pass.
 
@@ -471,7 +506,7 @@ def order_curves(model: nn.Module, layer, inputs: Inputs, targets, orders: torch
                            grad=False, accepts=("labels",), what="evaluate",
                            need="Pruning curves need one target per sample",
                            cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE,
-                           values=metric == "squared_error")
+                           values=_values(metric))
     with eval_mode(layer_pass.model):
         passes = _LayerPasses(layer_pass, None, 1)
         passes.first_pass(mean=ablation == "mean")
@@ -481,6 +516,7 @@ def order_curves(model: nn.Module, layer, inputs: Inputs, targets, orders: torch
         fill = None
         if ablation == "mean":
             fill = (passes.z_sum / passes.z_count.clamp_min(1)).to(passes.z_dtype)
+        metric = chosen_metric(metric, passes.runner.n_classes, layer_pass.targets)
         sums = _order_sums(passes, orders, check_ks(ks, passes.n_neurons), fill, metric)
     return (sums[:, :, 0] / max(1, int(passes.counts[0]))).numpy()
 
@@ -497,7 +533,7 @@ def _removal_masks(orders: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
 def _check_options(ablation: str, metric: str, n_random: int, batch_size: int) -> None:
     if ablation not in ABLATIONS:
         raise AttributionError(f"Unknown ablation {ablation!r}; use one of {', '.join(ABLATIONS)}.")
-    if metric not in METRICS:
+    if metric is not None and metric not in METRICS:
         raise AttributionError(f"Unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
     if not isinstance(n_random, (int, np.integer)) or n_random < 1:
         raise AttributionError("n_random must be a positive integer (20 gives a usable band).")
@@ -536,11 +572,12 @@ def _curves(model, layer, inputs, targets, scores, groups, subset_names, *, ks, 
                            grad=False, accepts=("labels",), what="evaluate",
                            need="Pruning curves need one target per sample",
                            cpu_layer_elements=_CPU_ELEMENTS_PER_CAPTURE,
-                           values=metric == "squared_error")
+                           values=_values(metric))
     n_groups = 1 if groups is None else len(subset_names)
     with eval_mode(layer_pass.model):  # the cached captures' masked passes too
         passes = _LayerPasses(layer_pass, groups, n_groups)
         passes.first_pass(mean=ablation == "mean")
+        metric = chosen_metric(metric, passes.runner.n_classes, layer_pass.targets)
         n_neurons = passes.n_neurons
         values = neuron_vector(scores, n_neurons)
         ks = check_ks(ks, n_neurons)

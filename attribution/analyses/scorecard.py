@@ -48,8 +48,8 @@ from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
 from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman,
                      top_k_overlap)
 from .prune import copy_model
-from .pruning import order_curves, random_orders, spaced_ks
-from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DEFAULT_N_STEPS,
+from .pruning import model_default_metric, order_curves, random_orders, spaced_ks
+from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
                        DEFAULT_SEED, BOOTSTRAP_DRAWS, SCORECARD_CURVE_POINTS,
                        SCORECARD_METHODS, SCORECARD_N_RANDOM)
 
@@ -68,7 +68,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               layers: Optional[Sequence[str]] = None,
               methods: Sequence[str] = SCORECARD_METHODS,
               n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
-              curve_points: int = SCORECARD_CURVE_POINTS, metric: str = DEFAULT_METRIC,
+              curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
               curve_targets="targets", ablation: str = DEFAULT_ABLATION,
               batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
@@ -86,8 +86,10 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         n_boot: bootstrap draws of the spearman interval.
         n_random, curve_points: random orders of curve_area and its k values (curve_points
             + 1 evenly spaced values of k, 0 and n included).
-        metric, ablation: what the curves measure and what a removed neuron's output
-            becomes, as in `pruning_curve` ("mean": the mean over the cluster's samples).
+        metric, ablation: what the curves measure (None: accuracy, or for a regression head
+            its squared error against real-valued targets, else its output) and what a
+            removed neuron's output becomes, as in `pruning_curve` ("mean": the mean over
+            the cluster's samples).
         curve_targets: what the curves measure against: "targets" (the classes scored), a
             LongTensor [N], a regression head's true values [N], or None (the predicted
             class); see `settings.curve_targets`.
@@ -124,6 +126,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     if layers is None:
         layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
     options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed, device=device)
+    metric = model_default_metric(model, x, curve_targets, metric)  # said in the attrs
     curve_options = dict(ablation=ablation, metric=metric, batch_size=batch_size,
                          device=device)
     table: list[dict] = []

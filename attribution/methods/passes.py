@@ -145,7 +145,8 @@ def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[obj
 def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None,
                   n_classes: Optional[int] = None, accepts: Sequence[str] = TARGET_WORDS,
                   need: Optional[str] = None, of_batch: bool = False,
-                  name: str = "target class ids", values: bool = False) -> Targets:
+                  name: str = "target class ids", values: bool = False,
+                  real: bool = True) -> Targets:
     """The one check of targets: what every computation scores or measures each sample for.
 
     Args:
@@ -162,6 +163,9 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         name: what the range message calls the ids ("the fixed class").
         values: the targets are real values, one per sample (a regression head's true
             outputs, which `squared_error` measures against), not class ids.
+        real: real values [N] are taken as such where the model may be a regression head
+            (`n_classes` unknown or 1): one rule for scores and metrics, whose scores
+            read the head's one output whatever its true values (`LayerPass`).
     Returns:
         None, the word, or the class ids as a LongTensor (y converted, with `of_batch`);
         with `values`, the values as a float32 tensor.
@@ -179,7 +183,7 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         return None
     elif isinstance(targets, str):
         return _target_word(targets, inputs, accepts, need)
-    if values:
+    if values or (real and _is_real(targets) and n_classes in (None, 1)):
         return _real_values(targets, total)
     if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
             or targets.is_floating_point() or targets.is_complex()
@@ -222,6 +226,13 @@ def _target_word(word: str, inputs: Inputs, accepts: Sequence[str],
     return word
 
 
+def _is_real(targets) -> bool:
+    """Are `targets` floating-point values (a regression head's true values)?"""
+    dtype = getattr(targets, "dtype", None)
+    return dtype is not None and (dtype.is_floating_point if isinstance(dtype, torch.dtype)
+                                  else np.issubdtype(dtype, np.floating))
+
+
 def _real_values(targets, total: Optional[int]) -> torch.Tensor:
     """Targets that are real values [N] (float32), checked: one finite value per sample."""
     if not isinstance(targets, torch.Tensor):
@@ -250,8 +261,8 @@ def _not_class_ids(targets, total: Optional[int], accepts: Sequence[str],
                 "samples.")
     said = f"targets must be {_kinds(accepts)}; convert with torch.as_tensor(y).long()."
     if isinstance(targets, torch.Tensor) and targets.is_floating_point():
-        said += (" Real values are no classes: a regression head (one output) is scored on "
-                 "its output itself, with targets=None.")
+        said += (" Real values are the true values of a regression head (one output), "
+                 "which this model is not.")
     return said
 
 
@@ -308,14 +319,16 @@ class LayerPass:
         cpu_layer_elements: on a CPU, a batch whose layer output holds more values than
             this is computed in equal row chunks, each its own `LayerBatch` (memory the
             caches or the allocator keep); elsewhere, and for None, whole batches.
-        values: the targets are real values (`check_targets`), not class ids.
+        values: the targets are real values (True: `check_targets`), class ids (False:
+            a regression head's real values then mean its one output), or either (None:
+            real values kept as values, for a metric that follows the head).
     """
 
     def __init__(self, model: nn.Module, layer, inputs: Inputs, targets: Targets = None, *,
                  batch_size: int = 256, device=None, grad: bool = True,
                  accepts: Sequence[str] = TARGET_WORDS, need: Optional[str] = None,
                  what: str = "score", check: Optional[Callable[[Any], object]] = None,
-                 cpu_layer_elements: Optional[int] = None, values: bool = False):
+                 cpu_layer_elements: Optional[int] = None, values: Optional[bool] = False):
         self.name: Optional[str] = None
         self.module: Optional[nn.Module] = None
         if layer is not None:
@@ -407,14 +420,23 @@ class LayerPass:
         targets = self.targets
         if isinstance(targets, torch.Tensor):
             if not self._ranged:  # every batch's at once, before the first is computed
+                if self._one_output(targets):
+                    self.targets, self._ranged = None, True  # a regression head's one output
+                    return None
                 targets = self.targets = check_targets(targets.to(self.device),
                                                        n_classes=self.n_classes,
                                                        values=self.values)
-                self._ranged = True
+                self._ranged = self.n_classes is not None or not targets.is_floating_point()
             if start + rows > targets.shape[0]:
                 raise AttributionError("There are more samples than targets.")
             return targets[start:start + rows]
         if targets == "labels":
-            return check_targets(labels, rows, n_classes=self.n_classes, of_batch=True,
-                                 values=self.values).to(self.device)
+            y = check_targets(labels, rows, n_classes=self.n_classes, of_batch=True,
+                              values=self.values)
+            return None if self._one_output(y) else y.to(self.device)
         return targets
+
+    def _one_output(self, targets: torch.Tensor) -> bool:
+        """Are real-valued targets, in a pass that scores, a regression head's true values?
+        Its score is then its one output, as with None."""
+        return targets.is_floating_point() and self.values is False and self.n_classes == 1

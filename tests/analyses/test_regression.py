@@ -39,15 +39,52 @@ def files(tmp_path) -> tuple[Path, Path]:
     return tmp_path / "regression.pt2", tmp_path / "regression.npz"
 
 
-def test_the_score_is_the_output_itself_and_real_targets_are_refused_with_what_to_do():
+def test_the_score_is_the_output_itself_whatever_true_values_come_with_it():
+    """One targets rule for scores and metrics: a regression head's true values [N] are
+    taken wherever targets are (its score is its one output, as with None); a classifier
+    refuses real values with what they would mean."""
     model, x, values = regression_problem()
     expected = references.per_sample_gradient(model, model[2], x, torch.zeros(len(x),
                                                                              dtype=torch.long))
-    torch.testing.assert_close(at.neuron_scores(model, "2", x, None, "gradient"), expected,
-                               rtol=1e-4, atol=1e-6)
-    with pytest.raises(at.AttributionError, match="scored on its output itself, with "
-                                                  "targets=None"):
-        at.neuron_scores(model, "2", x, values, "gradient")
+    for targets in (None, values, values.numpy().astype(np.float64)):
+        torch.testing.assert_close(at.neuron_scores(model, "2", x, targets, "gradient"),
+                                   expected, rtol=1e-4, atol=1e-6)
+    classifier = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    for call in (lambda: at.neuron_scores(classifier, "1", x, values, "gradient"),
+                 lambda: at.pruning_curve(classifier, "1", x, values, torch.arange(6.0),
+                                          n_random=2)):
+        with pytest.raises(at.AttributionError, match="true values of a regression head "
+                                                      r"\(one output\), which this model is not"):
+            call()
+
+
+def test_every_metric_defaults_to_the_heads_own_in_the_api():
+    """Without metric=, curves, the check of a prune, the model's metric and the scorecard
+    measure a regression head's squared error against its true values (its output without
+    them), in the output's own units; a classifier's default stays accuracy."""
+    model, x, values = regression_problem()
+    ranking = torch.arange(8.0)
+    with_values = at.pruning_curve(model, "3", x, values, ranking, ks=[0, 2], n_random=3)
+    assert with_values.attrs["metric"] == "squared_error"
+    pd.testing.assert_frame_equal(with_values, at.pruning_curve(
+        model, "3", x, values, ranking, ks=[0, 2], n_random=3, metric="squared_error"))
+    output = at.pruning_curve(model, "3", x, None, ranking, ks=[0, 2], n_random=3)
+    assert output.attrs["metric"] == "target_logit"
+    with torch.no_grad():
+        assert output.loc[0, "ranked"] == pytest.approx(float(model(x).mean()), rel=1e-5)
+    assert at.model_metric(model, x, values) == pytest.approx(with_values.loc[0, "ranked"])
+    check = at.prune_check(model, "3", x, values, ranking, 2, n_random=3)
+    assert check.metric == "squared_error" and check.after == pytest.approx(
+        with_values.loc[1, "bottom"])
+    card = at.scorecard(model, x, values, layers=["3"], methods=["gradient", "ablation",
+                                                                 "random"], n_random=3)
+    assert card.attrs["metric"] == "squared_error"
+    assert card.set_index("method").loc["ablation", "curve_area"] == pytest.approx(1.0)
+    tiny = next(f for f in at.diagnose(model, "3", x, values) if f.code == "tiny_scores")
+    assert "output units" in tiny.message and "logits" not in tiny.message
+    classifier = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    assert at.pruning_curve(classifier, "1", x, None, torch.arange(6.0),
+                            n_random=2).attrs["metric"] == "accuracy"
 
 
 def test_real_labels_are_true_values_for_a_regression_head_and_refused_for_a_classifier(files):

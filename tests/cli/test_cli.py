@@ -287,7 +287,10 @@ def test_prune_writes_a_pt2_that_measures_the_curves_point(runs, demo):
     assert summary["before"] == pytest.approx(curve["bottom"].iloc[0], abs=1e-9)
     assert summary["after"] == pytest.approx(after, abs=1e-9)
     assert (summary["k"], summary["remove"], summary["cluster"]) == (6, "bottom", "odd")
-    assert f"-> {after:.4f} after removing the 6 lowest-ranked neurons of fc2" in out
+    assert out.startswith("Removed 6 neurons of fc2, the lowest-ranked by "
+                          "gradient_x_activation (mean |·|); wrote ")
+    assert f"accuracy {summary['before']:.4f} -> {after:.4f} with these 6 of 16 neurons " \
+        "removed." in out
 
 
 def test_prune_without_labels_measures_agreement_with_the_unpruned_model(tmp_path, demo, capsys):
@@ -299,13 +302,13 @@ def test_prune_without_labels_measures_agreement_with_the_unpruned_model(tmp_pat
     assert code == 0, err
     predicted = at.predict_classes(module, dataset.inputs)
     ranking = at.neuron_scores(module, "relu2", dataset.inputs, None,
-                               settings.DEFAULT_METHOD).mean(0)
+                               settings.DEFAULT_METHOD).abs().mean(0)  # DEFAULT_PRUNE_REDUCE
     curve = at.pruning_curve(module, "relu2", dataset.inputs, None, ranking, ks=[8],
                              n_random=1)
     pruned = load_model(tmp_path / "p.pt2").module
     assert at.model_metric(pruned, dataset.inputs, predicted) == pytest.approx(
         curve["ranked"].iloc[0], abs=1e-9)
-    assert out.startswith("accuracy 1.0000 -> ")
+    assert "\naccuracy 1.0000 -> " in out and "the highest-ranked by" in out
 
 
 def test_curve_and_diagnose_say_their_cost_before_they_run(runs):
@@ -551,10 +554,11 @@ def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
         assert method == expected.method, name
         assert cli.cluster_source_of(args, problem) == expected.cluster_source, name
         assert cli.target_choice(args, problem) == (expected.target, expected.fixed_class), name
+        reduce = settings.DEFAULT_PRUNE_REDUCE if name == "prune" else expected.reduce
         assert (args.reduce, args.kmeans_k, args.batch_size, args.seed, args.n_steps) == (
-            expected.reduce, expected.k, expected.batch_size, expected.seed,
+            reduce, expected.k, expected.batch_size, expected.seed,
             settings.DEFAULT_N_STEPS), name
-    for name in ("curve", "diagnose", "report"):
+    for name in ("curve", "diagnose", "report", "prune"):
         assert parsed[name].n_random == expected.n_random
     for name in ("curve", "report", "prune"):  # the metric follows the model and data
         assert cli.metric_of(parsed[name], problem) == expected.metric, name
