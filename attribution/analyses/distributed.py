@@ -340,7 +340,7 @@ def _join_parts(path: Path, shape: tuple[int, ...], parts: list[Path]) -> None:
 
 def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *, ks=None,
                   n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
-                  ablation: str = DEFAULT_ABLATION, metric: str = DEFAULT_METRIC,
+                  ablation: str = DEFAULT_ABLATION, metric: Optional[str] = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, progress=None, device=None,
                   group=None) -> pd.DataFrame:
     """`attribution.pruning_curve`, sharded over the ranks of `group`; every rank gets it.
@@ -358,7 +358,7 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *, k
 def cluster_pruning_curves(model: nn.Module, layer, inputs: Inputs, targets, clusters,
                            cluster, scores, *, ks=None, n_random: int = DEFAULT_N_RANDOM,
                            seed: int = DEFAULT_SEED, ablation: str = DEFAULT_ABLATION,
-                           metric: str = DEFAULT_METRIC, batch_size: int = DEFAULT_BATCH_SIZE,
+                           metric: Optional[str] = None, batch_size: int = DEFAULT_BATCH_SIZE,
                            progress=None, device=None, group=None) -> pd.DataFrame:
     """`attribution.cluster_pruning_curves` (subsets "cluster" and "rest"), sharded over the
     ranks of `group`; arguments and limits as in `pruning_curve` here."""
@@ -382,6 +382,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
     n_groups = 1 if in_cluster is None else 2
     sums, counts, n_neurons, ks, error = None, np.zeros(n_groups), None, None, None
     about_layer: dict = {}  # `split.layer_attrs`, from this rank's shards (none: empty)
+    metric = options["metric"] or DEFAULT_METRIC  # a rank without shards cannot tell
     try:
         model = on_device(model, device)
         for shard in shards(inputs, rank, size):
@@ -392,6 +393,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                 sums[piece.group] += piece.sums
                 counts[piece.group] += piece.n
                 n_neurons, ks, about_layer = piece.n_neurons, piece.ks, piece.layer
+                metric = piece.metric
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
     _ok_everywhere(error, group)
@@ -405,7 +407,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                         pruning.random_orders(n_neurons, options["n_random"], options["seed"])])
     return pruning.curve_frame(  # the frame one process builds, from the pooled sums
         sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
-        None if in_cluster is None else _SUBSETS, orders, options["metric"],
+        None if in_cluster is None else _SUBSETS, orders, metric,
         options["ablation"], options["n_random"], options["seed"], about_layer)
 
 
@@ -419,6 +421,7 @@ class _CurveSums:
     ks: list
     n_neurons: int
     layer: dict  # `split.layer_attrs`
+    metric: str  # the metric measured (a None asked for: the head's own)
 
 
 def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
@@ -438,4 +441,4 @@ def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
     for group, part, n, draws in parts:
         sums = n * np.vstack([part["ranked"], part["bottom"], np.asarray(draws)])
         yield _CurveSums(group, sums, n, part["k"].tolist(), frame.attrs["n_neurons"],
-                         {key: frame.attrs[key] for key in LAYER_KEYS})
+                         {key: frame.attrs[key] for key in LAYER_KEYS}, frame.attrs["metric"])

@@ -15,7 +15,7 @@ from torch import nn
 from ..errors import AttributionError
 
 _MODE_LOCK = threading.Lock()
-_MODE_USERS: dict[int, tuple[int, list[tuple[nn.Module, bool]]]] = {}
+_MODE_USERS: dict[int, tuple[int, "ModelState"]] = {}
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import NamedInputs
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, held_bytes, over_budget
 from ..engine.layers import run_logits
-from ..methods.passes import LayerPass
+from ..methods.passes import MULTI_HOT_ADVICE, LayerPass, is_multi_hot
 from ..methods.scores import Progress, neuron_scores
 from .huggingface import TextEncoder, check_padding
 from .loaded import LoadedModel
@@ -275,6 +275,10 @@ def as_labels(value: Any, n: int) -> torch.Tensor:
     >= 0, else float32 real values (the targets of a regression head; `check_data` refuses
     them for a classifier)."""
     array = _numpy(value, "labels")
+    if is_multi_hot(array) and len(array) == n:
+        raise AttributionError(f"Labels must be one class id or value per sample ({n}); got "
+                               f"{MULTI_HOT_ADVICE} Store label j's column as the cluster "
+                               "ids (--cluster-ids, or a cluster column) instead of labels.")
     if array.ndim != 1 or len(array) != n:
         raise AttributionError(f"Labels must be a 1-D array with one class id per sample ({n}); "
                                f"got shape {list(array.shape)}.")
@@ -637,8 +641,9 @@ def _pick(arrays: dict, wanted: Optional[str], candidates: Sequence[str], what: 
     if found is None and required:
         raise AttributionError(f"Could not find the {what}: name it one of "
                                f"{', '.join(candidates)}, or choose it (features=\"name\" in "
-                               "Python, --features name on the command line); available: "
-                               f"{', '.join(map(str, arrays))}.")
+                               "Python, --features name on the command line; for a model of "
+                               "several named inputs, input_names=loaded.input_names); "
+                               f"available: {', '.join(map(str, arrays))}.")
     return found
 
 
@@ -946,6 +951,14 @@ def _named_for(inputs, model: LoadedModel) -> NamedInputs:
             "tensor; choose the inputs array (features= / --features).")
     if not isinstance(inputs, NamedInputs):
         inputs = NamedInputs({model.input_names[0]: inputs})
+    missing = [name for name in model.input_names if name not in inputs]
+    if missing and model.source_format == "torch.export":  # a program has no optional input
+        raise AttributionError(
+            f"The model takes the inputs {', '.join(model.input_names)}, every one of them; "
+            f"the data has {', '.join(inputs.keys())}, without {', '.join(missing)}. Store "
+            "an array per input, named after it (.npz/.pt), and load it with "
+            "load_data(path, input_names=loaded.input_names) (the command line and the "
+            "dashboard do so).")
     unknown = [name for name in inputs.keys() if name not in model.input_names]
     if unknown or model.input_names[0] not in inputs:
         raise AttributionError(

@@ -183,6 +183,8 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         return None
     elif isinstance(targets, str):
         return _target_word(targets, inputs, accepts, need)
+    if is_multi_hot(targets):
+        raise AttributionError(_not_class_ids(targets, total, accepts, of_batch))
     if values or (real and _is_real(targets) and n_classes in (None, 1)):
         return _real_values(targets, total)
     if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
@@ -226,11 +228,30 @@ def _target_word(word: str, inputs: Inputs, accepts: Sequence[str],
     return word
 
 
+MULTI_HOT_ADVICE = (
+    "multi-hot labels [N, L] (a multi-label head, one sigmoid per label), which are scored one "
+    "label at a time: score label j's logit for every sample (targets=torch.full((N,), j); "
+    "command line --targets j), group the samples by whether label j is on (clusters=y[:, j]; "
+    "a cluster column), and measure that logit (metric='target_logit'). Accuracy and the loss "
+    "assume one class per sample.")
+"""What a multi-label head's multi-hot labels mean here, said wherever they are refused."""
+
+
+def is_multi_hot(values) -> bool:
+    """Are `values` a 2-D array of 0s and 1s (multi-hot labels [N, L])?"""
+    if not isinstance(values, (torch.Tensor, np.ndarray)) or values.ndim != 2 \
+            or values.shape[1] < 2 or values.shape[0] == 0:
+        return False  # checked before any copy: targets of every batch come through here
+    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values
+    return array.dtype.kind in "biuf" and bool(np.isin(array, (0, 1)).all())
+
+
 def _is_real(targets) -> bool:
     """Are `targets` floating-point values (a regression head's true values)?"""
     dtype = getattr(targets, "dtype", None)
-    return dtype is not None and (dtype.is_floating_point if isinstance(dtype, torch.dtype)
-                                  else np.issubdtype(dtype, np.floating))
+    return dtype is not None and getattr(targets, "ndim", 0) == 1 and (
+        dtype.is_floating_point if isinstance(dtype, torch.dtype)
+        else np.issubdtype(dtype, np.floating))
 
 
 def _real_values(targets, total: Optional[int]) -> torch.Tensor:
@@ -255,6 +276,8 @@ def _described(value) -> str:
 
 def _not_class_ids(targets, total: Optional[int], accepts: Sequence[str],
                    of_batch: bool) -> str:
+    if is_multi_hot(targets):
+        return f"targets must be {_kinds(accepts)}; got {MULTI_HOT_ADVICE}"
     if of_batch:
         return (f"targets='labels' needs integer class ids y [B] in each (x, y) batch; got y "
                 f"of shape {list(targets.shape)} and dtype {targets.dtype} for {total} "

@@ -83,7 +83,7 @@ def test_every_page_renders_with_real_results(page):
         assert any("Verdict" in m.value for m in app.markdown)
     elif page.endswith("diagnosis.py"):
         alerts = list(app.success) + list(app.warning) + list(app.error)
-        assert len(alerts) == 1 + 7  # the verdict, then one per check (no user scores)
+        assert len(alerts) == 1 + 8  # the verdict, then one per check (no user scores)
         offered = sidebar_widget(app, "w_method").options  # those that score the layer
         assert len(app.dataframe[0].value) == len(offered)
         assert {"Do the methods rank", "Neuron"} <= {t.split(" ")[0] if t.startswith("Neuron")

@@ -204,8 +204,13 @@ def test_big_data_is_read_lean_in_the_jail_and_handed_back_once(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
     assert peaks["array"] == 160_000_000
-    allowed = 1.25 * peaks["array"] + 96 * 10 ** 6  # fixed: read and check buffers, malloc
-    assert peaks["parent"] < allowed, peaks  # a copy more would be 2x the array
+    # One array beyond the start plus fixed read and check buffers measures 190-285 MB here
+    # (the child's varies by 15 MB run to run with malloc; 301 MB was seen under a full
+    # suite's load); a copy more adds the array again, 160 MB. The bound sits between the
+    # two, half an array above one copy, so neither noise nor a second copy lands on the
+    # wrong side of it.
+    allowed = 1.5 * peaks["array"] + 96 * 10 ** 6
+    assert peaks["parent"] < allowed, peaks
     assert peaks["child"] < allowed, peaks
 
 

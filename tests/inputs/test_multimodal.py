@@ -135,3 +135,21 @@ def test_the_dashboard_takes_it_on_every_page(case):
             assert any(info.value.startswith("Inputs of shape image 1 x 8 x 8, tab 5 are not "
                                              "drawn") for info in app.info), \
                 [info.value for info in app.info]
+
+
+def test_a_named_input_the_program_needs_is_never_silently_left_out(tmp_path):
+    """A graph net's .pt2 takes x and adj: data loaded without the model's input names holds
+    x only, and the data check refuses it naming adj and the fix (before: accepted, then a
+    kwarg mismatch blamed on the feature count); with them, it scores."""
+    from tests.support.families import family
+
+    model, x = family("graph")
+    at.save_pt2(model, {key: value[:4] for key, value in x.items()}, tmp_path / "g.pt2")
+    np.savez(tmp_path / "g.npz", x=x["x"].numpy(), adj=x["adj"].numpy(),
+             labels=np.arange(48) % 3)
+    loaded = at.load_model(tmp_path / "g.pt2")
+    with pytest.raises(at.AttributionError, match=r"without adj\. .*input_names=loaded"):
+        at.check_data(at.load_data(tmp_path / "g.npz"), loaded)
+    data = at.check_data(at.load_data(tmp_path / "g.npz", input_names=loaded.input_names),
+                         loaded)
+    assert at.neuron_scores(loaded.module, "act", data.inputs, data.labels).shape == (48, 16)

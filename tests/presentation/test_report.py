@@ -304,8 +304,11 @@ def test_every_default_has_one_home_that_the_library_reads():
         for name, value in expected.items():
             if name in parameters:
                 assert parameters[name].default == value, (function.__name__, name)
-    assert inspect.signature(pruning.pruning_curve).parameters["metric"].default == \
-        analysis.DEFAULT_METRIC
+    for function in (pruning.pruning_curve, pruning.cluster_pruning_curves,
+                     pruning.model_metric, distributed.pruning_curve,
+                     distributed.cluster_pruning_curves, at.scorecard):
+        assert inspect.signature(function).parameters["metric"].default is None  # the head's
+    assert pruning.chosen_metric(None, 10, None) == analysis.DEFAULT_METRIC  # a classifier's
     assert inspect.signature(at.diagnose).parameters["metric"].default == \
         analysis.EVIDENCE_METRIC
     settings = analysis.AnalysisSettings(layer="x")
