@@ -27,6 +27,9 @@ require_entrypoint()
 REDRAW_SECONDS = 0.15  # at most this often while computing (the first points always at once)
 STOP_WATCH_SECONDS = 1.0  # how soon a toolbar Stop's frozen progress bar is replaced
 PRUNED_FILE = "pruned_file"  # session state: ((curve key, k), the .pt2's bytes) last made
+NOTE_SHOWN = "pruning_note_shown"  # session state: the curve key whose "Complete." is due
+NOTE_TICKS = "pruning_note_ticks"  # session state: calls of the note's fragment this curve
+NOTE_AFTER_SECONDS = 0.3  # the browser's tick after a finished curve's chart
 FINISHED_CHART = "pruning_chart"  # the key of the chart of every finished curve
 
 ctx = context()
@@ -89,6 +92,31 @@ def show(curves, note: str) -> None:
     st.caption(note)
 
 
+def show_finished(curves, note: str) -> None:
+    """The finished curve, and "Complete." under it once the browser has drawn it. A run's
+    last draw sends a new chart (its points changed), which the browser mounts and plots in
+    its own time; under CPU load the rest of the finished run's elements arrived first, and
+    the page read "Complete." above no curve. The first time a curve is shown finished, the
+    note comes from a fragment tick instead: the browser's own timer, which runs after its
+    script has plotted what came before; the tick marks the note due and redraws the page,
+    whose identical chart stays as drawn."""
+    curve_chart(curves)
+    key = ctx.curve_key()
+    if st.session_state.get(NOTE_SHOWN) == key:
+        st.caption(note)
+        return
+    st.session_state[NOTE_TICKS] = 0
+
+    @st.fragment(run_every=NOTE_AFTER_SECONDS)
+    def after_the_chart() -> None:
+        ticks = st.session_state[NOTE_TICKS] = st.session_state.get(NOTE_TICKS, 0) + 1
+        if ticks > 1:  # a tick of the browser's timer, not the call in the full run
+            st.session_state[NOTE_SHOWN] = key
+            st.rerun(scope="app")
+
+    after_the_chart()
+
+
 def summarise(curves, heading: str) -> None:
     summary = at.curve_summary(curves)
     st.subheader(heading)
@@ -142,7 +170,7 @@ def take_away(curves) -> None:
 
 
 if view.state is State.COMPLETE:
-    show(view.points, view.note)
+    show_finished(view.points, view.note)
     summarise(view.points, view.summary)
     take_away(view.points)
 elif view.state is State.STOPPED:
