@@ -172,12 +172,6 @@ class PruneCheck:
         worst = self.random_high if self.metric in HIGHER_IS_WORSE else self.random_low
         return self._damage(self.after) > self._damage(worst) + _TIE
 
-    @property
-    def worse_than_oracle(self) -> Optional[float]:
-        """The damage beyond the oracle's k least important neurons' (None without it)."""
-        return None if self.oracle is None else self._damage(self.after) - self._damage(
-            self.oracle)
-
     def words(self, shown: str = "{:.4f}") -> list[str]:
         """Sentences: the metric before and after, and beside its baselines."""
         value = shown.format
