@@ -41,7 +41,7 @@ from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
-from .analyses.diagnose import diagnose
+from .analyses.diagnose import diagnose, diagnose_cost
 from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
 from .errors import AttributionError
 from .engine import model_io
@@ -959,19 +959,17 @@ def run_diagnose(args) -> int:
         focus = cluster_id(args.cluster, clusters)
     user_scores = None if args.user_scores is None else _per_sample(
         args, args.user_scores, "user scores")
+    options = dict(reduce=args.reduce, metric=args.metric, ablation=args.ablation,
+                   n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
+                   n_steps=args.n_steps)
     if not args.quiet and isinstance(problem.inputs, torch.Tensor | NamedInputs):
-        _say("diagnose, its exact ablation and pruning curve: " + curve_cost(
-            problem.model.module, args.layer, problem.inputs,
-            analysis.curve_targets(metric_of(args, problem), problem.labels, targets),
-            ks=analysis.evidence_ks,
-            n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
-            exact_ablation=True).words(command_line=True))
+        _say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
+                                          targets, args.method, clusters, cluster=focus,
+                                          **options).words())
     with ProgressBar("diagnose", args.quiet) as bar:
         findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
-                            args.method, clusters, cluster=focus, reduce=args.reduce,
-                            user_scores=user_scores, metric=args.metric,
-                            ablation=args.ablation, n_random=args.n_random, seed=args.seed,
-                            batch_size=args.batch_size, n_steps=args.n_steps, progress=bar)
+                            args.method, clusters, cluster=focus, user_scores=user_scores,
+                            progress=bar, **options)
     records = [{"code": f.code, "severity": f.severity, "value": _finite_or_none(f.value),
                 "message": f.message, "hint": f.hint} for f in findings]
     if args.out is not None:

@@ -3,8 +3,8 @@
 For each family (the test suite's builders: a trained 1D-CNN, a TransformerEncoder, a
 depthwise-separable CNN with squeeze-excite, two named inputs, a graph net, a regression MLP)
 the estimate the command line prints before a pruning curve (`costs.curve_cost`, every k)
-and before `diagnose` (the same estimate at the evidence curve's k with exact ablation, as
-`python -m attribution diagnose` says it), then the work itself, timed once. The goal: every
+and before `diagnose` (`diagnose.diagnose_cost`: diagnose timed on two stratified samples,
+extrapolated), then the work itself, timed once. The goal: every
 estimate within 1.5x of the actual, both ways.
 
     python -m benchmarks.bench_estimates [--results FILE]
@@ -18,6 +18,7 @@ import torch
 import attribution as at
 from attribution.analyses import settings
 from attribution.analyses.costs import curve_cost
+from attribution.analyses.diagnose import diagnose_cost
 from benchmarks.common import note, record, run
 from tests.support.families import family, trained_cnn1d
 
@@ -28,9 +29,10 @@ def _problems():
     """(name, model, inputs, targets, layer) of each family, at sizes whose work takes a
     second or more here."""
     model, x, y = trained_cnn1d()
+    x, y = x.repeat(8, 1, 1), y.repeat(8)
     yield "1D-CNN (trained)", model, x, y, "2"
-    for name, size in (("transformer_encoder", 1536), ("separable_cnn", 1536),
-                       ("tabular", 6144), ("graph", 6144)):
+    for name, size in (("transformer_encoder", 9216), ("separable_cnn", 4608),
+                       ("tabular", 24576), ("graph", 24576)):
         model, x = family(name)
         x = {key: value.repeat(size // len(value), *([1] * (value.dim() - 1)))
              for key, value in x.items()} if isinstance(x, dict) else \
@@ -41,7 +43,7 @@ def _problems():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1)).eval()
-    x = torch.randn(20000, 5)
+    x = torch.randn(60000, 5)
     yield "regression MLP", model, x, x[:, 0] * 2.0, "1"
 
 
@@ -62,8 +64,7 @@ def main() -> None:
         took = _timed(lambda: at.pruning_curve(model, layer, x, y, ranking, n_random=N_RANDOM))
         rows.append((name, layer, "curve", f"{said:.2f} s", f"{took:.2f} s", f"{said / took:.2f}"))
         ratios.append(said / took)
-        said = curve_cost(model, layer, x, y, ks=settings.evidence_ks, n_random=N_RANDOM,
-                          exact_ablation=True).seconds
+        said = diagnose_cost(model, layer, x, y, n_random=N_RANDOM).seconds
         took = _timed(lambda: at.diagnose(model, layer, x, y, n_random=N_RANDOM))
         rows.append((name, layer, "diagnose", f"{said:.2f} s", f"{took:.2f} s",
                      f"{said / took:.2f}"))

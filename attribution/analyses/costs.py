@@ -71,7 +71,7 @@ class CurveCost:
     def words(self, command_line: bool = False) -> str:
         """One paragraph: the cost ("about 14 s", an estimate), where the time goes, and the
         cheaper settings (as command-line flags, or in words for the dashboard's controls)."""
-        said = (f"{_seconds(self.seconds)}: {self.n_orders} removal orders x "
+        said = (f"{seconds_words(self.seconds)}: {self.n_orders} removal orders x "
                 f"{self.n_ks} values of k on {self.n_samples} samples, {self.masks} masked "
                 f"passes of the layer's tail ({1 - self.front_share:.0%} of the time; the model "
                 "up to the layer runs once)")
@@ -79,7 +79,7 @@ class CurveCost:
                    for choice in self.cheaper]
         offered = [(words, seconds) for words, seconds in offered if words]
         if offered:
-            said += "; cheaper: " + ", ".join(f"{words} ({_seconds(seconds)})"
+            said += "; cheaper: " + ", ".join(f"{words} ({seconds_words(seconds)})"
                                               for words, seconds in offered)
         return said + "."
 
@@ -174,7 +174,7 @@ def _n_neurons(model, layer, probe, device) -> int:
     return int(z.shape[1])
 
 
-def _seconds(value: float) -> str:
+def seconds_words(value: float) -> str:
     """An estimate in words: "under 1 s", "about 4.9 s", "about 14 s"."""
     return "under 1 s" if value < 1 else f"about {value:.1f} s" if value < 10 else \
         f"about {value:.0f} s"

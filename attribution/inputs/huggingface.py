@@ -38,7 +38,7 @@ from .untrusted.files import open_zip, sniff, zip_entry_names
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
 from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
-from .loaded import LoadedModel, checked_model
+from .loaded import LoadedModel, checked_model, end_of_text
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -383,7 +383,8 @@ def _from_weights(cls: type, config: Any, weights: bytes) -> nn.Module:
 
 
 def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:
-    """Two samples of the inputs the class takes (ids of 1, a mask of ones)."""
+    """Two samples of the inputs the class takes (ids of 1 ending in the end-of-text id
+    where the config has one in its vocabulary, a mask of ones)."""
     if task == "image":
         size = getattr(config, "image_size", None)
         size = (size, size) if isinstance(size, int) else tuple(size or ())
@@ -394,6 +395,9 @@ def _example(module: nn.Module, config: Any, task: str) -> NamedInputs:
     accepted = inspect.signature(module.forward).parameters
     length = min(EXAMPLE_LENGTH, max_tokens(module))
     ids = torch.ones((2, length), dtype=torch.long)
+    end = end_of_text(config)
+    if end is not None:
+        ids[:, -1] = end  # a text ends in its end-of-text token
     # token_type_ids only for a model with segment embeddings (BERT's): GPT-2's forward
     # takes them too, but no user of a GPT-2 passes them
     wanted = [name for name in TEXT_INPUTS if name in accepted and (

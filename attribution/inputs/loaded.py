@@ -64,11 +64,17 @@ class LoadedModel:
 
     def example_input(self, batch: int = 1):
         """Zeros [batch, *input_shape] in the model's input dtype; for named inputs one
-        tensor per name, each of its own shape and dtype (an attention mask of ones)."""
+        tensor per name, each of its own shape and dtype (an attention mask of ones, ids
+        ending in the end-of-text id of a transformers config that has one)."""
         if not self.input_names:
             return torch.zeros((batch,) + self.input_shape, dtype=self.input_dtype)
-        return NamedInputs({name: (torch.ones if name == MASK_NAME else torch.zeros)(
-            (batch,) + shape, dtype=dtype) for name, (shape, dtype) in self.named_specs().items()})
+        example = {name: (torch.ones if name == MASK_NAME else torch.zeros)(
+            (batch,) + shape, dtype=dtype) for name, (shape, dtype) in self.named_specs().items()}
+        end = end_of_text(getattr(self.module, "config", None))
+        ids = example.get("input_ids")
+        if end is not None and ids is not None and ids.dim() == 2 and ids.shape[1]:
+            ids[:, -1] = end  # the text ends as a tokenizer ends it
+        return NamedInputs(example)
 
     def layers(self, example: Any = None) -> list[LayerInfo]:
         """`list_layers` of the module, found with `example` (a few rows of the data: their
@@ -76,6 +82,15 @@ class LoadedModel:
         example = self.example_input() if example is None else example
         return list_layers(self.module, to_model(example, self.module,
                                                  model_device(self.module)))
+
+
+def end_of_text(config: Any) -> Optional[int]:
+    """The end-of-text id that ends an example text (BART's classifier pools each text at
+    it and refuses a text without one): a transformers config's eos_token_id where it lies
+    in the vocabulary, else None."""
+    eos = getattr(config, "eos_token_id", None)
+    vocabulary = int(getattr(config, "vocab_size", 0) or 0)
+    return eos if isinstance(eos, int) and 0 <= eos < vocabulary else None
 
 
 def checked_model(module: nn.Module, example: Any, source_format: str,

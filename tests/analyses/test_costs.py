@@ -79,3 +79,28 @@ def test_named_inputs_are_probed_and_scaled_by_their_rows():
             return self.inner(x)
     cost = costs.curve_cost(Keyword().eval(), "inner.fc2", named, y, ks=[0, 4], n_random=2)
     assert cost.n_samples == x.shape[0] and cost.masks == costs.distinct_masks(16, 2, [0, 4], 0)
+
+
+def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(monkeypatch):
+    """diagnose_cost times diagnose itself on 1% and 5% of the samples (at least 64 and 256),
+    each keeping every cluster in proportion, after an untimed run on two samples a cluster,
+    and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms a sample is priced
+    at exactly that."""
+    from attribution.analyses import diagnose as diagnosis
+
+    clock = [0.0]
+    seen = []
+
+    def fake(model, layer, x, targets, method, clusters, **options):
+        seen.append((len(x), sorted(set(clusters)), len(targets)))
+        clock[0] += 0.5 + 0.001 * len(x)
+
+    monkeypatch.setattr(diagnosis, "diagnose", fake)
+    monkeypatch.setattr(diagnosis.time, "perf_counter", lambda: clock[0])
+    x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
+    clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
+    cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
+    assert [rows for rows, _, _ in seen] == [8, 101, 500]  # 70 + 20 + 9 + 2 (at least two)
+    assert all(found == ["a", "b", "c", "d"] and n == rows for rows, found, n in seen)
+    assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
+    assert cost.timed == (101, 500) and "timed on 101 and 500 of the 10000" in cost.words()

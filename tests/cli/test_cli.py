@@ -2,6 +2,7 @@
 against the library, its exit codes, and one clear message for each kind of bad input."""
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -318,9 +319,8 @@ def test_curve_and_diagnose_say_their_cost_before_they_run(runs):
     assert "pruning curves: " in curve and (
         f"10 removal orders x 5 values of k on 719 samples, {masks} masked passes" in curve)
     diagnosis = runs["diagnose"][2]
-    masks = costs.distinct_masks(16, 8, settings.evidence_ks(16), settings.DEFAULT_SEED) + 16
-    assert ("diagnose, its exact ablation and pruning curve: " in diagnosis
-            and f"{masks} masked passes" in diagnosis)
+    assert re.search(r"diagnose: (under 1 s|about [\d.]+ s) \(diagnose timed on 64 and 256 "
+                     r"of the 719 samples, every cluster kept, and extrapolated\)", diagnosis)
 
 
 def test_sample_scores_a_seeded_sample_in_order_and_streamed_data_refuses_it(tmp_path, demo,

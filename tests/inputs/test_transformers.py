@@ -874,3 +874,26 @@ def test_texts_for_a_folder_without_a_tokenizer_say_what_is_missing(tmp_path):
     with pytest.raises(at.AttributionError, match="its folder needs the tokenizer that turns "
                                                   "them into token ids: tokenizer.save_pretrained"):
         load_data(TEXTS.to_csv(index=False).encode(), tokenizer=loaded.tokenizer)
+
+
+def test_a_bart_classifier_folder_loads_with_an_example_that_ends_each_text(tmp_path):
+    """BART's classifier pools each text at its <eos> and refuses a text without one: the
+    loader's own example texts end in the config's eos_token_id (before, every BART folder
+    was refused, the message blaming the vocabulary), and its layers score real ids."""
+    import transformers
+
+    config = transformers.BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=64, num_labels=3)
+    torch.manual_seed(0)
+    transformers.BartForSequenceClassification(config).eval().save_pretrained(tmp_path)
+    loaded = at.load_model(tmp_path)
+    assert loaded.n_classes == 3 and loaded.input_names[:2] == ("input_ids", "attention_mask")
+    example = dict(loaded.example_input(3).items())
+    assert (example["input_ids"][:, -1] == config.eos_token_id).all()
+    ids = torch.randint(3, 60, (6, 10))
+    ids[:, -1] = config.eos_token_id
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    layer = "model.encoder.layers.0.fc1"
+    assert at.neuron_scores(loaded.module, layer, inputs, None).shape == (6, 32)
