@@ -313,8 +313,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
     findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
                               labelled))
-    findings.append(_worst([_random_baseline(g, c, metric, n_random)
-                            for g, c in zip(groups, curves)], groups, labelled))
+    findings.append(_worst([_random_baseline(curve, metric, n_random) for curve in curves],
+                           groups, labelled))
     findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
     checked = sum_check(about, n_steps)
     if checked is not None:
@@ -329,9 +329,10 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                   method: str = DEFAULT_METHOD, clusters=None, *, cluster=None,
                   **options) -> "DiagnoseCost":
     """The seconds `diagnose(model, layer, inputs, targets, method, clusters, cluster=...,
-    **options)` will take, said before it runs: `diagnose` itself timed on two samples of
-    the inputs that keep every cluster (COST_PROBE_ROWS and four times as many, at least two
-    samples a cluster), and its time extrapolated linearly to all the samples. Every part of
+    **options)` will take, said before it runs: `diagnose` run untimed on two samples a
+    cluster (what is done once per model), then timed on two samples of the inputs that keep
+    every cluster in proportion (1% and 5% of them, at least COST_PROBE_ROWS and four times
+    as many), and its time extrapolated linearly to all the samples. Every part of
     it (the scores, exact ablation, the evidence curve, the bootstrap) grows with the
     samples, each cluster adds a fixed part, and the sample keeps the clusters: the timing
     holds whatever the model, where the masked-pass model of `costs.curve_cost` leaves out
@@ -377,7 +378,8 @@ class DiagnoseCost:
 
 
 COST_PROBE_ROWS = 64
-"""Samples of the smaller of `diagnose_cost`'s two timed runs (the larger: four times as many)."""
+"""The fewest samples of `diagnose_cost`'s smaller timed run (of its larger: four times as
+many)."""
 
 
 def _stratified(codes: np.ndarray, rows: int) -> np.ndarray:
@@ -689,8 +691,8 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
                     value), -value
 
 
-def _random_baseline(group: _Evidence, curve: pd.DataFrame, metric: str,
-                     n_random: int) -> tuple[Finding, float]:
+def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
+                     ) -> tuple[Finding, float]:
     summary = curve_summary(curve).iloc[0]
     beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
     outside = float(summary["outside_band"])

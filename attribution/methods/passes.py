@@ -145,8 +145,7 @@ def iter_labelled_batches(inputs: Inputs, batch_size: int) -> Iterator[tuple[obj
 def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None,
                   n_classes: Optional[int] = None, accepts: Sequence[str] = TARGET_WORDS,
                   need: Optional[str] = None, of_batch: bool = False,
-                  name: str = "target class ids", values: bool = False,
-                  real: bool = True) -> Targets:
+                  name: str = "target class ids", values: bool = False) -> Targets:
     """The one check of targets: what every computation scores or measures each sample for.
 
     Args:
@@ -163,9 +162,9 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         name: what the range message calls the ids ("the fixed class").
         values: the targets are real values, one per sample (a regression head's true
             outputs, which `squared_error` measures against), not class ids.
-        real: real values [N] are taken as such where the model may be a regression head
-            (`n_classes` unknown or 1): one rule for scores and metrics, whose scores
-            read the head's one output whatever its true values (`LayerPass`).
+            Real values [N] are taken as such wherever the model may be a regression head
+            (`n_classes` unknown or 1): one rule for scores and metrics, whose scores read
+            the head's one output whatever its true values (`LayerPass`).
     Returns:
         None, the word, or the class ids as a LongTensor (y converted, with `of_batch`);
         with `values`, the values as a float32 tensor.
@@ -185,7 +184,7 @@ def check_targets(targets, total: Optional[int] = None, *, inputs: Inputs = None
         return _target_word(targets, inputs, accepts, need)
     if is_multi_hot(targets):
         raise AttributionError(_not_class_ids(targets, total, accepts, of_batch))
-    if values or (real and _is_real(targets) and n_classes in (None, 1)):
+    if values or (_is_real(targets) and n_classes in (None, 1)):
         return _real_values(targets, total)
     if (not isinstance(targets, torch.Tensor) or targets.dim() != 1
             or targets.is_floating_point() or targets.is_complex()
