@@ -79,10 +79,10 @@ class NamedInputs:
 
     @property
     def dtype(self) -> torch.dtype:
-        """A floating dtype when any entry is floating (a path method can scale it), else
-        the first entry's (int64 for token ids)."""
-        dtypes = [_tensor(value).dtype for value in self._entries.values()]
-        return next((dtype for dtype in dtypes if dtype.is_floating_point), dtypes[0])
+        """The dtype of the first entry a path method can scale (`_scaled`: floating point,
+        not the attention mask), else the first entry's (int64 for token ids)."""
+        scaled = [_dtype(value) for name, value in self._entries.items() if _scaled(name, value)]
+        return scaled[0] if scaled else _dtype(next(iter(self._entries.values())))
 
     def keys(self):
         return self._entries.keys()
@@ -153,6 +153,13 @@ def take(x: Any, rows) -> Any:
     return x[rows]
 
 
+def _dtype(value: Array) -> torch.dtype:
+    """The torch dtype of a tensor or array, without copying the array."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.empty(0, value.dtype)).dtype
+    return _tensor(value).dtype
+
+
 def _tensor(value: Array) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         value = np.ascontiguousarray(value)
@@ -200,10 +207,12 @@ def to_device(x: Any, device: torch.device, dtype: Optional[torch.dtype]) -> Any
 
 
 def is_floating(x: Any) -> bool:
-    """Does the batch hold floating-point inputs that a path method can scale?"""
+    """Does the batch hold inputs that a path method can scale (`_scaled`: floating point,
+    not the attention mask)? The one rule `methods_for` reads through `NamedInputs.dtype`."""
     x = named(x)
-    values = x.values() if isinstance(x, NamedInputs) else [x]
-    return any(_tensor(value).is_floating_point() for value in values)
+    if isinstance(x, NamedInputs):
+        return any(_scaled(name, value) for name, value in x.items())
+    return _dtype(x).is_floating_point
 
 
 def repeat(x: Any, repeats: int) -> Any:
@@ -297,9 +306,9 @@ def all_scaled(x: Any) -> bool:
     return x.is_floating_point()
 
 
-def _scaled(name: str, value: torch.Tensor) -> bool:
+def _scaled(name: str, value: Array) -> bool:
     """Does a path scale this named input: floating point, and not the attention mask?"""
-    return value.is_floating_point() and name != MASK_NAME
+    return _dtype(value).is_floating_point and name != MASK_NAME
 
 
 def device_of(x: Any) -> torch.device:
