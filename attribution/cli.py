@@ -52,7 +52,7 @@ from .inputs.loaded import LoadedModel
 from .inputs.loading import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import sniff
 from .methods.registry import METHODS, REGISTRY, SUM_TOLERANCE
-from .analyses.prune import REMOVALS, prune, prune_check, save_pt2
+from .analyses.prune import REMOVALS, prune, prune_check, save_folder, save_pt2
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary
 from .analyses import settings as analysis
 from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
@@ -284,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--metric", choices=METRICS,
                          help=f"what is reported before and after (default {METRIC_WORDS})")
     command.add_argument("--out", required=True, type=Path,
-                         help="the pruned model (.pt2, torch.export); it loads like any .pt2")
+                         help="the pruned model: a .pt2 file (torch.export), or for a Hugging "
+                         "Face model a folder name without .pt2 (save_pretrained); either "
+                         "loads like the original")
     command.add_argument("--summary", type=Path, help="what was removed and the metric before "
                                                       "and after, as JSON")
     command.set_defaults(run=run_prune)
@@ -657,6 +659,17 @@ def _prepare(path: Path) -> Path:
     return path
 
 
+def _prepare_folder(path: Path) -> Path:
+    """`path` as a new or empty folder (a model's files are not written over others)."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise AttributionError(f"{path} exists and is not an empty folder; give a new name.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise AttributionError(f"Cannot create the folder {path}: {error.strerror}.") from None
+    return path
+
+
 def write_table(frame: pd.DataFrame, out: str) -> None:
     """CSV or Parquet by the file's suffix; '-' is CSV on stdout. CSV text cells cannot
     start a spreadsheet formula (`report.csv_text`)."""
@@ -904,9 +917,11 @@ def _one_process(command: str) -> None:
 
 def run_prune(args) -> int:
     _one_process("prune")
-    if args.out.suffix.lower() != ".pt2":
-        raise AttributionError(f"--out {args.out}: the pruned model is written as a .pt2 file.")
+    as_folder = args.out.suffix.lower() != ".pt2"
     problem = load_problem(args)
+    if as_folder and not hasattr(problem.model.module, "save_pretrained"):
+        raise AttributionError(f"--out {args.out}: the pruned model is written as a .pt2 file "
+                               "(a folder only for a Hugging Face model).")
     _check_layer(problem, args.layer)
     targets = _curve_targets(args, problem)
     _, focus, ranking = _ranking(args, problem, targets)
@@ -924,7 +939,10 @@ def run_prune(args) -> int:
                         seed=args.seed, **options)
     first = torch.as_tensor(next(iter(inputs))) if problem.streamed else inputs
     example = model_io.take(first, slice(0, 2))
-    save_pt2(pruned, example, _prepare(args.out), class_names=problem.model.class_names)
+    if as_folder:
+        save_folder(pruned, _prepare_folder(args.out), source=args.model)
+    else:
+        save_pt2(pruned, example, _prepare(args.out), class_names=problem.model.class_names)
     removed = {"k": args.k, "remove": args.remove, "method": args.method,
                "reduce": args.reduce, "cluster": None if args.cluster is None else focus,
                "ablation": args.ablation}

@@ -26,7 +26,9 @@ import copy
 import inspect
 import io
 import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -38,7 +40,7 @@ from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_RANDOM, 
 from ..engine.guards import eval_mode
 from ..engine.layers import (WEIGHT_LAYOUTS, module_kind, output_tensor, resolve_layer,
                              split_axis, with_output_tensor)
-from ..engine.model_io import NamedInputs, n_rows, repeat, to_model
+from ..engine.model_io import NamedInputs, logits_of, n_rows, output_key, repeat, to_model
 from ..errors import AttributionError
 from ..methods.passes import Inputs, LayerPass, model_device
 from .pruning import (ABLATIONS, BAND_PERCENTILES, HIGHER_IS_WORSE, _LayerPasses,
@@ -357,7 +359,8 @@ def _shared(model: nn.Module, tensors: Sequence[Optional[torch.Tensor]]) -> bool
 
 def save_pt2(model: nn.Module, example: Any, path=None, *,
              class_names: Optional[Sequence[str]] = None) -> bytes:
-    """The model as a torch.export .pt2 (batch dim dynamic), written to `path` when given.
+    """The model as a torch.export .pt2 (batch dim dynamic, logits [B, n_classes] out),
+    written to `path` when given, once torch.export has read it back.
 
     Args:
         model: any module torch.export can export (a pruned copy included).
@@ -365,30 +368,78 @@ def save_pt2(model: nn.Module, example: Any, path=None, *,
         path: where to write the file; None = only return the bytes.
         class_names: stored in the archive (extra/class_names.json), read back on loading.
     Returns:
-        The archive's bytes.
+        The archive's bytes. Refused (AttributionError, nothing written) where torch.export
+        cannot read back what it wrote: a program whose shapes depend on the data's values
+        (BART's head picks each row's <eos> by a boolean mask); `save_folder` keeps a
+        Hugging Face model as a folder instead.
     """
     program = export_program(model, example)
     buffer = io.BytesIO()
     extra = {} if class_names is None else {"class_names.json": json.dumps(list(class_names))}
     torch.export.save(program, buffer, extra_files=extra)
     data = buffer.getvalue()
+    try:
+        torch.export.load(io.BytesIO(data))
+    except Exception as error:  # noqa: BLE001 - any failure to read it back
+        folder = (" Save it as a Hugging Face folder instead (save_folder; on the command line "
+                  "--out a folder name without .pt2)." if _saves_as_folder(model) else "")
+        raise AttributionError(
+            "torch.export wrote this model but cannot read it back "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200]}): its shapes "
+            "depend on the data's values, as where a model picks tokens by a boolean mask."
+            + folder) from None
     if path is not None:
         with open(path, "wb") as file:
             file.write(data)
     return data
 
 
+def save_folder(model: nn.Module, path, *, source=None) -> None:
+    """A Hugging Face model (a pruned copy included) as a `save_pretrained` folder at `path`,
+    which `load_model` reads as it read the original; the tokenizer's files are copied from
+    the `source` folder when given. Refused where the copy is not the model's own class (its
+    neurons removed by a `PrunedOutput` wrapper, which a config cannot describe)."""
+    if not hasattr(model, "save_pretrained"):
+        raise AttributionError("Only a Hugging Face model can be saved as a folder; save "
+                               "this one as a .pt2 file (save_pt2).")
+    if not _saves_as_folder(model):
+        raise AttributionError(
+            "The removed neurons are set by a wrapper around the layer (they are not one "
+            "weight slice each), which a Hugging Face config cannot describe; save the "
+            "pruned model as a .pt2 file (save_pt2) or prune a layer that owns its weights.")
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    if source is not None and Path(source).is_dir():
+        for file in Path(source).iterdir():
+            if file.is_file() and not file.is_symlink() and file.name in _TOKENIZER_FILES:
+                shutil.copyfile(file, path / file.name)
+
+
+_TOKENIZER_FILES = frozenset({
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json",
+    "preprocessor_config.json"})
+
+
+def _saves_as_folder(model: nn.Module) -> bool:
+    """A Hugging Face model whose modules are its own (no `PrunedOutput`)."""
+    return hasattr(model, "save_pretrained") and not any(
+        isinstance(module, PrunedOutput) for module in model.modules())
+
+
 def export_program(model: nn.Module, example: Any) -> torch.export.ExportedProgram:
     """torch.export's program of `model` on `example` (cast to the model's float dtype), its
-    batch dim dynamic; named inputs are taken by name, as the model takes them."""
+    batch dim dynamic, returning the logits tensor [B, n_classes] alone (`logits_of`, so a
+    Hugging Face model's output class is not in the program); named inputs are taken by
+    name, as the model takes them."""
     example = to_model(example, model, model_device(model))  # a dict as NamedInputs too
     rows = example if n_rows(example) >= 2 else repeat(example, 2)  # batch 1 would specialize
     batch = {0: torch.export.Dim.AUTO}
     if isinstance(rows, NamedInputs):
-        traced, args, kwargs = _ByName(model, list(rows.keys())), (), dict(rows.items())
+        traced, args, kwargs = _LogitsOf(model, list(rows.keys())), (), dict(rows.items())
         dims = {name: batch for name in rows.keys()}
     else:
-        traced, args, kwargs = model, (rows,), {}
+        traced, args, kwargs = _LogitsOf(model), (rows,), {}
         dims = torch.export.ShapesCollection()  # matched by tensor: any forward signature
         dims[rows] = batch
     try:
@@ -399,21 +450,27 @@ def export_program(model: nn.Module, example: Any) -> torch.export.ExportedProgr
                                f"({type(error).__name__}: {str(error).splitlines()[0]}).") from None
 
 
-class _ByName(nn.Module):
-    """`model` called with keyword arguments named `names`: torch.export cannot give dynamic
-    shapes to a forward(**kwargs) (a loaded .pt2's), so this forward names each input. It
-    shares the model's parameter, buffer and child tables, so the program's names are the
-    model's own."""
+class _LogitsOf(nn.Module):
+    """`model` returning its logits tensor alone (`logits_of` with its `output_key`), called
+    with one positional input, or with keyword arguments named `names` (torch.export cannot
+    give dynamic shapes to a forward(**kwargs), a loaded .pt2's, so this forward names each
+    input). It shares the model's parameter, buffer and child tables, so the program's names
+    are the model's own."""
 
-    def __init__(self, model: nn.Module, names: Sequence[str]):
+    def __init__(self, model: nn.Module, names: Optional[Sequence[str]] = None):
         super().__init__()
         for table in ("_parameters", "_buffers", "_modules"):
             self.__dict__[table] = model.__dict__[table]
         self.training = model.training
+        key = output_key(model)
 
-        def forward(**inputs):
-            return model.forward(**inputs)
+        if names is None:
+            def forward(x):
+                return logits_of(model(x), key)
+        else:
+            def forward(**inputs):
+                return logits_of(model(**inputs), key)
 
-        forward.__signature__ = inspect.Signature(
-            [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
+            forward.__signature__ = inspect.Signature(
+                [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
         self.__dict__["forward"] = forward

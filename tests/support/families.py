@@ -98,6 +98,38 @@ def swin() -> nn.Module:
     return transformers.SwinForImageClassification(config)
 
 
+def bart() -> nn.Module:
+    """Hugging Face BART for sequence classification from a small config: it reads the
+    sentence at each row's last <eos> token."""
+    import transformers
+
+    config = transformers.BartConfig(vocab_size=40, d_model=16, encoder_layers=1,
+                                     decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=32,
+                                     num_labels=N_CLASSES, eos_token_id=2, pad_token_id=1,
+                                     bos_token_id=0, decoder_start_token_id=2)
+    return transformers.BartForSequenceClassification(config)
+
+
+def _token_inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Token ids [N, 8] ending in <eos> (2), and an attention mask stored as floats (as
+    tokenizers' masks often are once saved): the mask is not an input a path can scale."""
+    ids = torch.randint(3, 40, (N_SAMPLES, 8), generator=generator)
+    ids[:, -1] = 2
+    return {"input_ids": ids, "attention_mask": torch.ones(N_SAMPLES, 8)}
+
+
+def regression() -> nn.Sequential:
+    """A regression MLP: one real output per sample, trained on squared error."""
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def regression_targets(inputs: torch.Tensor) -> torch.Tensor:
+    """Real targets [N] that a `regression` model can learn from its inputs [N, 6]."""
+    return inputs[:, 0] - 2 * inputs[:, 1] + inputs[:, 2] * inputs[:, 3]
+
+
 def _graph_inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
     adj = (torch.rand(N_SAMPLES, 6, 6, generator=generator) > 0.5).float()
     return {"x": torch.randn(N_SAMPLES, 6, 4, generator=generator), "adj": adj}
@@ -114,6 +146,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], 
     "tabular": (Tabular, lambda g: {"cat": torch.randint(0, 10, (N_SAMPLES, 3), generator=g),
                                     "num": torch.randn(N_SAMPLES, 5, generator=g)}),
     "graph": (GraphNet, _graph_inputs),
+    "bart": (bart, _token_inputs),
+    "regression": (regression, lambda g: torch.randn(N_SAMPLES, 6, generator=g)),
 }
 FAMILIES = tuple(_BUILDERS)
 

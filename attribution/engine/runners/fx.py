@@ -11,7 +11,7 @@ from torch import nn
 
 from ..guards import engine_modes, leaf_like
 from ..layers import run_model
-from ..model_io import call, logits_of, output_key
+from ..model_io import call, logits_of, n_rows, output_key
 from .ablation import columns_of, per_neuron_prefix, run_nodes, shifted
 from .base import LayerRunner, repeat_batch, runs_own_hooks, zeroed_variants
 from .fx_graph import batch_sizes, graph_of, input_signature, may_write_in_place, parts_of
@@ -86,8 +86,11 @@ class FxRunner(LayerRunner):
                     old_name, old_value) in zip(parts, self._parts)))
 
     def accepts(self, x):
-        """False for inputs of other per-sample shapes than an export of the model saw."""
-        return self._signature is None or self._signature == input_signature(x)
+        """False for inputs of other per-sample shapes than an export of the model saw, and
+        for a single row: an export's dynamic batch starts at 2, and a size the data
+        decides (BART's <eos> tokens, one per row) keeps that bound as a runtime check."""
+        return self._signature is None or (self._signature == input_signature(x)
+                                           and n_rows(x) >= 2)
 
     def _front(self, x):
         try:

@@ -90,9 +90,11 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     """
     with _CACHE_LOCK:
         cached = _CACHE.get(model, {}).get(name)
-    if cached is not None and cached.is_current(module) and cached.accepts(x):
+    current = cached is not None and cached.is_current(module)
+    if current and cached.accepts(x):
         cached.renew()
         return cached
+    keep = not (current and n_rows(x) < 2)  # one row of a batch the cached runner runs
     path, chosen = split_axis(name)
     rows = check_rows(x)
     try:
@@ -123,6 +125,7 @@ def runner_for(model: nn.Module, name: str, module: nn.Module, x: torch.Tensor) 
     elif z.dim() > 2:  # positions too: which axis holds the neurons is read from the data
         runner.axis, runner.axis_rule = neuron_axis(model, path, rows)
     runner.n_classes, runner.layer_size = logits.shape[1], z[0].numel()
-    with _CACHE_LOCK:
-        _CACHE.setdefault(model, {})[name] = runner
+    if keep:
+        with _CACHE_LOCK:
+            _CACHE.setdefault(model, {})[name] = runner
     return runner

@@ -423,6 +423,8 @@ def _text(value: Any, where: str, line_breaks: bool = False) -> str:
 _SHAPE_FUNCTIONS = frozenset({
     "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Mod", "Max", "Min", "Abs", "Eq",
     "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "true", "false", "True", "False", "oo",
+    "Equality", "Unequality", "GreaterThan", "LessThan", "StrictGreaterThan",
+    "StrictLessThan",  # the relations' class names, as srepr writes them (a BART's guards)
     "FloorDiv", "CleanDiv", "CeilDiv", "ModularIndexing", "PythonMod", "Where", "FloorToInt",
     "CeilToInt", "TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "ToFloat",
     "Identity", "IntTrueDiv", "FloatTrueDiv", "IsNonOverlappingAndDenseIndicator",
