@@ -34,8 +34,9 @@ from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METRIC, DE
                         DEFAULT_SEED)
 from ..engine.guards import eval_mode
 from ..engine.layers import run_logits
-from ..engine.model_io import NamedInputs, attention_mask, named, take
-from ..methods.passes import Inputs, LayerBatch, LayerPass, n_samples, pass_modes
+from ..engine.model_io import NamedInputs, attention_mask, named, take, to_model
+from ..methods.passes import (Inputs, LayerBatch, LayerPass, model_device, n_samples,
+                              pass_modes)
 from ..methods.scores import cluster_codes, find_cluster
 from ..engine.runners import layer_attrs
 
@@ -436,7 +437,8 @@ def model_default_metric(model: nn.Module, inputs, targets, metric: Optional[str
     if metric is not None:
         return metric
     with eval_mode(model), torch.no_grad():
-        logits = run_logits(model, take(named(inputs), slice(0, 1)))
+        row = to_model(take(named(inputs), slice(0, 1)), model, model_device(model))
+        logits = run_logits(model, row)
     return chosen_metric(None, logits.shape[1], targets)
 
 

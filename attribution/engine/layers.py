@@ -11,8 +11,9 @@ from torch import nn
 
 from ..errors import AttributionError
 from .guards import eval_mode, forward_hooks
-from .model_io import (NamedInputs, call, describe, is_batch, is_floating, logits_of,
-                       n_rows, named, output_key, repeat, take)
+from .model_io import (NamedInputs, call, describe, device_of, float_dtype, is_batch,
+                       is_floating, logits_of, n_rows, named, output_key, repeat, take,
+                       to_device)
 
 
 AXIS_RULES = {
@@ -130,8 +131,10 @@ class LayerInfo:
 
 
 def run_model(model: nn.Module, inputs):
-    """Call the model on a batch (`model_io.call`), turning the model's own error into an
-    AttributionError."""
+    """Call the model on a batch (`model_io.call`; floating-point inputs in the model's float
+    dtype, as the engine runs it), turning the model's own error into an AttributionError."""
+    if is_batch(named(inputs)):
+        inputs = to_device(inputs, device_of(inputs), float_dtype(model))
     try:
         return call(model, inputs)
     except AttributionError:
@@ -144,11 +147,23 @@ def run_model(model: nn.Module, inputs):
                     "per argument, chosen with features=[...] / --input-names).")
         elif is_batch(inputs) and not is_floating(inputs):
             hint = "Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
+        elif _other_float_dtype(model, inputs) is not None:
+            hint = (f"The inputs are {_other_float_dtype(model, inputs)} and the model's "
+                    f"weights {float_dtype(model)}: cast the inputs to the model's dtype.")
         else:
             hint = "Check the feature count / image shape the model expects."
         raise AttributionError(
             f"The model could not run on inputs of shape {describe(inputs)}: {reason}. {hint}"
         ) from error
+
+
+def _other_float_dtype(model: nn.Module, inputs) -> Optional[torch.dtype]:
+    """The inputs' floating dtype where it is not the model's, else None."""
+    wanted = float_dtype(model)
+    if wanted is None or not is_batch(inputs) or not is_floating(inputs):
+        return None
+    dtype = named(inputs).dtype
+    return dtype if dtype != wanted else None
 
 
 def run_logits(model: nn.Module, inputs) -> torch.Tensor:
