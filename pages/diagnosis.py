@@ -26,6 +26,7 @@ BEFORE = "remedy_before"  # session state: the view before the last remedy, for 
 
 ctx = context()
 s = ctx.settings
+target_words = "output" if ctx.regression else "target logit"  # a regression head's
 focus_label = ctx.cluster_label(s.cluster)
 n_focus = int(ctx.focus.sum())
 
@@ -182,15 +183,15 @@ with evidence:
             metric=EVIDENCE_METRIC,
             titles={"cluster": f"cluster {plots.plain(focus_label)}, "
                                f"{plots.method_label(s.method)} "
-                               f"({plots.REDUCTION_LABELS[s.reduce]})"}),
-            key="diagnosis_curve")
+                               f"({plots.REDUCTION_LABELS[s.reduce]})"},
+            one_output=ctx.regression), key="diagnosis_curve")
         st.caption("The curve the 'better than random' check rests on: the cluster's "
-                   "target logit as its neurons are removed in the order of these scores "
+                   f"{target_words} as its neurons are removed in the order of these scores "
                    "(orange), against random orders (grey band). A useful ranking drops "
                    "faster than the band.")
 
 st.subheader("Agreement with exact ablation")
-st.caption("The oracle removes each neuron alone and measures the drop of the target logit. "
+st.caption(f"The oracle removes each neuron alone and measures the drop of the {target_words}. "
            "A useful score ranks neurons like the oracle (Spearman ρ near 1; random is 0). "
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")

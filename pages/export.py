@@ -71,6 +71,7 @@ if st.button("Build report", type="primary", icon=":material/description:"):
             layers=ctx.ws.layers, per_sample=per_sample, clusters=ctx.clusters, curves=curves,
             findings=findings, oracle=oracle, scorecard=card, class_names=ctx.ws.class_names,
             method_notes={m: fit[0] for m in s.methods if (fit := ctx.fit_note(m))},
+            one_output=ctx.regression,
             examples_of=lambda neuron: image_examples(
                 ctx.ws.model, s.layer, ctx.ws.data, per_sample[s.method],
                 ctx.scores("activation"), ctx.focus, neuron))

@@ -79,7 +79,8 @@ def curve_chart(curves, key: str = FINISHED_CHART) -> None:
     draw: the same figure under the same key at the same place is the same element, so the
     next run's finished view leaves the drawn chart as it is. Only a computing run holds the
     place with an st.empty (a new run's placeholder would first blank what is there)."""
-    figure = plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric, titles=titles)
+    figure = plots.pruning_figure(curves, n_neurons=n_neurons, metric=s.metric, titles=titles,
+                                  one_output=ctx.regression)
     if chart_slot is None:
         chart(figure, key=key)
         return

@@ -82,7 +82,8 @@ from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.registry import REGISTRY, SUM_TOLERANCE, SumCheck, method_label, sum_check
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
-                       EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks)
+                       EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks,
+                       metric_label)
 from .costs import seconds_words
 from .pruning import curve_summary, pruning_curve
 from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_reduce,
@@ -161,11 +162,15 @@ _TERM = re.compile(r"«(\w+)=([^»]+)»")  # «setting=value» in a finding's te
 def _term(setting: str, value: str, screen: bool) -> str:
     """One setting's value as the API writes it, or as the dashboard shows it."""
     if not screen:
+        if setting == "output_metric":
+            return f"metric={value!r}"
         return f"{setting}={value!r}" if setting in ("reduce", "metric") else value
     if setting == "reduce":
         return REDUCTION_LABELS.get(value, value)
     if setting == "metric":
         return METRIC_LABELS.get(value, value)
+    if setting == "output_metric":  # a regression head's: its target logit is its output
+        return metric_label(value, regression=True)
     if setting == "method":
         return method_label(value)
     return value.replace("_", " ")  # a check's code
@@ -313,8 +318,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
     findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
                               labelled))
-    findings.append(_worst([_random_baseline(curve, metric, n_random) for curve in curves],
-                           groups, labelled))
+    findings.append(_worst([_random_baseline(curve, _metric_term(metric, g), n_random)
+                            for g, curve in zip(groups, curves)], groups, labelled))
     findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
     checked = sum_check(about, n_steps)
     if checked is not None:
@@ -661,6 +666,11 @@ def _evidence_curve(model, layer, group: _Evidence, metric, ablation, n_random, 
                          seed=seed, ablation=ablation, metric=metric, batch_size=batch_size)
 
 
+def _metric_term(metric: str, group: _Evidence) -> str:
+    """The «metric=...» term of a finding; a regression head's target logit is its output."""
+    return f"«{'output_metric' if group.regression else 'metric'}={metric}»"
+
+
 def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, float]:
     """flat_output: does removing this layer's neurons move the output at all? Value: the
     largest change of the metric over every order and k (removing all neurons included)
@@ -672,7 +682,7 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
     units = group.units if metric == "target_logit" else METRIC_UNITS.get(metric, "")
     floor = PRECISION * max(abs(start), scale if metric == "target_logit" else 0.0, 1e-30)
     described = (f"removing any of its neurons (all of them included) moves the "
-                 f"«metric={metric}» by at most {change:.3g} {units}").rstrip()
+                 f"{_metric_term(metric, group)} by at most {change:.3g} {units}").rstrip()
     if metric == "target_logit":
         value = change / scale if scale > 0 else 0.0
         described += f", {value:.2g} of the {group.scale_name} ({scale:.3g})"
@@ -693,6 +703,7 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
 
 def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
                      ) -> tuple[Finding, float]:
+    """not_better_than_random from the evidence `curve`; `metric` as `_metric_term` names it."""
     summary = curve_summary(curve).iloc[0]
     beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
     outside = float(summary["outside_band"])
@@ -702,7 +713,7 @@ def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
             if np.isfinite(outside) else "")
     measured = (f"removing the top-ranked neurons does more damage than {beaten:.0%} of "
                 f"{n_random} random orders ({permutation_words(p_value, n_random)}; "
-                f"«metric={metric}», area under the curve)" + (f"; {band}" if band else ""))
+                f"{metric}, area under the curve)" + (f"; {band}" if band else ""))
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if n_random < FEWEST_RANDOM_ORDERS:
@@ -733,7 +744,8 @@ def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
     odds = f"p = {chance:.2g}" if chance >= 1e-12 else "p < 1e-12"
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "
                 f"random ranking of {len(scores)} neurons agrees as well with {odds}) with the "
-                "exact single-neuron ablation effect on the target logit")
+                "exact single-neuron ablation effect on the "
+                + ("output" if group.regression else "target logit"))
     hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
             "«method=ablation» itself; see the oracle table.")
     bounds = dict(low=low, high=high, p_value=chance)

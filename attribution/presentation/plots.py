@@ -36,6 +36,16 @@ METRIC_AXES = {
     "loss": "cross-entropy loss (nats)",
     "squared_error": "squared error (mean)",
 }
+ONE_OUTPUT_AXES = {"target_logit": "mean output (output units)"}
+
+
+def metric_axis(metric: str, one_output: bool = False) -> str:
+    """A curve's y-axis title (METRIC_AXES; a regression head's output in its own units)."""
+    if one_output and metric in ONE_OUTPUT_AXES:
+        return ONE_OUTPUT_AXES[metric]
+    return METRIC_AXES.get(metric, metric)
+
+
 SEVERITY_COLOURS = {"ok": "#1A9850", "warning": "#E08E0B", "problem": "#D73027"}
 SIGNED_SCALE = "RdBu_r"          # blue < 0 < red, centred at zero
 MAGNITUDE_SCALE = "Viridis"      # for scores that cannot be negative
@@ -499,7 +509,8 @@ def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.
 
 
 def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accuracy",
-                   titles: Optional[dict[str, str]] = None) -> go.Figure:
+                   titles: Optional[dict[str, str]] = None,
+                   one_output: bool = False) -> go.Figure:
     """Pruning curves: one panel per subset (the cluster, the rest of the data).
 
     Args:
@@ -507,6 +518,7 @@ def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accur
             partial frame (fewer k) draws the part computed so far.
         n_neurons: the layer's size; fixes the x range so a growing curve does not jump.
         titles: panel title per subset name.
+        one_output: a regression head's, whose "target logit" is its output.
     """
     subsets = list(pd.unique(curves["subset"])) or ["cluster"]
     titles = titles or {}
@@ -535,7 +547,7 @@ def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accur
                 hovertemplate="k = %{x}<br>%{y:.3g}<extra>" + CURVE_LABELS[kind] + "</extra>",
                 **anchor))
         x_axis.update(title=_title("neurons removed (k)"), range=[0, n_neurons])
-    layout["yaxis"]["title"] = _title(METRIC_AXES.get(metric, metric))
+    layout["yaxis"]["title"] = _title(metric_axis(metric, one_output))
     if metric == "accuracy":
         layout["yaxis"].update(range=[0, 1.02], tickformat=".0%")
     layout["legend"] = dict(orientation="h", yanchor="top", y=-0.2, x=0, traceorder="reversed")

@@ -65,6 +65,7 @@ class ReportContent:
         method_notes: method -> what a method fitted to the clusters says of its fit
             (a probe's held-out accuracy), shown beside its scores.
         cluster_labels: cluster id -> how charts name it (e.g. 3 -> "3 (three)").
+        one_output: the model is a regression head (its "target logit" is its output).
     """
 
     title: str
@@ -89,6 +90,7 @@ class ReportContent:
     examples: Optional[pd.DataFrame] = None
     method_notes: dict = field(default_factory=dict)
     cluster_labels: dict = field(default_factory=dict)
+    one_output: bool = False
     created: str = field(default_factory=lambda: _dt.datetime.now().strftime("%Y-%m-%d %H:%M"))
 
 
@@ -204,7 +206,8 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
              scorecard: Optional[pd.DataFrame] = None,
              class_names: Optional[Sequence[str]] = None,
              examples_of: Optional[Callable[[int], pd.DataFrame]] = None,
-             method_notes: Optional[dict[str, str]] = None) -> ReportContent:
+             method_notes: Optional[dict[str, str]] = None,
+             one_output: bool = False) -> ReportContent:
     """A `ReportContent` from results already computed.
 
     Args:
@@ -213,6 +216,7 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
         curves: `cluster_pruning_curves` output, or None.
         examples_of: neuron -> its `image_examples`, for data that is images; else None.
         method_notes: method -> the note of a method fitted to the clusters.
+        one_output: the model is a regression head.
     """
     focus = settings.cluster_rows(clusters)
     tidy = pd.concat([plots.tidy_cluster_scores(
@@ -245,7 +249,7 @@ def assemble(settings: AnalysisSettings, *, title: str, facts: dict[str, str],
         histogram=pd.DataFrame({"score": per_sample[settings.method][focus, top_neuron]}),
         histogram_neuron=top_neuron,
         examples=None if examples_of is None else examples_of(top_neuron),
-        method_notes=dict(method_notes or {}))
+        method_notes=dict(method_notes or {}), one_output=one_output)
 
 
 def image_examples(model, layer: str, dataset: Dataset, scores: np.ndarray,
@@ -336,6 +340,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                     per_sample=per_sample, clusters=clusters, curves=curves,
                     findings=findings, oracle=oracle.drop(columns="cluster"),
                     scorecard=card, class_names=dataset.class_names, method_notes=notes,
+                    one_output=is_regression(loaded.n_classes),
                     examples_of=lambda neuron: image_examples(
                         model, settings.layer, dataset, per_sample[settings.method],
                         activations, focus, neuron))
@@ -433,7 +438,8 @@ def render_report(content: ReportContent) -> str:
         parts += ["<h2>Pruning curves</h2>",
                   _chart(plots.pruning_figure(content.curves, n_neurons=content.n_neurons,
                                               metric=content.metric,
-                                              titles=_curve_titles(focus_label)))]
+                                              titles=_curve_titles(focus_label),
+                                              one_output=content.one_output))]
         parts += [f"<p>{_e(sentence)}</p>" for sentence in content.curve_sentences]
         if content.curve_summary is not None:
             parts.append(_frame_table(plots.curve_summary_table(content.curve_summary,

@@ -14,6 +14,7 @@ import attribution as at
 from attribution import cli
 from attribution.analyses import settings as analysis
 from attribution.inputs.data import QUARTILES, predictions, quartiles
+from attribution.presentation import plots
 from tests.support import references
 from tests.support.app import OCTET, assert_clean, figure, run_app, sidebar_widget, upload
 
@@ -236,3 +237,29 @@ def test_the_dashboard_takes_a_regression_head_on_every_page(files):
         "Cluster squared error without it", "Rest squared error without it",
         "Cluster output without it"]
     figure(app, "the samples that activate it most")
+    app.switch_page("pages/diagnosis.py").run()
+    captions = " ".join(caption.value for caption in app.caption)
+    assert "drop of the output" in captions and "target logit" not in captions
+
+
+def test_a_regression_head_s_curves_are_drawn_in_output_units():
+    curves = pd.DataFrame({"subset": "cluster", "k": [0, 1], "ranked": [1.0, 0.5],
+                           "bottom": [1.0, 0.9], "random_mean": [1.0, 0.7],
+                           "random_lo": [1.0, 0.6], "random_hi": [1.0, 0.8]})
+    for one_output, title in ((True, "mean output (output units)"),
+                              (False, "mean target logit (logits)")):
+        figure = plots.pruning_figure(curves, n_neurons=4, metric="target_logit",
+                                      one_output=one_output)
+        assert figure.layout.yaxis.title.text == title
+
+
+def test_a_regression_head_s_findings_name_its_output_not_a_logit():
+    from tests.support.families import family
+
+    model, x = family("regression")
+    findings = at.diagnose(model, "1", x, None, clusters=np.arange(len(x)) % 2, n_random=4)
+    screen = " ".join(finding.words(screen=True)[0] for finding in findings)
+    assert "target logit" not in screen and "moves the output by" in screen
+    assert "output units" in screen and "effect on the output" in screen
+    api = " ".join(finding.message for finding in findings)
+    assert "metric='target_logit'" in api  # the API's words name the metric as it is passed
