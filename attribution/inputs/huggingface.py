@@ -269,6 +269,12 @@ def allowed_classes() -> dict[str, tuple[str, str]]:
     return allowed
 
 
+PT2_ROUTE = ("export the model to a .pt2 file on your own machine, which loads here "
+             "whatever its type: attribution.save_pt2(model, example_batch, 'model.pt2') "
+             "(or torch.export.export + torch.export.save).")
+"""The route for a Hugging Face model this loader does not build from its folder."""
+
+
 def model_class(config: dict) -> tuple[type, Any, str]:
     """(transformers class, its config object, "text" or "image") for a checked config."""
     import transformers
@@ -281,13 +287,14 @@ def model_class(config: dict) -> tuple[type, Any, str]:
         raise AttributionError(
             f"config.json has model_type {model_type!r}, which is not one of transformers' "
             "built-in sequence or image classification models (e.g. bert, gpt2, distilbert, "
-            "roberta, vit). Other model types are not loaded here.")
+            "roberta, vit). Other model types are not loaded from a folder; " + PT2_ROUTE)
     expected, task = allowed[model_type]
     architectures = config.get("architectures") or [expected]
     if not isinstance(architectures, list) or architectures[0] != expected:
         raise AttributionError(
             f"config.json names the architecture {architectures!r}; for model_type "
-            f"{model_type!r} only {expected} (transformers' own classifier) is loaded here.")
+            f"{model_type!r} only {expected} (transformers' own classifier) is loaded from a "
+            "folder; " + PT2_ROUTE)
     try:
         config_object = CONFIG_MAPPING[model_type].from_dict(config)
     except (TypeError, ValueError, KeyError, AttributeError) as error:

@@ -364,3 +364,5 @@ def test_an_inputs_array_under_another_name_is_found_by_saying_which():
     with pytest.raises(at.AttributionError, match=r'features="name".*--features.*pixel_values'):
         at.load_data(data)
     assert at.load_data(data, features="pixel_values").inputs.shape == (3, 4)
+    # as the README says: the model's own input name is found given input_names
+    assert at.load_data(data, input_names=("pixel_values",)).inputs.shape == (3, 4)

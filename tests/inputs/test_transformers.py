@@ -897,3 +897,22 @@ def test_a_bart_classifier_folder_loads_with_an_example_that_ends_each_text(tmp_
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     layer = "model.encoder.layers.0.fc1"
     assert at.neuron_scores(loaded.module, layer, inputs, None).shape == (6, 32)
+
+
+def test_a_folder_of_a_type_not_built_here_names_the_pt2_route_which_loads_it(tmp_path):
+    """A Wav2Vec2 folder is refused, the message naming the route that works: its .pt2."""
+    import transformers
+
+    config = transformers.Wav2Vec2Config(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2ForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path / "folder")
+    with pytest.raises(at.AttributionError, match=r"model_type 'wav2vec2'.*at\w*\.save_pt2"):
+        at.load_model(tmp_path / "folder")
+    audio = torch.randn(4, 400)
+    loaded = at.load_model(at.save_pt2(model, audio[:2]))
+    with torch.no_grad():
+        assert torch.allclose(logits_of(loaded.module(audio)), model(audio).logits, atol=1e-5)
