@@ -42,7 +42,7 @@ from .presentation import plots
 from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
 from .analyses.diagnose import diagnose, diagnose_cost
-from .analyses.scorecard import SCORECARD_COLUMNS, scorecard
+from .analyses.scorecard import SCORECARD_COLUMNS, scorecard, scorecard_cost
 from .errors import AttributionError
 from .engine import model_io
 from .engine.model_io import NamedInputs
@@ -1053,15 +1053,17 @@ def run_scorecard(args) -> int:
     metric = metric_of(args, problem)
     clusters = (None if args.clusters == NO_CLUSTERS
                 else clusters_of(args, problem, (args.layers or [None])[0]))
+    options = dict(layers=args.layers, methods=args.methods, n_boot=args.n_boot,
+                   n_random=args.n_random, curve_points=args.curve_points, metric=metric,
+                   curve_targets=analysis.curve_targets(metric, problem.labels, targets),
+                   ablation=args.ablation, batch_size=args.batch_size, n_steps=args.n_steps,
+                   seed=args.seed)
+    if not args.quiet:
+        _say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
+                                            clusters, **options).words())
     with ProgressBar("scorecard", args.quiet) as bar:
         card = scorecard(problem.model.module, dataset.inputs, targets, clusters,
-                         layers=args.layers, methods=args.methods, n_boot=args.n_boot,
-                         n_random=args.n_random, curve_points=args.curve_points,
-                         metric=metric,
-                         curve_targets=analysis.curve_targets(metric, problem.labels, targets),
-                         ablation=args.ablation,
-                         batch_size=args.batch_size, n_steps=args.n_steps, seed=args.seed,
-                         progress=bar)
+                         progress=bar, **options)
     for key, reason in card.attrs["refused"].items():
         _say(f"left out {key}: {reason}")
     write_table(card, args.out)

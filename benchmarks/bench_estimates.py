@@ -2,9 +2,10 @@
 
 For each family (the test suite's builders: a trained 1D-CNN, a TransformerEncoder, a
 depthwise-separable CNN with squeeze-excite, two named inputs, a graph net, a regression MLP)
-the estimate the command line prints before a pruning curve (`costs.curve_cost`, every k)
-and before `diagnose` (`diagnose.diagnose_cost`: diagnose timed on two stratified samples,
-extrapolated), then the work itself, timed once. The goal: every
+the estimate the command line prints before a pruning curve (`costs.curve_cost`: the front
+and the masked tail timed at two batch sizes, every k) and before `diagnose` and
+`scorecard` (`costs.sampled_cost`: the work timed on two stratified samples, extrapolated),
+then the work itself, timed once. The goal: every
 estimate within 1.5x of the actual, both ways.
 
     python -m benchmarks.bench_estimates [--results FILE]
@@ -19,6 +20,7 @@ import attribution as at
 from attribution.analyses import settings
 from attribution.analyses.costs import curve_cost
 from attribution.analyses.diagnose import diagnose_cost
+from attribution.analyses.scorecard import scorecard_cost
 from benchmarks.common import note, record, run
 from tests.support.families import family, trained_cnn1d
 
@@ -69,7 +71,12 @@ def main() -> None:
         rows.append((name, layer, "diagnose", f"{said:.2f} s", f"{took:.2f} s",
                      f"{said / took:.2f}"))
         ratios.append(said / took)
-        print(*("  ".join(row) for row in rows[-2:]), sep="\n", flush=True)
+        said = scorecard_cost(model, x, y, None, layers=[layer], n_random=5).seconds
+        took = _timed(lambda: at.scorecard(model, x, y, layers=[layer], n_random=5))
+        rows.append((name, layer, "scorecard", f"{said:.2f} s", f"{took:.2f} s",
+                     f"{said / took:.2f}"))
+        ratios.append(said / took)
+        print(*("  ".join(row) for row in rows[-3:]), sep="\n", flush=True)
     record("estimates said before the work, against the work (one timing each)",
            ("model", "layer", "work", "said", "took", "said / took"), rows)
     within = sum(1 / 1.5 <= ratio <= 1.5 for ratio in ratios)

@@ -4,25 +4,29 @@ trade for speed (fewer random orders, coarser k, a sample of the data).
 A curve's time is the front of the model once over the samples, then one masked pass of the
 layer's tail per distinct removal mask (`pruning._order_sums` shares masks between orders):
 (2 + n_random) orders x the k values, less the masks they share (k = 0, k = n). Both parts
-are timed on a probe of the user's own samples, through the same engine, and scaled by the
-number of samples: a linear model of the work, stated as an estimate.
+are timed on the user's own samples, through the same engine, at two sizes (`PROBE_ROWS`
+and a full batch), which tell a batch's fixed cost from its cost per sample; the curve's
+batches are then counted: a linear model of the work, stated as an estimate.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
+import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
-from ..engine.model_io import n_rows, take
+from ..engine.model_io import n_rows, named, take
 from ..methods.passes import LayerPass
 from .pruning import _removal_masks, check_ks, order_curves, random_orders, spaced_ks
 
 PROBE_ROWS = 64
-"""Samples the estimate times the front and the masked tail on."""
+"""Samples of the estimate's smaller probe (its larger: a batch, `batch_size` samples)."""
 WORTH_SAYING_SECONDS = 5.0
 """A curve estimated to take longer than this comes with its cheaper settings."""
 CHEAPER_N_RANDOM = 5
@@ -90,42 +94,61 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
                batch_size: int = DEFAULT_BATCH_SIZE, device=None,
                exact_ablation: bool = False) -> CurveCost:
     """The cost of `pruning_curve(model, layer, inputs, targets, ..., ks=ks,
-    n_random=n_random)`, timed on the first `PROBE_ROWS` samples (in-memory inputs: a tensor,
-    array or named inputs). `ks` may be a rule of the layer's neuron count (e.g.
-    `settings.evidence_ks`: then coarser k is not offered); `exact_ablation` adds one masked
-    pass per neuron (`diagnose` ablates every neuron beside its curve)."""
+    n_random=n_random)`, timed on the first `PROBE_ROWS` samples and on the first batch
+    (in-memory inputs: a tensor, array or named inputs). `ks` may be a rule of the layer's
+    neuron count (e.g. `settings.evidence_ks`: then coarser k is not offered);
+    `exact_ablation` adds one masked pass per neuron (`diagnose` ablates every neuron beside
+    its curve)."""
     n_samples = n_rows(inputs)
-    probe = take(inputs, slice(0, min(PROBE_ROWS, n_samples)))
-    probe_targets = None if targets is None or isinstance(targets, str) else \
-        targets[:n_rows(probe)]
-    front, per_mask, n_neurons = _probe(model, layer, probe, probe_targets, batch_size, device)
-    scale = n_samples / n_rows(probe)
+    sizes = sorted({min(PROBE_ROWS, n_samples), min(batch_size, n_samples)})
+    timings = []
+    for rows in sizes:
+        probe = take(inputs, slice(0, rows))
+        probe_targets = None if targets is None or isinstance(targets, str) else \
+            targets[:rows]
+        timings.append(_probe(model, layer, probe, probe_targets, batch_size, device))
+    n_neurons = timings[0][2]
+    front_of, mask_of = (_linear_in_rows(sizes, [timing[part] for timing in timings],
+                                         batch_size) for part in (0, 1))
     offer_ks = not callable(ks)
     ks = check_ks(ks(n_neurons) if callable(ks) else ks, n_neurons)
 
-    def seconds(n_random: int, ks: list[int], scale: float) -> tuple[float, int]:
+    def seconds(n_random: int, ks: list[int], rows: int) -> tuple[float, int]:
         masks = distinct_masks(n_neurons, n_random, ks, seed) + n_neurons * exact_ablation
-        return scale * (front + masks * per_mask), masks
+        return front_of(rows) + masks * mask_of(rows), masks
 
-    total, masks = seconds(n_random, ks, scale)
+    total, masks = seconds(n_random, ks, n_samples)
+    front = front_of(n_samples)
     cheaper = []
     if total > WORTH_SAYING_SECONDS:
         if n_random > CHEAPER_N_RANDOM:
             cheaper.append(Cheaper(f"--n-random {CHEAPER_N_RANDOM}",
                                    f"{CHEAPER_N_RANDOM} random orders",
-                                   seconds(CHEAPER_N_RANDOM, ks, scale)[0]))
+                                   seconds(CHEAPER_N_RANDOM, ks, n_samples)[0]))
         if offer_ks and len(ks) > CHEAPER_K_POINTS + 1:
             coarse = spaced_ks(n_neurons, CHEAPER_K_POINTS)
             cheaper.append(Cheaper(f"--ks {','.join(map(str, coarse))}",
                                    f"{len(coarse)} values of k",
-                                   seconds(n_random, coarse, scale)[0]))
+                                   seconds(n_random, coarse, n_samples)[0]))
         if n_samples > CHEAPER_SAMPLES:
             cheaper.append(Cheaper(f"--sample {CHEAPER_SAMPLES}", None,
-                                   seconds(n_random, ks, CHEAPER_SAMPLES / n_rows(probe))[0]))
+                                   seconds(n_random, ks, CHEAPER_SAMPLES)[0]))
     return CurveCost(seconds=total, n_samples=n_samples, n_neurons=n_neurons,
                      n_orders=2 + n_random, n_ks=len(ks), masks=masks,
-                     front_share=front / max(front + masks * per_mask, 1e-12),
+                     front_share=front / max(total, 1e-12),
                      cheaper=tuple(cheaper))
+
+
+def _linear_in_rows(sizes: Sequence[int], seconds: Sequence[float], batch_size: int
+                    ) -> Callable[[int], float]:
+    """Seconds of `rows` samples, from seconds timed on batches of `sizes` samples (one or
+    two sizes, each at most a batch): a fixed cost per batch plus a cost per sample, the
+    samples run in batches of `batch_size`. One size: proportional to the samples."""
+    if len(sizes) == 1:
+        return lambda rows: seconds[0] * rows / sizes[0]
+    per_row = max(seconds[1] - seconds[0], 0.0) / (sizes[1] - sizes[0])
+    fixed = max(seconds[0] - per_row * sizes[0], 0.0)
+    return lambda rows: fixed * math.ceil(rows / batch_size) + per_row * rows
 
 
 def distinct_masks(n_neurons: int, n_random: int, ks: Sequence[int], seed: int) -> int:
@@ -178,3 +201,73 @@ def seconds_words(value: float) -> str:
     """An estimate in words: "under 1 s", "about 4.9 s", "about 14 s"."""
     return "under 1 s" if value < 1 else f"about {value:.1f} s" if value < 10 else \
         f"about {value:.0f} s"
+
+
+@dataclass(frozen=True)
+class SampledCost:
+    """`sampled_cost`'s estimate: `seconds`, the samples, and the sizes it timed."""
+
+    what: str
+    seconds: float
+    n_samples: int
+    timed: tuple[int, ...]
+
+    def words(self) -> str:
+        sizes = " and ".join(map(str, self.timed))
+        return (f"{seconds_words(self.seconds)} ({self.what} timed on {sizes} of the "
+                f"{self.n_samples} samples, every cluster kept, and extrapolated)")
+
+
+COST_PROBE_ROWS = 64
+"""The fewest samples of `sampled_cost`'s smaller timed run (of its larger: four times as
+many)."""
+
+
+def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None
+                 ) -> SampledCost:
+    """The seconds of a work on all of `inputs`, said before it runs: `run(sample)` does the
+    work on the rows that `sample` takes (`sample(value)`: those rows of the inputs or of
+    any per-sample value, [N, ...]; None and words such as "all" as they are). It runs
+    untimed on two samples a cluster (what is done once per model), then timed on two
+    samples that keep every cluster in proportion (1% and 5% of them, at least
+    COST_PROBE_ROWS and four times as many), its time extrapolated linearly. In-memory
+    inputs only (a tensor, an array or named inputs)."""
+    total = n_rows(named(inputs))
+    codes = np.zeros(total, dtype=np.int64) if clusters is None else \
+        pd.factorize(np.asarray(clusters))[0]
+    timed = []
+    small = min(total, max(COST_PROBE_ROWS, total // 100))
+    large = min(total, max(4 * COST_PROBE_ROWS, total // 20))
+    for rows in (2, small, large):  # the first, untimed, pays what is done once per model
+        part = _stratified(codes, rows)
+        started = time.perf_counter()
+        run(lambda value, part=part: _rows_of(value, part))
+        timed.append((len(part), time.perf_counter() - started))
+    timed = timed[1:] if small < large else timed[1:2]
+    if len(timed) == 1:
+        return SampledCost(what, timed[0][1] * total / timed[0][0], total, (timed[0][0],))
+    (small, first), (large, second) = timed
+    slope = max(second - first, 0.0) / max(large - small, 1)
+    return SampledCost(what, max(first + slope * (total - small), second), total,
+                       (small, large))
+
+
+def _rows_of(value, rows: np.ndarray):
+    """`value`'s `rows` (inputs, a tensor or an array [N, ...]); None or a word as it is."""
+    if value is None or isinstance(value, str):
+        return value
+    value = named(value)
+    if isinstance(value, np.ndarray):
+        return value[rows]  # labels, cluster ids and inputs alike, any dtype
+    return take(value, torch.from_numpy(rows))
+
+
+def _stratified(codes: np.ndarray, rows: int) -> np.ndarray:
+    """Sorted positions of about `rows` samples, from every cluster of `codes` [N] in
+    proportion and at least two of each (all of a smaller cluster), first ones first."""
+    picked = []
+    for code in np.unique(codes):
+        members = np.flatnonzero(codes == code)
+        share = max(2, round(rows * len(members) / len(codes)))
+        picked.append(members[:share])
+    return np.sort(np.concatenate(picked))

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -84,7 +83,7 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks,
                        metric_label)
-from .costs import seconds_words
+from .costs import SampledCost, sampled_cost
 from .pruning import curve_summary, pruning_curve
 from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
@@ -332,70 +331,19 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
 
 def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                   method: str = DEFAULT_METHOD, clusters=None, *, cluster=None,
-                  **options) -> "DiagnoseCost":
+                  **options) -> SampledCost:
     """The seconds `diagnose(model, layer, inputs, targets, method, clusters, cluster=...,
-    **options)` will take, said before it runs: `diagnose` run untimed on two samples a
-    cluster (what is done once per model), then timed on two samples of the inputs that keep
-    every cluster in proportion (1% and 5% of them, at least COST_PROBE_ROWS and four times
-    as many), and its time extrapolated linearly to all the samples. Every part of
-    it (the scores, exact ablation, the evidence curve, the bootstrap) grows with the
-    samples, each cluster adds a fixed part, and the sample keeps the clusters: the timing
-    holds whatever the model, where the masked-pass model of `costs.curve_cost` leaves out
-    all but the curve and ablation. In-memory inputs only (a tensor, an array or named
-    inputs)."""
-    x = model_io.named(inputs)
-    x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
-    total = model_io.n_rows(x)
-    codes = np.zeros(total, dtype=np.int64) if clusters is None else cluster_codes(
-        clusters, total)[0]
-    timed = []
-    small = min(total, max(COST_PROBE_ROWS, total // 100))
-    large = min(total, max(4 * COST_PROBE_ROWS, total // 20))
-    for rows in (2, small, large):  # the first, untimed, pays what is done once per model
-        part = torch.from_numpy(_stratified(codes, rows))
-        started = time.perf_counter()
-        diagnose(model, layer, model_io.take(x, part),
-                 None if targets is None or isinstance(targets, str) else
-                 torch.as_tensor(targets)[part], method,
-                 None if clusters is None else np.asarray(clusters)[part.numpy()],
+    **options)` will take, said before it runs: diagnose timed on samples that keep every
+    cluster (`costs.sampled_cost`) and extrapolated. Every part of it (the scores, exact
+    ablation, the evidence curve, the bootstrap) grows with the samples, and each cluster
+    adds a fixed part, which the samples keep: the timing holds whatever the model, where
+    the masked-pass model of `costs.curve_cost` leaves out all but the curve and ablation.
+    In-memory inputs only (a tensor, an array or named inputs)."""
+    def run(sample) -> None:
+        diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
                  cluster=cluster, **options)
-        timed.append((len(part), time.perf_counter() - started))
-    timed = timed[1:] if small < large else timed[1:2]
-    if len(timed) == 1:
-        return DiagnoseCost(timed[0][1] * total / timed[0][0], total, (timed[0][0],))
-    (small, first), (large, second) = timed
-    slope = max(second - first, 0.0) / max(large - small, 1)
-    return DiagnoseCost(max(first + slope * (total - small), second), total, (small, large))
 
-
-@dataclass(frozen=True)
-class DiagnoseCost:
-    """`diagnose_cost`'s estimate: `seconds`, the samples, and the sizes it timed."""
-
-    seconds: float
-    n_samples: int
-    timed: tuple[int, ...]
-
-    def words(self) -> str:
-        sizes = " and ".join(map(str, self.timed))
-        return (f"{seconds_words(self.seconds)} (diagnose timed on {sizes} of the "
-                f"{self.n_samples} samples, every cluster kept, and extrapolated)")
-
-
-COST_PROBE_ROWS = 64
-"""The fewest samples of `diagnose_cost`'s smaller timed run (of its larger: four times as
-many)."""
-
-
-def _stratified(codes: np.ndarray, rows: int) -> np.ndarray:
-    """Sorted positions of about `rows` samples, from every cluster of `codes` [N] in
-    proportion and at least two of each (all of a smaller cluster), first ones first."""
-    picked = []
-    for code in np.unique(codes):
-        members = np.flatnonzero(codes == code)
-        share = max(2, round(rows * len(members) / len(codes)))
-        picked.append(members[:share])
-    return np.sort(np.concatenate(picked))
+    return sampled_cost("diagnose", run, inputs, clusters)
 
 
 # ------------------------------------------------------------------------------ inputs

@@ -47,6 +47,7 @@ from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
 from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman,
                      top_k_overlap)
+from .costs import SampledCost, sampled_cost
 from .prune import copy_model
 from .pruning import model_default_metric, order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
@@ -283,6 +284,20 @@ def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray]
 
 
 # ------------------------------------------------------------ cascading randomisation
+
+def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
+                   **options) -> SampledCost:
+    """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
+    before it runs: the scorecard timed on samples that keep every cluster
+    (`costs.sampled_cost`) and extrapolated; per-sample `curve_targets` are sampled too."""
+    def run(sample) -> None:
+        chosen = dict(options, progress=None)
+        if "curve_targets" in chosen:
+            chosen["curve_targets"] = sample(chosen["curve_targets"])
+        scorecard(model, sample(inputs), sample(targets), sample(clusters), **chosen)
+
+    return sampled_cost("scorecard", run, inputs, clusters)
+
 
 def randomized_after(model: nn.Module, layer, example_input, seed: int = DEFAULT_SEED
                      ) -> tuple[nn.Module, list[str]]:

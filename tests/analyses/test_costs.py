@@ -96,7 +96,7 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
         clock[0] += 0.5 + 0.001 * len(x)
 
     monkeypatch.setattr(diagnosis, "diagnose", fake)
-    monkeypatch.setattr(diagnosis.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
@@ -104,3 +104,27 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     assert all(found == ["a", "b", "c", "d"] and n == rows for rows, found, n in seen)
     assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
     assert cost.timed == (101, 500) and "timed on 101 and 500 of the 10000" in cost.words()
+
+
+def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):
+    """scorecard_cost times the scorecard itself on the same stratified samples, its
+    per-sample curve targets taken at the same rows as the inputs."""
+    from attribution.analyses import scorecard as card
+
+    clock = [0.0]
+    seen = []
+
+    def fake(model, x, targets, clusters, **options):
+        curve = options["curve_targets"]
+        assert torch.equal(curve, x[:, 0].long()) and options["progress"] is None
+        seen.append(len(x))
+        clock[0] += 0.2 + 0.002 * len(x)
+
+    monkeypatch.setattr(card, "scorecard", fake)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    x = torch.arange(5_000.0)[:, None].repeat(1, 3)
+    clusters = np.repeat([0, 1], [4_000, 1_000])
+    cost = card.scorecard_cost(None, x, None, clusters, curve_targets=x[:, 0].long())
+    assert seen == [4, 64, 256]
+    assert cost.seconds == pytest.approx(0.2 + 0.002 * 5_000)
+    assert cost.words().startswith("about 10 s (scorecard timed on 64 and 256 of the 5000")
