@@ -4,9 +4,10 @@ trade for speed (fewer random orders, coarser k, a sample of the data).
 A curve's time is the front of the model once over the samples, then one masked pass of the
 layer's tail per distinct removal mask (`pruning._order_sums` shares masks between orders):
 (2 + n_random) orders x the k values, less the masks they share (k = 0, k = n). Both parts
-are timed on the user's own samples, through the same engine, at two sizes (`PROBE_ROWS`
-and a full batch), which tell a batch's fixed cost from its cost per sample; the curve's
-batches are then counted: a linear model of the work, stated as an estimate.
+are timed on a batch of the user's own samples (`batch_size` of them, as the curve runs
+them: a smaller probe would scale a batch's fixed cost by the number of probes), through the
+same engine, and scaled by the number of samples: a linear model of the work, stated as an
+estimate.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from ..engine.model_io import n_rows, named, take
 from ..methods.passes import LayerPass
 from .pruning import _removal_masks, check_ks, order_curves, random_orders, spaced_ks
 
-PROBE_ROWS = 64
-"""Samples of the estimate's smaller probe (its larger: a batch, `batch_size` samples)."""
+PROBE_RUNS = 5
+"""The most timed runs of each of `curve_cost`'s probes."""
 WORTH_SAYING_SECONDS = 5.0
 """A curve estimated to take longer than this comes with its cheaper settings."""
 CHEAPER_N_RANDOM = 5
@@ -94,31 +95,25 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
                batch_size: int = DEFAULT_BATCH_SIZE, device=None,
                exact_ablation: bool = False) -> CurveCost:
     """The cost of `pruning_curve(model, layer, inputs, targets, ..., ks=ks,
-    n_random=n_random)`, timed on the first `PROBE_ROWS` samples and on the first batch
-    (in-memory inputs: a tensor, array or named inputs). `ks` may be a rule of the layer's
+    n_random=n_random)`, timed on the first batch of samples (in-memory inputs: a tensor,
+    array or named inputs). `ks` may be a rule of the layer's
     neuron count (e.g. `settings.evidence_ks`: then coarser k is not offered);
     `exact_ablation` adds one masked pass per neuron (`diagnose` ablates every neuron beside
     its curve)."""
     n_samples = n_rows(inputs)
-    sizes = sorted({min(PROBE_ROWS, n_samples), min(batch_size, n_samples)})
-    timings = []
-    for rows in sizes:
-        probe = take(inputs, slice(0, rows))
-        probe_targets = None if targets is None or isinstance(targets, str) else \
-            targets[:rows]
-        timings.append(_probe(model, layer, probe, probe_targets, batch_size, device))
-    n_neurons = timings[0][2]
-    front_of, mask_of = (_linear_in_rows(sizes, [timing[part] for timing in timings],
-                                         batch_size) for part in (0, 1))
+    probe_rows = min(batch_size, n_samples)
+    probe = take(inputs, slice(0, probe_rows))
+    probe_targets = None if targets is None or isinstance(targets, str) else \
+        targets[:probe_rows]
+    front, per_mask, n_neurons = _probe(model, layer, probe, probe_targets, batch_size, device)
     offer_ks = not callable(ks)
     ks = check_ks(ks(n_neurons) if callable(ks) else ks, n_neurons)
 
     def seconds(n_random: int, ks: list[int], rows: int) -> tuple[float, int]:
         masks = distinct_masks(n_neurons, n_random, ks, seed) + n_neurons * exact_ablation
-        return front_of(rows) + masks * mask_of(rows), masks
+        return (front + masks * per_mask) * rows / probe_rows, masks
 
     total, masks = seconds(n_random, ks, n_samples)
-    front = front_of(n_samples)
     cheaper = []
     if total > WORTH_SAYING_SECONDS:
         if n_random > CHEAPER_N_RANDOM:
@@ -135,20 +130,8 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
                                    seconds(n_random, ks, CHEAPER_SAMPLES)[0]))
     return CurveCost(seconds=total, n_samples=n_samples, n_neurons=n_neurons,
                      n_orders=2 + n_random, n_ks=len(ks), masks=masks,
-                     front_share=front / max(total, 1e-12),
+                     front_share=front / max(front + masks * per_mask, 1e-12),
                      cheaper=tuple(cheaper))
-
-
-def _linear_in_rows(sizes: Sequence[int], seconds: Sequence[float], batch_size: int
-                    ) -> Callable[[int], float]:
-    """Seconds of `rows` samples, from seconds timed on batches of `sizes` samples (one or
-    two sizes, each at most a batch): a fixed cost per batch plus a cost per sample, the
-    samples run in batches of `batch_size`. One size: proportional to the samples."""
-    if len(sizes) == 1:
-        return lambda rows: seconds[0] * rows / sizes[0]
-    per_row = max(seconds[1] - seconds[0], 0.0) / (sizes[1] - sizes[0])
-    fixed = max(seconds[0] - per_row * sizes[0], 0.0)
-    return lambda rows: fixed * math.ceil(rows / batch_size) + per_row * rows
 
 
 def distinct_masks(n_neurons: int, n_random: int, ks: Sequence[int], seed: int) -> int:
@@ -169,14 +152,12 @@ def _count_masks(orders: torch.Tensor, ks: Sequence[int]) -> int:
 def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float, float, int]:
     """(seconds of the front, seconds per masked tail pass, n_neurons) on `probe`: a curve of
     one order at k = 0 (the front and one pass), then of four orders at eight k (the front
-    and up to 32); the difference is the passes'. The faster of two runs of each."""
+    and up to 32); the difference is the passes'. The fastest of up to PROBE_RUNS runs of
+    each (`_fastest`: short timings are the noisy ones, and cheap to repeat)."""
     def timed(orders_of, ks_of) -> tuple[float, int]:
-        best = float("inf")
-        for _ in range(2):
-            started = time.perf_counter()
-            order_curves(model, layer, probe, targets, orders_of, ks_of,
-                         batch_size=batch_size, device=device)
-            best = min(best, time.perf_counter() - started)
+        best = _fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
+                                             batch_size=batch_size, device=device),
+                        PROBE_RUNS)
         return best, _count_masks(orders_of, ks_of)
 
     n_neurons = _n_neurons(model, layer, probe, device)
@@ -221,6 +202,26 @@ class SampledCost:
 COST_PROBE_ROWS = 64
 """The fewest samples of `sampled_cost`'s smaller timed run (of its larger: four times as
 many)."""
+SAMPLED_RUNS = 2
+"""The most timed runs of each of `sampled_cost`'s samples, the fastest kept: on a busy
+machine one run can take twice another, and the extrapolation multiplies the difference."""
+REPEAT_WHILE_SECONDS = 0.5
+"""A timing is repeated (up to its number of runs) only while all its runs took less than
+this: a short timing is the noisy one, and a long one is not worth paying twice."""
+
+
+def _fastest(work: Callable[[], Any], runs: int) -> float:
+    """The fastest of up to `runs` timed runs of `work`, stopping once they took
+    REPEAT_WHILE_SECONDS in all."""
+    best, spent = math.inf, 0.0
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        took = time.perf_counter() - started
+        best, spent = min(best, took), spent + took
+        if spent >= REPEAT_WHILE_SECONDS:
+            break
+    return best
 
 
 def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None
@@ -230,8 +231,9 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
     any per-sample value, [N, ...]; None and words such as "all" as they are). It runs
     untimed on two samples a cluster (what is done once per model), then timed on two
     samples that keep every cluster in proportion (1% and 5% of them, at least
-    COST_PROBE_ROWS and four times as many), its time extrapolated linearly. In-memory
-    inputs only (a tensor, an array or named inputs)."""
+    COST_PROBE_ROWS and four times as many; the fastest of SAMPLED_RUNS runs of each), its
+    time extrapolated linearly. In-memory inputs only (a tensor, an array or named
+    inputs)."""
     total = n_rows(named(inputs))
     codes = np.zeros(total, dtype=np.int64) if clusters is None else \
         pd.factorize(np.asarray(clusters))[0]
@@ -240,9 +242,9 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
     large = min(total, max(4 * COST_PROBE_ROWS, total // 20))
     for rows in (2, small, large):  # the first, untimed, pays what is done once per model
         part = _stratified(codes, rows)
-        started = time.perf_counter()
-        run(lambda value, part=part: _rows_of(value, part))
-        timed.append((len(part), time.perf_counter() - started))
+        best = _fastest(lambda part=part: run(lambda value: _rows_of(value, part)),
+                        1 if rows == 2 else SAMPLED_RUNS)
+        timed.append((len(part), best))
     timed = timed[1:] if small < large else timed[1:2]
     if len(timed) == 1:
         return SampledCost(what, timed[0][1] * total / timed[0][0], total, (timed[0][0],))
