@@ -223,7 +223,8 @@ with right:
     neuron = st.selectbox("Neuron", neurons, key="histogram_neuron",
                           help="Starts on the neuron with the largest cluster score.")
     chart(plots.score_histogram(pd.DataFrame({"score": main[:, neuron]}),
-                                method=s.method, neuron=neuron), key="histogram")
+                                method=s.method, neuron=neuron, one_output=ctx.regression),
+          key="histogram")
     st.caption("Per-sample signed scores of one neuron. Blue and red bars of similar weight "
                "cancel in a signed mean: the average is small although single samples are "
                "not, which is why average gradients can look tiny.")

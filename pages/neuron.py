@@ -98,7 +98,8 @@ for column, (metric, subset, words) in zip(metrics[1:], TILES):
 
 has_positions = bool(ctx.layer_info.positions)
 chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,
-                                 cluster=focus_label, positions=has_positions),
+                                 cluster=focus_label, positions=has_positions,
+                                 one_output=ctx.regression),
       key="neuron_distributions")
 averaged = ", averaged over positions" if has_positions else ""
 st.caption("Left: how much the neuron matters for each sample (its score) in the cluster and "
@@ -119,7 +120,8 @@ if view.input_kind == "image":
                                  examples["positions"].iloc[0] is not None else ""))
 elif view.input_kind in ("table", "tokens"):
     chart(plots.example_values(examples, neuron=neuron, method=s.method,
-                               feature_names=ctx.ws.data.feature_names),
+                               feature_names=ctx.ws.data.feature_names,
+                               one_output=ctx.regression),
           key="neuron_examples")
     st.caption(("Each sample's tokens, coloured by the neuron's "
                 + (f"{plots.method_label(s.method)} score at each token (they add up to the "

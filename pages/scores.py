@@ -59,7 +59,8 @@ table = plots.cluster_table(per_sample[s.method], ctx.clusters, s.reduce)
 table.index = table.index.map(ctx.cluster_label)  # once a cluster, not once a cell
 tidy = plots.tidy_cluster_scores(table, s.method)
 chart(plots.cluster_heatmap(tidy, method=s.method, reduce=s.reduce,
-                            highlight=focus_label), key="cluster_heatmap",
+                            highlight=focus_label, one_output=ctx.regression),
+      key="cluster_heatmap",
       on_click=lambda: open_clicked("cluster_heatmap"))
 st.caption(f"Each cell is the cluster's {plots.REDUCTION_LABELS[s.reduce]} score for one neuron. "
            f"{plots.colour_legend(tidy['score'], s.reduce)} The framed row is the cluster in "
@@ -90,7 +91,7 @@ with left:
                                                      key="top_n")
     bottom = controls[1].toggle("Lowest instead", key="show_bottom")
     chart(plots.neuron_bars(main, method=s.method, reduce=s.reduce, top_n=top_n,
-                            bottom=bottom), key="neuron_bars",
+                            bottom=bottom, one_output=ctx.regression), key="neuron_bars",
           on_click=lambda: open_clicked("neuron_bars"))
     st.caption(f"Cluster {escape_markdown(focus_label)}: bars are the cluster score, "
                "whiskers ±1 standard deviation across its samples. Whiskers much longer than "
@@ -99,7 +100,8 @@ with right:
     samples = plots.tidy_sample_scores(per_sample[s.method][ctx.focus],
                                        ctx.focus.nonzero()[0], reduce=s.reduce)
     chart(plots.sample_heatmap(samples, method=s.method, cluster=focus_label,
-                               n_total=int(ctx.focus.sum())), key="sample_heatmap",
+                               n_total=int(ctx.focus.sum()), one_output=ctx.regression),
+          key="sample_heatmap",
           on_click=lambda: open_clicked("sample_heatmap"))
     st.caption("One row per sample of the cluster, sorted by the top neuron; neurons sorted by "
                f"the cluster score ({plots.REDUCTION_LABELS[s.reduce]}). "
@@ -109,7 +111,8 @@ with right:
 if len(s.methods) > 1:
     st.subheader("Methods side by side")
     chart(plots.method_bars(summaries, reduce=s.reduce,
-                            top_n=min(10, ctx.n_neurons)), key="method_bars")
+                            top_n=min(10, ctx.n_neurons), one_output=ctx.regression),
+          key="method_bars")
     st.caption("The same cluster ranked by each method; each panel has its own units. "
                "Choose the methods under 'Compare with' in the sidebar.")
 

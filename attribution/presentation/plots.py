@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import html
 import math
+import re
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -67,18 +68,26 @@ def method_colour(method: str) -> str:
     return entry.colour if entry is not None else colour_from_name(method)
 
 
-def method_units(method: str, unknown: str = "score") -> str:
-    """The registry's units of `method`'s scores (`unknown` for a name not registered)."""
+def method_units(method: str, unknown: str = "score", one_output: bool = False) -> str:
+    """The registry's units of `method`'s scores (`unknown` for a name not registered); for
+    a regression head (`one_output`) its logit is its output ("logit drop": "output drop")."""
     entry = REGISTRY.get(method)
-    return entry.units if entry is not None else unknown
+    units = entry.units if entry is not None else unknown
+    return _OUTPUT_UNITS.sub("output", units.replace("logits", "output units")) \
+        if one_output else units
 
 
-def score_axis_title(method: str, reduce: Optional[str] = None) -> str:
+_OUTPUT_UNITS = re.compile(r"\blogit\b")
+
+
+def score_axis_title(method: str, reduce: Optional[str] = None,
+                     one_output: bool = False) -> str:
     """e.g. 'gradient score, signed mean<br>(logit per unit activation)' (two lines)."""
     head = f"{method_label(method)} score"
     if reduce:
         head += f", {REDUCTION_LABELS.get(reduce, reduce)}"
-    return f"{head}<br>({method_units(method, 'score units')})"  # fits a half-page chart
+    units = method_units(method, "score units", one_output)
+    return f"{head}<br>({units})"  # fits a half-page chart
 
 
 @functools.lru_cache(maxsize=None)
@@ -377,7 +386,7 @@ def _strongest_of_each_row(z: np.ndarray, most: int) -> np.ndarray:
 
 
 def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
-                    highlight: object = None) -> go.Figure:
+                    highlight: object = None, one_output: bool = False) -> go.Figure:
     """Clusters x neurons heatmap; above `MOST_HEATMAP_NEURONS` neurons, that many columns:
     each cluster's largest |score| in turn (the axis title says so), in layer order.
 
@@ -400,7 +409,7 @@ def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
     traces = [dict(
         type="heatmap", z=z, x=columns, y=[plain(c) for c in clusters],
         customdata=np.repeat(sizes.to_numpy()[:, None], z.shape[1], axis=1),
-        colorbar=_colour_bar(method_units(method, "score")),
+        colorbar=_colour_bar(method_units(method, "score", one_output)),
         hovertemplate="cluster %{y}<br>neuron %{x}<br>score %{z:.4g}"
                       "<br>n = %{customdata} samples<extra></extra>",
         xgap=1 if z.shape[1] <= _MOST_GAPPED else 0, ygap=1 if z.shape[0] <= _MOST_GAPPED else 0,
@@ -417,7 +426,7 @@ def cluster_heatmap(scores: pd.DataFrame, *, method: str, reduce: str,
 
 
 def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
-                   n_total: Optional[int] = None) -> go.Figure:
+                   n_total: Optional[int] = None, one_output: bool = False) -> go.Figure:
     """Samples x neurons heatmap for one cluster.
 
     Args:
@@ -427,7 +436,7 @@ def sample_heatmap(samples: pd.DataFrame, *, method: str, cluster: object,
     sample_order, neuron_order, z = _grid(samples, "sample", "neuron", "score")
     traces = [dict(
         type="heatmap", z=z, x=[str(n) for n in neuron_order], y=[str(s) for s in sample_order],
-        colorbar=_colour_bar(method_units(method, "score")),
+        colorbar=_colour_bar(method_units(method, "score", one_output)),
         hovertemplate="sample %{y} (row in the data)<br>neuron %{x}<br>score %{z:.4g}"
                       "<extra></extra>",
         **_colour_range(z, _is_signed(z.ravel())))]
@@ -460,7 +469,7 @@ def _spread_whiskers(spread: pd.Series) -> dict:
 
 
 def neuron_bars(summary: pd.DataFrame, *, method: str, reduce: str, top_n: int = 15,
-                bottom: bool = False) -> go.Figure:
+                bottom: bool = False, one_output: bool = False) -> go.Figure:
     """Ranked neuron bars with error bars (±1 std across the cluster's samples).
 
     Args:
@@ -476,15 +485,16 @@ def neuron_bars(summary: pd.DataFrame, *, method: str, reduce: str, top_n: int =
         hovertemplate="%{y}<br>score %{x:.4g} ± %{customdata[0]:.3g}"
                       "<br>n = %{customdata[1]} samples<extra></extra>")]
     layout = dict(yaxis=dict(autorange="reversed"),
-                  xaxis=dict(title=_title(score_axis_title(method, reduce)), zeroline=True,
-                             zerolinecolor="#333333"))
+                  xaxis=dict(title=_title(score_axis_title(method, reduce, one_output)),
+                             zeroline=True, zerolinecolor="#333333"))
     which = "Lowest" if bottom else "Highest"
     return _figure(traces, layout,
                    title=f"{which} {len(shown)} neurons by {method_label(method)} score",
                    height=max(300, 80 + 24 * len(shown)))
 
 
-def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.Figure:
+def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10,
+                one_output: bool = False) -> go.Figure:
     """Side-by-side ranked bars, one panel per method (each with its own score axis).
 
     Args:
@@ -502,7 +512,7 @@ def method_bars(summaries: pd.DataFrame, *, reduce: str, top_n: int = 10) -> go.
             hovertemplate="%{y}<br>score %{x:.4g}<extra>" + method_label(method) + "</extra>",
             **anchor))
         y_axis["autorange"] = "reversed"
-        x_axis["title"] = _title(method_units(method, "score"))
+        x_axis["title"] = _title(method_units(method, "score", one_output))
     return _figure(traces, layout, title=f"Top {top_n} neurons under each method "
                                          f"({REDUCTION_LABELS.get(reduce, reduce)})",
                    height=max(340, 120 + 24 * top_n), top=84)
@@ -556,7 +566,7 @@ def pruning_figure(curves: pd.DataFrame, *, n_neurons: int, metric: str = "accur
 
 
 def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
-                    bins: int = 40) -> go.Figure:
+                    bins: int = 40, one_output: bool = False) -> go.Figure:
     """Histogram of one neuron's per-sample signed scores; bars left of zero are blue and
     right of zero red, with lines at zero and at the mean, so cancellation shows at a glance.
 
@@ -585,7 +595,7 @@ def score_histogram(values: pd.DataFrame, *, method: str, neuron: int,
         annotations=[dict(x=mean, y=1, yref="paper", yanchor="top", xanchor="left", xshift=4,
                           text=f"mean {mean:.3g}", showarrow=False,
                           font=dict(color=CURVE_COLOURS["ranked"]))],
-        xaxis=dict(title=_title(score_axis_title(method))),
+        xaxis=dict(title=_title(score_axis_title(method, one_output=one_output))),
         # headroom above the tallest bar for the mean's label
         yaxis=dict(title=_title("samples (count)"), range=[0, 1.2 * max(1, counts.max())]))
     ratio = abs(mean) / mean_abs if mean_abs > 0 else float("nan")
@@ -700,7 +710,8 @@ SUBSET_COLOURS = {"cluster": CURVE_COLOURS["ranked"], "rest": CURVE_COLOURS["ran
 
 
 def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
-                         cluster: object, positions: bool = True) -> go.Figure:
+                         cluster: object, positions: bool = True,
+                         one_output: bool = False) -> go.Figure:
     """One neuron's per-sample score and activation, the cluster against the rest.
 
     Args:
@@ -725,7 +736,8 @@ def neuron_distributions(samples: pd.DataFrame, *, method: str, neuron: int,
                 marker=dict(color=SUBSET_COLOURS[subset]),
                 hovertemplate=f"{value} %{{x}}<br>%{{y:.1%}} of the samples<extra>"
                               f"{name}</extra>", **anchor))
-        x_axis["title"] = _title(score_axis_title(method) if value == "score" else
+        x_axis["title"] = _title(score_axis_title(method, one_output=one_output)
+                                 if value == "score" else
                                  "layer output (mean over positions)" if positions else
                                  "layer output")
     layout["yaxis"].update(title=_title("share of the samples"), tickformat=".0%")
@@ -814,7 +826,7 @@ def example_images(examples: pd.DataFrame, *, neuron: int) -> go.Figure:
 
 def example_values(examples: pd.DataFrame, *, neuron: int,
                    feature_names: Optional[Sequence[str]] = None,
-                   method: Optional[str] = None) -> go.Figure:
+                   method: Optional[str] = None, one_output: bool = False) -> go.Figure:
     """The samples that drive a neuron most and least, as their values: feature values of a
     table [F] (colour: the value), or the tokens of a sequence (colour: the method's score at
     each token when the examples carry `token_scores`, else the neuron's output there).
@@ -842,7 +854,7 @@ def example_values(examples: pd.DataFrame, *, neuron: int,
                                                    examples["token_scores"])):
             colour[row, :len(values)] = values
             text[row, :len(tokens)] = [plain(token) for token in tokens]
-        bar = method_units(method, "score") if method else "score"
+        bar = method_units(method, "score", one_output) if method else "score"
         what = f"tokens, coloured by their {method_label(method or 'score')} score"
     elif per_token:
         colour = np.stack([np.asarray(m, dtype=np.float64).reshape(-1)

@@ -425,14 +425,16 @@ def render_report(content: ReportContent) -> str:
         "<h2>Findings</h2>", _findings_html(content.findings),
         "<h2>Neuron scores</h2>",
         _chart(plots.cluster_heatmap(method_rows, method=content.method, reduce=content.reduce,
-                                     highlight=focus_label)),
+                                     highlight=focus_label, one_output=content.one_output)),
         _chart(plots.neuron_bars(summary[summary["method"] == content.method],
-                                 method=content.method, reduce=content.reduce)),
+                                 method=content.method, reduce=content.reduce,
+                                 one_output=content.one_output)),
     ]
     parts += [f"<p class='muted'>{_e(plots.method_label(method))}: {_e(note)}</p>"
               for method, note in content.method_notes.items()]
     if summary["method"].nunique() > 1:
-        parts.append(_chart(plots.method_bars(summary, reduce=content.reduce)))
+        parts.append(_chart(plots.method_bars(summary, reduce=content.reduce,
+                                              one_output=content.one_output)))
         parts.append(_chart(plots.rank_correlation_heatmap(plots.rank_correlations(summary))))
     if content.curves is not None and len(content.curves):
         parts += ["<h2>Pruning curves</h2>",
@@ -459,7 +461,8 @@ def render_report(content: ReportContent) -> str:
                   _frame_table(plots.scorecard_table(content.scorecard))]
     if content.histogram is not None and content.histogram_neuron is not None:
         parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
-                                                  neuron=content.histogram_neuron)))
+                                                  neuron=content.histogram_neuron,
+                                                  one_output=content.one_output)))
     if content.examples is not None:
         parts.append(_chart(plots.example_images(content.examples,
                                                  neuron=content.histogram_neuron)))

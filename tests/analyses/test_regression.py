@@ -16,7 +16,8 @@ from attribution.analyses import settings as analysis
 from attribution.inputs.data import QUARTILES, predictions, quartiles
 from attribution.presentation import plots
 from tests.support import references
-from tests.support.app import OCTET, assert_clean, figure, run_app, sidebar_widget, upload
+from tests.support.app import (OCTET, assert_clean, figure, figures, run_app, sidebar_widget,
+                               upload)
 
 
 def regression_problem(n: int = 80, seed: int = 0):
@@ -229,6 +230,8 @@ def test_the_dashboard_takes_a_regression_head_on_every_page(files):
         app.switch_page(page).run()
         assert_clean(app)
         assert not app.error, (page, [e.value for e in app.error])
+        drawn = json.dumps([spec["layout"] for spec in figures(app).values()])
+        assert "logit" not in drawn, page  # its output, in output units
     app.switch_page("pages/pruning.py").run()
     measure = app.selectbox(key="w_metric")
     assert measure.options == ["output", "squared error"] and measure.value == "squared_error"
@@ -263,3 +266,14 @@ def test_a_regression_head_s_findings_name_its_output_not_a_logit():
     assert "output units" in screen and "effect on the output" in screen
     api = " ".join(finding.message for finding in findings)
     assert "metric='target_logit'" in api  # the API's words name the metric as it is passed
+
+
+def test_a_regression_head_s_scores_are_drawn_in_output_units():
+    assert plots.method_units("gradient_x_activation") == "logits"
+    assert plots.method_units("gradient_x_activation", one_output=True) == "output units"
+    assert plots.method_units("ablation", one_output=True) == "output drop"
+    summary = pd.DataFrame({"neuron": [0, 1], "score": [0.5, -0.2], "spread": [0.1, 0.1],
+                            "n": [4, 4]})
+    figure = plots.neuron_bars(summary, method="ablation", reduce="mean", one_output=True)
+    assert "output drop" in figure.layout.xaxis.title.text
+    assert "logit" not in figure.layout.xaxis.title.text
