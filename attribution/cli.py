@@ -50,7 +50,7 @@ from .engine.layers import resolve_layer
 from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
 from .inputs.loading import GuessedExampleFailed, load_model
-from .inputs.untrusted.files import sniff
+from .inputs.untrusted.files import open_regular, sniff
 from .methods.registry import METHODS, REGISTRY, SUM_TOLERANCE
 from .analyses.prune import REMOVALS, prune, prune_check, save_folder, save_pt2
 from .analyses.pruning import ABLATIONS, METRICS, curve_summary
@@ -231,11 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a removed neuron's output becomes 0 or its mean (default "
                                "%(default)s)")
 
+    written = Parser(add_help=False)
+    written.add_argument("--force", action="store_true",
+                         help="write over output files that exist (without it an existing "
+                              "file is refused before any work)")
+
     command = add_command(commands, "layers", [model])
     command.add_argument("--format", choices=("table", "csv", "json"), default="table")
     command.set_defaults(run=run_layers)
 
-    command = add_command(commands, "score", [model, data, compute])
+    command = add_command(commands, "score", [model, data, compute, written])
     command.add_argument("--method", nargs="+", choices=METHODS,
                          default=[analysis.DEFAULT_METHOD], metavar="METHOD",
                          help=f"one or more of {', '.join(METHODS)} (default "
@@ -248,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "methods: one file each, NAME.METHOD.npy)")
     command.set_defaults(run=run_score)
 
-    command = add_command(commands, "curve", [model, data, compute, band(None), ablation])
+    command = add_command(commands, "curve",
+                          [model, data, compute, band(None), ablation, written])
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
     command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
@@ -262,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command = add_command(commands, "prune",
                           [model, data_options("--kmeans-k"),
-                           computation(analysis.DEFAULT_PRUNE_REDUCE), ablation])
+                           computation(analysis.DEFAULT_PRUNE_REDUCE), ablation, written])
     command.add_argument("--k", type=_positive, required=True,
                          help="how many neurons of the layer to remove")
     command.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
@@ -292,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_prune)
 
     command = add_command(commands, "diagnose",
-                          [model, data, compute, band(analysis.EVIDENCE_METRIC), ablation])
+                          [model, data, compute, band(analysis.EVIDENCE_METRIC), ablation,
+                           written])
     command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
                          metavar="METHOD", help=f"the method under test: {', '.join(METHODS)} "
                                                 "(default %(default)s)")
@@ -306,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lowest severity that makes the exit code 1 (default problem)")
     command.set_defaults(run=run_diagnose)
 
-    command = add_command(commands, "report", [model, data, compute, band(None)])
+    command = add_command(commands, "report", [model, data, compute, band(None), written])
     report_methods = [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE]
     command.add_argument("--method", nargs="+", choices=METHODS, default=report_methods,
                          metavar="METHOD", help="methods to show; the first ranks the pruning "
@@ -318,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--csv-dir", type=Path, help="also write the report's tables as CSVs")
     command.set_defaults(run=run_report)
 
-    command = add_command(commands, "scorecard", [model, data, ablation])
+    command = add_command(commands, "scorecard", [model, data, ablation, written])
     group = command.add_argument_group("scorecard")
     group.add_argument("--layers", nargs="+", metavar="LAYER",
                        help="layer names (default: every layer of `layers`)")
@@ -459,8 +466,7 @@ def _first_rows(args) -> Optional[torch.Tensor]:
 def load_problem(args) -> Problem:
     """The model and the data of the command line, checked against each other."""
     model = load_model_from(args)
-    if not args.data.is_file():
-        raise AttributionError(f"No such data file: {args.data}.")
+    open_regular(args.data, "data").close()  # not there, or a pipe or a device: said here
     if _is_npy(args.data):
         return _streamed_problem(args, model)
     for flag in ("labels", "cluster_ids"):
@@ -528,6 +534,7 @@ def _streamed_problem(args, model: LoadedModel) -> Problem:
             raise AttributionError(f"{args.cluster_ids} must hold one integer or text cluster "
                                    f"id per sample, shape [{n}]; it has shape "
                                    f"{list(clusters.shape)} and dtype {clusters.dtype}.")
+        clusters = data_module.as_clusters(clusters, n)
         data_module.check_clusters(clusters)
     return Problem(model, rows, labels, clusters, model.class_names, args.image_shape)
 
@@ -659,10 +666,34 @@ def _prepare(path: Path) -> Path:
     return path
 
 
+OUTPUT_FLAGS = ("out", "summary", "per_sample", "csv_dir")
+"""The flags that name files or folders a command writes."""
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, an output that exists (a file, or a folder with files in
+    it), unless --force: the command line never writes over a file without being told."""
+    if getattr(args, "force", True):
+        return
+    methods = dict.fromkeys(getattr(args, "method", None) or ())
+    for flag in OUTPUT_FLAGS:
+        value = getattr(args, flag, None)
+        if value is None or str(value) == "-":
+            continue
+        paths = [Path(value)]
+        if flag == "per_sample" and len(methods) > 1:  # one file per method, named by it
+            paths = [paths[0].with_name(f"{paths[0].stem}.{method}.npy") for method in methods]
+        for path in paths:
+            if path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir())):
+                raise AttributionError(
+                    f"--{flag.replace('_', '-')} {path} exists; pass --force to write over "
+                    "it (nothing was computed).")
+
+
 def _prepare_folder(path: Path) -> Path:
-    """`path` as a new or empty folder (a model's files are not written over others)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise AttributionError(f"{path} exists and is not an empty folder; give a new name.")
+    """`path` as a new or empty folder, or with --force one whose files it may replace."""
+    if path.exists() and not path.is_dir():
+        raise AttributionError(f"{path} exists and is not a folder; give a new name.")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -1114,6 +1145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.simplefilter("ignore", FutureWarning)  # libraries' notes to developers
             joined = distributed.join_from_environment(
                 distributed.device_for_rank(args.device))
+            check_outputs(args)  # before any work: minutes of it would be lost
             with torch.inference_mode(False):  # a model it loads must be able to take gradients
                 code = args.run(args)
             finished = True

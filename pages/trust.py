@@ -27,9 +27,10 @@ st.title("Which method to trust")
 st.caption(f"{escape_markdown(ctx.ws.title)} · every layer · clusters: "
            f"{escape_markdown(partition_words(s.cluster_source, s.k, s.layer, ctx.regression))}"
            f" · scored for the {escape_markdown(target_label(s.target, ctx.regression))}")
+target_words = "output" if ctx.regression else "target logit"  # a regression head's
 st.markdown(
     "Each method's cluster scores (signed mean) against **exact ablation**, which removes "
-    "each neuron alone and measures the drop of the target logit: Spearman ρ per cluster, "
+    f"each neuron alone and measures the drop of the {target_words}: Spearman ρ per cluster, "
     "averaged over clusters (1 = ranks neurons as the oracle does, 0 = as random). Hover a "
     "cell for its 95% bootstrap interval, Kendall τ, top-10% overlap and how much of the "
     "oracle's pruning damage its ranking does. On the right, the same ranking after the "
@@ -37,9 +38,9 @@ st.markdown(
     "model (Adebayo et al. 2018), as activation never can.")
 
 every = st.toggle("Every method the layers take", key="scorecard_every",
-                  help="The seven default methods take about 11 s on the demos; every method "
-                       "(the pruning criteria, DeepLift, LRP, the probe) about 15 s. A method "
-                       "that cannot score a layer leaves its cell empty.")
+                  help="The seven default methods, or every method (the pruning criteria, "
+                       "DeepLift, LRP, the probe), which takes longer. A method that cannot "
+                       "score a layer leaves its cell empty.")
 card = guarded(lambda: ctx.scorecard(at.METHODS if every else SCORECARD_METHODS))
 if card is None:
     st.stop()

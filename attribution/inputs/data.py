@@ -51,6 +51,8 @@ FINITE_CHECK_VALUES = 1 << 22
 """Values checked for NaN and infinity at a time (16 MB of float32)."""
 MAX_ID_CHARACTERS = 1000
 """Longest cluster id accepted (as text every id takes the room of the longest)."""
+MAX_CLUSTERS = 2_000
+"""Distinct cluster ids a dataset may hold (ImageNet's classes fit twice over)."""
 KMEANS_RUNS = 4
 """k-means runs from different seeds; the clustering with the lowest inertia is kept."""
 ACTIVATIONS_SHARE = 0.5
@@ -112,7 +114,7 @@ class Dataset:
         n = inputs.shape[0]
         tokens = None if self.tokens is None else _as_tokens(self.tokens, inputs)
         labels = None if self.labels is None else as_labels(self.labels, n)
-        clusters = None if self.clusters is None else _as_clusters(self.clusters, n)
+        clusters = None if self.clusters is None else as_clusters(self.clusters, n)
         feature_names = None if self.feature_names is None else tuple(
             str(name) for name in self.feature_names)
         if feature_names is not None and (inputs.dim() != 2
@@ -333,7 +335,9 @@ def _scalar(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _as_clusters(value: Any, n: int) -> np.ndarray:
+def as_clusters(value: Any, n: int) -> np.ndarray:
+    """Cluster ids [N] (ints or text) checked: one per sample, none missing, names of at most
+    MAX_ID_CHARACTERS, at most MAX_CLUSTERS distinct ones."""
     array = _numpy(value, "cluster ids")
     if array.ndim != 1 or len(array) != n:
         raise AttributionError(f"Clusters must be a 1-D array with one id per sample ({n}); "
@@ -351,6 +355,13 @@ def _as_clusters(value: Any, n: int) -> np.ndarray:
                                    f"characters; one has {longest}. Use short cluster names.")
     if array.dtype.kind == "O":
         array = array.astype(str)
+    distinct = len(pd.unique(array))
+    if distinct > MAX_CLUSTERS:
+        raise AttributionError(
+            f"The data has {distinct:,} distinct cluster ids, over the limit of "
+            f"{MAX_CLUSTERS:,}: every analysis runs once per cluster (its scores, curves and "
+            "checks), and a chart shows one row each. Group the samples into fewer clusters "
+            "(a coarser column), or choose k-means or the labels as the cluster source.")
     return array
 
 

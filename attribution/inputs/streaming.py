@@ -17,6 +17,7 @@ from ..errors import AttributionError, reading
 from ..defaults import DEFAULT_BATCH_SIZE
 from .untrusted import jail
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits, over_budget
+from .untrusted.files import open_regular
 from .tasks import READ_LAYOUT, READ_SMALL
 
 _PLAIN_DTYPE = re.compile(r"[<>|=][biuf][1-9][0-9]?")  # e.g. "<f4", "|b1": numbers, no fields
@@ -75,7 +76,7 @@ class NpyRows:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         row_bytes = self._row_items * self.dtype.itemsize
-        with open(self.path, "rb") as file:
+        with open_regular(self.path, "data") as file:
             for begin in range(self._begin, self._end, self.batch_size):
                 count = min(self.batch_size, self._end - begin)
                 file.seek(self._offset + begin * row_bytes)
@@ -95,7 +96,7 @@ def read_layout(path: str) -> dict:
     e.g. "<f4"), "offset" (of the first row)}, checked to be a numeric C-order array [N, ...]
     whose rows the file holds. Runs in the jail's child unless sandbox=False."""
     try:
-        with open(path, "rb") as file:
+        with open_regular(path, "data") as file:
             version = np.lib.format.read_magic(file)
             if version not in _HEADER_READERS:
                 raise ValueError(f"unsupported .npy version {version}")
@@ -145,6 +146,7 @@ def read_per_sample(path: Union[str, os.PathLike], what: str,
 
 def _read_small(path: str, what: str, max_bytes: int) -> dict:
     """`read_per_sample`'s work, in the jail's child unless sandbox=False."""
+    open_regular(path, what).close()  # not a pipe or a device, whose read would block
     try:
         mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:

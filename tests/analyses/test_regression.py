@@ -243,6 +243,10 @@ def test_the_dashboard_takes_a_regression_head_on_every_page(files):
     app.switch_page("pages/diagnosis.py").run()
     captions = " ".join(caption.value for caption in app.caption)
     assert "drop of the output" in captions and "target logit" not in captions
+    app.switch_page("pages/trust.py").run()
+    assert not app.error, [e.value for e in app.error]
+    text = " ".join(block.value for block in app.markdown)
+    assert "drop of the output" in text and "target logit" not in text
 
 
 def test_a_regression_head_s_curves_are_drawn_in_output_units():

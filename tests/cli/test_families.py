@@ -107,3 +107,24 @@ def test_a_folder_is_refused_where_the_pruned_layer_is_wrapped(tmp_path):
         at.save_folder(pruned, tmp_path / "folder")
     with pytest.raises(at.AttributionError, match="Only a Hugging Face model"):
         at.save_folder(families.cnn1d(), tmp_path / "other")
+
+
+def test_an_existing_output_is_refused_before_any_work_unless_forced(tmp_path):
+    model_path, data_path, *_ = _files("cnn1d", tmp_path)
+    out = tmp_path / "curve.csv"
+    out.write_text("keep me")
+    argv = ("curve", "--model", model_path, "--data", data_path, "--layer", "3", "--quiet",
+            "--n-random", "2", "--ks", "0,1", "--out", out)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert _run(*argv)[0] == 2
+    assert "--out" in err.getvalue() and "--force" in err.getvalue()
+    assert "nothing was computed" in err.getvalue() and out.read_text() == "keep me"
+    assert _run(*argv, "--force")[0] == 0 and out.read_text().startswith("k,ranked,")
+    folder = tmp_path / "pruned"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("a file of mine")
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert _run("prune", "--model", model_path, "--data", data_path, "--layer", "3",
+                    "--k", "1", "--out", tmp_path / "pruned", "--quiet")[0] == 2
+    assert (folder / "mine.txt").read_text() == "a file of mine"

@@ -419,3 +419,45 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     check.join()
     assert "time budget" in reports[0].message
     assert meanwhile < 2.5
+
+
+def test_a_pipe_or_a_device_given_as_a_file_is_refused_without_blocking(tmp_path):
+    """A FIFO given as --labels hung the command (reading it waits for a writer forever);
+    /dev/zero as data never ends. Every path is opened without blocking and refused unless
+    it is a regular file, the command exiting 2 at once with what the path is."""
+    fifo = tmp_path / "labels.npy"
+    os.mkfifo(fifo)
+    np.save(tmp_path / "x.npy", np.zeros((4, 64), np.float32))
+    common = [sys.executable, "-m", "attribution", "score", "--model",
+              str(DEMO_DIR / "digits_mlp.pt2"), "--layer", "fc2", "--quiet"]
+    runs = {
+        "labels": [*common, "--data", str(tmp_path / "x.npy"), "--labels", str(fifo),
+                   "--out", str(tmp_path / "a.csv")],
+        "data": [*common, "--data", str(fifo), "--out", str(tmp_path / "b.csv")],
+        "device": [*common, "--data", "/dev/zero", "--out", str(tmp_path / "c.csv")],
+    }
+    started = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True) for name, argv in runs.items()}
+    for name, process in started.items():
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 2, (name, err)
+        assert ("pipe (FIFO)" if name != "device" else "a device") in err, (name, err)
+    with pytest.raises(at.AttributionError, match=r"pipe \(FIFO\), not a regular file"):
+        at.load_model(fifo)
+
+
+def test_data_with_more_distinct_clusters_than_the_budget_is_refused_quickly(tmp_path):
+    """200,000 rows in 10,000 clusters of 20 hung diagnose past 90 s at 1.1 GiB: the number of
+    distinct cluster ids has a budget, refused at load with what to do."""
+    from attribution.inputs.data import MAX_CLUSTERS
+
+    n = 200_000
+    clusters = np.arange(n) % 10_000
+    path = tmp_path / "many.npz"
+    np.savez(path, inputs=np.zeros((n, 4), np.float32), clusters=clusters)
+    with pytest.raises(at.AttributionError, match=rf"10,000 distinct cluster ids, over the "
+                                                  rf"limit of {MAX_CLUSTERS:,}"):
+        at.load_data(path)
+    within = np.arange(n) % MAX_CLUSTERS
+    np.savez(path, inputs=np.zeros((n, 4), np.float32), clusters=within)
+    assert len(np.unique(at.load_data(path).clusters)) == MAX_CLUSTERS

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import stat
 import struct
 import zipfile
 import zlib
@@ -58,14 +59,36 @@ def open_path(path: Union[str, os.PathLike], *, max_bytes: Optional[int] = None,
     readers that take what they need in steps rather than the whole file at once."""
     limit = MAX_UPLOAD_BYTES if max_bytes is None else max_bytes
     path = Path(path)
-    if not path.is_file():
-        raise AttributionError(f"No such {what} file: {path}.")
-    size = path.stat().st_size
-    if size > limit:
-        raise _too_large(path.name, size, limit)
-    if not size:
+    stream = open_regular(path, what)
+    size = os.fstat(stream.fileno()).st_size
+    if size > limit or not size:
+        stream.close()
+        if size:
+            raise _too_large(path.name, size, limit)
         raise AttributionError(f"{path.name} is empty (0 bytes); upload the file again.")
-    return open(path, "rb")
+    return stream
+
+
+def open_regular(path: Union[str, os.PathLike], what: str = "file") -> BinaryIO:
+    """The regular file at `path`, opened for reading without blocking: a pipe (FIFO), a
+    device or a socket is refused (reading one can wait forever or never end), and so is a
+    path that is not there. What is checked is the file opened, not the name."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise AttributionError(f"No such {what} file: {path}.") from None
+    except OSError as error:
+        raise AttributionError(f"Cannot open the {what} file {path}: "
+                               f"{error.strerror or error}.") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise AttributionError(f"The {what} {path} is {kind}, not a regular file; give a "
+                               "file.")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
 
 
 def _too_large(name: str, size: int, limit: int) -> AttributionError:
