@@ -51,6 +51,8 @@ FINITE_CHECK_VALUES = 1 << 22
 """Values checked for NaN and infinity at a time (16 MB of float32)."""
 MAX_ID_CHARACTERS = 1000
 """Longest cluster id accepted (as text every id takes the room of the longest)."""
+MAX_ID_BYTES = 64 * MB
+"""Bytes all the cluster ids may take as text (NumPy gives each the room of the longest)."""
 MAX_CLUSTERS = 2_000
 """Distinct cluster ids a dataset may hold (ImageNet's classes fit twice over)."""
 KMEANS_RUNS = 4
@@ -355,6 +357,11 @@ def as_clusters(value: Any, n: int) -> np.ndarray:
                                    f"characters; one has {longest}. Use short cluster names.")
     if array.dtype.kind == "O":
         array = array.astype(str)
+    if array.dtype.kind in "US" and array.nbytes > MAX_ID_BYTES:
+        raise AttributionError(
+            f"The cluster ids take {array.nbytes / MB:,.0f} MB as text ({len(array):,} ids "
+            f"of up to {array.dtype.itemsize // array.dtype.alignment:,} characters), over "
+            f"the limit of {MAX_ID_BYTES // MB} MB; use short names or integer ids.")
     distinct = len(pd.unique(array))
     if distinct > MAX_CLUSTERS:
         raise AttributionError(

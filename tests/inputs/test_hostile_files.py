@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 import zlib
 
@@ -461,3 +462,60 @@ def test_data_with_more_distinct_clusters_than_the_budget_is_refused_quickly(tmp
     within = np.arange(n) % MAX_CLUSTERS
     np.savez(path, inputs=np.zeros((n, 4), np.float32), clusters=within)
     assert len(np.unique(at.load_data(path).clusters)) == MAX_CLUSTERS
+
+
+def test_names_and_ids_a_file_supplies_have_byte_budgets(tmp_path):
+    """A 78 KB .npz holding one class name of 40 MB: the jail's answer is refused in the jail
+    with the field named (it took 96 s and +1.1 GiB in the server to receive); 200,000
+    cluster ids of 1,000 characters (+2.6 GiB) are refused by their bytes as text."""
+    import resource
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, inputs=np.zeros((10, 64), np.float32),
+                        labels=np.arange(10) % 2, class_names=np.array([b"a" * 40_000_000, b"b"]))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(at.AttributionError, match=r"class names take 40,000,015 bytes as "
+                                                  r"text, over the 16 MB"):
+        at.load_data(buffer.getvalue())
+    assert time.monotonic() - started < 30
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 100 * 2**20
+    ids = np.char.add(np.full(200_000, "c" * 995), (np.arange(200_000) % 50).astype(str))
+    frame = pd.DataFrame({"f0": np.zeros(200_000, np.float32), "label": 0, "cluster": ids})
+    frame.to_csv(tmp_path / "long_ids.csv", index=False)
+    with pytest.raises(at.AttributionError, match=r"cluster ids take [\d,]+ MB as text"):
+        at.load_data(tmp_path / "long_ids.csv")
+
+
+def test_the_jail_s_answers_are_read_in_linear_time_within_a_byte_budget():
+    """One answer line of 20 MB (beyond MAX_ANSWER_BYTES) stops at the budget; a line
+    after 2 MB of others is found without searching them again."""
+    import threading
+
+    read_end, write_end = os.pipe()
+
+    class Process:
+        stdout = os.fdopen(read_end, "rb")
+
+        def wait(self):
+            return 0
+
+    def write():
+        try:
+            with os.fdopen(write_end, "wb") as out:
+                out.write(b'{"a": 1}\n' + b'{"b": "' + b"x" * 2_000_000 + b'"}\n')
+                out.write(b"y" * 20_000_000)
+        except BrokenPipeError:  # the reader stopped at its budget and closed its end
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    server = jail._Server()
+    assert server._line(Process(), 30) == {"a": 1}
+    assert len(server._line(Process(), 30)["b"]) == 2_000_000
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="an answer of more than"):
+        server._line(Process(), 30)
+    assert time.monotonic() - started < 10
+    Process.stdout.close()
+    writer.join(timeout=30)

@@ -75,6 +75,10 @@ _SANDBOX_OPTIONS = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-wi
                     "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc")
 # All of / is read-only inside (the package or Python itself may live under /tmp, so /tmp is
 # not replaced); the scratch folder is the one writable place, and TMPDIR points there.
+MAX_ANSWER_BYTES = 16 * MB
+"""Bytes of the facts a child hands back as JSON (names, shapes, settings; arrays go through
+files under their own budget). Over it the child's answer is refused with its largest
+field named, and a longer line from the server stops the server."""
 _ARRAY_KINDS = "biufU"  # numbers, booleans and text: what `read_array` accepts
 _MESSAGE_CHARS = 2000
 _OWN_FILES = ("If the file is genuine and yours, load it on your own machine without the "
@@ -239,7 +243,7 @@ class _Server:
         self.process: Optional[subprocess.Popen] = None
         self.scratch: Optional[Path] = None
         self.ready = False
-        self.buffer = b""
+        self.buffer = bytearray()
         self.requests = 0
 
     def running(self, warm: Optional[tuple[Task, tuple[str, ...]]] = None
@@ -265,7 +269,7 @@ class _Server:
                 subprocess.Popen, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 env=env, cwd=root, stderr=subprocess.DEVNULL,  # answers carry all
                 close_fds=True).result()
-            self.ready, self.buffer = False, b""
+            self.ready, self.buffer = False, bytearray()
         return self.process
 
     def request(self, task: Task, payload: dict, budget: Budget) -> Answer:
@@ -310,20 +314,26 @@ class _Server:
             raise
 
     def _line(self, process: subprocess.Popen, timeout: float) -> dict:
-        """The server's next JSON line, within `timeout` seconds."""
+        """The server's next JSON line, within `timeout` seconds and `_LINE_BYTES`, read in
+        linear time (each byte searched once)."""
         deadline = time.monotonic() + timeout
         descriptor = process.stdout.fileno()
-        while b"\n" not in self.buffer:
+        searched = 0
+        while (end := self.buffer.find(b"\n", searched)) < 0:
+            searched = len(self.buffer)
+            if searched > _LINE_BYTES:
+                raise ValueError(f"an answer of more than {_LINE_BYTES:,} bytes")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no answer within {timeout:.0f} s")
             readable, _, _ = select.select([descriptor], [], [], remaining)
             if readable:
-                chunk = os.read(descriptor, 65536)
+                chunk = os.read(descriptor, 1 << 20)
                 if not chunk:
                     raise OSError(f"the server exited with code {process.wait()}")
                 self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
         return json.loads(line)
 
     def stop(self) -> None:
@@ -417,7 +427,7 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
         finally:
             os._exit(0)
     os.close(write_end)
-    chunks, timed_out = [], False
+    chunks, timed_out, received = [], False, 0
     while True:
         remaining = started + budget.wall_seconds - time.monotonic()
         readable = select.select([read_end], [], [], max(remaining, 0))[0]
@@ -425,9 +435,16 @@ def _run_child(function: Any, request: dict, folder: Path) -> dict:
             timed_out = True
             os.kill(pid, signal.SIGKILL)
             break
-        chunk = os.read(read_end, 65536)
+        chunk = os.read(read_end, 1 << 20)
         if not chunk:
             break
+        received += len(chunk)
+        if received > _LINE_BYTES:  # the child checks its own answer: this one did not
+            os.kill(pid, signal.SIGKILL)
+            os.wait4(pid, 0)
+            os.close(read_end)
+            return {"message": f"{budget.work} answered with more than {_LINE_BYTES:,} "
+                               "bytes; it was stopped."}
         chunks.append(chunk)
     _, status, usage = os.wait4(pid, 0)
     os.close(read_end)
@@ -474,9 +491,25 @@ def _child(function: Any, payload: dict, budget: Budget, folder: Path) -> dict:
     _START_BYTES = _status_field("VmHWM", reset=True)  # the peak from here on is its own
     facts = dict(function(**payload))
     arrays = facts.pop("arrays", {}) or {}
+    _check_answer_size(facts, budget)
     for index, array in enumerate(arrays.values()):
         np.save(folder / f"{index}.npy", np.ascontiguousarray(array), allow_pickle=False)
     return {"message": None, "facts": facts, "arrays": list(arrays), **_peaks()}
+
+
+_LINE_BYTES = MAX_ANSWER_BYTES + 64 * 1024
+"""The longest line read from the server or a child: the facts' budget and the envelope."""
+
+
+def _check_answer_size(facts: dict, budget: Budget) -> None:
+    """Refuse facts whose JSON exceeds MAX_ANSWER_BYTES, naming the largest field."""
+    sizes = {key: len(json.dumps(value)) for key, value in facts.items()}
+    if sum(sizes.values()) > MAX_ANSWER_BYTES:
+        field = max(sizes, key=sizes.get)
+        raise AttributionError(
+            f"{budget.work}: the file's {field.replace('_', ' ')} take {sizes[field]:,} bytes "
+            f"as text, over the {MAX_ANSWER_BYTES // MB} MB that names and settings may take; "
+            "shorten them (a name is a label, not a document).")
 
 
 def _failure(error: BaseException, budget: Budget) -> str:
