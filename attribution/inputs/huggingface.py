@@ -34,7 +34,7 @@ from torch import nn
 
 from ..errors import AttributionError
 from .untrusted import jail
-from .untrusted.files import open_zip, sniff, zip_entry_names
+from .untrusted.files import open_regular, open_zip, sniff, zip_entry_names
 from .untrusted.limits import DEFAULT_LIMITS, Limits, over_budget
 from .untrusted.tensors import load_safetensors
 from ..engine.model_io import MASK_NAME, TEXT_INPUTS, NamedInputs, OutputKey
@@ -151,8 +151,9 @@ def _one_each(names: Sequence[str]) -> None:
                 "upload one save_pretrained folder, with one of each.")
 
 
-def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
-    """File name -> bytes of the folder's top-level files (only those this module reads)."""
+def read_folder(source: FolderSource, limits: Limits) -> dict[str, bytes]:
+    """File name -> bytes of the folder's top-level files (only those this module reads; the
+    others by name, empty): what `load_folder` takes, read once."""
     wanted = (CONFIG, WEIGHTS, TOKENIZER)
     if isinstance(source, (str, os.PathLike)):
         folder = Path(source)
@@ -161,8 +162,9 @@ def _files(source: FolderSource, limits: Limits) -> dict[str, bytes]:
         for name in wanted:
             path = folder / name
             if path.is_file():
-                _check_size(name, path.stat().st_size, limits)
-                files[name] = path.read_bytes()
+                with open_regular(path, name) as stream:
+                    _check_size(name, os.fstat(stream.fileno()).st_size, limits)
+                    files[name] = stream.read()
         return {**{name: b"" for name in names if name not in files}, **files}
     if isinstance(source, Mapping):
         _one_each(list(source))
@@ -330,7 +332,7 @@ def load_folder(source: FolderSource, *, class_names: Optional[Sequence[str]] = 
         when the folder has a tokenizer.json.
     """
     limits = limits or DEFAULT_LIMITS
-    files = _files(source, limits)
+    files = read_folder(source, limits)
     if CONFIG not in files:
         raise AttributionError("This folder has no config.json; it is not a Hugging Face "
                                "save_pretrained folder.")

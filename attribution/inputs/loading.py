@@ -342,7 +342,8 @@ def load_model(source: Source, *, architecture: Any = None,
             `limits.DEFAULT_LIMITS`).
         sandbox: read, load and run the model first in the jail with the first-run budget
             (`attribution.inputs.untrusted.jail`; about 0.1-0.5 s once its server runs, a
-            few seconds to start it; files it accepted before go straight through). Default:
+            few seconds to start it; the same bytes it accepted before go straight through,
+            recognised by their digest, never by their path). Default:
             on, for paths too (a file someone sent you is as untrusted as an upload);
             sandbox=False for your own files. Never used with trust_code or an nn.Module
             architecture, whose code is trusted anyway.
@@ -355,13 +356,17 @@ def load_model(source: Source, *, architecture: Any = None,
                                                                         nn.Module)
     options = dict(class_names=class_names, output=output)
     if not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source):
-        # a save_pretrained folder, or its files uploaded together
+        # a save_pretrained folder, or its files uploaded together: read once, and exactly
+        # those bytes checked in the jail and then parsed here (nothing is kept by path)
+        files = huggingface.read_folder(source, limits) if jailed else source
         if jailed:
-            _accept(_absolute(source), limits, options)
-        return huggingface.load_folder(source, limits=limits, **options)
+            _accept(files, limits, options)
+        return huggingface.load_folder(files, limits=limits, **options)
     data, name = read_source(source, max_bytes=max_bytes, what="model")
     if jailed:  # the jail reads the bytes first: architecture, format, weights, a first run
-        _accept(data, limits, dict(options, architecture=_absolute(architecture),
+        if isinstance(architecture, (str, os.PathLike)) and os.path.isfile(architecture):
+            architecture = read_source(architecture, what="architecture")[0]  # read once
+        _accept(data, limits, dict(options, architecture=architecture,
                                    example_input=example_input))
     if huggingface.is_folder(data):  # the folder's zip, by path or uploaded: one route
         return huggingface.load_folder(data, limits=limits, **options)
@@ -371,14 +376,6 @@ def load_model(source: Source, *, architecture: Any = None,
                      limits, output)
     except MemoryError as error:
         raise out_of_memory(name, error) from None
-
-
-def _absolute(source: Any) -> Any:
-    """`source` for the jail's child, which runs in its own folder: a path made absolute;
-    anything else (bytes, text, a dict of files) as it is."""
-    if isinstance(source, os.PathLike) or isinstance(source, str) and os.path.exists(source):
-        return os.path.abspath(source)
-    return source
 
 
 _ACCEPTED: dict[str, None] = {}

@@ -916,3 +916,27 @@ def test_a_folder_of_a_type_not_built_here_names_the_pt2_route_which_loads_it(tm
     loaded = at.load_model(at.save_pt2(model, audio[:2]))
     with torch.no_grad():
         assert torch.allclose(logits_of(loaded.module(audio)), model(audio).logits, atol=1e-5)
+
+
+def test_a_folder_changed_after_it_was_accepted_is_checked_again(tmp_path, monkeypatch):
+    """Acceptance was cached by the folder's path: change config.json and load again, and no
+    jail request was made, the new file parsed in this process only. A folder is now read
+    once, its bytes checked in the jail (known again by their digest, never by path) and
+    exactly those bytes loaded here."""
+    from attribution.inputs import loading
+
+    folder = _folder_files(build("bert"), tmp_path, "bert")
+    requests = []
+    real = loading.first_run
+    monkeypatch.setattr(loading, "first_run",
+                        lambda source, *a, **k: requests.append(source) or real(source, *a, **k))
+    at.load_model(folder)
+    assert len(requests) == 1 and isinstance(requests[0], dict)  # the bytes, not the path
+    at.load_model(folder)
+    assert len(requests) == 1  # the same bytes: accepted before
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "evilnet"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(at.AttributionError, match="model_type 'evilnet'"):
+        at.load_model(folder)
+    assert len(requests) == 2
