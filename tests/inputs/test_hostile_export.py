@@ -49,12 +49,14 @@ class NoGrad(nn.Module):
 
 
 class Cond(nn.Module):
+    """A branch on the batch's size (a shape, not a value: its cost follows the shapes)."""
+
     def __init__(self):
         super().__init__()
         self.a = nn.Linear(4, 3)
 
     def forward(self, x):
-        return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.a(-x), (x,))
+        return torch.cond(x.shape[0] > 2, lambda x: self.a(x), lambda x: self.a(-x), (x,))
 
 
 class Map(nn.Module):
@@ -894,3 +896,72 @@ def test_the_jail_exits_quietly_when_the_process_it_serves_has_gone(tmp_path):
     checker.stdout.close()  # the server is gone before the checker says it is ready
     _, errors = checker.communicate(timeout=120)
     assert checker.returncode == 0 and b"Traceback" not in errors, errors.decode()[-2000:]
+
+
+# ---------------------------------------------------------------- sizes read from the data
+
+class NonzeroSquare(nn.Module):
+    """Takes nonzero(x > 0.5) and builds a [k, k] matrix from it: on zeros k = 0 (a cheap
+    first run), on ones +1 GiB per batch of 256 in the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        k = torch.nonzero(x.flatten() > 0.5).shape[0]
+        return self.fc(x) + x.new_ones(k, k).sum() * 0.0
+
+
+class MaskedSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x) + x[x > 0].sum()
+
+
+class DataCond(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.a(-x), (x,))
+
+
+def _unbacked_renamed(entries):
+    """The sizes torch reads from the data (u0, u1, ...) renamed as if they were input
+    sizes (s90, s91, ...): the operators themselves must still be refused."""
+    text = entries["models/model.json"].decode()
+    entries["models/model.json"] = re.sub(r"\bu(\d+)\b", r"s9\1", text).encode()
+
+
+@pytest.mark.parametrize("model, reason", [
+    (NonzeroSquare, "has the size u0, read from the data"),
+    (MaskedSum, "has the size u0, read from the data"),
+    (DataCond, "chooses a branch by a tensor's value"),
+])
+def test_a_graph_whose_sizes_depend_on_data_values_is_refused(model, reason):
+    """Cost must be a function of the input shapes, which the first run measures: sizes and
+    branches read from the data's values are refused before torch reads the archive."""
+    data = exported(model(), torch.zeros(3, 4))
+    with pytest.raises(at.AttributionError, match=re.escape(reason)):
+        at.load_model(data)
+    if "size u0" in reason:
+        with pytest.raises(at.AttributionError, match="read from the data|boolean mask"):
+            at.load_model(rebuilt(data, _unbacked_renamed))
+
+
+def test_integer_indexing_is_not_a_data_dependent_size():
+    """x[arange(B)] (GPT-2's pooling picks each row's last token so) has fixed sizes."""
+    class Picks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x)[torch.arange(x.shape[0]), :]
+
+    assert at.load_model(exported(Picks(), FLOATS)).n_classes == 3

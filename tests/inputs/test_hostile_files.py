@@ -122,7 +122,7 @@ MODEL_CASES = {  # name: (builder of (model, architecture), regex of the message
         lambda: (exported(BatchSquareBomb()), None),
         "TFLOP for a batch of 256|batch of 256 samples needed more than"),
     ".pt2 whose cost hides behind a torch.cond on the data": (
-        lambda: (exported(CondBomb()), None), "counting every branch it may take"),
+        lambda: (exported(CondBomb()), None), "chooses a branch by a tensor's value"),
     ".pt2 memory bomb (40 GB inside forward)": (lambda: (exported(MemoryBomb()), None),
                                                 "memory budget of a first run|"
                                                 "computes a tensor of 40.00 GB"),

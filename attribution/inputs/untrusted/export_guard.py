@@ -34,6 +34,11 @@ recipe, before torch reads a byte):
   sizes (no powers or shifts), and the higher-order ops `wrap_with_set_grad_enabled`,
   `wrap_with_autocast`, `cond`, `map_impl`, `scan` (bounded by their inputs) whose callables
   are subgraphs of the same archive; `while_loop` is refused (nothing bounds it);
+- only work whose sizes follow the input shapes, so that the first run, at the batch size
+  used, measures what every later batch costs: operators whose output's size or value is
+  read from the data (tagged `dynamic_output_shape` or `data_dependent_output`: nonzero,
+  masked_select, unique, .item(), indexing by a boolean mask), sizes torch reads from the
+  data (symbols u<n>, zuf<n>) and a `cond` on a tensor's value are refused;
 - operator arguments of the kinds their schema declares (tensors, numbers, symbolic numbers,
   dtypes, layouts, devices, memory formats, their lists); strings only for the schema's
   string arguments with known values (`reduce`, `approximate`, `rounding_mode`, `padding`,
@@ -144,6 +149,45 @@ def _refuse(reason: str) -> AttributionError:
         f"This .pt2 file was refused because {reason}; torch.export.save does not write this "
         "for an ordinary model, and loading it could run code or exhaust the machine. "
         f"Re-export the model with a plain torch.export on your own machine:\n{EXPORT_RECIPE}")
+
+
+def _data_dependent(reason: str) -> AttributionError:
+    return AttributionError(
+        f"This .pt2 file was refused because {reason}: the sizes of its work depend on the "
+        "data's values, not only on their shapes, so its cost cannot be measured before it "
+        "runs on your data (a first run on one input can be cheap and the next one exhaust "
+        "the machine). Export a model whose shapes follow its inputs' shapes (nonzero, "
+        "masked_select, unique, boolean-mask indexing, .item() and branches on tensor values "
+        "are what make them depend on values), or load your own file on your own machine "
+        "without the jail (sandbox=False; --trust-code on the command line).")
+
+
+_UNBACKED = re.compile(r"(u|zuf)\d+\Z")
+"""torch's names of sizes and numbers read from the data (`SymT.UNBACKED_INT`, `_FLOAT`)."""
+_VALUE_SHAPED = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
+"""Operator tags of outputs whose size or value is read from the data's values."""
+_INDEXING = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put",
+                       "aten::index_put_", "aten::_index_put_impl_"})
+"""Indexing ops, value-shaped only with boolean masks (integer indices give fixed sizes)."""
+_MASK_DTYPES = frozenset({1, 12})  # schema.ScalarType BYTE and BOOL (`_DTYPES`)
+
+
+def _shaped_by_inputs(op: torch._ops.OpOverload, inputs: list, where: str,
+                      dtypes: dict) -> None:
+    """Refuse an operator whose output's size or value depends on the data's values, and
+    indexing by a boolean mask (`dtypes`: tensor name -> serialized dtype)."""
+    if not _VALUE_SHAPED & set(op.tags):
+        return
+    if op._schema.name in _INDEXING:
+        indices = [item["arg"] for item in inputs if item["name"] == "indices"]
+        names = [entry.get("name") or (entry.get("as_tensor") or {}).get("name")
+                 for arg in indices for entries in arg.values() if isinstance(entries, list)
+                 for entry in entries if isinstance(entry, dict)]  # as_(optional_)tensors
+        if not any(dtypes.get(name) in _MASK_DTYPES for name in names):
+            return
+        raise _data_dependent(f"{where} indexes by a boolean mask")
+    raise _data_dependent(f"{where} calls {op}, whose output's size or value is read from "
+                          "the data")
 
 
 def _size(n_bytes: int) -> str:
@@ -449,6 +493,8 @@ def _shape_expression(text: Any, where: str) -> None:
         name = match.group("name") or match.group("quoted")
         if name and name not in _SHAPE_FUNCTIONS and not _SYMBOL.match(name):
             raise _refuse(f"a shape expression uses the name {name!r}")
+        if name and _UNBACKED.match(name):
+            raise _data_dependent(f"its graph has the size {name}, read from the data")
         position = match.end()
 
 
@@ -737,6 +783,8 @@ def _check_program(program: Any) -> None:
     for symbol, bounds in _mapping(program["range_constraints"], "the ranges").items():
         if not _SYMBOL.match(symbol):  # torch counts up to the number in "u<n>"
             raise _refuse(f"a range constraint names {symbol[:40]!r}, not a shape symbol")
+        if _UNBACKED.match(symbol):
+            raise _data_dependent(f"its graph has the size {symbol}, read from the data")
         _fields(bounds, "a range constraint", ("min_val", "max_val"))
         for bound in bounds.values():
             if bound is not None:
@@ -919,11 +967,12 @@ def _check_graph(graph: Any, where: str, depth: int) -> None:
         _argument(value, f"an input of {where}", _VALUE_KINDS)
     for value in _list(graph["outputs"], where):
         _argument(value, f"an output of {where}", _VALUE_KINDS)
+    dtypes = {name: meta.get("dtype") for name, meta in graph["tensor_values"].items()}
     for node in _list(graph["nodes"], where):
-        _check_node(node, depth)
+        _check_node(node, depth, dtypes)
 
 
-def _check_node(node: Any, depth: int) -> None:
+def _check_node(node: Any, depth: int, dtypes: dict) -> None:
     _fields(node, "a node", ("target", "inputs", "outputs", "metadata"),
             ("is_hop_single_tensor_return", "name"))
     target = node["target"]
@@ -937,7 +986,12 @@ def _check_node(node: Any, depth: int) -> None:
     inputs = _list(node["inputs"], where)
     operator_match = _OPERATOR.match(target)
     if operator_match:
-        _operator_inputs(_resolve(*operator_match.groups()), inputs, where)
+        op = _resolve(*operator_match.groups())
+        _operator_inputs(op, inputs, where)
+        _shaped_by_inputs(op, inputs, where, dtypes)
+    elif target == _HOP_PREFIX + "cond" and inputs and isinstance(inputs[0], dict) \
+            and isinstance(inputs[0].get("arg"), dict) and "as_tensor" in inputs[0]["arg"]:
+        raise _data_dependent(f"{where} chooses a branch by a tensor's value")
     elif target.startswith(_HOP_PREFIX) and target[len(_HOP_PREFIX):] in _HIGHER_ORDER:
         _higher_order_inputs(target[len(_HOP_PREFIX):], inputs, where, depth)
     elif target in _SYMBOLIC_OPS:
