@@ -519,3 +519,18 @@ def test_the_jail_s_answers_are_read_in_linear_time_within_a_byte_budget():
     assert time.monotonic() - started < 10
     Process.stdout.close()
     writer.join(timeout=30)
+
+
+def test_zip_entries_that_share_bytes_are_refused_however_the_overlap_is_built():
+    """An HF folder's zip whose config.json lies inside another entry's data (Fifield's
+    quoted local headers) was accepted: every entry's bytes must be its own."""
+    import zipfile as zip_module
+
+    from tests.support.hostile import quoted_overlap_zip
+
+    config = json.dumps({"model_type": "bert", "architectures": ["BertForSequenceClassification"]})
+    data = quoted_overlap_zip({"config.json": config.encode()})
+    assert {"config.json", "model.safetensors"} <= set(
+        zip_module.ZipFile(io.BytesIO(data)).namelist())  # zipfile itself reads both
+    with pytest.raises(at.AttributionError, match="share bytes"):
+        at.load_model(data)

@@ -134,7 +134,7 @@ def test_npy_rows_refuses_bad_files(tmp_path, content, message, sandbox):
 
 @pytest.mark.parametrize("sandbox", [None, False], ids=["jail", "here"])
 def test_missing_npy_file_is_a_clear_error(tmp_path, sandbox):
-    with pytest.raises(at.AttributionError, match="Cannot read"):
+    with pytest.raises(at.AttributionError, match="No such data file"):
         NpyRows(tmp_path / "absent.npy", sandbox=sandbox)
 
 

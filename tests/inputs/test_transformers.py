@@ -926,6 +926,7 @@ def test_a_folder_changed_after_it_was_accepted_is_checked_again(tmp_path, monke
     from attribution.inputs import loading
 
     folder = _folder_files(build("bert"), tmp_path, "bert")
+    monkeypatch.setattr(loading, "_ACCEPTED", {})  # as if never seen (other tests load it)
     requests = []
     real = loading.first_run
     monkeypatch.setattr(loading, "first_run",

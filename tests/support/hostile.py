@@ -423,3 +423,29 @@ def expanding_normalizer() -> bytes:
 def texts(text: str, rows: int) -> bytes:
     """A CSV of `rows` copies of `text` with a label column."""
     return ("text,label\n" + "".join(f"{text},0\n" for _ in range(rows))).encode()
+
+
+def quoted_overlap_zip(inner: dict[str, bytes], outer_name: str = "model.safetensors") -> bytes:
+    """Fifield's overlapping zip: a stored entry `outer_name` whose data quotes the local
+    headers and data of the `inner` entries, each listed again in the directory at its
+    place inside the outer one, so their bytes are read twice (a zip bomb's construction;
+    zipfile reads every entry without complaint)."""
+    def local(name: bytes, data: bytes) -> bytes:
+        return struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, 0, 0, 0x21, zlib.crc32(data),
+                           len(data), len(data), len(name), 0) + name + data
+
+    quoted, offsets = b"", []
+    outer = outer_name.encode()
+    for name, data in inner.items():
+        offsets.append(30 + len(outer) + len(quoted))
+        quoted += local(name.encode(), data)
+    body = local(outer, quoted)
+    central = [(outer, quoted, 0)] + [(name.encode(), data, offset) for (name, data), offset
+                                      in zip(inner.items(), offsets)]
+    directory = b"".join(
+        struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, zlib.crc32(data),
+                    len(data), len(data), len(name), 0, 0, 0, 0, 0, offset) + name
+        for name, data, offset in central)
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, len(central), len(central),
+                      len(directory), len(body), 0)
+    return body + directory + end

@@ -252,17 +252,22 @@ def open_zip(data: Archive, limits: Optional[Limits] = None) -> zipfile.ZipFile:
             raise AttributionError(over_budget(
                 "The zip archive unpacks to", f"{unpacked / MB:,.0f} MB",
                 f"{limits.max_decoded_bytes / MB:,.0f} MB", "max_decoded_bytes"))
-        for entry in entries:
-            _verify_entry(data, entry)
+        spans = sorted(_verify_entry(data, entry) for entry in entries)
+    for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+        if start < end:  # one entry's bytes inside another's: a zip bomb's construction
+            raise AttributionError(
+                f"The zip entries {name[:60]!r} and {other[:60]!r} share bytes (one lies "
+                "inside the other); the archive is crafted, and was refused.")
     return archive
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... name length, extra length
 
 
-def _verify_entry(data: Archive, entry: zipfile.ZipInfo) -> None:
+def _verify_entry(data: Archive, entry: zipfile.ZipInfo) -> tuple[int, int, str]:
     """Inflate one entry from the archive's bytes, stopping as soon as it exceeds the size
-    it declares; its size and CRC must then match the directory."""
+    it declares; its size and CRC must then match the directory. Returns the bytes it spans,
+    (start of its local header, end of its data, its name)."""
     if entry.flag_bits & 0x1 or entry.compress_type not in (zipfile.ZIP_STORED,
                                                             zipfile.ZIP_DEFLATED):
         raise AttributionError(f"The zip entry {entry.filename[:80]!r} is encrypted or uses "
@@ -298,6 +303,7 @@ def _verify_entry(data: Archive, entry: zipfile.ZipInfo) -> None:
             or produced != entry.file_size or crc != entry.CRC:
         raise AttributionError(f"The zip archive is damaged (entry {entry.filename[:80]!r} is "
                                "truncated or fails its checksum); upload the file again.")
+    return entry.header_offset, start + entry.compress_size, entry.filename
 
 
 def zip_kind(archive: zipfile.ZipFile) -> str:
