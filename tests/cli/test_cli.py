@@ -175,7 +175,8 @@ def test_streamed_npy_files_are_parsed_only_in_the_jail(tmp_path, demo, capsys, 
         code, _, err = in_process(*run, "--out", jailed, capsys=capsys)
         assert code == codes[out], err
         assert jailed.read_text() == (tmp_path / out).read_text()
-        code, _, err = in_process(*run, "--trust-code", "--out", jailed, capsys=capsys)
+        code, _, err = in_process(*run, "--trust-code", "--out", jailed, "--force",
+                                  capsys=capsys)
         assert code == 3 and "parsed a user's file here" in err
 
 
