@@ -355,13 +355,14 @@ def as_clusters(value: Any, n: int) -> np.ndarray:
         if longest > MAX_ID_CHARACTERS:
             raise AttributionError(f"Cluster ids are names of at most {MAX_ID_CHARACTERS} "
                                    f"characters; one has {longest}. Use short cluster names.")
+        text_bytes = len(array) * longest * (1 if array.dtype.kind == "S" else 4)
+        if text_bytes > MAX_ID_BYTES:  # before NumPy's text array of them is made
+            raise AttributionError(
+                f"The cluster ids take {text_bytes / MB:,.0f} MB as text ({len(array):,} ids "
+                f"of up to {longest:,} characters), over the limit of "
+                f"{MAX_ID_BYTES // MB} MB; use short names or integer ids.")
     if array.dtype.kind == "O":
         array = array.astype(str)
-    if array.dtype.kind in "US" and array.nbytes > MAX_ID_BYTES:
-        raise AttributionError(
-            f"The cluster ids take {array.nbytes / MB:,.0f} MB as text ({len(array):,} ids "
-            f"of up to {array.dtype.itemsize // array.dtype.alignment:,} characters), over "
-            f"the limit of {MAX_ID_BYTES // MB} MB; use short names or integer ids.")
     distinct = len(pd.unique(array))
     if distinct > MAX_CLUSTERS:
         raise AttributionError(

@@ -9,6 +9,7 @@ import zlib
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -449,3 +450,37 @@ def quoted_overlap_zip(inner: dict[str, bytes], outer_name: str = "model.safeten
     end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, len(central), len(central),
                       len(directory), len(body), 0)
     return body + directory + end
+
+
+class NonzeroSquare(nn.Module):
+    """nonzero(x > 0.5) sizes a [k, k] matrix: k = 0 on the zeros of a first run, +1 GiB a
+    batch of 256 on ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        k = torch.nonzero(x.flatten() > 0.5).shape[0]
+        return self.fc(x) + x.new_ones(k, k).sum() * 0.0
+
+
+def long_class_name() -> bytes:
+    """A 78 kB .npz whose class names hold one name of 40 MB."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, inputs=np.zeros((10, 64), np.float32),
+                        labels=np.arange(10) % 2, class_names=np.array([b"a" * 40_000_000, b"b"]))
+    return buffer.getvalue()
+
+
+def many_clusters() -> bytes:
+    """200,000 rows in 10,000 clusters of 20 (diagnosed one by one, it hung past 90 s)."""
+    return npz(inputs=np.zeros((200_000, 4), np.float32),
+               clusters=np.arange(200_000) % 10_000)
+
+
+def long_cluster_names_csv() -> bytes:
+    """200,000 rows whose cluster ids are 50 names of 1,000 characters (+2.6 GiB as text)."""
+    names = np.char.add(np.full(200_000, "c" * 995), (np.arange(200_000) % 50).astype(str))
+    frame = pd.DataFrame({"f0": np.zeros(200_000, np.float32), "label": 0, "cluster": names})
+    return frame.to_csv(index=False).encode()
