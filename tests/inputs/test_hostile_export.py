@@ -28,7 +28,7 @@ import attribution as at
 from attribution.inputs.untrusted import export_guard
 from attribution.inputs.untrusted.limits import Limits
 from tests.support import ROOT
-from tests.support.hostile import program_edit, rebuilt
+from tests.support.hostile import NonzeroSquare, program_edit, rebuilt
 
 B = torch.export.Dim("batch")
 
@@ -899,19 +899,6 @@ def test_the_jail_exits_quietly_when_the_process_it_serves_has_gone(tmp_path):
 
 
 # ---------------------------------------------------------------- sizes read from the data
-
-class NonzeroSquare(nn.Module):
-    """Takes nonzero(x > 0.5) and builds a [k, k] matrix from it: on zeros k = 0 (a cheap
-    first run), on ones +1 GiB per batch of 256 in the server."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-
-    def forward(self, x):
-        k = torch.nonzero(x.flatten() > 0.5).shape[0]
-        return self.fc(x) + x.new_ones(k, k).sum() * 0.0
-
 
 class MaskedSum(nn.Module):
     def __init__(self):
