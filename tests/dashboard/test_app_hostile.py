@@ -36,7 +36,7 @@ HOSTILE = {  # name: (loader counted, replacement, model, data, words of the mes
                                                      GOOD_DATA, "TypeError"),
     "a cost behind a torch.cond as model": ("load_model", None,
                                             ("m.pt2", exported(CondBomb()), OCTET), GOOD_DATA,
-                                            "counting every branch it may take"),
+                                            "chooses a branch by a tensor's value"),
     "a tokenizer whose normalizer explodes on the data": (
         "load_data", None, ("m.zip", expanding_normalizer(), OCTET),
         ("d.csv", texts("the movie here", 50), OCTET), "past its memory budget"),
