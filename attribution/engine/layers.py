@@ -147,23 +147,11 @@ def run_model(model: nn.Module, inputs):
                     "per argument, chosen with features=[...] / --input-names).")
         elif is_batch(inputs) and not is_floating(inputs):
             hint = "Integer inputs are ids: they must lie in the model's vocabulary (0..size-1)."
-        elif _other_float_dtype(model, inputs) is not None:
-            hint = (f"The inputs are {_other_float_dtype(model, inputs)} and the model's "
-                    f"weights {float_dtype(model)}: cast the inputs to the model's dtype.")
         else:
             hint = "Check the feature count / image shape the model expects."
         raise AttributionError(
             f"The model could not run on inputs of shape {describe(inputs)}: {reason}. {hint}"
         ) from error
-
-
-def _other_float_dtype(model: nn.Module, inputs) -> Optional[torch.dtype]:
-    """The inputs' floating dtype where it is not the model's, else None."""
-    wanted = float_dtype(model)
-    if wanted is None or not is_batch(inputs) or not is_floating(inputs):
-        return None
-    dtype = named(inputs).dtype
-    return dtype if dtype != wanted else None
 
 
 def run_logits(model: nn.Module, inputs) -> torch.Tensor:
