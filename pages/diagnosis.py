@@ -78,6 +78,10 @@ if user_scores is not None:
         with upload_message.container():
             show_error(error, before="Your scores were not checked: ")
 if findings is None:
+    try:  # said before the checks run; a view that cannot run is the checks' own error
+        verdict_box.caption(f"These checks take {escape_markdown(ctx.findings_cost().words())}.")
+    except at.AttributionError:
+        pass
     findings = guarded(ctx.findings)
 if findings is None:
     st.stop()

@@ -41,7 +41,12 @@ every = st.toggle("Every method the layers take", key="scorecard_every",
                   help="The seven default methods, or every method (the pruning criteria, "
                        "DeepLift, LRP, the probe), which takes longer. A method that cannot "
                        "score a layer leaves its cell empty.")
-card = guarded(lambda: ctx.scorecard(at.METHODS if every else SCORECARD_METHODS))
+methods = at.METHODS if every else SCORECARD_METHODS
+try:  # said before the scorecard runs; a view that cannot run is the scorecard's own error
+    st.caption(f"The scorecard takes {escape_markdown(ctx.scorecard_cost(methods).words())}.")
+except at.AttributionError:
+    pass
+card = guarded(lambda: ctx.scorecard(methods))
 if card is None:
     st.stop()
 

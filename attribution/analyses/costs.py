@@ -186,28 +186,35 @@ def seconds_words(value: float) -> str:
 
 @dataclass(frozen=True)
 class SampledCost:
-    """`sampled_cost`'s estimate: `seconds`, the samples, and the sizes it timed."""
+    """`sampled_cost`'s estimate: `seconds`, the samples, the sizes it timed, and whether
+    `seconds` is an upper bound (`bound`: a quick work, timed on one sample only)."""
 
     what: str
     seconds: float
     n_samples: int
     timed: tuple[int, ...]
+    bound: bool = False
 
     def words(self) -> str:
         sizes = " and ".join(map(str, self.timed))
+        if self.bound:
+            return (f"at most {max(self.seconds, 1):.0f} s ({self.what} timed on {sizes} of "
+                    f"the {self.n_samples} samples, every cluster kept, and scaled up: an "
+                    "upper bound)")
         return (f"{seconds_words(self.seconds)} ({self.what} timed on {sizes} of the "
                 f"{self.n_samples} samples, every cluster kept, and extrapolated)")
 
 
 COST_PROBE_ROWS = 64
-"""The fewest samples of `sampled_cost`'s smaller timed run (of its larger: four times as
-many)."""
+"""The fewest samples `sampled_cost` times (all of them, where there are fewer)."""
 SAMPLED_RUNS = 2
 """The most timed runs of each of `sampled_cost`'s samples, the fastest kept: on a busy
 machine one run can take twice another, and the extrapolation multiplies the difference."""
 REPEAT_WHILE_SECONDS = 0.5
 """A timing is repeated (up to its number of runs) only while all its runs took less than
 this: a short timing is the noisy one, and a long one is not worth paying twice."""
+LARGE_SHARE = 20
+"""`sampled_cost`'s larger sample: about 1/LARGE_SHARE of the samples, in whole batches."""
 
 
 def _fastest(work: Callable[[], Any], runs: int) -> float:
@@ -224,31 +231,51 @@ def _fastest(work: Callable[[], Any], runs: int) -> float:
     return best
 
 
-def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None
-                 ) -> SampledCost:
+def probe_sizes(total: int, batch_size: int) -> tuple[int, int]:
+    """The two sample sizes `sampled_cost` times for a work on `total` samples in batches of
+    `batch_size`. Whole batches where there are two or more: a part of a batch, or a run's
+    first batch alone, runs at another speed per sample (timed on 64 and 256 samples, a
+    1D-CNN's diagnosis of 4,800 was priced at 3.3x its time), so one batch, then at least
+    two (about 1/LARGE_SHARE of the samples), the two together at most a quarter of the
+    work. Where that leaves no room for the larger, or there is less than two batches, the
+    same size twice (an eighth of the samples, at least COST_PROBE_ROWS, below two
+    batches)."""
+    if total >= 2 * batch_size:
+        room = (total // 4 - batch_size) // batch_size
+        wanted = max(2, total // LARGE_SHARE // batch_size)
+        return batch_size, (min(wanted, room) if room >= 2 else 1) * batch_size
+    small = min(total, max(COST_PROBE_ROWS, total // 8))
+    return small, small
+
+
+def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> SampledCost:
     """The seconds of a work on all of `inputs`, said before it runs: `run(sample)` does the
     work on the rows that `sample` takes (`sample(value)`: those rows of the inputs or of
     any per-sample value, [N, ...]; None and words such as "all" as they are). It runs
-    untimed on two samples a cluster (what is done once per model), then timed on two
-    samples that keep every cluster in proportion (1% and 5% of them, at least
-    COST_PROBE_ROWS and four times as many; the fastest of SAMPLED_RUNS runs of each), its
-    time extrapolated linearly. In-memory inputs only (a tensor, an array or named
-    inputs)."""
+    untimed on two samples a cluster (what is done once per model), then timed on the
+    smaller of `probe_sizes`, each sample keeping every cluster in proportion (the fastest
+    of SAMPLED_RUNS runs). That time scaled to every sample is an upper bound (the work's
+    fixed part and its first batch's start are scaled too); it is said as one where it is
+    under WORTH_SAYING_SECONDS or there is no larger size to time. Otherwise the work is
+    timed on the larger size too and extrapolated linearly. In-memory inputs only (a
+    tensor, an array or named inputs)."""
     total = n_rows(named(inputs))
     codes = np.zeros(total, dtype=np.int64) if clusters is None else \
         pd.factorize(np.asarray(clusters))[0]
-    timed = []
-    small = min(total, max(COST_PROBE_ROWS, total // 100))
-    large = min(total, max(4 * COST_PROBE_ROWS, total // 20))
-    for rows in (2, small, large):  # the first, untimed, pays what is done once per model
+
+    def timed(rows: int, runs: int = SAMPLED_RUNS) -> tuple[int, float]:
         part = _stratified(codes, rows)
-        best = _fastest(lambda part=part: run(lambda value: _rows_of(value, part)),
-                        1 if rows == 2 else SAMPLED_RUNS)
-        timed.append((len(part), best))
-    timed = timed[1:] if small < large else timed[1:2]
-    if len(timed) == 1:
-        return SampledCost(what, timed[0][1] * total / timed[0][0], total, (timed[0][0],))
-    (small, first), (large, second) = timed
+        return len(part), _fastest(lambda: run(lambda value: _rows_of(value, part)), runs)
+
+    timed(2, runs=1)  # pays what is done once per model
+    small, large = probe_sizes(total, batch_size)
+    small, first = timed(small)
+    if small >= total:
+        return SampledCost(what, first, total, (small,))
+    if large <= small or first * total / small < WORTH_SAYING_SECONDS:
+        return SampledCost(what, first * total / small, total, (small,), bound=True)
+    large, second = timed(large)
     slope = max(second - first, 0.0) / max(large - small, 1)
     return SampledCost(what, max(first + slope * (total - small), second), total,
                        (small, large))

@@ -343,7 +343,8 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
         diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
                  cluster=cluster, **options)
 
-    return sampled_cost("diagnose", run, inputs, clusters)
+    return sampled_cost("diagnose", run, inputs, clusters,
+                        options.get("batch_size", DEFAULT_BATCH_SIZE))
 
 
 # ------------------------------------------------------------------------------ inputs

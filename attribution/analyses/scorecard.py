@@ -296,7 +296,8 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
             chosen["curve_targets"] = sample(chosen["curve_targets"])
         scorecard(model, sample(inputs), sample(targets), sample(clusters), **chosen)
 
-    return sampled_cost("scorecard", run, inputs, clusters)
+    return sampled_cost("scorecard", run, inputs, clusters,
+                        options.get("batch_size", DEFAULT_BATCH_SIZE))
 
 
 def randomized_after(model: nn.Module, layer, example_input, seed: int = DEFAULT_SEED

@@ -16,7 +16,9 @@ import streamlit as st
 import torch
 
 import attribution as at
-from attribution.analyses.diagnose import Finding, integral_finding
+from attribution.analyses.costs import SampledCost
+from attribution.analyses.diagnose import Finding, diagnose_cost, integral_finding
+from attribution.analyses.scorecard import scorecard_cost
 from attribution.methods import REGISTRY
 from attribution.methods.registry import sum_check
 from attribution.presentation import plots
@@ -75,6 +77,23 @@ def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch
         return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
                             metric=metric, curve_targets=_curve_targets,
                             batch_size=batch_size, progress=_progress)
+
+
+@st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
+def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_key: str,
+                   reduce: str, batch_size: int, _model, _inputs, _targets, _clusters,
+                   cluster) -> SampledCost:
+    return diagnose_cost(_model, layer, _inputs, _targets, method, _clusters,
+                         cluster=cluster, reduce=reduce, batch_size=batch_size)
+
+
+@st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
+def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
+                    batch_size: int, methods: tuple, _model, _inputs, _targets,
+                    _curve_targets, _clusters) -> SampledCost:
+    return scorecard_cost(_model, _inputs, _targets, _clusters, methods=methods,
+                          metric=metric, curve_targets=_curve_targets,
+                          batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -161,6 +180,14 @@ class Context:
                          self.targets, self.clusters, s.cluster, user_scores,
                          ProgressLine("Running the degeneracy checks"))
 
+    def findings_cost(self) -> SampledCost:
+        """What `findings` will take, said before it runs (`diagnose_cost`: timed on a
+        sample that keeps every cluster; cached)."""
+        s = self.settings
+        return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
+                              self.cluster_key, s.reduce, s.batch_size, self.ws.model,
+                              self.ws.data.inputs, self.targets, self.clusters, s.cluster)
+
     def tried_remedies(self, answer: Verdict, findings: list) -> tuple[TriedRemedy, ...]:
         """The verdict's remedies, each measured on the view it leads to (`try_remedies`):
         those that improve the verdict first. A change to one-class clusters continues
@@ -236,6 +263,16 @@ class Context:
                           self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer"))
+
+    def scorecard_cost(self, methods: Sequence[str] = SCORECARD_METHODS) -> SampledCost:
+        """What `scorecard(methods)` will take, said before it runs (`scorecard_cost`: timed
+        on a sample that keeps every cluster; cached)."""
+        s = self.settings
+        return _scorecard_cost(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
+                               s.batch_size, tuple(methods), self.ws.model,
+                               self.ws.data.inputs, self.targets,
+                               s.curve_targets(self.ws.data.labels, self.targets),
+                               self.clusters)
 
     def predictions(self) -> np.ndarray:
         return predictions(self.ws)

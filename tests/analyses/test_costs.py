@@ -82,10 +82,10 @@ def test_named_inputs_are_probed_and_scaled_by_their_rows():
 
 
 def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(monkeypatch):
-    """diagnose_cost times diagnose itself on 1% and 5% of the samples (at least 64 and 256),
-    each keeping every cluster in proportion, after an untimed run on two samples a cluster,
-    and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms a sample is priced
-    at exactly that."""
+    """diagnose_cost times diagnose itself on one batch and on two (about 5% of the samples,
+    in whole batches), each keeping every cluster in proportion, after an untimed run on two
+    samples a cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms
+    a sample is priced at exactly that."""
     from attribution.analyses import diagnose as diagnosis
 
     clock = [0.0]
@@ -100,11 +100,12 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
-    # 70 + 20 + 9 + 2; each timing over REPEAT_WHILE_SECONDS is not repeated
-    assert [rows for rows, _, _ in seen] == [8, 101, 500]
+    # each cluster in proportion (rounded), at least two; a timing over
+    # REPEAT_WHILE_SECONDS is not repeated
+    assert [rows for rows, _, _ in seen] == [8, 256, 511]
     assert all(found == ["a", "b", "c", "d"] and n == rows for rows, found, n in seen)
     assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
-    assert cost.timed == (101, 500) and "timed on 101 and 500 of the 10000" in cost.words()
+    assert cost.timed == (256, 511) and "timed on 256 and 511 of the 10000" in cost.words()
 
 
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):
@@ -125,7 +126,54 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x = torch.arange(5_000.0)[:, None].repeat(1, 3)
     clusters = np.repeat([0, 1], [4_000, 1_000])
-    cost = card.scorecard_cost(None, x, None, clusters, curve_targets=x[:, 0].long())
-    assert seen == [4, 64, 64, 256]  # a run under REPEAT_WHILE_SECONDS is timed twice
+    cost = card.scorecard_cost(None, x, None, clusters, curve_targets=x[:, 0].long(),
+                               batch_size=128)
+    assert seen == [4, 128, 128, 256]  # a run under REPEAT_WHILE_SECONDS is timed twice
     assert cost.seconds == pytest.approx(0.2 + 0.002 * 5_000)
-    assert cost.words().startswith("about 10 s (scorecard timed on 64 and 256 of the 5000")
+    assert cost.words().startswith("about 10 s (scorecard timed on 128 and 256 of the 5000")
+
+
+@pytest.mark.parametrize("total, batch_size, sizes", [
+    (100_000, 256, (256, 4864)),  # about 1/20 of the samples, in whole batches
+    (4_800, 256, (256, 512)),  # at least two batches
+    (3_000, 256, (256, 256)),  # no room for two batches within a quarter of the work
+    (1_000, 256, (256, 256)),
+    (300, 256, (64, 64)),  # under two batches: an eighth, at least 64
+    (40, 256, (40, 40)),
+])
+def test_the_samples_timed_are_whole_batches_and_a_quarter_of_the_work_at_most(total,
+                                                                               batch_size,
+                                                                               sizes):
+    small, large = costs.probe_sizes(total, batch_size)
+    assert (small, large) == sizes
+    assert small + large <= max(total / 4, 2 * small)
+
+
+def fake_work(monkeypatch, seconds_per_sample: float, fixed: float = 0.0) -> list[int]:
+    """A work of `fixed` + `seconds_per_sample` a sample on a fake clock; the rows of each
+    run."""
+    clock, seen = [0.0], []
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+
+    def run(sample) -> None:
+        rows = len(sample(torch.zeros(total, 1)))
+        seen.append(rows)
+        clock[0] += fixed + seconds_per_sample * rows
+    total = 10_000
+    return run, seen
+
+
+def test_a_quick_work_is_said_as_an_upper_bound_from_one_sample(monkeypatch):
+    run, seen = fake_work(monkeypatch, 1e-4, fixed=0.1)  # 1.1 s in all
+    cost = costs.sampled_cost("diagnose", run, torch.zeros(10_000, 1))
+    assert seen == [2, 256, 256] and cost.bound  # the short timing twice, no larger one
+    assert cost.seconds == pytest.approx((0.1 + 0.0256) * 10_000 / 256)  # >= the 1.1 s
+    assert cost.words().startswith("at most 5 s (diagnose timed on 256 of the 10000")
+
+
+def test_a_work_with_no_room_for_a_second_size_is_bounded_from_part_of_it(monkeypatch):
+    run, seen = fake_work(monkeypatch, 0.1, fixed=1.0)  # a slow model: 1 s + 0.1 s a sample
+    cost = costs.sampled_cost("scorecard", run, torch.zeros(300, 1))
+    assert seen == [2, 64] and cost.bound  # never all of it
+    assert cost.seconds == pytest.approx((1.0 + 6.4) * 300 / 64)  # >= the 31 s it takes
+    assert cost.words().startswith("at most 35 s (scorecard timed on 64 of the 300 samples")

@@ -1,5 +1,7 @@
 """Long work says how long it takes: the estimator (`attribution.progress.TimeLeft`) with an
 injected clock, and the app's progress lines on slowed-down computations (AppTest)."""
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -81,7 +83,8 @@ def test_the_app_says_above_a_few_seconds():
 @pytest.fixture
 def cold():
     """The cached computations the pages call, emptied: the next run computes them."""
-    cached = (context._findings, context._oracle, context._per_sample)
+    cached = (context._findings, context._oracle, context._per_sample, context._scorecard,
+              context._findings_cost, context._scorecard_cost)
     for function in cached:
         function.clear()
     yield
@@ -134,7 +137,9 @@ def test_the_fast_demo_views_show_no_estimate(drawn, cold):
         app.switch_page(page).run()
         assert_no_line_left(app)
     build(app)  # the report, computed on the demo
-    assert not any(ESTIMATE.search(text) for text in drawn), drawn
+    said = [text for text in drawn if ESTIMATE.search(text)
+            and not text.startswith("Measuring every method on every layer")]
+    assert not said, said  # the report's scorecard takes several seconds, and says so
 
 
 def test_a_slow_pruning_curve_says_how_long_it_takes(monkeypatch, drawn):
@@ -191,3 +196,31 @@ def test_the_pruning_page_says_the_curves_cost_and_its_cheaper_setting_first(mon
     said = [c.value for c in app.caption if c.value.startswith("This curve costs ")]
     assert len(said) == 1 and f"cheaper: {costs.CHEAPER_N_RANDOM} random orders (" in said[0]
     assert "--" not in said[0] and costs.CHEAPER_N_RANDOM in analysis.RANDOM_ORDERS
+
+
+@pytest.mark.parametrize("page, patched, said", [
+    ("pages/diagnosis.py", "diagnose", "These checks take "),
+    ("pages/trust.py", "scorecard", "The scorecard takes "),
+])
+def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatch, cold,
+                                                                       page, patched, said):
+    """The work is timed on a sample first (`diagnose_cost`, `scorecard_cost`: the sampled
+    runs have no progress line) and said above its result; then the work runs on every
+    sample."""
+    real, calls = getattr(at, patched), []
+
+    def recorded(*args, progress=None, **kwargs):
+        calls.append("work" if progress is not None else "timing")
+        return real(*args, progress=progress, **kwargs)
+    monkeypatch.setattr(at, patched, recorded)
+    from attribution.analyses import diagnose, scorecard
+    monkeypatch.setattr(diagnose if patched == "diagnose" else scorecard, patched, recorded)
+    app = run_app()
+    app.switch_page(page).run()
+    assert_clean(app)
+    words = [c.value for c in app.caption if c.value.startswith(said)]
+    assert len(words) == 1 and re.search(r"(about|at most) \d+(\.\d)? s|under 1 s",
+                                         words[0]), words
+    assert "timing" in calls and calls.index("timing") < calls.index("work"), calls
+    app.run()  # a rerun: both cached, nothing timed again
+    assert calls.count("work") == 1
