@@ -49,11 +49,12 @@ from .engine.model_io import NamedInputs
 from .engine.layers import resolve_layer
 from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
-from .inputs.loading import GuessedExampleFailed, load_model
+from .inputs.model_formats import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import open_regular, sniff
-from .methods.registry import METHODS, REGISTRY, SUM_TOLERANCE
+from .methods.paths import SUM_TOLERANCE
+from .methods.registry import METHODS, REGISTRY
 from .analyses.prune import REMOVALS, prune, prune_check, save_folder, save_pt2
-from .analyses.pruning import ABLATIONS, METRICS, curve_summary
+from .analyses.pruning_curves import ABLATIONS, METRICS, curve_summary
 from .analyses import settings as analysis
 from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
                                 scoring_targets)

@@ -45,7 +45,7 @@ from torch import nn
 
 import attribution as at
 from attribution.engine.layers import module_kind
-from attribution.analyses.pruning import random_orders
+from attribution.analyses.pruning_curves import random_orders
 from benchmarks.common import batches, digits_mlp, note, record, run
 
 BATCH, RUNS, REPEATS, N_RANDOM = 256, 5, 3, 9

@@ -13,7 +13,7 @@ import io
 import torch
 
 import attribution as at
-from attribution.inputs import loading
+from attribution.inputs import model_formats
 from attribution.inputs.shipped import DEMO_DIR
 from attribution.inputs.untrusted import export_guard
 from benchmarks.common import interleaved_medians, note, report, run
@@ -47,7 +47,7 @@ def main() -> None:
         report(f"archive check of the {name} .pt2", medians, "rule off")
 
     def first_upload():
-        loading._ACCEPTED.clear()
+        model_formats._ACCEPTED.clear()
         at.load_model(io.BytesIO(archives["digits MLP"]).getvalue())
     upload = interleaved_medians({"upload": first_upload}, repeats=5)["upload"]
     text = (f"For scale: a first upload of the digits MLP (the jail's first run included) "

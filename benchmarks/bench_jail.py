@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import attribution as at
-from attribution.inputs import loading
+from attribution.inputs import model_formats
 from attribution.inputs.shipped import DEMO_DIR
 from attribution.inputs.untrusted import jail
 from benchmarks.common import ROOT, interleaved_medians, note, record, report, run
@@ -59,7 +59,7 @@ def main() -> None:
     hundred = npz_bytes(100)
 
     def first_upload():
-        loading._ACCEPTED.clear()
+        model_formats._ACCEPTED.clear()
         at.load_model(model)
 
     medians = interleaved_medians({

@@ -21,7 +21,7 @@ import torch
 
 import attribution as at
 from attribution.inputs.demo import load_demo
-from attribution.analyses.pruning import random_orders
+from attribution.analyses.pruning_curves import random_orders
 from benchmarks.common import (batches, digits_mlp, interleaved_medians, note, report, run,
                                zeroed)
 

@@ -32,7 +32,7 @@ WARMED = (  # in the order app.py's first run imports them (so both take their l
     # then pages.shared.startup.LIBRARIES but streamlit
     "plotly.graph_objects", "streamlit.emojis", "numpy", "pandas", "PIL.Image", "torch",
     "attribution", "attribution.presentation.plots", "attribution.inputs.data",
-    "attribution.inputs.demo", "attribution.inputs.loading", "attribution.progress",
+    "attribution.inputs.demo", "attribution.inputs.model_formats", "attribution.progress",
     "attribution.analyses.settings", "attribution.analyses.verdict")
 WARMED_LINE = "  Warm-up: the first page's libraries imported in {seconds:.1f} s."
 

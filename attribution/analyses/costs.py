@@ -2,7 +2,7 @@
 trade for speed (fewer random orders, coarser k, a sample of the data).
 
 A curve's time is the front of the model once over the samples, then one masked pass of the
-layer's tail per distinct removal mask (`pruning._order_sums` shares masks between orders):
+layer's tail per distinct removal mask (`pruning_curves._order_sums` shares masks between orders):
 (2 + n_random) orders x the k values, less the masks they share (k = 0, k = n). Both parts
 are timed on a batch of the user's own samples (`batch_size` of them, as the curve runs
 them: a smaller probe would scale a batch's fixed cost by the number of probes), through the
@@ -24,7 +24,7 @@ from torch import nn
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import n_rows, named, take
 from ..methods.passes import LayerPass
-from .pruning import _removal_masks, check_ks, order_curves, random_orders, spaced_ks
+from .pruning_curves import _removal_masks, check_ks, order_curves, random_orders, spaced_ks
 
 PROBE_RUNS = 5
 """The most timed runs of each of `curve_cost`'s probes."""
@@ -234,8 +234,8 @@ def _fastest(work: Callable[[], Any], runs: int) -> float:
 def probe_sizes(total: int, batch_size: int) -> tuple[int, int]:
     """The two sample sizes `sampled_cost` times for a work on `total` samples in batches of
     `batch_size`. Whole batches where there are two or more: a part of a batch, or a run's
-    first batch alone, runs at another speed per sample (timed on 64 and 256 samples, a
-    1D-CNN's diagnosis of 4,800 was priced at 3.3x its time), so one batch, then at least
+    first batch alone, runs at another speed per sample (timed on parts of a batch, a
+    diagnosis was priced at several times its time), so one batch, then at least
     two (about 1/LARGE_SHARE of the samples), the two together at most a quarter of the
     work. Where that leaves no room for the larger, or there is less than two batches, the
     same size twice (an eighth of the samples, at least COST_PROBE_ROWS, below two

@@ -78,13 +78,14 @@ from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
 from .oracle import bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman
 from ..methods.passes import LayerPass, check_targets, on_device
-from ..methods.registry import REGISTRY, SUM_TOLERANCE, SumCheck, method_label, sum_check
+from ..methods.paths import SUM_TOLERANCE, SumCheck, sum_check
+from ..methods.registry import REGISTRY, method_label
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks,
                        metric_label)
 from .costs import SampledCost, sampled_cost
-from .pruning import curve_summary, pruning_curve
+from .pruning_curves import curve_summary, pruning_curve
 from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
                               score_batches)
@@ -769,7 +770,7 @@ def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
 def integral_finding(checked: SumCheck, method: str, n_steps: int) -> Finding:
     """incomplete_integral: do the path method's scores of each sample sum to the difference
     they integrate (`Method.sums_to`), after the engine took more steps where they did not
-    (`registry.sum_check` of the scores' `about`)? Value: the largest miss, as a share of
+    (`paths.sum_check` of the scores' `about`)? Value: the largest miss, as a share of
     that difference. Also what the scores page says under a path method's scores."""
     target = REGISTRY[method].sums_to
     tolerance = f"{SUM_TOLERANCE:.0%}"

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Subset
 
 from ..engine import model_io
-from . import pruning
+from . import pruning_curves
 from ..errors import AttributionError
 from ..methods.passes import on_device, resolve_device
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
@@ -381,7 +381,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                                "or use ablation='zero'.")
     n_groups = 1 if in_cluster is None else 2
     sums, counts, n_neurons, ks, error = None, np.zeros(n_groups), None, None, None
-    about_layer: dict = {}  # `split.layer_attrs`, from this rank's shards (none: empty)
+    about_layer: dict = {}  # `runners.layer_attrs`, from this rank's shards (none: empty)
     metric = options["metric"] or DEFAULT_METRIC  # a rank without shards cannot tell
     try:
         model = on_device(model, device)
@@ -401,11 +401,12 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
         None if sums is None else sums.shape[1:] + (n_neurons,), group)
     if sums is None:
         sums = np.zeros((n_groups, n_orders, n_ks))
-        ks = pruning.check_ks(options["ks"], n_neurons)
+        ks = pruning_curves.check_ks(options["ks"], n_neurons)
     sums, counts = all_reduce_sum([torch.from_numpy(sums), torch.from_numpy(counts)], group)
     orders = torch.cat([torch.zeros(2, n_neurons, dtype=torch.long),  # ranked, bottom: unused
-                        pruning.random_orders(n_neurons, options["n_random"], options["seed"])])
-    return pruning.curve_frame(  # the frame one process builds, from the pooled sums
+                        pruning_curves.random_orders(n_neurons, options["n_random"],
+                                                     options["seed"])])
+    return pruning_curves.curve_frame(  # the frame one process builds, from the pooled sums
         sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
         None if in_cluster is None else _SUBSETS, orders, metric,
         options["ablation"], options["n_random"], options["seed"], about_layer)
@@ -420,7 +421,7 @@ class _CurveSums:
     n: int
     ks: list
     n_neurons: int
-    layer: dict  # `split.layer_attrs`
+    layer: dict  # `runners.layer_attrs`
     metric: str  # the metric measured (a None asked for: the head's own)
 
 
@@ -429,12 +430,12 @@ def _shard_curves(model, layer, shard: Shard, targets, scores, in_cluster,
     shard_targets = _targets_of(targets, shard)
     member = None if in_cluster is None else in_cluster[shard.rows()]
     if member is None or member.all() or not member.any():
-        frame = pruning.pruning_curve(model, layer, shard.inputs, shard_targets, scores,
+        frame = pruning_curves.pruning_curve(model, layer, shard.inputs, shard_targets, scores,
                                       **options)
         parts = [(0 if member is None or member.all() else 1, frame, frame.attrs["n_samples"],
                   frame.attrs["random_curves"])]
     else:
-        frame = pruning.cluster_pruning_curves(model, layer, shard.inputs, shard_targets,
+        frame = pruning_curves.cluster_pruning_curves(model, layer, shard.inputs, shard_targets,
                                                member, True, scores, **options)
         parts = [(group, frame[frame["subset"] == subset], frame.attrs["n_samples"][subset],
                   frame.attrs["random_curves"][subset]) for group, subset in enumerate(_SUBSETS)]

@@ -29,7 +29,7 @@ from ..engine.layers import resolve_layer
 from ..engine.model_io import NamedInputs, sample_values
 from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
-from .pruning import metric_values
+from .pruning_curves import metric_values
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
 REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)

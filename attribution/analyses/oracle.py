@@ -72,7 +72,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
         given: n = cluster size; correlations are NaN where a ranking is constant (e.g. every
         neuron of the cluster dead); top_k = the k used. `attrs`: the layer's neuron axis
-        (`split.layer_attrs`) and "refused": {method: the reason} for the methods left out.
+        (`runners.layer_attrs`) and "refused": {method: the reason} for the methods left out.
     """
     methods = list(dict.fromkeys(methods))
     every = tuple(methods) == tuple(METHODS)

@@ -43,7 +43,7 @@ from ..engine.layers import (WEIGHT_LAYOUTS, module_kind, output_tensor, resolve
 from ..engine.model_io import NamedInputs, logits_of, n_rows, output_key, repeat, to_model
 from ..errors import AttributionError
 from ..methods.passes import Inputs, LayerPass, model_device
-from .pruning import (ABLATIONS, BAND_PERCENTILES, HIGHER_IS_WORSE, _LayerPasses,
+from .pruning_curves import (ABLATIONS, BAND_PERCENTILES, HIGHER_IS_WORSE, _LayerPasses,
                       model_default_metric, neuron_vector, order_curves, random_orders)
 
 REMOVALS = ("bottom", "top")
@@ -236,7 +236,7 @@ def prune_check(model: nn.Module, layer, inputs: Inputs, targets, ranking, k: in
             "top": most important) neurons form the check's `oracle`.
         targets, metric, ablation, n_random, seed, batch_size, device: as in
             `pruning_curve` (targets None = agreement with the unpruned model's classes;
-            metric None = the head's default, `pruning.chosen_metric`).
+            metric None = the head's default, `pruning_curves.chosen_metric`).
     """
     if remove not in REMOVALS:
         raise AttributionError(f"Unknown remove {remove!r}; use one of {', '.join(REMOVALS)}.")

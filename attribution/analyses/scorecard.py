@@ -49,7 +49,7 @@ from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks, ro
                      top_k_overlap)
 from .costs import SampledCost, sampled_cost
 from .prune import copy_model
-from .pruning import model_default_metric, order_curves, random_orders, spaced_ks
+from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
                        DEFAULT_SEED, BOOTSTRAP_DRAWS, SCORECARD_CURVE_POINTS,
                        SCORECARD_METHODS, SCORECARD_N_RANDOM)

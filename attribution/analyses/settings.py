@@ -82,7 +82,7 @@ from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
 from .costs import CurveCost, curve_cost
 from .prune import prune, save_pt2
-from .pruning import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
+from .pruning_curves import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
 from ..methods.passes import check_targets
 from ..methods.registry import method_label
 from ..methods.scores import (REDUCTIONS, check_reduce, cluster_codes, cluster_table,

@@ -14,9 +14,8 @@ HUGE_PAGE_MIN_BYTES = 4 << 20
 def empty_table(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """torch.empty(shape, dtype) on the CPU. From `HUGE_PAGE_MIN_BYTES` up, in anonymous
     memory advised MADV_HUGEPAGE where the OS has it (Linux's transparent huge pages): the
-    first write then faults once per 2 MiB instead of once per 4 KiB page. Writing a fresh
-    [4096, 3072] float32 table batch by batch took 15 ms in page faults this way against
-    4.5 ms, a third of a wide layer's whole gradient pass over the same rows."""
+    first write then faults once per 2 MiB instead of once per 4 KiB page: page faults had
+    been a large share of a wide layer's whole gradient pass."""
     n_bytes = math.prod(shape) * dtype.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if n_bytes < HUGE_PAGE_MIN_BYTES or advice is None:

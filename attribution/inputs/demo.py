@@ -24,7 +24,7 @@ from torch import nn
 from .data import Dataset, check_data, load_data
 from ..errors import AttributionError
 from .loaded import LoadedModel
-from .loading import load_model
+from .model_formats import load_model
 from .shipped import DEMO_DIR
 
 DIGIT_NAMES = tuple("zero one two three four five six seven eight nine".split())

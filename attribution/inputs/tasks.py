@@ -6,11 +6,11 @@ from __future__ import annotations
 from .shipped import DEMO_DIR
 from .untrusted import jail
 
-FIRST_RUN = jail.Task("attribution.inputs.loading:_load_in_child",
+FIRST_RUN = jail.Task("attribution.inputs.model_formats:_load_in_child",
                       warm_files=(str(DEMO_DIR / "digits_mlp.pt2"),))
-"""A model's load and first run (`loading.first_run`): `load_model` without a sandbox of its
+"""A model's load and first run (`model_formats.first_run`): `load_model` without a sandbox of its
 own. The jail's server loads the demo's .pt2 first (torch.export's lazily imported
-deserializer); `loading.warm_up` adds the demo's Hugging Face folder (transformers, seconds
+deserializer); `model_formats.warm_up` adds the demo's Hugging Face folder (transformers, seconds
 to import), for a server that will check uploads for hours."""
 READ_DATA = jail.Task("attribution.inputs.data:_read_in_jail")
 """An untrusted data file, read whole (`data.load_data`)."""

@@ -20,10 +20,10 @@ from ..engine import model_io
 from ..engine.guards import engine_modes, forward_hooks, leaf_like
 from ..engine.layers import module_kind, output_tensor, run_logits, with_output_tensor
 from ..errors import AttributionError
-from .registry import (Batch, _classes_first, _gradients, _mask, _neuron_dim, _reduce_spatial,
-                       _resolve_targets, _selected, _with_class_axis, register,
-                       uncovered_modules)
-from . import registry
+from .registry import Batch, register, uncovered_modules
+from .shared import (batch_mask, classes_first, neuron_dim, reduce_spatial, resolve_targets,
+                     selected_logits, target_gradients, with_class_axis)
+from . import shared
 
 EPSILON = 1e-10
 """Below this change of a module's input (input - baseline) its plain gradient is used."""
@@ -69,7 +69,7 @@ class _Rule:
         delta_in = u[:rows] - u[rows:]
         rescaled = grad[:rows] * (y[:rows] - y[rows:]) / delta_in
         small = delta_in.abs() < EPSILON
-        if not registry.syncs_are_free(u.device) or bool(small.any()):
+        if not shared.syncs_are_free(u.device) or bool(small.any()):
             rescaled = torch.where(small, self.plain(grad)[:rows], rescaled)
         # the baseline's rows: only the inputs' rows of z are read
         return torch.cat([rescaled, grad[rows:]])
@@ -262,16 +262,16 @@ def deeplift(batch: Batch) -> torch.Tensor:
     batch.runner.check_differentiable_once()
     z, logits = _stacked_forward(batch)
     rows = model_io.n_rows(batch.x)
-    targets = _resolve_targets(batch.targets, logits[:rows])
+    targets = resolve_targets(batch.targets, logits[:rows])
     if z.shape[0] == 2 * rows:  # the baseline's own targets: its rules read its gradients
-        grad = _gradients(batch, logits, z, targets, repeats=2)  # [(C,) 2B, n, ...]
+        grad = target_gradients(batch, logits, z, targets, repeats=2)  # [(C,) 2B, n, ...]
     else:  # a shared baseline row, whose gradient nothing reads: any target
-        grad = _gradients(batch, logits, z, targets if isinstance(targets, str)
+        grad = target_gradients(batch, logits, z, targets if isinstance(targets, str)
                           else torch.cat([targets, targets[:1]]))  # [(C,) B + 1, n, ...]
     grad = grad[:, :rows] if isinstance(targets, str) else grad[:rows]
     change = (z[:rows] - z[rows:]).detach()  # the layer's output minus its baseline's
-    return _reduce_spatial(_with_class_axis(change, targets) * _classes_first(grad, targets),
-                           _neuron_dim(targets), "sum", _mask(batch))
+    return reduce_spatial(with_class_axis(change, targets) * classes_first(grad, targets),
+                           neuron_dim(targets), "sum", batch_mask(batch))
 
 
 
@@ -367,8 +367,8 @@ def lrp(batch: Batch) -> torch.Tensor:
     with attribute_to_layer_input=True."""
     batch.runner.check_differentiable_once()
     z, logits = _relevance_forward(batch)
-    targets = _resolve_targets(batch.targets, logits)
-    grad = _classes_first(_gradients(batch, logits, z, targets), targets)
-    selected = _selected(logits, targets).detach()  # [B] or [B, C]
+    targets = resolve_targets(batch.targets, logits)
+    grad = classes_first(target_gradients(batch, logits, z, targets), targets)
+    selected = selected_logits(logits, targets).detach()  # [B] or [B, C]
     scale = selected.view(selected.shape + (1,) * (grad.dim() - selected.dim()))
-    return _reduce_spatial(grad * scale, _neuron_dim(targets), "sum", _mask(batch))
+    return reduce_spatial(grad * scale, neuron_dim(targets), "sum", batch_mask(batch))

@@ -17,21 +17,19 @@ from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEF
                         DEFAULT_SEED)
 from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
-from .registry import (METHODS, REGISTRY, SUM_KEYS, SUM_TOLERANCE, Batch, Targets,
-                       sum_shares)
+from .paths import SUM_KEYS, SUM_TOLERANCE, sum_shares
+from .registry import METHODS, REGISTRY, Batch, Targets
 from ..engine.runners import layer_attrs
 
 REDUCTIONS = ("mean", "mean_abs", "std")
 _MAX_ELEMENTS_PER_PASS = {"cpu": 1 << 20, "other": 1 << 24}
 """Bounds a stacked pass of variants (steps, ablated neurons): on a CPU 4 MiB of float32,
-which kept exact ablation of a conv layer's 32 channels at 0.55x its floor where 64 MiB
-passes took 1.34x (integrated gradients and conductance there: 0.57x and 0.59x the time;
-an MLP's unchanged); on a GPU 64 MiB, which fills it."""
+which stays in cache (larger passes made exact ablation and the path methods slower); on a
+GPU 64 MiB, which fills it."""
 _LAYER_ELEMENTS_PER_CHUNK = 1 << 19
 """On a CPU a batch is scored in equal row chunks of at most this many layer-output values
-(2 MiB of float32), so the layer's output, its gradient and their product stay in cache: a
-3-conv net's 32-channel 16x16 layer scored in 0.6-0.7x the time of whole batches of 256, a
-3072-wide Linear in 0.64-1.03x, a 64-unit one unchanged (one chunk)."""
+(2 MiB of float32), so the layer's output, its gradient and their product stay in cache
+(faster than whole batches on wide and conv layers; a small layer is one chunk)."""
 
 
 def check_method(method: str) -> None:
@@ -55,11 +53,11 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     while the generator runs and restored when it finishes or is closed. `device` as in
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
-    `about_layer`, a dict, receives `split.layer_attrs` of the layer scored (its neuron axis);
+    `about_layer`, a dict, receives `runners.layer_attrs` of the layer scored (its neuron axis);
     for a method fitted to clusters, its fit's note ("method_note") and whether its scores
     rank anything ("method_usable"); for a path method, once every batch is scored, its sum
     check per sample (`SUM_KEYS`: numpy arrays [N] or [N, C] in logits, and the steps each
-    sample took; `registry.sum_misses` says which miss).
+    sample took; `paths.sum_misses` says which miss).
 
     A method fitted to clusters (`Method.fit`) needs `codes` (int64 [N], each input's index
     among the cluster `ids`, as `cluster_codes` gives them) and is fitted here on all the
@@ -147,7 +145,7 @@ def fit_method(method: str, model: nn.Module, layer, inputs: Inputs,
 
 
 def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[str, object]:
-    """`split.layer_attrs` of `layer` as every score of it on `inputs` sees it (its neuron
+    """`runners.layer_attrs` of `layer` as every score of it on `inputs` sees it (its neuron
     axis), from the first sample (runners are cached: free after a computation). Reads
     one sample, so a one-shot iterator loses it."""
     about_layer: dict = {}
@@ -183,7 +181,7 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             elsewhere is copied there for the call, never moved.
         clusters: one id per sample [N]; needed by a method fitted to clusters (`probe`),
             whose score of a sample is then its cluster's. Other methods ignore it.
-        about: a dict that receives the layer's neuron axis (`split.layer_attrs`) and a
+        about: a dict that receives the layer's neuron axis (`runners.layer_attrs`) and a
             fitted method's note on its fit ("method_note", e.g. a probe's accuracy) and
             whether its scores rank anything ("method_usable").
     Returns:
@@ -302,7 +300,7 @@ class ClusterStatistics:
         ids: the G cluster ids.
         counts: float64 [G], samples seen per cluster.
         sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
-        layer: `split.layer_attrs` of the layer scored (and a fitted method's
+        layer: `runners.layer_attrs` of the layer scored (and a fitted method's
             "method_note" and "method_usable"), copied to the frame's attrs.
         sum_counts: for a path method (`Method.sums_to`), float64 [G, 3]: per cluster, the
             samples whose sum was checked, those that took more steps than asked, and those
@@ -363,7 +361,7 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         if sums is None:
             sums, sums_abs, sums_sq = (torch.zeros((len(ids),) + values.shape[1:],
                                                    dtype=torch.float64) for _ in range(3))
-        # index_put_ with accumulate: index_add_ is ~250x slower when every index is equal
+        # index_put_ with accumulate: index_add_ is far slower when every index is equal
         counts.index_put_((index,), torch.ones(len(index), dtype=torch.float64), accumulate=True)
         sums.index_put_((index,), values, accumulate=True)
         sums_abs.index_put_((index,), values.abs(), accumulate=True)
@@ -409,7 +407,7 @@ def cluster_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets, cl
         DataFrame with one row per cluster (index "cluster"), one column per neuron
         (0..n_neurons-1) and a column "n" (cluster size). For targets="all" the index is
         (cluster, class): `df.loc[c]` is the classes x neurons table of cluster c. `attrs`
-        say which axis of the layer's output the neurons are (`split.layer_attrs`).
+        say which axis of the layer's output the neurons are (`runners.layer_attrs`).
     """
     check_reduce(reduce)
     codes, ids = cluster_codes(clusters, n_samples(inputs))

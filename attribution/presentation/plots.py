@@ -52,9 +52,9 @@ SIGNED_SCALE = "RdBu_r"          # blue < 0 < red, centred at zero
 MAGNITUDE_SCALE = "Viridis"      # for scores that cannot be negative
 NEGATIVE_COLOUR, POSITIVE_COLOUR = "#2166AC", "#B2182B"  # the ends of SIGNED_SCALE
 FONT = dict(family="Inter, system-ui, -apple-system, Segoe UI, sans-serif", size=13)
-MOST_HEATMAP_NEURONS = 128  # columns a heatmap shows: ~7 px each in the page; above that
-# cells are narrower than a pixel and the cluster heatmap's clickable cells (one marker each)
-# cost the browser ~30 ms per 1,000 a redraw (10 clusters x 3072 neurons: ~3 s)
+MOST_HEATMAP_NEURONS = 128  # columns a heatmap shows: a few pixels each in the page; above
+# that cells are narrower than a pixel, and the cluster heatmap's clickable cells (one marker
+# each) make every redraw cost the browser seconds on a layer of thousands
 
 
 def plain(text: object) -> str:
@@ -107,9 +107,9 @@ def _figure(traces: list[dict], layout: dict, *, title: str, height: int, subtit
     two-line title.
 
     Built from plain dicts without plotly's per-property validation: setting properties one by
-    one (update_layout, add_trace, make_subplots) took 17-36 ms a figure, most of the server's
-    time in a Scores-page redraw, against under 1 ms. tests/presentation/test_plots.py
-    validates every figure against plotly's schema instead."""
+    one (update_layout, add_trace, make_subplots) was most of the server's time in a
+    Scores-page redraw (docs/speed.md). tests/presentation/test_plots.py validates every
+    figure against plotly's schema instead."""
     heading = dict(text=title, x=0, xanchor="left", font=dict(size=15))
     if subtitle:
         heading["subtitle"] = dict(text=subtitle, font=dict(size=12, color="#57606A"))
@@ -202,8 +202,8 @@ def tidy_cluster_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
         table: `cluster_scores` output: index "cluster", int neuron columns, column "n".
     """
     neurons = [c for c in table.columns if c != "n"]
-    # rows neuron by neuron, as DataFrame.melt lays them, at ~1/100 of melt's time (250 ms a
-    # redraw at 10 clusters x 3072 neurons)
+    # rows neuron by neuron, as DataFrame.melt lays them, without melt's cost (a large share
+    # of a wide layer's redraw)
     n_clusters = len(table.index)
     return pd.DataFrame({
         "cluster": table.index.take(np.tile(np.arange(n_clusters), len(neurons))),
@@ -365,7 +365,7 @@ def _clickable_columns(traces: list[dict], layout: dict) -> None:
     column, for heatmaps whose click needs only the column (x). The heatmap keeps its own
     per-cell hover text; hovering by x ("x" hover mode) puts the column's marker under every
     point of the column, so a click there selects it. One marker per cell would cost the
-    browser a drawn point per cell (3200 for 200 samples x 16 neurons: ~100 ms a redraw)."""
+    browser a drawn point per cell at every redraw."""
     heat = traces[0]
     invisible = dict(marker=dict(opacity=0))
     traces.append(dict(

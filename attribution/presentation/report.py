@@ -31,11 +31,11 @@ from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, permu
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
-from ..inputs.loading import LoadedModel
+from ..inputs.model_formats import LoadedModel
 from ..methods.registry import METHODS
 from ..analyses.oracle import oracle_agreement
 from ..analyses.scorecard import scorecard
-from ..analyses.pruning import curve_summary
+from ..analyses.pruning_curves import curve_summary
 from ..methods.scores import neuron_scores
 from ..analyses.neuron import neuron_examples
 

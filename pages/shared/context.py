@@ -20,7 +20,7 @@ from attribution.analyses.costs import SampledCost
 from attribution.analyses.diagnose import Finding, diagnose_cost, integral_finding
 from attribution.analyses.scorecard import scorecard_cost
 from attribution.methods import REGISTRY
-from attribution.methods.registry import sum_check
+from attribution.methods.paths import sum_check
 from attribution.presentation import plots
 from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
                                            DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, cluster_label,

@@ -21,7 +21,7 @@ import streamlit as st
 import attribution as at
 from attribution.presentation import plots
 from attribution.inputs.demo import DEMOS
-from attribution.analyses import settings as defaults
+from attribution.analyses import settings as analysis
 from attribution.analyses.settings import (AnalysisSettings, cluster_label, cluster_source_label,
                                            is_regression, partition_words, target_label)
 from attribution.analyses.verdict import cluster_composition, describe_mix
@@ -40,8 +40,8 @@ a longer layer choice is written out in full beneath it."""
 """`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
 (`apply_choice`)."""
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
-    "w_metric": (defaults.DEFAULT_METRIC, tuple(defaults.METRIC_LABELS)),
-    "w_random": (defaults.DEFAULT_N_RANDOM, defaults.RANDOM_ORDERS)}
+    "w_metric": (analysis.DEFAULT_METRIC, tuple(analysis.METRIC_LABELS)),
+    "w_random": (analysis.DEFAULT_N_RANDOM, analysis.RANDOM_ORDERS)}
 
 
 def _prepare(key: str, options: Sequence, default: Any) -> None:
@@ -100,8 +100,8 @@ def page_widget(key: str, options: Optional[Sequence] = None, default: Any = Non
 def metric_options(ws: Workspace) -> tuple[tuple[str, ...], str]:
     """(the pruning metrics this model and data can measure, the default one)."""
     regression, has_labels = is_regression(ws.loaded.n_classes), ws.data.labels is not None
-    return (defaults.metric_choices(regression=regression, has_labels=has_labels),
-            defaults.default_metric(regression=regression, has_labels=has_labels))
+    return (analysis.metric_choices(regression=regression, has_labels=has_labels),
+            analysis.default_metric(regression=regression, has_labels=has_labels))
 
 
 CLUSTER_SHOWN = "cluster_shown"  # session state: what the last run's cluster choice was
@@ -221,7 +221,7 @@ def sidebar(page: str = "") -> Optional[Context]:
 
     layer_names = [info.name for info in ws.layers]
     info_of = {info.name: info for info in ws.layers}
-    _prepare("w_layer", layer_names, defaults.default_layer(ws.layers))
+    _prepare("w_layer", layer_names, analysis.default_layer(ws.layers))
     def layer_words(name: str) -> str:
         return f"{name} · {info_of[name].kind} · {info_of[name].describe()}"
 
@@ -236,22 +236,22 @@ def sidebar(page: str = "") -> Optional[Context]:
     has_labels = ws.data.labels is not None
     has_provided = ws.data.clusters is not None
     regression = is_regression(ws.loaded.n_classes)
-    sources_ok = list(defaults.cluster_source_choices(has_labels, has_provided,
+    sources_ok = list(analysis.cluster_source_choices(has_labels, has_provided,
                                                       regression=regression))
     _prepare("w_cluster_by", sources_ok,
-             defaults.default_cluster_source(has_labels, has_provided))
+             analysis.default_cluster_source(has_labels, has_provided))
     bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
                   format_func=lambda source: cluster_source_label(source, regression),
                   help="How samples are grouped; scores are averaged within each cluster.")
     cluster_by = st.session_state["w_cluster_by"]
-    k_options = list(defaults.k_choices(len(ws.data)))
-    _prepare("w_k", k_options, defaults.default_k(len(ws.data)))
+    k_options = list(analysis.k_choices(len(ws.data)))
+    _prepare("w_k", k_options, analysis.default_k(len(ws.data)))
     if cluster_by.startswith("kmeans"):
         bar.select_slider("Number of k-means clusters", k_options, key="w_k")
     try:
         clusters = cluster_ids(ws.key, cluster_by, st.session_state["w_k"],
                                layer if cluster_by == "kmeans_activations" else "",
-                               defaults.DEFAULT_BATCH_SIZE, ws.loaded, ws.data,
+                               analysis.DEFAULT_BATCH_SIZE, ws.loaded, ws.data,
                                ProgressLine("Grouping samples into clusters"))
     except at.AttributionError as error:
         show_error(error, before="Could not form clusters: ")
@@ -274,12 +274,12 @@ def sidebar(page: str = "") -> Optional[Context]:
 
     layer_kind = info_of[st.session_state["w_layer"]].kind
     methods = list(at.methods_for(ws.data.inputs.dtype, layer_kind, ws.model))
-    _prepare("w_method", methods, defaults.DEFAULT_METHOD)
+    _prepare("w_method", methods, analysis.DEFAULT_METHOD)
     bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
                   help="How a neuron's importance for one sample is measured.")
     compared = st.session_state.get("w_compare")
     if not isinstance(compared, list) or any(m not in methods for m in compared):
-        compared = list(defaults.DEFAULT_COMPARE)
+        compared = list(analysis.DEFAULT_COMPARE)
     wanted = from_url().pop("w_compare", None)
     if wanted is not None:
         compared = [m for m in wanted.split(",") if m in methods]
@@ -288,13 +288,13 @@ def sidebar(page: str = "") -> Optional[Context]:
     bar.multiselect("Compare with", others, key="w_compare", format_func=plots.method_label,
                     help="Methods shown beside the main one on the Scores page.")
 
-    reductions = list(defaults.REDUCE_CHOICES)
-    _prepare("w_reduce", reductions, defaults.DEFAULT_REDUCE)
+    reductions = list(analysis.REDUCE_CHOICES)
+    _prepare("w_reduce", reductions, analysis.DEFAULT_REDUCE)
     bar.radio("Reduction over a cluster", reductions, key="w_reduce", horizontal=True,
-              format_func=defaults.REDUCTION_LABELS.get,
+              format_func=analysis.REDUCTION_LABELS.get,
               help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
-    targets_ok = list(defaults.target_choices(has_labels, regression=regression))
-    _prepare("w_target", targets_ok, defaults.default_target(has_labels, regression=regression))
+    targets_ok = list(analysis.target_choices(has_labels, regression=regression))
+    _prepare("w_target", targets_ok, analysis.default_target(has_labels, regression=regression))
     bar.radio("Score" if regression else "Score the logit of the", targets_ok, key="w_target",
               format_func=lambda target: target_label(target, regression), horizontal=True,
               help="A model with one output (a regression head) has no classes: its score "
@@ -304,8 +304,8 @@ def sidebar(page: str = "") -> Optional[Context]:
     if st.session_state["w_target"] == "fixed":
         bar.selectbox("Class", classes, key="w_class",
                       format_func=lambda c: cluster_label(c, "label", ws.class_names))
-    _prepare("w_batch", list(defaults.BATCH_SIZES), defaults.DEFAULT_BATCH_SIZE)
-    bar.select_slider("Batch size", list(defaults.BATCH_SIZES), key="w_batch",
+    _prepare("w_batch", list(analysis.BATCH_SIZES), analysis.DEFAULT_BATCH_SIZE)
+    bar.select_slider("Batch size", list(analysis.BATCH_SIZES), key="w_batch",
                       help="Samples per pass; results do not depend on it, memory does.")
 
     state = st.session_state

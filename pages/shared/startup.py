@@ -2,9 +2,9 @@
 
 `TRUST_CODE` is the one start-up setting. Importing this module also imports the libraries
 the dashboard's modules use and freezes what they made out of the garbage collector: the
-~290k objects of torch, pandas, plotly and attribution live as long as the server, and
-Streamlit collects garbage fully after every run (runner.postScriptGC): ~70 ms walking them,
-holding the GIL while the run's last messages wait to be sent. Frozen, they are skipped.
+hundreds of thousands of objects of torch, pandas, plotly and attribution live as long as the
+server, and Streamlit collects garbage fully after every run (runner.postScriptGC), walking
+them while holding the GIL while the run's last messages wait to be sent. Frozen, they are skipped.
 app.py imports it after its placeholder chart is on its way (torch takes a while).
 """
 import gc
@@ -15,7 +15,7 @@ import sys
 LIBRARIES = (  # what the dashboard's modules import: made before the freeze
     "numpy", "plotly.graph_objects", "streamlit", "torch", "attribution",
     "attribution.presentation.plots", "attribution.inputs.data", "attribution.inputs.demo",
-    "attribution.inputs.loading", "attribution.progress", "attribution.analyses.settings",
+    "attribution.inputs.model_formats", "attribution.progress", "attribution.analyses.settings",
     "attribution.analyses.verdict")
 for _name in LIBRARIES:
     importlib.import_module(_name)

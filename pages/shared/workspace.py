@@ -19,10 +19,10 @@ import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.inputs import data as data_module
 from attribution.inputs.data import Dataset, check_data, load_data, make_clusters
-from attribution.inputs import loading
+from attribution.inputs import model_formats
 from attribution.inputs.demo import load_demo
 from attribution.inputs.loaded import LoadedModel
-from attribution.inputs.loading import load_model
+from attribution.inputs.model_formats import load_model
 from attribution.inputs.shipped import DEMO_DIR
 from pages.shared.keys import demo_key, upload_key, upload_model_key
 from pages.shared.progress import ProgressLine
@@ -151,7 +151,7 @@ def workspace_of(source: str, upload: Optional[Upload]) -> Workspace:
 
 def warm_up() -> None:
     """Start the checker of uploaded models (a child process) while files are chosen."""
-    loading.warm_up()
+    model_formats.warm_up()
 
 
 @st.cache_data(max_entries=16, show_spinner="Grouping samples into clusters…")

@@ -5,19 +5,19 @@ import pytest
 import torch
 
 import attribution as at
-from attribution.analyses import costs, pruning
+from attribution.analyses import costs, pruning_curves
 from attribution.analyses.settings import evidence_ks
 from tests.support.models import build
 
 
 def counted_masks(monkeypatch) -> list[int]:
     """Patch the engine's masked passes to count the masks each evaluates."""
-    seen, masked_sums = [], pruning._masked_sums
+    seen, masked_sums = [], pruning_curves._masked_sums
 
     def counting(runner, captured, removed, *args):
         seen.append(int(removed.shape[0]))
         return masked_sums(runner, captured, removed, *args)
-    monkeypatch.setattr(pruning, "_masked_sums", counting)
+    monkeypatch.setattr(pruning_curves, "_masked_sums", counting)
     return seen
 
 
@@ -29,8 +29,8 @@ def test_the_masks_counted_are_the_masks_a_curve_evaluates(ks, n_random, monkeyp
     scores = -np.arange(16.0)  # ranked 0, 1, ..., 15 (any ranking: up to a random order's
     # masks that happen to equal its own)
     at.pruning_curve(model, "fc2", x, y, scores, ks=ks, n_random=n_random, batch_size=10**4)
-    evaluated, n_ks = sum(seen), len(pruning.check_ks(ks, 16))
-    assert costs.distinct_masks(16, n_random, pruning.check_ks(ks, 16), seed=0) == evaluated
+    evaluated, n_ks = sum(seen), len(pruning_curves.check_ks(ks, 16))
+    assert costs.distinct_masks(16, n_random, pruning_curves.check_ks(ks, 16), seed=0) == evaluated
     cost = costs.curve_cost(model, "fc2", x, y, ks=ks, n_random=n_random)
     assert (cost.masks, cost.n_orders, cost.n_ks, cost.n_samples, cost.n_neurons) == (
         evaluated, 2 + n_random, n_ks, x.shape[0], 16)
@@ -56,7 +56,8 @@ def test_cheaper_settings_are_priced_below_the_curve_and_named_as_flags(monkeypa
     cost = costs.curve_cost(model, "fc2", x, y, n_random=20)
     options = [choice.option for choice in cost.cheaper]
     assert options == [f"--n-random {costs.CHEAPER_N_RANDOM}",
-                       "--ks " + ",".join(map(str, pruning.spaced_ks(16, costs.CHEAPER_K_POINTS))),
+                       "--ks " + ",".join(map(str, pruning_curves.spaced_ks(
+                           16, costs.CHEAPER_K_POINTS))),
                        f"--sample {costs.CHEAPER_SAMPLES}"]
     assert all(choice.seconds <= cost.seconds for choice in cost.cheaper)
     words = cost.words(command_line=True)

@@ -343,7 +343,7 @@ def test_findings_speak_the_api_to_the_cli_and_the_screen_to_the_dashboard():
 def test_the_evidence_curve_is_returned_as_the_diagnosis_page_drew_it(method, reduce):
     """not_better_than_random carries the pruning curve it measured: the curve the Diagnosis
     page (pages/diagnosis.py, `cluster_curve`) computed again from the page's own scores."""
-    from attribution.analyses.pruning import spaced_ks
+    from attribution.analyses.pruning_curves import spaced_ks
     from attribution.presentation import plots
 
     loaded, dataset = at.load_demo("digits_mlp")

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import attribution as at
 from attribution import cli
 from attribution.analyses import distributed
-from attribution.analyses import pruning
+from attribution.analyses import pruning_curves
 from attribution.inputs.streaming import NpyRows
 
 from tests.support.models import build
@@ -148,15 +148,15 @@ def test_pruning_curves_equal_single_process(outcomes, key):
     for results in ranks:
         pd.testing.assert_frame_equal(results[key], single[key], rtol=1e-9, atol=1e-12)
         assert results[key].attrs["n_samples"] == single[key].attrs["n_samples"]
-        pd.testing.assert_frame_equal(pruning.curve_summary(results[key]),
-                                      pruning.curve_summary(single[key]))
+        pd.testing.assert_frame_equal(pruning_curves.curve_summary(results[key]),
+                                      pruning_curves.curve_summary(single[key]))
 
 
 def test_curves_equal_the_engine():
     model, layer, x, y, clusters, neuron_order = problem()
     pd.testing.assert_frame_equal(
         distributed.pruning_curve(model, layer, x, y, neuron_order, n_random=N_RANDOM),
-        pruning.pruning_curve(model, layer, x, y, neuron_order, n_random=N_RANDOM))
+        pruning_curves.pruning_curve(model, layer, x, y, neuron_order, n_random=N_RANDOM))
 
 
 def test_per_sample_scores_equal_single_process(outcomes):

@@ -12,7 +12,7 @@ from scipy import stats
 from torch import nn
 
 import attribution as at
-from attribution.analyses.pruning import curve_summary
+from attribution.analyses.pruning_curves import curve_summary
 from attribution.analyses.oracle import interval
 from attribution.analyses.scorecard import SCORECARD_COLUMNS, randomized_after, top_k_of
 from tests.support.families import trained_cnn1d

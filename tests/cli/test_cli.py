@@ -16,10 +16,10 @@ import attribution as at
 import attribution.__main__ as entry
 from attribution import cli, commands
 from attribution.analyses import costs, distributed
-from attribution.analyses import pruning
+from attribution.analyses import pruning_curves
 from attribution.analyses import settings
 from attribution.inputs.data import check_data, load_data
-from attribution.inputs.loading import GuessedExampleFailed, load_model
+from attribution.inputs.model_formats import GuessedExampleFailed, load_model
 
 from tests.support.models import token_files
 from tests.support import ROOT, fresh_python
@@ -260,14 +260,14 @@ def test_curve_writes_curves_and_summary(runs, demo):
     curves = pd.read_csv(folder / "curve.csv")
     ranking = at.cluster_scores(module, LAYER, dataset.inputs, dataset.labels,
                                 dataset.clusters, reduce="mean_abs").loc[["even"]]
-    expected = pruning.cluster_pruning_curves(module, LAYER, dataset.inputs, dataset.labels,
+    expected = pruning_curves.cluster_pruning_curves(module, LAYER, dataset.inputs, dataset.labels,
                                               dataset.clusters, "even", ranking, n_random=8,
                                               ks=[0, 2, 4, 8, 16])
     pd.testing.assert_frame_equal(curves, expected, check_dtype=False, rtol=1e-9)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["settings"]["cluster"] == "even" and summary["n_neurons"] == 16
     assert summary["n_samples"] == {"cluster": 356, "rest": 363}
-    expected_summary = pruning.curve_summary(expected)
+    expected_summary = pruning_curves.curve_summary(expected)
     for subset in ("cluster", "rest"):
         assert summary["subsets"][subset] == pytest.approx(
             expected_summary.loc[subset].to_dict())

@@ -13,7 +13,7 @@ import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.presentation import plots
 from attribution.inputs.demo import DEMO_DIR, load_demo
-from attribution.analyses.pruning import METRICS, spaced_ks
+from attribution.analyses.pruning_curves import METRICS, spaced_ks
 from attribution.presentation.report import collect_report
 from pages.shared import url, workspace
 from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, app_pages, assert_clean,

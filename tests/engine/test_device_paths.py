@@ -1,5 +1,5 @@
 """The GPU's code paths, run on the CPU: where reading a value stalls the device
-(`registry.syncs_are_free` is False there), the hot loops read none per batch, and their
+(`shared.syncs_are_free` is False there), the hot loops read none per batch, and their
 sync-free path gives the same scores, NaN rows included."""
 import collections
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attribution as at
-from attribution.methods import registry
+from attribution.methods import registry, shared
 
 from tests.support.models import ResidualMLP, build, groups, methods_scoring
 
@@ -47,7 +47,7 @@ def test_where_reads_stall_the_device_no_method_reads_a_value_per_batch(method, 
                               clusters=groups(x), about=about)
     assert on_cpu[5].isnan().all() or not registry.REGISTRY[method].uses_gradients
     assert not summing or (about["sum_steps"] == n_steps).all()
-    monkeypatch.setattr(registry, "syncs_are_free", lambda device: False)
+    monkeypatch.setattr(shared, "syncs_are_free", lambda device: False)
     reads = []
     for batch_size in (80, 8):  # 2 batches, then 20
         host_reads.clear()

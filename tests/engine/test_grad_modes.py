@@ -17,7 +17,7 @@ from attribution.analyses import distributed
 from attribution.analyses.neuron import neuron_view
 from attribution.engine.runners import select as runner_selection
 from attribution.inputs.data import check_data, load_data, predict_classes
-from attribution.inputs.loading import load_model
+from attribution.inputs.model_formats import load_model
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode
 from attribution.methods.registry import REGISTRY

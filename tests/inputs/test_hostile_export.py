@@ -782,11 +782,11 @@ def test_a_hostile_upload_is_refused_once_and_the_app_keeps_working(bases, tmp_p
                                                                     monkeypatch):
     """The sympy payload uploaded in the app: one message, nothing runs, and a rerun does not
     load the file again (counted: the jail's first run and the guard in this process)."""
-    from attribution.inputs import loading
+    from attribution.inputs import model_formats
     from tests.support.app import OCTET, assert_clean, demo_bytes, run_app, upload
 
     checked = []
-    for module, name in ((loading, "first_run"), (loading, "check_export_archive")):
+    for module, name in ((model_formats, "first_run"), (model_formats, "check_export_archive")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, original=original, **kwargs: (
             checked.append(name), original(*args, **kwargs))[1])

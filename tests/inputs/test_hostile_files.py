@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 import attribution as at
-from attribution.inputs import loading
+from attribution.inputs import model_formats
 from attribution.inputs.untrusted import jail
 from attribution.inputs.demo import DEMO_DIR
 from attribution.inputs.untrusted.limits import DEFAULT_LIMITS, Limits
@@ -344,29 +344,30 @@ def test_legitimate_files_near_real_sizes_still_load():
 def test_the_jail_stops_a_slow_model_at_its_time_budget():
     model, architecture = conv_bomb()
     limits = Limits(first_run_seconds=1.0)
-    report = loading.first_run(model, limits, architecture=at.parse_architecture(architecture))
+    report = model_formats.first_run(model, limits,
+                                     architecture=at.parse_architecture(architecture))
     assert "more than 1 s of computing" in report.message
     assert 1.0 <= report.seconds < 3.0
 
 
 def test_the_jail_stops_a_model_at_its_memory_budget():
     model, architecture = conv_memory_bomb()
-    report = loading.first_run(model, DEFAULT_LIMITS,
+    report = model_formats.first_run(model, DEFAULT_LIMITS,
                                architecture=at.parse_architecture(architecture))
     assert report.message is not None and "memory budget" in report.message, report
 
 
 def test_the_jail_passes_a_good_model_and_reports_its_classes():
-    report = loading.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
+    report = model_formats.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
     assert report.message is None and report.facts == {"n_classes": 10}
 
 
 def test_the_jail_is_on_for_bytes_and_paths_and_accepted_files_go_straight_through(
         monkeypatch):
     calls = []
-    monkeypatch.setattr(loading, "first_run",
+    monkeypatch.setattr(model_formats, "first_run",
                         lambda *a, **k: calls.append(k) or jail.Answer(None))
-    monkeypatch.setattr(loading, "_ACCEPTED", {})
+    monkeypatch.setattr(model_formats, "_ACCEPTED", {})
     path = DEMO_DIR / "digits_mlp.pt2"
     at.load_model(path, sandbox=False)
     at.load_model(path.read_bytes(), sandbox=False)
@@ -414,10 +415,10 @@ def test_other_work_goes_on_while_a_bomb_is_checked():
     import threading
     import time
 
-    loading.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
+    model_formats.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), DEFAULT_LIMITS)
     model, architecture = conv_bomb()
     reports = []
-    check = threading.Thread(target=lambda: reports.append(loading.first_run(
+    check = threading.Thread(target=lambda: reports.append(model_formats.first_run(
         model, DEFAULT_LIMITS, architecture=at.parse_architecture(architecture))))
     check.start()
     time.sleep(0.5)

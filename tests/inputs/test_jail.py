@@ -14,7 +14,7 @@ import torch
 
 import attribution as at
 from attribution.inputs import data as data_module
-from attribution.inputs import huggingface, loading
+from attribution.inputs import huggingface, model_formats
 from attribution.inputs.shipped import DEMO_DIR
 from attribution.inputs import tasks
 from attribution.inputs.untrusted import jail
@@ -86,7 +86,7 @@ def test_memory_and_time_budgets_hold_in_both(isolation):
     assert answer.peak_bytes < 2000 * 10 ** 6
     model = exported(MatmulBomb())
     with pytest.raises(at.AttributionError, match="more than 1 s of computing, the time budget"):
-        loading._accept(model, Limits(first_run_seconds=1.0), {})
+        model_formats._accept(model, Limits(first_run_seconds=1.0), {})
 
 
 def test_a_file_the_jail_hands_back_is_read_only_as_plain_numbers_or_text(tmp_path):
@@ -145,7 +145,7 @@ def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
 
     for module, name in ((data_module, "_load_data"), (np, "load"), (pd, "read_csv"),
                          (pd, "read_parquet"), (zipfile, "ZipFile"), (torch, "load"),
-                         (huggingface.TextEncoder, "encode"), (loading, "_model_kind"),
+                         (huggingface.TextEncoder, "encode"), (model_formats, "_model_kind"),
                          (huggingface, "load_folder")):
         monkeypatch.setattr(module, name, parser(f"{getattr(module, '__name__', module)}.{name}"))
     for kind, content in files.items():
@@ -156,14 +156,14 @@ def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
             at.load_model(hostile)
     assert events == []
     accepted = (DEMO_DIR / "digits_mlp.pt2").read_bytes()
-    monkeypatch.setattr(loading, "_ACCEPTED", {})
-    first_run = loading.first_run
-    monkeypatch.setattr(loading, "first_run",
+    monkeypatch.setattr(model_formats, "_ACCEPTED", {})
+    first_run = model_formats.first_run
+    monkeypatch.setattr(model_formats, "first_run",
                         lambda *args, **kwargs: events.append("jail") or first_run(*args,
                                                                                     **kwargs))
     with pytest.raises(at.AttributionError, match="ran in the server's process"):
         at.load_model(accepted)  # parsed here once the jail accepted it
-    assert events[:2] == ["jail", "attribution.inputs.loading._model_kind"]
+    assert events[:2] == ["jail", "attribution.inputs.model_formats._model_kind"]
 
 
 LEAN = r"""
@@ -218,8 +218,8 @@ def test_the_servers_warm_up_loads_each_file_as_the_server_calls_it():
     """The server loads a task's warm-up files with `function(source=path)` and ignores a
     failure (a warm-up only saves time), so a signature that needs more would silently leave
     every child to import torch.export's deserializer inside its own time budget."""
-    for path in (*loading.FIRST_RUN.warm_files, str(DEMO_DIR / "text_classifier")):
-        assert loading._load_in_child(source=path)["n_classes"] in (2, 10)
+    for path in (*model_formats.FIRST_RUN.warm_files, str(DEMO_DIR / "text_classifier")):
+        assert model_formats._load_in_child(source=path)["n_classes"] in (2, 10)
 
 
 def test_every_task_names_a_function_its_module_defines():
@@ -227,7 +227,8 @@ def test_every_task_names_a_function_its_module_defines():
     so a renamed function would fail only in the server: each must resolve."""
     named = [task for task in vars(tasks).values() if isinstance(task, jail.Task)]
     assert {task.function.partition(":")[0] for task in named} == {
-        "attribution.inputs.loading", "attribution.inputs.data", "attribution.inputs.streaming"}
+        "attribution.inputs.model_formats", "attribution.inputs.data",
+        "attribution.inputs.streaming"}
     for task in named:
         module, _, name = task.function.partition(":")
         assert callable(getattr(importlib.import_module(module), name)), task.function

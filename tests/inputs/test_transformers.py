@@ -21,7 +21,7 @@ from attribution.analyses import distributed
 from attribution.inputs import huggingface
 from attribution.inputs import demo as demo_module
 from attribution.inputs.data import check_data, load_data
-from attribution.methods.registry import gauss_legendre
+from attribution.methods.paths import gauss_legendre
 from attribution.engine.model_io import NamedInputs, logits_of, select_output
 
 from tests.support.models import groups
@@ -923,13 +923,13 @@ def test_a_folder_changed_after_it_was_accepted_is_checked_again(tmp_path, monke
     jail request was made, the new file parsed in this process only. A folder is now read
     once, its bytes checked in the jail (known again by their digest, never by path) and
     exactly those bytes loaded here."""
-    from attribution.inputs import loading
+    from attribution.inputs import model_formats
 
     folder = _folder_files(build("bert"), tmp_path, "bert")
-    monkeypatch.setattr(loading, "_ACCEPTED", {})  # as if never seen (other tests load it)
+    monkeypatch.setattr(model_formats, "_ACCEPTED", {})  # as if never seen (other tests load it)
     requests = []
-    real = loading.first_run
-    monkeypatch.setattr(loading, "first_run",
+    real = model_formats.first_run
+    monkeypatch.setattr(model_formats, "first_run",
                         lambda source, *a, **k: requests.append(source) or real(source, *a, **k))
     at.load_model(folder)
     assert len(requests) == 1 and isinstance(requests[0], dict)  # the bytes, not the path

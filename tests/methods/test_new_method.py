@@ -10,7 +10,7 @@ import attribution as at
 from attribution import cli
 from attribution.analyses.settings import default_cluster_source
 from attribution.inputs.data import check_data, load_data
-from attribution.inputs.loading import load_model
+from attribution.inputs.model_formats import load_model
 from attribution.methods.registry import REGISTRY, register
 
 from tests.support import ROOT

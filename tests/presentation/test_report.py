@@ -286,7 +286,7 @@ def test_every_default_has_one_home_that_the_library_reads():
     import inspect
 
     from attribution import defaults
-    from attribution.analyses import distributed, pruning
+    from attribution.analyses import distributed, pruning_curves
 
     for name in ("DEFAULT_METHOD", "DEFAULT_REDUCE", "DEFAULT_BATCH_SIZE", "DEFAULT_N_STEPS",
                  "DEFAULT_SEED", "DEFAULT_N_RANDOM", "DEFAULT_METRIC", "DEFAULT_ABLATION"):
@@ -304,11 +304,11 @@ def test_every_default_has_one_home_that_the_library_reads():
         for name, value in expected.items():
             if name in parameters:
                 assert parameters[name].default == value, (function.__name__, name)
-    for function in (pruning.pruning_curve, pruning.cluster_pruning_curves,
-                     pruning.model_metric, distributed.pruning_curve,
+    for function in (pruning_curves.pruning_curve, pruning_curves.cluster_pruning_curves,
+                     pruning_curves.model_metric, distributed.pruning_curve,
                      distributed.cluster_pruning_curves, at.scorecard):
         assert inspect.signature(function).parameters["metric"].default is None  # the head's
-    assert pruning.chosen_metric(None, 10, None) == analysis.DEFAULT_METRIC  # a classifier's
+    assert pruning_curves.chosen_metric(None, 10, None) == analysis.DEFAULT_METRIC  # a classifier's
     assert inspect.signature(at.diagnose).parameters["metric"].default == \
         analysis.EVIDENCE_METRIC
     settings = analysis.AnalysisSettings(layer="x")

@@ -4,7 +4,7 @@ import contextlib
 import numpy as np
 import torch
 
-from attribution.methods.registry import gauss_legendre
+from attribution.methods.paths import gauss_legendre
 
 
 @contextlib.contextmanager

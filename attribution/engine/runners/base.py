@@ -148,8 +148,8 @@ class LayerRunner(ABC):
 
     def check_differentiable_once(self) -> None:
         """`check_differentiable(self.model)` at the first gradient pass of a computation
-        (until `renew`): a walk over every module and parameter, which cost about 7% of a
-        forward+backward per batch on a small MLP when it ran on every batch."""
+        (until `renew`): a walk over every module and parameter, a visible share of a small
+        model's forward+backward when it ran on every batch."""
         if not self._differentiable_checked:
             check_differentiable(self.model)
             self._differentiable_checked = True

@@ -65,7 +65,8 @@ class FxRunner(LayerRunner):
         self._export = owner if owner is not model else None
         self.tail_graph, self._prefix = tail_graph, None
         # a gradient's leaf z is copied before the tail only where the tail may write into
-        # it (a copy per batch cost 8% of a small MLP's gradient); a missed in-place op on
+        # it (a copy per batch is a visible share of a small model's gradient); a missed
+        # in-place op on
         # the leaf is autograd's error, never a silent change of z
         self._tail_writes_in_place = may_write_in_place(tail_graph, owner)
         self._constants: Optional[tuple] = None  # see `_shortcut_constants`
@@ -187,7 +188,8 @@ class FxRunner(LayerRunner):
 
 def _leaf(z: torch.Tensor, saved: list) -> torch.Tensor:
     """The front's output z as an autograd leaf. `tail` copies a leaf before the tail's ops
-    run, so z itself can be the leaf (a copy cost ~15% of a wide layer's gradient) unless a
+    run, so z itself can be the leaf (a copy is a visible share of a wide layer's gradient)
+    unless a
     value the tail reads from the front shares its memory (an in-place layer's input kept
     for a residual): then the leaf is a copy, which no tail op can reach."""
     if saved:

@@ -10,8 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 import attribution as at
-from attribution.analyses import pruning
-from attribution.analyses.pruning import CURVE_COLUMNS, refinement_rounds, spaced_ks
+from attribution.analyses import pruning_curves
+from attribution.analyses.pruning_curves import CURVE_COLUMNS, refinement_rounds, spaced_ks
 
 from tests.support import references
 from tests.support.models import build
@@ -140,7 +140,7 @@ def test_inputs_too_big_to_keep_are_read_again_each_round(monkeypatch):
     model, x, y = build("residual_mlp")
     scores = scores_for(model, "fc2", x, y)
     kept = at.pruning_curve(model, "fc2", x, y, scores, ablation="mean", batch_size=8)
-    monkeypatch.setattr(pruning, "_CACHE_BYTES", 0)
+    monkeypatch.setattr(pruning_curves, "_CACHE_BYTES", 0)
     updates = []
     reread = at.pruning_curve(model, "fc2", x, y, scores, ablation="mean", batch_size=8,
                               progress=lambda fraction, part: updates.append(len(part)))
@@ -230,7 +230,7 @@ def test_a_wide_layer_is_captured_in_row_chunks_on_a_cpu(monkeypatch, kind, abla
                                 ablation=ablation, metric="target_logit", batch_size=30)
 
     whole = curve()
-    monkeypatch.setattr(pruning, "_CPU_ELEMENTS_PER_CAPTURE", 7 * 8)  # 7 rows of 8 neurons
+    monkeypatch.setattr(pruning_curves, "_CPU_ELEMENTS_PER_CAPTURE", 7 * 8)  # 7 rows of 8 neurons
     rows = []
     handle = model[0].register_forward_hook(lambda module, args, out: rows.append(len(out)))
     try:

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import attribution as at
-from attribution.analyses.pruning import refinement_rounds
+from attribution.analyses.pruning_curves import refinement_rounds
 
 
 class Interrupted(Exception):

@@ -50,13 +50,13 @@ CURVE_COLUMNS = ("k", "ranked", "bottom", "random_mean", "random_lo", "random_hi
 BAND_PERCENTILES = (5.0, 95.0)
 _CACHE_BYTES = 512 << 20
 # Layer-output elements per stacked tail pass. On a CPU a pass that fits in cache (1 MiB of
-# float32) is ~3x faster than one huge pass (measured: digits MLP, benchmarks/bench_pruning.py);
+# float32) is faster than one huge pass (benchmarks/bench_pruning.py);
 # a GPU wants big passes to amortise kernel launches.
 _ELEMENTS_PER_PASS = {"cpu": 1 << 18, "other": 1 << 24}
 # Samples per capture on a CPU: a batch whose layer output has more elements (16 MiB of float32)
 # is captured in row chunks. Bigger blocks are mapped fresh and page-faulted in on every masked
-# pass, smaller ones the allocator reuses (measured: GPT-2's h.0.mlp.act, 128 sequences x 128
-# tokens x 3072 in one capture, spent 24% of a curve's CPU time in page faults). A GPU's
+# pass, smaller ones the allocator reuses (a GPT-2 MLP layer's curve had spent a large share
+# of its CPU time in page faults). A GPU's
 # caching allocator needs no split.
 _CPU_ELEMENTS_PER_CAPTURE = 1 << 22
 _FIRST_ROUND = 5  # k points in the first progress update: both ends, the middle, the quarters
@@ -101,7 +101,7 @@ def pruning_curve(model: nn.Module, layer, inputs: Inputs, targets, scores, *,
         metric, ablation, n_neurons, n_samples, n_random, seed, random_orders [n_random,
         n_neurons] and random_curves [n_random, len(ks)] (for `curve_summary`); the last two
         are nested lists, not arrays, so that pd.concat of curve frames keeps working; and
-        layer, neuron_axis, axis_rule (`split.layer_attrs`).
+        layer, neuron_axis, axis_rule (`runners.layer_attrs`).
     """
     return _curves(model, layer, inputs, targets, scores, None, None, ks=ks,
                    n_random=n_random, seed=seed, ablation=ablation, metric=metric,
@@ -392,7 +392,7 @@ def metric_values(logits: torch.Tensor, targets: torch.Tensor, metric: str) -> t
         raise AttributionError(f"{metric} needs class ids as targets; got real values, which "
                                "only a regression head (one output) takes.")
     if metric == "accuracy":
-        return (logits.max(1).indices == targets).to(logits.dtype)  # argmax; ~3x faster
+        return (logits.max(1).indices == targets).to(logits.dtype)  # faster than argmax
     if metric == "target_logit":
         return logits.gather(1, targets[:, None])[:, 0]
     return functional.cross_entropy(logits, targets, reduction="none")
@@ -465,7 +465,7 @@ def _masked_sums(runner, captured: _Captured, removed: torch.Tensor, fill: Optio
             chunk = removed[begin:begin + per_pass]
             count = chunk.shape[0]
             mask = chunk.view((count, 1, chunk.shape[1]) + (1,) * (z.dim() - 2))
-            if multiply:  # ~2.5x faster than masked_fill / where on a CPU
+            if multiply:  # faster than masked_fill / where on a CPU
                 variants = z.unsqueeze(0) * (~mask).to(z.dtype)
             else:
                 variants = torch.where(mask, fill, z.unsqueeze(0))
@@ -653,7 +653,7 @@ def curve_frame(sums: torch.Tensor, counts: np.ndarray, ks: list[int], positions
                 subset_names, orders: torch.Tensor, metric: str, ablation: str, n_random: int,
                 seed: int, layer: dict) -> pd.DataFrame:
     """The curve table for the k positions done so far (ascending k); `layer`: the
-    `split.layer_attrs` of the layer, added to the attrs."""
+    `runners.layer_attrs` of the layer, added to the attrs."""
     names = subset_names or (None,)
     k_values = np.asarray(ks)[positions]
     parts, random_curves, sizes = [], {}, {}

@@ -11,8 +11,9 @@ from torch import nn
 import attribution as at
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import eval_mode
-from attribution.methods import registry
-from attribution.methods.registry import REGISTRY, gauss_legendre
+from attribution.methods import paths
+from attribution.methods.paths import gauss_legendre
+from attribution.methods.registry import REGISTRY
 
 from tests.support import references
 from tests.support.models import (ResidualMLP, SequenceNet, ThreeBranchNet, TokenNet,
@@ -128,7 +129,7 @@ def test_gauss_legendre_nodes_equal_numpys_without_calling_numpys_lapack(n, monk
     """Equal to NumPy's leggauss to float32 rounding, computed in torch: NumPy's LAPACK call
     woke its OpenBLAS threads, which spun beside torch's and slowed the next batches 3x."""
     nodes, weights = np.polynomial.legendre.leggauss(n)
-    registry._gauss_legendre_on_cpu.cache_clear()
+    paths._gauss_legendre_on_cpu.cache_clear()
 
     def refuse(*args, **kwargs):
         raise AssertionError("NumPy's LAPACK is called")

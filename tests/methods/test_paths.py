@@ -12,7 +12,7 @@ from torch import nn
 
 import attribution as at
 from attribution import cli
-from attribution.methods.registry import (MAX_STEPS_FACTOR, SUM_FLOOR, SUM_TOLERANCE,
+from attribution.methods.paths import (MAX_STEPS_FACTOR, SUM_FLOOR, SUM_TOLERANCE,
                                           sum_check)
 from tests.support import references
 from tests.support.app import assert_clean, run_app
@@ -265,25 +265,25 @@ def test_conductance_holds_at_most_its_intervals_budget(monkeypatch):
     at a tight budget the samples that met their sum let theirs go, rounds split only what
     fits, and a sample that could not be finished is reported, not returned as if it met
     its sum."""
-    from attribution.methods import registry
+    from attribution.methods import paths
 
     torch.manual_seed(3)
     model, x = ReluNet().eval(), torch.randn(40, 1, 8, 8) * 3
     targets = torch.arange(40) % 5
     held = []
-    append = registry._Intervals.append
+    append = paths._Intervals.append
 
     def counted(self, *args):
         append(self, *args)
         held.append(self.size)
 
-    monkeypatch.setattr(registry._Intervals, "append", counted)
+    monkeypatch.setattr(paths._Intervals, "append", counted)
     free_about = {}
     at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, about=free_about,
                      batch_size=40)
     assert max(held) > 2 * 17 * 40  # INTERVALS_MEMORY holds more than 2 per node here
-    monkeypatch.setattr(registry, "MAX_INTERVALS_FACTOR", 1.1)
-    monkeypatch.setattr(registry, "INTERVALS_MEMORY", 0)
+    monkeypatch.setattr(paths, "MAX_INTERVALS_FACTOR", 1.1)
+    monkeypatch.setattr(paths, "INTERVALS_MEMORY", 0)
     held.clear()
     about = {}
     ours = at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16,

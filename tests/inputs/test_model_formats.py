@@ -445,12 +445,12 @@ def test_torch_exports_deserializer_is_imported_while_the_jail_runs_and_the_mode
     thread while it waits for the jail (once), then loads and scores as ever."""
     script = (
         "import sys, torch\n"
-        "from attribution.inputs import loading\n"
-        "assert loading._DESERIALIZER not in sys.modules\n"
-        "model = loading.load_model('demo/digits_mlp.pt2')\n"
-        "assert len(loading._IMPORTING) == 1 and loading._DESERIALIZER in sys.modules\n"
-        "loading.load_model('demo/digits_cnn.pt2')\n"
-        "assert len(loading._IMPORTING) == 1\n"
+        "from attribution.inputs import model_formats\n"
+        "assert model_formats._DESERIALIZER not in sys.modules\n"
+        "model = model_formats.load_model('demo/digits_mlp.pt2')\n"
+        "assert len(model_formats._IMPORTING) == 1 and model_formats._DESERIALIZER in sys.modules\n"
+        "model_formats.load_model('demo/digits_cnn.pt2')\n"
+        "assert len(model_formats._IMPORTING) == 1\n"
         "print(model.n_classes)\n")
     done = fresh_python(script)
     assert done.returncode == 0 and done.stdout.strip() == "10", done.stderr
