@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from .inputs import data as data_module
+from .analyses import clusters as clusters_module
 from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
@@ -563,7 +564,7 @@ _STREAMED_HINTS["kmeans_activations"] = _STREAMED_HINTS["kmeans_inputs"]
 
 
 def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarray:
-    """Cluster ids [N] from `--clusters` (`cluster_source_of`; `data.make_clusters`, also for
+    """Cluster ids [N] from `--clusters` (`cluster_source_of`; `clusters.make_clusters`, also for
     .npy data read batch by batch); "none" puts every sample in one cluster "all"."""
     source = cluster_source_of(args, problem)
     if source == NO_CLUSTERS:
@@ -574,8 +575,9 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
     else:
         data = data_module.Dataset(problem.inputs, problem.labels, problem.provided_clusters)
     try:
-        return data_module.make_clusters(source, data, problem.model, layer=layer, k=args.kmeans_k,
-                                         seed=args.seed, batch_size=args.batch_size)
+        return clusters_module.make_clusters(source, data, problem.model, layer=layer,
+                                             k=args.kmeans_k, seed=args.seed,
+                                             batch_size=args.batch_size)
     except AttributionError as error:
         if not problem.streamed or source not in _STREAMED_HINTS:
             raise
@@ -961,7 +963,7 @@ def run_prune(args) -> int:
     module, inputs = problem.model.module, problem.inputs
     targets = analysis.curve_targets(args.metric, problem.labels, targets)
     if targets is None:  # the unpruned model's predictions, as the curves measure them
-        targets = data_module.predict_classes(module, inputs, batch_size=args.batch_size)
+        targets = clusters_module.predict_classes(module, inputs, batch_size=args.batch_size)
     options = dict(batch_size=args.batch_size)
     pruned = prune(module, args.layer, ranking, args.k, mode=args.ablation, remove=args.remove,
                    inputs=inputs, **options)

@@ -76,7 +76,8 @@ from torch import nn
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_PRUNE_REDUCE,
                         DEFAULT_REDUCE, DEFAULT_SEED)
-from ..inputs.data import CLUSTER_SOURCES, Dataset
+from ..inputs.data import Dataset
+from .clusters import CLUSTER_SOURCES
 from ..errors import AttributionError
 from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
@@ -353,7 +354,7 @@ class AnalysisSettings:
         layer: dotted layer name, or "name:axis" with the neuron axis chosen by hand
             (`layers.resolve_layer`; `LayerInfo.spec`).
         method: the main scoring method; `compare` adds methods shown beside it.
-        cluster_source: one of `CLUSTER_SOURCES` (`attribution.inputs.data.make_clusters`).
+        cluster_source: one of `CLUSTER_SOURCES` (`attribution.analyses.clusters.make_clusters`).
         k: number of clusters for the k-means sources.
         cluster: the cluster in focus; None = the first cluster id (`with_cluster_of`).
         reduce: "mean" (signed) or "mean_abs".

@@ -218,8 +218,8 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
     Args:
         findings: the `diagnose` findings of this layer, cluster and method.
         method, reduce: the view's scoring method and reduction.
-        cluster_source: how the clusters were formed (`attribution.inputs.data.CLUSTER_SOURCES`);
-            None = not known (no cluster remedy is offered).
+        cluster_source: how the clusters were formed (`clusters.CLUSTER_SOURCES`); None =
+            not known (no cluster remedy is offered).
         has_labels: whether the data has labels (one-class clusters by true label).
     Returns:
         A `Verdict`; remedies never repeat the current choice.

@@ -16,6 +16,7 @@ the entry explicitly for a model whose logits are elsewhere.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Mapping
@@ -417,3 +418,27 @@ def logits_of(output: Any, key: OutputKey = None) -> torch.Tensor:
             f"{shape_text(chosen)}. Choose the output entry that holds them (output= / "
             "--output), or wrap the model so forward() returns one [N, n_classes] tensor.")
     return chosen
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's first parameter (or buffer) lives; cpu for a model without any."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
+
+
+MULTI_HOT_ADVICE = (
+    "multi-hot labels [N, L] (a multi-label head, one sigmoid per label), which are scored one "
+    "label at a time: score label j's logit for every sample (targets=torch.full((N,), j); "
+    "command line --targets j), group the samples by whether label j is on (clusters=y[:, j]; "
+    "a cluster column), and measure that logit (metric='target_logit'). Accuracy and the loss "
+    "assume one class per sample.")
+"""What a multi-label head's multi-hot labels mean here, said wherever they are refused."""
+
+
+def is_multi_hot(values) -> bool:
+    """Are `values` a 2-D array of 0s and 1s (multi-hot labels [N, L])?"""
+    if not isinstance(values, (torch.Tensor, np.ndarray)) or values.ndim != 2 \
+            or values.shape[1] < 2 or values.shape[0] == 0:
+        return False  # checked before any copy: targets of every batch come through here
+    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values
+    return array.dtype.kind in "biuf" and bool(np.isin(array, (0, 1)).all())

@@ -14,7 +14,7 @@ from ..errors import AttributionError
 from ..engine.guards import eval_mode
 from ..engine.layers import LayerInfo, list_layers, run_logits
 from ..engine.model_io import MASK_NAME, NamedInputs, OutputKey, select_output, to_model
-from ..methods.scores import model_device
+from ..engine.model_io import model_device
 from .untrusted.export_guard import EXPORT_RECIPE
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -30,6 +29,7 @@ from torch import nn
 from ..engine import model_io
 from ..engine.guards import autograd_input, engine_modes, eval_mode
 from ..engine.layers import resolve_layer
+from ..engine.model_io import MULTI_HOT_ADVICE, is_multi_hot, model_device
 from ..engine.runners import LayerRunner, runner_for
 from ..errors import AttributionError
 from .registry import Targets
@@ -43,12 +43,6 @@ Result = TypeVar("Result")
 
 
 # ------------------------------------------------------------------- device and batches
-
-def model_device(model: nn.Module) -> torch.device:
-    """Where the model's first parameter (or buffer) lives; cpu for a model without any."""
-    first = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return torch.device("cpu") if first is None else first.device
-
 
 def resolve_device(device: Union[str, torch.device]) -> torch.device:
     """`device` as a torch.device that exists here; AttributionError when it does not."""
@@ -225,24 +219,6 @@ def _target_word(word: str, inputs: Inputs, accepts: Sequence[str],
                                "DataLoader; with array inputs pass the labels as a "
                                "LongTensor [N].")
     return word
-
-
-MULTI_HOT_ADVICE = (
-    "multi-hot labels [N, L] (a multi-label head, one sigmoid per label), which are scored one "
-    "label at a time: score label j's logit for every sample (targets=torch.full((N,), j); "
-    "command line --targets j), group the samples by whether label j is on (clusters=y[:, j]; "
-    "a cluster column), and measure that logit (metric='target_logit'). Accuracy and the loss "
-    "assume one class per sample.")
-"""What a multi-label head's multi-hot labels mean here, said wherever they are refused."""
-
-
-def is_multi_hot(values) -> bool:
-    """Are `values` a 2-D array of 0s and 1s (multi-hot labels [N, L])?"""
-    if not isinstance(values, (torch.Tensor, np.ndarray)) or values.ndim != 2 \
-            or values.shape[1] < 2 or values.shape[0] == 0:
-        return False  # checked before any copy: targets of every batch come through here
-    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values
-    return array.dtype.kind in "biuf" and bool(np.isin(array, (0, 1)).all())
 
 
 def _is_real(targets) -> bool:

@@ -25,7 +25,8 @@ from plotly.offline import get_plotlyjs
 
 from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
-from ..inputs.data import Dataset, make_clusters, predictions
+from ..analyses.clusters import make_clusters, predictions
+from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, permutation_words,
                                  random_severity)
 from ..errors import AttributionError

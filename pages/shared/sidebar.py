@@ -25,7 +25,7 @@ from attribution.analyses import settings as analysis
 from attribution.analyses.settings import (AnalysisSettings, cluster_label, cluster_source_label,
                                            is_regression, partition_words, target_label)
 from attribution.analyses.verdict import cluster_composition, describe_mix
-from attribution.inputs.data import quartiles
+from attribution.analyses.clusters import quartiles
 from pages.shared.context import Context
 from pages.shared.draw import escape_markdown, show_error
 from pages.shared.progress import ProgressLine

@@ -17,8 +17,8 @@ import torch
 
 import attribution as at
 from attribution.analyses import settings as analysis
-from attribution.inputs import data as data_module
-from attribution.inputs.data import Dataset, check_data, load_data, make_clusters
+from attribution.analyses import clusters
+from attribution.inputs.data import Dataset, check_data, load_data
 from attribution.inputs import model_formats
 from attribution.inputs.demo import load_demo
 from attribution.inputs.loaded import LoadedModel
@@ -158,14 +158,14 @@ def warm_up() -> None:
 def cluster_ids(key: str, source: str, k: int, layer: str, batch_size: int,
                 _loaded: LoadedModel, _data: Dataset, _progress) -> np.ndarray:
     with _progress:
-        return make_clusters(source, _data, _loaded, layer or None, k, batch_size=batch_size,
-                             progress=_progress)
+        return clusters.make_clusters(source, _data, _loaded, layer or None, k,
+                                      batch_size=batch_size, progress=_progress)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _predictions(key: str, _loaded: LoadedModel, _data: Dataset, _progress) -> np.ndarray:
     with _progress:
-        return data_module.predictions(_loaded, _data.inputs, progress=_progress).numpy()
+        return clusters.predictions(_loaded, _data.inputs, progress=_progress).numpy()
 
 
 def predictions(ws: Workspace) -> np.ndarray:

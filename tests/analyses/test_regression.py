@@ -13,7 +13,7 @@ from torch import nn
 import attribution as at
 from attribution import cli
 from attribution.analyses import settings as analysis
-from attribution.inputs.data import QUARTILES, predictions, quartiles
+from attribution.analyses.clusters import QUARTILES, predictions, quartiles
 from attribution.presentation import plots
 from tests.support import references
 from tests.support.app import (OCTET, assert_clean, figure, figures, run_app, sidebar_widget,

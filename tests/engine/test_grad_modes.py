@@ -16,7 +16,8 @@ from attribution import cli
 from attribution.analyses import distributed
 from attribution.analyses.neuron import neuron_view
 from attribution.engine.runners import select as runner_selection
-from attribution.inputs.data import check_data, load_data, predict_classes
+from attribution.analyses.clusters import predict_classes
+from attribution.inputs.data import check_data, load_data
 from attribution.inputs.model_formats import load_model
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode

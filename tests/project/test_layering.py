@@ -1,7 +1,7 @@
 """The package's layers, read from its imports (`ast`): no module imports a layer above its own,
 and nothing in it imports streamlit.
 
-Layers, low to high: core (errors, progress, defaults) < engine < methods < inputs < analyses <
+Layers, low to high: core (errors, progress, defaults) < engine < inputs < methods < analyses <
 presentation < front ends (cli, __main__, the package's __init__). A module may import its own
 layer and the layers below; imports inside functions count too, and so does a function named
 by a string ("attribution.inputs.data:_read_in_jail": how the jail's tasks name what their
@@ -15,7 +15,7 @@ import pytest
 from tests.support import ROOT
 
 PACKAGE = ROOT / "attribution"
-LAYERS = ("core", "engine", "methods", "inputs", "analyses", "presentation", "front")
+LAYERS = ("core", "engine", "inputs", "methods", "analyses", "presentation", "front")
 CORE = {"attribution.errors", "attribution.progress", "attribution.defaults"}
 
 

@@ -335,3 +335,22 @@ def groups(x) -> np.ndarray:
     from attribution.engine import model_io
 
     return np.arange(model_io.n_rows(model_io.named(x))) % 3
+
+
+# ------------------------------------------- four samples of a table, and a model that reads them
+
+INPUTS = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]],
+                  dtype=np.float32)
+LABELS = np.array([0, 1, 1, 0])
+
+
+def picker_model():
+    """A `LoadedModel` whose logits are the first two features: class 1 wins where b > a
+    (every row of INPUTS)."""
+    from attribution.inputs.loaded import LoadedModel
+
+    linear = nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    return LoadedModel(module=nn.Sequential(linear).eval(), input_shape=(3,), n_classes=2,
+                       class_names=("zero", "one"))
