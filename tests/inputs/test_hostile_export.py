@@ -764,11 +764,11 @@ def test_a_transformers_export_with_named_inputs_and_guards_loads():
 def test_shape_guards_are_accepted_and_python_is_not():
     for guard in ("L['attention_mask'].size()[0] == L['input_ids'].size()[0]",
                   "2 <= L['x'].size()[0]", "(L['x'].size()[1] // 2) * 2 == L['x'].size()[1]"):
-        export_guard._guard(guard)
+        export_guard.program._guard(guard)
     for guard in ("L['x'].size.__class__", "__import__('os')", "L['x'].size()[0] ** 99999",
                   "[c for c in ()]", "L['x'].size()[0]; 1"):
         with pytest.raises(at.AttributionError, match="guard code"):
-            export_guard._guard(guard)
+            export_guard.program._guard(guard)
 
 
 def test_extra_files_come_back(bases):
