@@ -10,7 +10,7 @@ from torch import nn
 
 import attribution as at
 from attribution.analyses import neuron as neuron_module
-from attribution.inputs.data import KMEANS_RUNS
+from attribution.analyses.clusters import KMEANS_RUNS
 from pages.shared import workspace
 from tests.support.app import (ESTIMATE, assert_no_line_left, run_app, sidebar_widget,
                                slowed_first_step)
