@@ -10,8 +10,8 @@ from torch import nn
 
 import attribution as at
 from attribution.analyses import neuron as neuron_module
+from attribution.analyses import clusters
 from attribution.analyses.clusters import KMEANS_RUNS
-from pages.shared import workspace
 from tests.support.app import (ESTIMATE, assert_no_line_left, run_app, sidebar_widget,
                                slowed_first_step)
 
@@ -32,7 +32,7 @@ def lines_of(drawn: list[str], what: str) -> list[str]:
 @pytest.mark.parametrize("source", ["kmeans_inputs", "kmeans_activations"])
 def test_slow_clustering_says_how_long_it_takes(monkeypatch, drawn, cold, source):
     app = run_app()
-    reported = slowed_first_step(monkeypatch, workspace, "make_clusters")  # what cluster_ids calls
+    reported = slowed_first_step(monkeypatch, clusters, "make_clusters")  # what cluster_ids calls
     drawn.clear()
     sidebar_widget(app, "w_cluster_by").set_value(source).run()
     assert_no_line_left(app)  # removed when the clustering ended
