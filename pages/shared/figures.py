@@ -5,7 +5,7 @@ the result.
 Streamlit's PlotlyChart (1.67) draws a new chart twice: Plotly.react at plotly's own size,
 then again with the column's measured width, its click modes and a JSON copy of the figure
 (every object new). plotly.js diffs the second call against the first and replots in full
-(a large share of Chromium's time a Scores chart) when it sees a change: a template object that
+(a large share of what a Scores chart costs Chromium) when it sees a change: a template object that
 is not the same object, a typed array (how plotly.py sends numpy arrays), any new data array
 when the layout has no datarevision, or a changed clickmode. `drawn_once` sends none of these,
 so the second call only restyles (the click modes are the ones the frontend would set, the
