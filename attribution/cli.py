@@ -42,7 +42,8 @@ from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
-from .analyses.diagnose import diagnose, diagnose_cost
+from .analyses.diagnose import diagnose, diagnose_cost, diagnose_oracle_neurons
+from .analyses.oracle_sample import ORACLE_SECONDS
 from .analyses.scorecard import SCORECARD_COLUMNS, scorecard, scorecard_cost
 from .errors import AttributionError
 from .engine import model_io
@@ -310,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="your own per-sample scores (.npy) to check your hook code: "
                               "one row per sample (with --cluster, its rows or every "
                               "sample's)")
+    command.add_argument("--oracle-neurons", type=_positive, metavar="M",
+                         help="ablate M of the layer's neurons exactly, drawn at random, for "
+                              "the agreement check (default: every neuron when they fit "
+                              f"{ORACLE_SECONDS:.0f} s, else as many as fit, said)")
     command.add_argument("--out", type=Path, help="findings as JSON")
     command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
                          help="lowest severity that makes the exit code 1 (default problem)")
@@ -1013,8 +1018,13 @@ def run_diagnose(args) -> int:
         args, args.user_scores, "user scores")
     options = dict(reduce=args.reduce, metric=args.metric, ablation=args.ablation,
                    n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
-                   n_steps=args.n_steps)
-    if not args.quiet and isinstance(problem.inputs, torch.Tensor | NamedInputs):
+                   n_steps=args.n_steps, oracle_neurons=args.oracle_neurons)
+    in_memory = isinstance(problem.inputs, torch.Tensor | NamedInputs)
+    if args.oracle_neurons is None and args.method != "ablation" and in_memory:
+        options["oracle_neurons"] = diagnose_oracle_neurons(  # the same for cost and work
+            problem.model.module, args.layer, problem.inputs, targets, clusters, cluster=focus,
+            batch_size=args.batch_size)
+    if not args.quiet and in_memory:
         _say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
                                           targets, args.method, clusters, cluster=focus,
                                           **options).words())
@@ -1023,10 +1033,12 @@ def run_diagnose(args) -> int:
                             args.method, clusters, cluster=focus, user_scores=user_scores,
                             progress=bar, **options)
     records = [{"code": f.code, "severity": f.severity, "value": _finite_or_none(f.value),
+                "low": _finite_or_none(f.low), "high": _finite_or_none(f.high),
                 "message": f.message, "hint": f.hint} for f in findings]
     if args.out is not None:
         write_json({**scored_layer(problem.model.module, args.layer, problem.inputs),
-                    "method": args.method, "reduce": args.reduce, "findings": records},
+                    "method": args.method, "reduce": args.reduce,
+                    "oracle_neurons": options["oracle_neurons"], "findings": records},
                    args.out)
     print(findings_table(records))
     failing = {"problem"} if args.fail_on == "problem" else {"problem", "warning"}

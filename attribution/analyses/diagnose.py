@@ -30,8 +30,11 @@ several clusters every check runs on each and reports the worst. Value measured;
   leaves the 5-95% random band at some k (`curve_summary`'s outside_band), problem if p > 0.5
   (a typical random order does as much damage), else warning.
 - disagrees_with_ablation: Spearman with the exact single-neuron ablation oracle, with its 95%
-  bootstrap interval over the cluster's samples and its one-sided p-value against a random
-  ranking of the n neurons (`Finding.p_value`). Ok if the whole interval is >= 0.6 (above
+  bootstrap interval and its one-sided p-value against a random ranking of the neurons
+  compared (`Finding.p_value`). The oracle is exact on every neuron when that fits
+  `oracle_sample.ORACLE_SECONDS`, else on a random sample of them (`oracle_sample`), said
+  in the message ("on 256 of 3,072 neurons"): the interval then spans both the samples and
+  the neurons drawn. Ok if the whole interval is >= 0.6 (above
   activation's 0.56 in Molchanov et al. 2017); problem if it is all < 0.3 (weight
   magnitude's 0.27 there; random is 0), if a random ranking agrees as well with p > 0.05
   (with 16 neurons, rho under about 0.43), or if the correlation does not exist; else
@@ -76,7 +79,9 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
-from .oracle import bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman
+from .oracle import bootstrap_counts, interval
+from .oracle_sample import (OracleSample, default_oracle_neurons, sample_oracle,
+                            sampled_spearman)
 from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.paths import SUM_TOLERANCE, SumCheck, sum_check
 from ..methods.registry import REGISTRY, method_label
@@ -86,7 +91,7 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
                        metric_label)
 from .costs import SampledCost, sampled_cost
 from .pruning_curves import curve_summary, pruning_curve
-from ..methods.scores import (ClusterStatistics, Inputs, check_method, check_reduce,
+from ..methods.scores import (Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
                               score_batches)
 
@@ -198,7 +203,7 @@ class _Evidence:
     cluster_score: np.ndarray
     gradients: np.ndarray
     activations: np.ndarray
-    effects: np.ndarray
+    oracle: OracleSample  # exact ablation of (a sample of) the neurons, on these samples
     logit_scale: float
     reach: np.ndarray  # sum over classes of |dF_c/dz|: 0 where no class depends on the neuron
     draws: np.ndarray  # [BOOTSTRAP_DRAWS, m]: how often each sample is drawn in each resample
@@ -218,7 +223,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
              metric: str = EVIDENCE_METRIC, ablation: str = DEFAULT_ABLATION,
              n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
              batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
-             progress: FindingsProgress = None, device=None) -> list[Finding]:
+             oracle_neurons: Optional[int] = None, progress: FindingsProgress = None,
+             device=None) -> list[Finding]:
     """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
 
     Args:
@@ -238,6 +244,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
             (measured at `settings.evidence_ks` k values, returned as its finding's `curve`).
         batch_size, n_steps, device: as in `neuron_scores`.
+        oracle_neurons: how many neurons disagrees_with_ablation ablates exactly, drawn at
+            random (all: the layer's n or more); None = as many as
+            `oracle_sample.ORACLE_SECONDS` allow (`oracle_sample.sample_oracle`).
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
         One `Finding` per check in `CHECKS` order; incomplete_integral only for a method
@@ -284,8 +293,11 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     gradients = (scores if method == "gradient"
                  else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
     activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
-    effects = (scores if method == "ablation"
-               else neuron_scores(model, layer, x, targets, "ablation", **options).numpy())
+    if method == "ablation" and oracle_neurons is None:  # exact on every neuron already
+        oracle = OracleSample(np.arange(scores.shape[1]), scores.shape[1], scores)
+    else:
+        oracle = sample_oracle(model, layer, x, targets, oracle_neurons,
+                               batch_size=batch_size, seed=seed)
     reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
 
@@ -298,7 +310,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         groups.append(_Evidence(
             name, x[part], targets[part] if targets is not None else None, group_scores,
             reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
-            effects[rows], float(logits[part].double().std()) if len(rows) else 0.0,
+            oracle.rows(rows), float(logits[part].double().std()) if len(rows) else 0.0,
             reach[rows], bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
             logits.shape[1] == 1))
     labelled = len(groups) > 1
@@ -320,7 +332,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
                               labelled))
     findings.append(_worst([_random_baseline(curve, _metric_term(metric, g), n_random)
                             for g, curve in zip(groups, curves)], groups, labelled))
-    findings.append(_worst([_oracle(g, reduce) for g in groups], groups, labelled))
+    findings.append(_worst([_oracle(g, reduce, np.random.default_rng([seed, position]))
+                            for position, g in enumerate(groups)], groups, labelled))
     checked = sum_check(about, n_steps)
     if checked is not None:
         findings.append(integral_finding(checked, method, n_steps))
@@ -339,13 +352,35 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     ablation, the evidence curve, the bootstrap) grows with the samples, and each cluster
     adds a fixed part, which the samples keep: the timing holds whatever the model, where
     the masked-pass model of `costs.curve_cost` leaves out all but the curve and ablation.
-    In-memory inputs only (a tensor, an array or named inputs)."""
+    The oracle's size is chosen first, on all the samples, and kept: the timing and the
+    run ablate the same neurons. In-memory inputs only (a tensor, an array or named inputs)."""
+    if options.get("oracle_neurons") is None and method != "ablation":
+        options = dict(options, oracle_neurons=diagnose_oracle_neurons(
+            model, layer, inputs, targets, clusters, cluster=cluster,
+            batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
+            device=options.get("device")))
+
     def run(sample) -> None:
         diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
                  cluster=cluster, **options)
 
     return sampled_cost("diagnose", run, inputs, clusters,
                         options.get("batch_size", DEFAULT_BATCH_SIZE))
+
+
+def diagnose_oracle_neurons(model: nn.Module, layer, inputs: Inputs, targets=None,
+                            clusters=None, *, cluster=None,
+                            batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> int:
+    """The neurons `diagnose(..., oracle_neurons=None)` ablates exactly: as many as
+    `oracle_sample.ORACLE_SECONDS` allow on the samples it analyses (the cluster's, with
+    `cluster`), timed now (`oracle_sample.default_oracle_neurons`). A front end passes it
+    to `diagnose_cost` and `diagnose` alike. In-memory inputs only."""
+    names, codes = _analysed(clusters, cluster, model_io.n_rows(model_io.named(inputs)))
+    rows = torch.from_numpy(np.flatnonzero(codes >= 0))
+    kept = model_io.take(model_io.named(inputs), rows)
+    targets = targets[rows] if isinstance(targets, torch.Tensor) else None
+    return default_oracle_neurons(model, layer, kept, targets, batch_size=batch_size,
+                                  device=device)
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -682,20 +717,24 @@ def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
     return replace(finding, curve=curve, p_value=p_value), p_value
 
 
-def _oracle(group: _Evidence, reduce: str) -> tuple[Finding, float]:
+def _oracle(group: _Evidence, reduce: str, generator: np.random.Generator
+            ) -> tuple[Finding, float]:
+    """disagrees_with_ablation on one cluster, its neurons resampled by `generator`."""
     signed = reduce == "mean"
-    oracle = group.effects.mean(0)
-    scores = group.cluster_score if signed else np.abs(group.cluster_score)
-    oracle = oracle if signed else np.abs(oracle)
-    rho = rank_correlation("spearman", scores, oracle)
-    low, high = interval(_resampled_agreement(group, reduce), rho)
-    chance = _chance_of(rho, len(scores))
+    agreement, _ = sampled_spearman(group.scores, group.cluster_score, group.oracle, reduce,
+                                    group.draws, generator)
+    rho, low, high = agreement.value, agreement.low, agreement.high
+    compared = agreement.n_sampled
+    chance = _chance_of(rho, compared)
     convention = "signed" if signed else "absolute-value"
     odds = f"p = {chance:.2g}" if chance >= 1e-12 else "p < 1e-12"
+    sampled = ("" if group.oracle.exact else
+               f", on {compared:,} of the {agreement.n_neurons:,} neurons drawn at random "
+               "(the interval spans both draws: samples and neurons)")
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "
-                f"random ranking of {len(scores)} neurons agrees as well with {odds}) with the "
+                f"random ranking of {compared} neurons agrees as well with {odds}) with the "
                 "exact single-neuron ablation effect on the "
-                + ("output" if group.regression else "target logit"))
+                + ("output" if group.regression else "target logit") + sampled)
     hint = ("Rank by «method=gradient_x_activation» (a first-order ablation estimate) or by "
             "«method=ablation» itself; see the oracle table.")
     bounds = dict(low=low, high=high, p_value=chance)
@@ -727,25 +766,6 @@ def _chance_of(rho: float, n_neurons: int) -> float:
     # the t approximation of scipy's spearmanr, one-sided
     t = rho * np.sqrt((n_neurons - 2) / max(1e-300, (1 - rho) * (1 + rho)))
     return float(stats.t.sf(t, n_neurons - 2))
-
-
-def _resampled_agreement(group: _Evidence, reduce: str) -> np.ndarray:
-    """[BOOTSTRAP_DRAWS]: the ablation check's Spearman in each resample of the cluster's
-    samples: the cluster scores by `reduce_scores` (each draw as a cluster of sums) against
-    the mean ablation effect, both as `_oracle` compares them."""
-    size = len(group.scores)
-    values = group.scores.astype(np.float64)
-    sums = torch.from_numpy(group.draws @ values)
-    statistics = ClusterStatistics(
-        pd.RangeIndex(len(group.draws)), torch.full((len(group.draws),), float(size),
-                                                    dtype=torch.float64),
-        sums, torch.from_numpy(group.draws @ np.abs(values)),
-        torch.from_numpy(group.draws @ (values * values)))
-    scores = reduce_scores(statistics, reduce).numpy()
-    oracle = group.draws @ group.effects.astype(np.float64) / size
-    if reduce != "mean":
-        scores, oracle = np.abs(scores), np.abs(oracle)
-    return row_spearman(row_ranks(scores), row_ranks(oracle))
 
 
 def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],

@@ -47,6 +47,9 @@ class Batch:
         fitted: what that method's `fit` returned; else None.
         notes: a dict the method fills with per-sample facts about its scores, if given:
             a path method's sum check (`paths.SUM_KEYS`).
+        neurons: the neurons wanted, int64 [m] sorted, on the device; None = all. A method
+            may score only these ([B, m]: `ablation` does, whose cost grows with them) or
+            every neuron, of which the engine keeps these.
     """
 
     runner: LayerRunner
@@ -59,6 +62,7 @@ class Batch:
     codes: Optional[torch.Tensor] = None
     fitted: Any = None
     notes: Optional[dict] = None
+    neurons: Optional[torch.Tensor] = None
 
 
 ScoringFunction = Callable[[Batch], torch.Tensor]

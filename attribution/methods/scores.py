@@ -19,6 +19,7 @@ from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
 from .paths import SUM_KEYS, SUM_TOLERANCE, sum_shares
 from .registry import METHODS, REGISTRY, Batch, Targets
+from .shared import check_neurons
 from ..engine.runners import layer_attrs
 
 REDUCTIONS = ("mean", "mean_abs", "std")
@@ -44,10 +45,12 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                   seed: int = DEFAULT_SEED, device=None, first_index: int = 0,
                   about_layer: Optional[dict] = None, on_host: bool = True,
                   codes: Optional[np.ndarray] = None, ids: Optional[pd.Index] = None,
-                  fitted=None) -> Iterator[tuple[int, torch.Tensor]]:
+                  fitted=None, neurons: Optional[np.ndarray] = None
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (start index, scores) per batch: float32 scores [B, n] (or [B, n_classes, n] for
     "all"), on the CPU, or where they were computed when `on_host` is False (a GPU then
-    copies nothing back, nor waits, per batch).
+    copies nothing back, nor waits, per batch). With `neurons` (indices [m] of the layer's
+    neurons, sorted, no repeats) only theirs: [B, m] (`Batch.neurons`).
 
     The streaming core of `neuron_scores` and `cluster_scores`; the model is in eval mode
     while the generator runs and restored when it finishes or is closed. `device` as in
@@ -67,6 +70,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     if batch_size < 1 or n_steps < 1:
         raise AttributionError("batch_size and n_steps must be positive integers.")
     scoring = REGISTRY[method]
+    wanted = None if neurons is None else _neuron_indices(neurons)
     if scoring.fit is not None and fitted is None:
         fitted = fit_method(method, model, layer, inputs, codes, ids, batch_size=batch_size,
                             seed=seed, device=device)
@@ -87,10 +91,14 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         batch_codes = (None if fitted is None else
                        torch.from_numpy(codes[batch.start:batch.start + batch.rows]))
         notes = None if about_layer is None else {}
+        subset = None if wanted is None else wanted.to(layer_pass.device)
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
                                         max(batch.rows, per_pass // per_row), batch_codes,
-                                        fitted, notes))
+                                        fitted, notes, subset))
+        if subset is not None and scores.shape[-1] != len(subset):  # it scored every neuron
+            check_neurons(wanted, scores.shape[-1])
+            scores = scores.index_select(-1, subset.to(scores.device))
         for key, value in (notes or {}).items():  # read once, at the end
             sums.setdefault(key, []).append(value.detach())
         scores = scores.detach()
@@ -109,6 +117,15 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             yield batch.start, scores
     if about_layer is not None:
         about_layer.update({key: _as_numpy(torch.cat(parts)) for key, parts in sums.items()})
+
+
+def _neuron_indices(neurons) -> torch.Tensor:
+    """`neurons` as int64 [m], checked: sorted, no repeats, not negative (AttributionError)."""
+    indices = torch.as_tensor(np.asarray(neurons), dtype=torch.int64).reshape(-1)
+    if len(indices) == 0 or bool((indices < 0).any()) or bool((indices.diff() <= 0).any()):
+        raise AttributionError("neurons must be indices of the layer's neurons, sorted, "
+                               "without repeats, and at least one.")
+    return indices
 
 
 def _as_numpy(values: torch.Tensor) -> np.ndarray:
@@ -160,7 +177,8 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
                   seed: int = DEFAULT_SEED, device=None, clusters: Optional[Sequence] = None,
-                  about: Optional[dict] = None) -> torch.Tensor:
+                  about: Optional[dict] = None, neurons: Optional[Sequence[int]] = None
+                  ) -> torch.Tensor:
     """Per-sample neuron scores for one layer.
 
     Args:
@@ -184,8 +202,11 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         about: a dict that receives the layer's neuron axis (`runners.layer_attrs`) and a
             fitted method's note on its fit ("method_note", e.g. a probe's accuracy) and
             whether its scores rank anything ("method_usable").
+        neurons: indices of the layer's neurons to score (sorted, no repeats); None = all.
+            Exact ablation then runs one masked pass per neuron given, not per neuron.
     Returns:
-        float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all".
+        float32 CPU tensor [N, n_neurons], or [N, n_classes, n_neurons] for targets="all";
+        [..., m] with m `neurons`.
     """
     codes, ids = ((None, None) if clusters is None or REGISTRY.get(method) is None
                   or REGISTRY[method].fit is None
@@ -193,7 +214,7 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
                             n_steps=n_steps, progress=progress, seed=seed, device=device,
                             on_host=False,  # a GPU's scores come back once, at the end
-                            about_layer=about, codes=codes, ids=ids)
+                            about_layer=about, codes=codes, ids=ids, neurons=neurons)
     with contextlib.closing(batches):  # a failure here still restores the model at once
         if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N known at the end
             return torch.cat([scores for _, scores in batches]).cpu()

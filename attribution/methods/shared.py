@@ -186,6 +186,13 @@ def per_sample(values: torch.Tensor, batch: Batch, logits: torch.Tensor) -> torc
     return values
 
 
+def check_neurons(neurons: torch.Tensor, n_neurons: int) -> None:
+    """AttributionError unless the sorted indices `neurons` lie in 0..n_neurons-1."""
+    if int(neurons[-1]) >= n_neurons:
+        raise AttributionError(f"Neuron {int(neurons[-1])} is not among the layer's "
+                               f"{n_neurons} neurons (0..{n_neurons - 1}).")
+
+
 def step_chunks(n_steps: int, rows_per_step: int, max_rows: int):
     per_pass = max(1, max_rows // max(rows_per_step, 1))
     for begin in range(0, n_steps, per_pass):

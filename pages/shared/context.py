@@ -17,7 +17,8 @@ import torch
 
 import attribution as at
 from attribution.analyses.costs import SampledCost
-from attribution.analyses.diagnose import Finding, diagnose_cost, integral_finding
+from attribution.analyses.diagnose import (Finding, diagnose_cost, diagnose_oracle_neurons,
+                                          integral_finding)
 from attribution.analyses.scorecard import scorecard_cost
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
@@ -50,12 +51,20 @@ def _per_sample(key: str, layer: str, method: str, target_key: str, partition_ke
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-              reduce: str, batch_size: int, user_key: str, _model, _inputs, _targets,
-              _clusters, cluster, _user_scores, _progress) -> list:
+              reduce: str, batch_size: int, user_key: str, oracle_neurons: Optional[int],
+              _model, _inputs, _targets, _clusters, cluster, _user_scores, _progress) -> list:
     with _progress:
         return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
                            cluster=cluster, reduce=reduce, user_scores=_user_scores,
-                           batch_size=batch_size, progress=_progress)
+                           batch_size=batch_size, oracle_neurons=oracle_neurons,
+                           progress=_progress)
+
+
+@st.cache_data(max_entries=16, show_spinner="Timing exact ablation on a sample…")
+def _oracle_neurons(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
+                    _model, _inputs, _targets, _clusters, cluster) -> int:
+    return diagnose_oracle_neurons(_model, layer, _inputs, _targets, _clusters,
+                                   cluster=cluster, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
@@ -81,10 +90,11 @@ def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
 def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-                   reduce: str, batch_size: int, _model, _inputs, _targets, _clusters,
-                   cluster) -> SampledCost:
+                   reduce: str, batch_size: int, oracle_neurons: Optional[int], _model,
+                   _inputs, _targets, _clusters, cluster) -> SampledCost:
     return diagnose_cost(_model, layer, _inputs, _targets, method, _clusters,
-                         cluster=cluster, reduce=reduce, batch_size=batch_size)
+                         cluster=cluster, reduce=reduce, batch_size=batch_size,
+                         oracle_neurons=oracle_neurons)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
@@ -176,17 +186,31 @@ class Context:
         """The degeneracy checks of the cluster in focus (cached)."""
         s = self.settings
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, user_key, self.ws.model, self.ws.data.inputs,
-                         self.targets, self.clusters, s.cluster, user_scores,
-                         ProgressLine("Running the degeneracy checks"))
+                         s.reduce, s.batch_size, user_key, self.oracle_neurons(s),
+                         self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+                         s.cluster, user_scores, ProgressLine("Running the degeneracy checks"))
 
     def findings_cost(self) -> SampledCost:
         """What `findings` will take, said before it runs (`diagnose_cost`: timed on a
         sample that keeps every cluster; cached)."""
         s = self.settings
         return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
-                              self.cluster_key, s.reduce, s.batch_size, self.ws.model,
-                              self.ws.data.inputs, self.targets, self.clusters, s.cluster)
+                              self.cluster_key, s.reduce, s.batch_size, self.oracle_neurons(s),
+                              self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+                              s.cluster)
+
+    def oracle_neurons(self, settings: AnalysisSettings,
+                       clusters: Optional[np.ndarray] = None) -> Optional[int]:
+        """The neurons the checks of `settings` (on `clusters`, else this view's) ablate
+        exactly: all that fit the oracle's budget (`diagnose_oracle_neurons`, timed once per
+        view and cached); None for method=ablation, whose scores are the exact oracle."""
+        s = settings
+        clusters = self.clusters if clusters is None else clusters
+        if s.method == "ablation":
+            return None
+        return _oracle_neurons(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
+                               s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
+                               clusters, s.cluster)
 
     def tried_remedies(self, answer: Verdict, findings: list) -> tuple[TriedRemedy, ...]:
         """The verdict's remedies, each measured on the view it leads to (`try_remedies`):
@@ -226,7 +250,8 @@ class Context:
     def _findings_of(self, settings: AnalysisSettings, clusters: np.ndarray) -> list:
         s = settings
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
-                         keys.cluster_key(s), s.reduce, s.batch_size, "", self.ws.model,
+                         keys.cluster_key(s), s.reduce, s.batch_size, "",
+                         self.oracle_neurons(s, clusters), self.ws.model,
                          self.ws.data.inputs, self.targets, clusters, s.cluster, None,
                          ProgressLine("Trying a remedy"))
 

@@ -86,25 +86,32 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     """diagnose_cost times diagnose itself on one batch and on two (about 5% of the samples,
     in whole batches), each keeping every cluster in proportion, after an untimed run on two
     samples a cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms
-    a sample is priced at exactly that."""
-    from attribution.analyses import diagnose as diagnosis
+    a sample is priced at exactly that. The oracle's size is chosen once, on every sample
+    (`oracle_sample.oracle_size`), and every timed run ablates that many neurons."""
+    from attribution.analyses import diagnose as diagnosis, oracle_sample
 
     clock = [0.0]
     seen = []
 
     def fake(model, layer, x, targets, method, clusters, **options):
-        seen.append((len(x), sorted(set(clusters)), len(targets)))
+        seen.append((len(x), sorted(set(clusters)), len(targets), options["oracle_neurons"]))
         clock[0] += 0.5 + 0.001 * len(x)
 
+    def per_neuron(model, layer, x, targets, **options):
+        assert len(x) == 10_000 and len(targets) == 10_000
+        return 0.5, 3072  # 60 of the 3,072 fit ORACLE_SECONDS: 32 (a power of two) drawn
+
     monkeypatch.setattr(diagnosis, "diagnose", fake)
+    monkeypatch.setattr(oracle_sample, "oracle_seconds_per_neuron", per_neuron)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
     # each cluster in proportion (rounded), at least two; a timing over
     # REPEAT_WHILE_SECONDS is not repeated
-    assert [rows for rows, _, _ in seen] == [8, 256, 511]
-    assert all(found == ["a", "b", "c", "d"] and n == rows for rows, found, n in seen)
+    assert [rows for rows, _, _, _ in seen] == [8, 256, 511]
+    assert all(found == ["a", "b", "c", "d"] and n == rows and neurons == 32
+               for rows, found, n, neurons in seen)
     assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
     assert cost.timed == (256, 511) and "timed on 256 and 511 of the 10000" in cost.words()
 

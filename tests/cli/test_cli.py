@@ -380,6 +380,34 @@ def test_diagnose_gives_the_apis_findings_with_the_same_defaults(demo, tmp_path,
     assert ours == expected
 
 
+def test_diagnose_ablates_the_neurons_it_is_told_and_says_so(demo, tmp_path, capsys):
+    """--oracle-neurons M: the agreement check on M of fc2's 16 neurons, the same finding
+    as the API's, its interval in the JSON; without it, every neuron (they fit the budget)."""
+    model, dataset = demo
+    out = tmp_path / "sampled.json"
+    base = ("diagnose", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--clusters",
+            "none", "--quiet")
+    code, _, err = in_process(*base, "--oracle-neurons", "12", "--out", out, capsys=capsys)
+    assert code in (0, 1), err
+    written = json.loads(out.read_text())
+    check = {f["code"]: f for f in written["findings"]}["disagrees_with_ablation"]
+    assert written["oracle_neurons"] == 12
+    assert "on 12 of the 16 neurons drawn at random" in check["message"]
+    assert check["low"] <= check["value"] <= check["high"]
+    expected = {f.code: f for f in at.diagnose(model, LAYER, dataset.inputs, dataset.labels,
+                                               oracle_neurons=12)}["disagrees_with_ablation"]
+    assert check["value"] == pytest.approx(expected.value, rel=1e-6)
+    out = tmp_path / "exact.json"
+    assert in_process(*base, "--out", out, capsys=capsys)[0] in (0, 1)
+    written = json.loads(out.read_text())
+    assert written["oracle_neurons"] == 16
+    assert "drawn at random" not in {f["code"]: f for f in written["findings"]}[
+        "disagrees_with_ablation"]["message"]
+    with pytest.raises(SystemExit) as refused:
+        in_process(*base, "--oracle-neurons", "0", capsys=capsys)
+    assert refused.value.code == 2
+
+
 def test_report_is_one_offline_html_file(runs):
     code, _, err, folder = runs["report"]
     assert code == 0, err

@@ -1,0 +1,242 @@
+"""Exact ablation on a random sample of a layer's neurons, and the agreement statistics that
+read it, with intervals over both draws.
+
+Exact single-neuron ablation is one masked pass of the layer's tail per neuron: on a 3,072
+neuron MLP of GPT-2, hours. `sample_oracle` ablates m neurons drawn at random, m chosen
+from a time budget (`oracle_size`: all n when they fit, and then every statistic is the
+exact one), and `sampled_agreement` compares a ranking with it on those m neurons. Its
+interval accounts for both draws: the samples, resampled with replacement as everywhere in
+the package, and the neurons, by Gross's (1980) bootstrap of a finite population (the m
+replicated to n, m drawn from them without replacement), so the neuron part narrows as m
+grows and vanishes at m = n.
+
+On m of n neurons the statistics read the m pairs (method score, oracle) the way the exact
+ones read all n: Spearman and Kendall of the pairs; the top-k overlap as the share of the
+oracle's top k_m = round(k m / n) of the m (its top 10% of them, for k its top 10%) that
+the method, which scores every neuron, puts in its top k of n.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
+from ..engine.model_io import n_rows, take
+from ..errors import AttributionError
+from ..methods.passes import Progress
+from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
+from .costs import _n_neurons
+from .oracle import interval, rank_correlation, row_ranks, row_spearman
+
+ORACLE_SECONDS = 30.0
+"""The time exact ablation may take when its size is not given: all neurons when they fit,
+else as many as fit (`oracle_size`)."""
+FEWEST_ORACLE_NEURONS = 32
+"""The fewest neurons a sampled oracle ablates, whatever the budget (all, when fewer): a
+rank correlation on fewer says little."""
+PROBE_NEURONS = 2
+"""Neurons ablated, on one batch, to time the oracle (`oracle_seconds_per_neuron`)."""
+
+
+@dataclass(frozen=True)
+class OracleSample:
+    """Exact single-neuron ablation of m of a layer's n neurons.
+
+    Attributes:
+        neurons: the neurons ablated, int64 [m], sorted (all n: `exact`).
+        n_neurons: n, the layer's neurons.
+        effects: float32 [N, m]: per sample, the drop of the target when each alone is
+            zeroed (the `ablation` method's scores of those neurons).
+    """
+
+    neurons: np.ndarray
+    n_neurons: int
+    effects: np.ndarray
+
+    @property
+    def exact(self) -> bool:
+        return len(self.neurons) == self.n_neurons
+
+    def rows(self, rows: np.ndarray) -> "OracleSample":
+        """The same neurons, on the samples `rows` only."""
+        return OracleSample(self.neurons, self.n_neurons, self.effects[rows])
+
+    def words(self) -> str:
+        """"on 256 of 3,072 neurons" (sampled) or "on all 64 neurons"."""
+        if self.exact:
+            return f"on all {self.n_neurons:,} neurons"
+        return f"on {len(self.neurons):,} of {self.n_neurons:,} neurons"
+
+
+def draw_neurons(n_neurons: int, size: int, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """int64 [min(size, n)]: neurons drawn at random without replacement, sorted; all of
+    them (0..n-1) when size >= n. The same seed draws the same neurons."""
+    if size >= n_neurons:
+        return np.arange(n_neurons, dtype=np.int64)
+    if size < 1:
+        raise AttributionError("An oracle needs at least one neuron.")
+    generator = np.random.default_rng([seed, n_neurons, size])
+    return np.sort(generator.choice(n_neurons, size, replace=False)).astype(np.int64)
+
+
+def oracle_size(n_neurons: int, seconds_per_neuron: float,
+                budget: float = ORACLE_SECONDS) -> int:
+    """m for a layer of n neurons, each ablation taking `seconds_per_neuron` over the
+    samples: n when all fit `budget`; else the largest power of two that fits (a size that
+    the same model gives again from one timing to the next), at least
+    FEWEST_ORACLE_NEURONS, at most n."""
+    if seconds_per_neuron * n_neurons <= budget:
+        return n_neurons
+    fits = budget / max(seconds_per_neuron, 1e-12)
+    size = 2 ** int(math.floor(math.log2(fits))) if fits >= 1 else 1
+    return int(min(n_neurons, max(FEWEST_ORACLE_NEURONS, size)))
+
+
+def oracle_seconds_per_neuron(model: nn.Module, layer, inputs: Inputs, targets=None, *,
+                              batch_size: int = DEFAULT_BATCH_SIZE,
+                              device=None) -> tuple[float, int]:
+    """(seconds to ablate one neuron over all the samples, the layer's n): PROBE_NEURONS
+    neurons ablated on one batch, after one neuron on two samples has built the runner,
+    scaled by the number of samples. In-memory inputs only."""
+    total = n_rows(inputs)
+    n_neurons = _n_neurons(model, layer, inputs, device)
+    rows = min(total, batch_size)
+    probe = take(inputs, slice(0, rows))
+    probe_targets = None if targets is None else targets[:rows]
+    options = dict(batch_size=batch_size, device=device)
+    neuron_scores(model, layer, take(inputs, slice(0, min(total, 2))), None if targets is None
+                  else targets[:min(total, 2)], "ablation", neurons=[0], **options)
+    probed = min(PROBE_NEURONS, n_neurons)
+    started = time.perf_counter()
+    neuron_scores(model, layer, probe, probe_targets, "ablation",
+                  neurons=np.arange(probed), **options)
+    took = time.perf_counter() - started
+    return took / probed * total / rows, n_neurons
+
+
+def default_oracle_neurons(model: nn.Module, layer, inputs: Inputs, targets=None, *,
+                           budget: float = ORACLE_SECONDS,
+                           batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> int:
+    """How many neurons an oracle not told its size ablates on these inputs: `oracle_size`
+    of the timing `oracle_seconds_per_neuron`. A front end resolves it once and passes it to
+    the estimate and to the work, so both ablate the same neurons."""
+    seconds, n_neurons = oracle_seconds_per_neuron(model, layer, inputs, targets,
+                                                   batch_size=batch_size, device=device)
+    return oracle_size(n_neurons, seconds, budget)
+
+
+def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
+                  neurons: Optional[int] = None, *, budget: float = ORACLE_SECONDS,
+                  batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED,
+                  progress: Progress = None, device=None) -> OracleSample:
+    """Exact ablation of `neurons` of the layer's neurons drawn at random (`draw_neurons`):
+    a number m (all: n or more), or None, as many as `budget` seconds allow (`oracle_size`,
+    timed by `oracle_seconds_per_neuron`). Inputs in memory [N, ...]; targets as in
+    `neuron_scores`. progress(fraction) after each batch."""
+    options = dict(batch_size=batch_size, device=device)
+    if neurons is None:
+        neurons = default_oracle_neurons(model, layer, inputs, targets, budget=budget,
+                                         **options)
+    n_neurons = _n_neurons(model, layer, inputs, device)
+    chosen = draw_neurons(n_neurons, int(neurons), seed)
+    effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
+                            neurons=None if len(chosen) == n_neurons else chosen,
+                            **options).numpy()
+    return OracleSample(chosen, n_neurons, effects)
+
+
+def neuron_draws(n_sampled: int, n_neurons: int, n_draws: int,
+                 generator: np.random.Generator) -> Optional[np.ndarray]:
+    """[n_draws, m]: the positions among the m sampled neurons that each resample takes,
+    by Gross's bootstrap of a finite population: the m replicated to a population of n
+    (each floor(n / m) times, the remainder drawn at random), m drawn from it without
+    replacement. None when m = n (the neurons are the whole layer: nothing to resample)."""
+    if n_sampled >= n_neurons:
+        return None
+    copies, remainder = divmod(n_neurons, n_sampled)
+    base = np.tile(np.arange(n_sampled, dtype=np.int32), copies)
+    extra = np.argsort(generator.random((n_draws, n_sampled)), axis=1)[:, :remainder]
+    population = np.concatenate([np.broadcast_to(base, (n_draws, len(base))),
+                                 extra.astype(np.int32)], axis=1)
+    return generator.permuted(population, axis=1)[:, :n_sampled]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """A ranking's agreement with a (sampled) oracle: `value`, its interval (`low`, `high`)
+    at CONFIDENCE over the samples and the neurons drawn, and the m of n neurons it rests
+    on."""
+
+    value: float
+    low: float
+    high: float
+    n_sampled: int
+    n_neurons: int
+
+    def words(self, symbol: str = "ρ") -> str:
+        """"on 256 of 3,072 neurons: ρ = 0.71 [0.64, 0.77]" (the neurons said when sampled)."""
+        said = f"{symbol} = {self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
+        if self.n_sampled < self.n_neurons:
+            return f"on {self.n_sampled:,} of {self.n_neurons:,} neurons: {said}"
+        return said
+
+
+def resampled_pairs(scores: np.ndarray, effects: np.ndarray, reduce: str,
+                    sample_counts: np.ndarray, picks: Optional[np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """([D, m], [D, m]): per resample, the cluster scores by `reduce` of the per-sample
+    `scores` [r, m] and the mean oracle `effects` [r, m], the samples drawn as
+    `sample_counts` [D, r] (`oracle.bootstrap_counts`) and the neurons as `picks` [D, m]
+    (`neuron_draws`; None: all m in each)."""
+    size = scores.shape[0]
+    values = scores.astype(np.float64)
+    statistics = ClusterStatistics(
+        pd.RangeIndex(len(sample_counts)),
+        torch.full((len(sample_counts),), float(size), dtype=torch.float64),
+        torch.from_numpy(sample_counts @ values), torch.from_numpy(sample_counts @ np.abs(values)),
+        torch.from_numpy(sample_counts @ (values * values)))
+    ranking = reduce_scores(statistics, reduce).numpy()
+    oracle = sample_counts @ effects.astype(np.float64) / size
+    if picks is not None:
+        ranking = np.take_along_axis(ranking, picks, axis=1)
+        oracle = np.take_along_axis(oracle, picks, axis=1)
+    return ranking, oracle
+
+
+def sampled_spearman(scores: np.ndarray, cluster_score: np.ndarray, oracle: OracleSample,
+                     reduce: str, sample_counts: np.ndarray,
+                     generator: np.random.Generator) -> tuple[Agreement, np.ndarray]:
+    """Spearman of a cluster's scores with the oracle on its sampled neurons, signed for
+    reduce="mean", else of magnitudes, with its bias-corrected interval (`oracle.interval`)
+    over the samples and the neurons drawn.
+
+    Args:
+        scores: the cluster's per-sample scores [r, n] (every neuron of the layer).
+        cluster_score: their reduction [n] (`reduce_scores`).
+        oracle: the cluster's oracle sample (effects [r, m]).
+        reduce: the reduction of `cluster_score`.
+        sample_counts: [D, r] resamples of the cluster's samples.
+        generator: draws the neurons' resamples.
+    Returns:
+        (the agreement, the resampled Spearman values [D]).
+    """
+    columns = oracle.neurons
+    mean_effect = oracle.effects.astype(np.float64).mean(0)
+    ranking = cluster_score[columns]
+    picks = neuron_draws(len(columns), oracle.n_neurons, len(sample_counts), generator)
+    drawn_ranking, drawn_oracle = resampled_pairs(scores[:, columns], oracle.effects, reduce,
+                                                  sample_counts, picks)
+    if reduce != "mean":
+        ranking, mean_effect = np.abs(ranking), np.abs(mean_effect)
+        drawn_ranking, drawn_oracle = np.abs(drawn_ranking), np.abs(drawn_oracle)
+    rho = rank_correlation("spearman", ranking, mean_effect)
+    draws = row_spearman(row_ranks(drawn_ranking), row_ranks(drawn_oracle))
+    low, high = interval(draws, rho)
+    return Agreement(rho, low, high, len(columns), oracle.n_neurons), draws

@@ -1,0 +1,157 @@
+"""The sampled oracle: exact ablation of m of n neurons, and intervals that cover the exact
+agreement at their stated rate."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.analyses.oracle import CONFIDENCE, bootstrap_counts, rank_correlation
+from attribution.analyses.oracle_sample import (FEWEST_ORACLE_NEURONS, OracleSample,
+                                                draw_neurons, neuron_draws, oracle_size,
+                                                sample_oracle, sampled_spearman)
+from attribution.methods.scores import reduce_scores
+
+
+def _model(width: int = 96) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, width), nn.ReLU(), nn.Linear(width, 32), nn.Tanh(),
+                         nn.Linear(32, 5)).eval()
+
+
+def test_neurons_are_drawn_sorted_without_repeats_and_again_for_the_same_seed():
+    drawn = draw_neurons(3072, 256, seed=3)
+    assert len(drawn) == 256 and len(set(drawn.tolist())) == 256
+    assert np.all(np.diff(drawn) > 0) and drawn.min() >= 0 and drawn.max() < 3072
+    assert np.array_equal(drawn, draw_neurons(3072, 256, seed=3))
+    assert not np.array_equal(drawn, draw_neurons(3072, 256, seed=4))
+    assert np.array_equal(draw_neurons(10, 10), np.arange(10))
+    assert np.array_equal(draw_neurons(10, 99), np.arange(10))
+
+
+def test_the_oracle_size_is_every_neuron_when_they_fit_else_a_power_of_two_that_fits():
+    assert oracle_size(64, seconds_per_neuron=0.1, budget=30) == 64
+    assert oracle_size(3072, seconds_per_neuron=0.1, budget=30) == 256  # 300 fit
+    assert oracle_size(3072, seconds_per_neuron=0.1, budget=25.6) == 256
+    assert oracle_size(3072, seconds_per_neuron=5.0, budget=30) == FEWEST_ORACLE_NEURONS
+    assert oracle_size(20, seconds_per_neuron=5.0, budget=30) == 20  # fewer than the floor
+
+
+def test_the_sampled_oracle_is_the_exact_oracle_on_the_neurons_drawn():
+    model, x = _model(), torch.randn(70, 12)
+    exact = at.neuron_scores(model, "1", x, None, "ablation").numpy()
+    sampled = sample_oracle(model, "1", x, None, 16, seed=5, batch_size=32)
+    assert not sampled.exact and sampled.words() == "on 16 of 96 neurons"
+    np.testing.assert_allclose(sampled.effects, exact[:, sampled.neurons], rtol=1e-5,
+                               atol=1e-6)
+    whole = sample_oracle(model, "1", x, None, 500)
+    assert whole.exact and whole.words() == "on all 96 neurons"
+    np.testing.assert_array_equal(whole.effects, exact)
+
+
+def test_a_budget_that_fits_every_neuron_gives_the_exact_oracle():
+    model, x = _model(), torch.randn(40, 12)
+    assert sample_oracle(model, "1", x, None, budget=600).exact
+    assert len(sample_oracle(model, "1", x, None, budget=1e-9).neurons) == \
+        FEWEST_ORACLE_NEURONS
+
+
+def test_neuron_resamples_come_from_the_sample_replicated_to_the_layer():
+    generator = np.random.default_rng(0)
+    assert neuron_draws(50, 50, 10, generator) is None
+    picks = neuron_draws(32, 96, 400, generator)  # each of the 32 stands for 3 neurons
+    assert picks.shape == (400, 32) and picks.min() >= 0 and picks.max() < 32
+    counts = np.stack([np.bincount(row, minlength=32) for row in picks])
+    assert counts.max() <= 3  # drawn without replacement from 3 copies of each
+    assert abs(counts.mean() - 1) < 1e-12
+    # without replacement: fewer repeats than a plain bootstrap (variance (1 - m/n) smaller)
+    plain = np.stack([np.bincount(row, minlength=32)
+                      for row in generator.integers(0, 32, (400, 32))])
+    assert counts.var() < 0.8 * plain.var()
+
+
+def _agreement_draw(scores, effects, neurons, n_neurons, seed, draws=400):
+    cluster_score = reduce_scores(scores, "mean")
+    oracle = OracleSample(neurons, n_neurons, effects[:, neurons])
+    counts = bootstrap_counts(len(scores), draws, np.random.default_rng([seed, 1]))
+    return sampled_spearman(scores, cluster_score, oracle, "mean", counts,
+                            np.random.default_rng([seed, 2]))[0]
+
+
+def _synthetic(n_neurons=512, n_samples=300, noise=0.3, seed=0):
+    """Per-sample scores and effects [N, n] whose neuron means correlate (rho about 0.6),
+    with sample noise small beside the neurons' spread."""
+    generator = np.random.default_rng(seed)
+    a = generator.normal(size=n_neurons)
+    b = 0.7 * a + 0.7 * generator.normal(size=n_neurons)
+    scores = a + noise * generator.normal(size=(n_samples, n_neurons))
+    effects = b + noise * generator.normal(size=(n_samples, n_neurons))
+    return scores, effects
+
+
+def test_at_m_equal_n_the_statistic_is_the_exact_one():
+    scores, effects = _synthetic(n_neurons=64)
+    exact = rank_correlation("spearman", scores.mean(0), effects.mean(0))
+    agreement = _agreement_draw(scores, effects, np.arange(64), 64, seed=0)
+    assert agreement.value == exact
+    assert agreement.low <= exact <= agreement.high
+    assert agreement.words().startswith("ρ = ")
+
+
+@pytest.mark.parametrize("sampled", [32, 128])
+def test_the_interval_covers_the_exact_value_at_its_stated_rate(sampled):
+    """The exact value: Spearman on all 512 neurons with these samples. 200 draws of m
+    neurons: a 95% interval that ignored the neurons drawn would cover it far less often
+    (the samples' noise is small beside the neurons' spread)."""
+    scores, effects = _synthetic()
+    exact = rank_correlation("spearman", scores.mean(0), effects.mean(0))
+    covered, samples_only = [], []
+    for seed in range(200):
+        neurons = draw_neurons(512, sampled, seed)
+        agreement = _agreement_draw(scores, effects, neurons, 512, seed, draws=300)
+        covered.append(agreement.low <= exact <= agreement.high)
+        whole = _agreement_draw(scores[:, neurons], effects[:, neurons],
+                                np.arange(sampled), sampled, seed, draws=300)
+        samples_only.append(whole.low <= exact <= whole.high)
+        assert agreement.words().startswith(f"on {sampled} of 512 neurons: ρ = ")
+    assert 0.9 <= np.mean(covered) <= 1.0, np.mean(covered)
+    assert np.mean(samples_only) < 0.75  # the neurons' part is what makes it cover
+
+
+def test_the_interval_narrows_as_more_neurons_are_drawn():
+    scores, effects = _synthetic()
+    widths = {}
+    for sampled in (32, 128, 512):
+        agreements = [_agreement_draw(scores, effects, draw_neurons(512, sampled, seed), 512,
+                                      seed, draws=300) for seed in range(20)]
+        widths[sampled] = np.median([a.high - a.low for a in agreements])
+    assert widths[32] > 1.5 * widths[128] > 1.5 * widths[512]
+
+
+def test_a_real_layer_sampled_interval_covers_its_exact_agreement():
+    """A layer small enough to ablate exactly: gradient scores against exact ablation on all
+    96 neurons, then on 200 draws of 24 of them."""
+    model, x = _model(), torch.randn(240, 12)
+    targets = model(x).argmax(1)
+    scores = at.neuron_scores(model, "1", x, targets, "gradient").numpy().astype(np.float64)
+    effects = at.neuron_scores(model, "1", x, targets, "ablation").numpy().astype(np.float64)
+    exact = rank_correlation("spearman", scores.mean(0), effects.mean(0))
+    covered = [_agreement_draw(scores, effects, draw_neurons(96, 24, seed), 96, seed,
+                               draws=300) for seed in range(200)]
+    rate = np.mean([a.low <= exact <= a.high for a in covered])
+    assert rate >= CONFIDENCE - 0.07, rate
+
+
+def test_diagnose_says_how_many_neurons_its_oracle_rests_on():
+    model, x = _model(), torch.randn(120, 12)
+    targets = model(x).argmax(1)
+    findings = {f.code: f for f in at.diagnose(model, "1", x, targets, "gradient",
+                                                oracle_neurons=40)}
+    sampled = findings["disagrees_with_ablation"]
+    assert "on 40 of the 96 neurons drawn at random" in sampled.message
+    assert sampled.low <= sampled.value <= sampled.high
+    exact = {f.code: f for f in at.diagnose(model, "1", x, targets, "gradient")}
+    assert "drawn at random" not in exact["disagrees_with_ablation"].message
+    assert exact["disagrees_with_ablation"] == {
+        f.code: f for f in at.diagnose(model, "1", x, targets, "gradient",
+                                       oracle_neurons=96)}["disagrees_with_ablation"]
