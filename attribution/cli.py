@@ -44,7 +44,8 @@ from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
 from .analyses.diagnose import diagnose, diagnose_cost, diagnose_oracle_neurons
 from .analyses.oracle_sample import ORACLE_SECONDS
-from .analyses.scorecard import SCORECARD_COLUMNS, scorecard, scorecard_cost
+from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
+                                 scorecard_oracle_neurons)
 from .errors import AttributionError
 from .engine import model_io
 from .engine.model_io import NamedInputs
@@ -73,6 +74,14 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
 # ---------------------------------------------------------------------------- arguments
+
+def _oracle_argument(group, which: str) -> None:
+    """--oracle-neurons: how many neurons exact ablation measures (`oracle_sample`)."""
+    group.add_argument("--oracle-neurons", type=_positive, metavar="M",
+                       help=f"ablate M of {which} exactly, drawn at random (default: every "
+                            f"neuron when they fit {ORACLE_SECONDS:.0f} s, else as many as "
+                            "fit, said)")
+
 
 def _positive(text: str) -> int:
     try:
@@ -311,10 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="your own per-sample scores (.npy) to check your hook code: "
                               "one row per sample (with --cluster, its rows or every "
                               "sample's)")
-    command.add_argument("--oracle-neurons", type=_positive, metavar="M",
-                         help="ablate M of the layer's neurons exactly, drawn at random, for "
-                              "the agreement check (default: every neuron when they fit "
-                              f"{ORACLE_SECONDS:.0f} s, else as many as fit, said)")
+    _oracle_argument(command, "the layer's neurons, for the agreement check")
     command.add_argument("--out", type=Path, help="findings as JSON")
     command.add_argument("--fail-on", choices=("problem", "warning"), default="problem",
                          help="lowest severity that makes the exit code 1 (default problem)")
@@ -349,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="k steps of the curves of curve_area (default %(default)s)")
     group.add_argument("--metric", choices=METRICS, default=None,
                        help=f"what the curves measure (default {METRIC_WORDS})")
-    _run_arguments(group, "the bootstrap, random orders, re-initialisation, k-means and the "
-                          "random method")
+    _oracle_argument(group, "each layer's neurons")
+    _run_arguments(group, "the neurons drawn, the bootstrap, random orders, re-initialisation, "
+                          "k-means and the random method")
     group.add_argument("--out", required=True,
                        help="table (.csv, .parquet or '-') with one row per (layer, method): "
                             + ", ".join(SCORECARD_COLUMNS))
@@ -1103,7 +1110,9 @@ def run_scorecard(args) -> int:
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
                    ablation=args.ablation, batch_size=args.batch_size, n_steps=args.n_steps,
-                   seed=args.seed)
+                   seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_neurons(
+                       problem.model.module, dataset.inputs, targets, layers=args.layers,
+                       batch_size=args.batch_size))  # the same for the estimate and the work
     if not args.quiet:
         _say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
                                             clusters, **options).words())
@@ -1112,6 +1121,11 @@ def run_scorecard(args) -> int:
                          progress=bar, **options)
     for key, reason in card.attrs["refused"].items():
         _say(f"left out {key}: {reason}")
+    for layer, row in card.groupby("layer", sort=False).first().iterrows():
+        if row["neurons"] < row["n_neurons"]:
+            _say(f"{layer}: measured on {int(row['neurons']):,} of its "
+                 f"{int(row['n_neurons']):,} neurons, drawn at random (--oracle-neurons); "
+                 "the intervals span both draws")
     write_table(card, args.out)
     return EXIT_OK
 

@@ -203,6 +203,8 @@ oracle = guarded(lambda: ctx.oracle(at.METHODS))  # every method that scores thi
 refused = {} if oracle is None else oracle.attrs.get("refused", {})
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")
+    if sampled := plots.oracle_sample_words(oracle):
+        st.caption(escape_markdown(sampled))
     for method, reason in refused.items():
         st.caption(f"{plots.method_label(method)} is left out: {escape_markdown(reason)}")
 methods = [m for m in at.methods_for(ctx.ws.data.inputs.dtype, ctx.layer_info.kind)

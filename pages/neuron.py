@@ -94,7 +94,8 @@ for column, (metric, subset, words) in zip(metrics[1:], TILES):
         if metric == "accuracy" else (f"{row['removed']:.3g}", f"{row['change']:+.3g}")
     column.metric(f"{words} without it", shown[0], shown[1], border=True,
                   help="Its output set to 0 alone (zero ablation). The logit is the scored "
-                       "class's; the change is against the intact model.")
+                       "class's; the change is against the intact model"
+                       + plots.change_interval_words(row, metric) + ".")
 
 has_positions = bool(ctx.layer_info.positions)
 chart(plots.neuron_distributions(view.samples, method=s.method, neuron=neuron,

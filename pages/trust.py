@@ -65,6 +65,8 @@ def open_clicked() -> None:
 
 
 chart(plots.scorecard_figure(card), key="scorecard", on_click=open_clicked)
+if sampled := plots.oracle_sample_words(card):
+    st.caption(escape_markdown(sampled))
 best = card.loc[card[card["method"] != "ablation"].groupby("layer", sort=False)["spearman"]
                 .idxmax().dropna()]
 st.caption("Best after the oracle itself, per layer: " + "; ".join(

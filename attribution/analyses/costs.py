@@ -160,7 +160,7 @@ def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float
                         PROBE_RUNS)
         return best, _count_masks(orders_of, ks_of)
 
-    n_neurons = _n_neurons(model, layer, probe, device)
+    n_neurons = layer_width(model, layer, probe, device)
     ranked = torch.arange(n_neurons)
     one, one_masks = timed(ranked[None], [0])
     ks = sorted({min(n_neurons, k) for k in range(1, 9)})
@@ -170,7 +170,7 @@ def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float
     return max(one - per_mask, 0.0), per_mask, n_neurons
 
 
-def _n_neurons(model, layer, probe, device) -> int:
+def layer_width(model, layer, probe, device) -> int:
     """The layer's neurons: its output's neuron axis, captured for one sample."""
     layer_pass = LayerPass(model, layer, take(probe, slice(0, 1)), None, batch_size=1,
                            device=device, grad=False)

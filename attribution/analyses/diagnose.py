@@ -79,7 +79,7 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
-from .oracle import bootstrap_counts, interval
+from .ranks import bootstrap_counts, interval
 from .oracle_sample import (OracleSample, default_oracle_neurons, sample_oracle,
                             sampled_spearman)
 from ..methods.passes import LayerPass, check_targets, on_device
@@ -721,8 +721,7 @@ def _oracle(group: _Evidence, reduce: str, generator: np.random.Generator
             ) -> tuple[Finding, float]:
     """disagrees_with_ablation on one cluster, its neurons resampled by `generator`."""
     signed = reduce == "mean"
-    agreement, _ = sampled_spearman(group.scores, group.cluster_score, group.oracle, reduce,
-                                    group.draws, generator)
+    agreement = sampled_spearman(group.scores, group.oracle, reduce, group.draws, generator)
     rho, low, high = agreement.value, agreement.low, agreement.high
     compared = agreement.n_sampled
     chance = _chance_of(rho, compared)
@@ -761,7 +760,7 @@ def _chance_of(rho: float, n_neurons: int) -> float:
     chance that a random order agrees at least as well); 1 where it cannot be told."""
     if not np.isfinite(rho) or n_neurons < 3:
         return 1.0
-    from scipy import stats  # as oracle.rank_correlation: on first use
+    from scipy import stats  # as ranks.rank_correlation: on first use
 
     # the t approximation of scipy's spearmanr, one-sided
     t = rho * np.sqrt((n_neurons - 2) / max(1e-300, (1 - rho) * (1 + rho)))

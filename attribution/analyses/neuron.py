@@ -30,6 +30,7 @@ from ..engine.model_io import NamedInputs, sample_values
 from ..methods.passes import LayerBatch, LayerPass, Progress
 from ..methods.tokens import TOKEN_METHODS, token_scores
 from .pruning_curves import metric_values
+from .ranks import CONFIDENCE
 
 INPUT_KINDS = ("image", "tokens", "table", "other")
 REMOVAL_SHARE = 0.9  # of the view's work: the removal pass over every sample (the rest: examples)
@@ -44,9 +45,11 @@ class NeuronView:
         layer, neuron: which neuron.
         input_kind: how the inputs are drawn (one of `INPUT_KINDS`).
         samples: rows (sample, score, activation, in_cluster), one per sample [N].
-        removal: rows (subset, metric, intact, removed, change) (for a regression head
-            "squared_error" with true values, and "target_logit", its output): "accuracy" and
-            "target_logit" of the cluster (and the rest) with the neuron removed alone.
+        removal: rows (subset, metric, intact, removed, change, change_low, change_high)
+            (for a regression head "squared_error" with true values, and "target_logit", its
+            output): "accuracy" and "target_logit" of the cluster (and the rest) with the
+            neuron removed alone; change_low/high: the change's 95% interval over the
+            samples (`change_interval`).
         examples: rows (sample, rank, side, activation, score, in_cluster, label,
             input, positions, tokens, token_scores): side "most" or "least"; `input` the
             sample's input array (image [C, H, W], token ids [T], features [F]; named
@@ -196,11 +199,28 @@ def _removal(model, name: str, inputs: torch.Tensor, targets: Optional[torch.Ten
         against = values if metric == "squared_error" else wanted
         for subset, rows_of in subsets:
             mask = torch.from_numpy(rows_of)
-            before, after = (float(metric_values(logits[mask], against[mask], metric).double()
-                                   .mean()) for logits in (intact, removed))
-            rows.append({"subset": subset, "metric": metric, "intact": before,
-                         "removed": after, "change": after - before})
+            before, after = (metric_values(logits[mask], against[mask], metric).double()
+                             .numpy() for logits in (intact, removed))
+            low, high = change_interval(after - before)
+            rows.append({"subset": subset, "metric": metric, "intact": float(before.mean()),
+                         "removed": float(after.mean()),
+                         "change": float(after.mean() - before.mean()),
+                         "change_low": low, "change_high": high})
     return pd.DataFrame(rows)
+
+
+def change_interval(changes: np.ndarray) -> tuple[float, float]:
+    """The CONFIDENCE interval of the mean of per-sample `changes` [m] (the removal's
+    effect, each sample against itself intact): Student's t; the mean itself twice for a
+    change that is the same on every sample (none, most often); NaN for one sample."""
+    from scipy import stats  # as ranks.rank_correlation: on first use
+
+    if len(changes) < 2:
+        return float("nan"), float("nan")
+    mean = float(changes.mean())
+    spread = float(changes.std(ddof=1)) / np.sqrt(len(changes))
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(changes) - 1)) * spread
+    return mean - half, mean + half
 
 
 def neuron_examples(model: nn.Module, layer, inputs: torch.Tensor, samples: pd.DataFrame,

@@ -13,8 +13,6 @@ value, or by magnitude for "abs") that the method also puts in its top k.
 from __future__ import annotations
 
 import math
-import warnings
-from statistics import NormalDist
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -27,15 +25,18 @@ from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
 from ..methods.registry import METHODS, REGISTRY, methods_for
 from ..methods.passes import check_targets
-from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, cluster_scores,
-                              find_cluster, n_samples)
+from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
+                              n_samples, neuron_scores, scored_layer)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
+from .oracle_sample import OracleSample, Resamples, agreement_draws, sample_oracle
+from .ranks import bootstrap_counts
+from .settings import BOOTSTRAP_DRAWS
 
-CONFIDENCE = 0.95
-"""The level of every bootstrap interval (the scorecard's, the degeneracy checks')."""
 ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
-                  "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k")
+                  "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k",
+                  "spearman_signed_low", "spearman_signed_high", "spearman_abs_low",
+                  "spearman_abs_high", "neurons", "n_neurons")
 
 TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
@@ -43,10 +44,12 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                      methods: Sequence[str] = METHODS, clusters=None, *, cluster=None,
                      reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
+                     oracle_neurons: Optional[int] = None,
                      batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
                      seed: int = DEFAULT_SEED, progress: TableProgress = None,
                      device=None) -> pd.DataFrame:
-    """Rank correlation of each method's cluster scores with the exact ablation oracle.
+    """Rank correlation of each method's cluster scores with the exact ablation oracle, on
+    every neuron or on a random sample of them (`oracle_sample`), with 95% intervals.
 
     Args:
         model: classifier returning logits [N, n_classes]; left exactly as it was found.
@@ -65,14 +68,22 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             None: every cluster. Needs inputs held in memory.
         reduce: how each method's per-sample scores become a cluster score ("mean",
             "mean_abs" or "std"); the oracle is always the signed mean effect.
-        top_k: k of the top-k overlap; None = 10% of the neurons, at least 1.
-        batch_size, n_steps, seed, device: as in `cluster_scores`.
+        top_k: k of the top-k overlap on the layer's n neurons; None = 10% of them, at least
+            1 (on m sampled neurons, `oracle_sample.overlap_k`).
+        oracle_neurons: how many neurons to ablate exactly, drawn at random (the layer's n or
+            more: all); None = all that fit `oracle_sample.ORACLE_SECONDS` (inputs in
+            memory; an iterable: all).
+        batch_size, n_steps, seed, device: as in `cluster_scores`; seed also draws the
+            neurons and the bootstrap.
         progress: called as progress(fraction, partial_table) as work advances; may raise.
     Returns:
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
         given: n = cluster size; correlations are NaN where a ranking is constant (e.g. every
-        neuron of the cluster dead); top_k = the k used. `attrs`: the layer's neuron axis
-        (`runners.layer_attrs`) and "refused": {method: the reason} for the methods left out.
+        neuron of the cluster dead); spearman_*_low/high their CONFIDENCE bootstrap interval
+        over the cluster's samples and the neurons drawn; neurons = the m compared of
+        n_neurons; top_k = the k used (of n). Memory: per-sample scores of the m neurons.
+        `attrs`: the layer's neuron axis (`runners.layer_attrs`) and "refused": {method: the
+        reason} for the methods left out.
     """
     methods = list(dict.fromkeys(methods))
     every = tuple(methods) == tuple(METHODS)
@@ -92,56 +103,95 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             raise AttributionError("With iterable inputs pass clusters (one id per sample), "
                                    "e.g. np.zeros(N) for a single cluster.")
         clusters = np.full(total, "all", dtype=object)
-    ids = cluster_codes(clusters, n_samples(inputs))[1]  # fail early on bad clusters
+    codes, ids = cluster_codes(clusters, n_samples(inputs))  # fail early on bad clusters
     every_sample = (inputs, targets, clusters)
+    kept = None  # the rows of the cluster compared, among every sample
     if cluster is not None:
         cluster = find_cluster(cluster, ids)
-        rows = torch.from_numpy(np.flatnonzero(np.asarray(clusters) == cluster))
-        inputs, clusters = model_io.take(inputs, rows), np.asarray(clusters)[rows.numpy()]
+        kept = np.flatnonzero(codes == ids.get_loc(cluster))
+        rows = torch.from_numpy(kept)
+        inputs, clusters = model_io.take(inputs, rows), np.asarray(clusters)[kept]
         targets = targets[rows] if isinstance(targets, torch.Tensor) else targets
+        codes, ids = cluster_codes(clusters, len(kept))
+    options = dict(batch_size=batch_size, seed=seed, device=device)
+    steps = 1 + len(methods)
 
-    steps = [("ablation", "mean")] + [(method, reduce) for method in methods
-                                      if (method, reduce) != ("ablation", "mean")]
-    rows: list[dict] = []
-    refused: dict[str, str] = {}
-    oracle = None
-    for index, (method, how) in enumerate(steps):
-        def report(fraction: float, index: int = index) -> None:
+    def report(index: int):
+        def at(fraction: float) -> None:
             if progress is not None:
-                progress((index + fraction) / len(steps), _ordered(rows, methods))
+                progress((index + fraction) / steps, _ordered(table, methods))
+        return at
 
-        fitted_here = cluster is not None and REGISTRY[method].fit is not None
+    table: list[dict] = []
+    oracle = _oracle_of(model, layer, inputs, targets, oracle_neurons, report(0), options)
+    neurons = None if oracle.exact else oracle.neurons
+    k = top_k if top_k is not None else max(1, math.ceil(0.1 * oracle.n_neurons))
+    if not 1 <= k <= oracle.n_neurons:
+        raise AttributionError(f"top_k must lie in 1..{oracle.n_neurons} (the layer's "
+                               "neurons).")
+    groups = [np.flatnonzero(codes == code) for code in range(len(ids))]
+    generator = np.random.default_rng(seed)  # the same draws for every method
+    resamples = [Resamples(oracle.effects[rows], oracle.n_neurons,
+                           bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
+                           generator) for rows in groups]
+    refused: dict[str, str] = {}
+    for index, method in enumerate(methods, start=1):
+        fitted_here = kept is not None and REGISTRY[method].fit is not None
         try:
-            table = cluster_scores(model, layer, *(every_sample if fitted_here else
-                                                   (inputs, targets, clusters)), method,
-                                   reduce=how, batch_size=batch_size, n_steps=n_steps,
-                                   seed=seed, progress=report, device=device)
-            if fitted_here:
-                table = table.loc[[cluster]]
+            if method == "ablation" and reduce == "mean":
+                scores = oracle.effects  # the oracle itself
+            else:
+                scores = neuron_scores(model, layer, *(every_sample if fitted_here else
+                                                       (inputs, targets)), method,
+                                       clusters=every_sample[2] if fitted_here else clusters,
+                                       n_steps=n_steps, progress=report(index),
+                                       neurons=neurons, **options).numpy()
+                scores = scores[kept] if fitted_here else scores
         except AttributionError as error:
-            if not every or oracle is None:
+            if not every:
                 raise
             refused[method] = str(error)
             continue
-        if oracle is None:
-            oracle = table
-            neurons = [column for column in oracle.columns if column != "n"]
-            k = top_k if top_k is not None else max(1, math.ceil(0.1 * len(neurons)))
-            if not 1 <= k <= len(neurons):
-                raise AttributionError(f"top_k must lie in 1..{len(neurons)} (the layer's "
-                                       "neurons).")
-        if how != reduce or method not in methods:
-            continue
-        for group in oracle.index:
-            rows.append({"cluster": group, "method": method,
-                         "n": int(oracle.loc[group, "n"]),
-                         **agreement(table.loc[group, neurons].to_numpy(np.float64),
-                                     oracle.loc[group, neurons].to_numpy(np.float64), k)})
-    table = _ordered(rows, methods)
-    table.attrs.update({key: oracle.attrs[key] for key in LAYER_KEYS}, refused=refused)
+        for group, rows, resampled in zip(ids, groups, resamples):
+            measured = agreement_draws(scores[rows], resampled, reduce, top_k=k,
+                                       drawn=("spearman",))
+            row = {"cluster": group, "method": method, "n": len(rows),
+                   "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons, "top_k": k}
+            for (measure, convention), found in measured.items():
+                column = "top_k_overlap" if measure == "top_overlap" else measure
+                row[f"{column}_{convention}"] = found.value
+                if measure == "spearman":
+                    row[f"spearman_{convention}_low"], row[f"spearman_{convention}_high"] = \
+                        found.interval()
+            table.append(row)
+    frame = _ordered(table, methods)
+    frame.attrs.update(_layer_keys(model, layer, inputs, device), refused=refused)
     if progress is not None:
-        progress(1.0, table)
-    return table
+        progress(1.0, frame)
+    return frame
+
+
+def _oracle_of(model, layer, inputs: Inputs, targets, oracle_neurons: Optional[int],
+               progress, options: dict):
+    """The oracle sample of `oracle_agreement`: `sample_oracle` on inputs in memory; on an
+    iterable, every neuron's exact ablation (its size needs a timing on held samples)."""
+    if model_io.is_batch(model_io.named(inputs)) or isinstance(inputs, np.ndarray):
+        return sample_oracle(model, layer, inputs, targets, oracle_neurons,
+                             progress=progress, **options)
+    if oracle_neurons is not None:
+        raise AttributionError("oracle_neurons needs the inputs held in memory (a tensor or "
+                               "an array); an iterable of batches is ablated on every neuron.")
+    options = dict(options)
+    options.pop("seed")
+    effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
+                            **options).numpy()
+    return OracleSample(np.arange(effects.shape[1]), effects.shape[1], effects)
+
+
+def _layer_keys(model, layer, inputs: Inputs, device) -> dict:
+    """The layer's neuron axis (`LAYER_KEYS`), as a score of it on `inputs` records it."""
+    return {key: value for key, value in scored_layer(model, layer, inputs, device).items()
+            if key in LAYER_KEYS}
 
 
 def _input_dtype(inputs: Inputs) -> torch.dtype:
@@ -154,96 +204,6 @@ def _input_dtype(inputs: Inputs) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     return torch.float32 if np.dtype(dtype).kind == "f" else torch.int64
-
-
-def agreement(scores: np.ndarray, oracle: np.ndarray, top_k: int) -> dict[str, float]:
-    """Spearman, Kendall (tau-b) and top-k overlap of `scores` [n] with `oracle` [n].
-
-    Returns:
-        dict with the `ORACLE_COLUMNS` measures (signed and abs) and top_k.
-    """
-    result: dict[str, float] = {}
-    for convention, (a, b) in {"signed": (scores, oracle),
-                               "abs": (np.abs(scores), np.abs(oracle))}.items():
-        result[f"spearman_{convention}"] = rank_correlation("spearman", a, b)
-        result[f"kendall_{convention}"] = rank_correlation("kendall", a, b)
-        result[f"top_k_overlap_{convention}"] = top_k_overlap(a, b, top_k)
-    result["top_k"] = top_k
-    return result
-
-
-def rank_correlation(kind: str, a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rho or Kendall's tau-b (`kind` "spearman" / "kendall") of a [n] and b [n];
-    NaN when either ranking is constant or not finite."""
-    from scipy import stats  # imported on first use: it adds ~1 s to `import attribution`
-
-    finite = np.isfinite(a).all() and np.isfinite(b).all()
-    if not finite or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return float("nan")
-    function = {"spearman": stats.spearmanr, "kendall": stats.kendalltau}[kind]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(function(a, b).statistic)
-
-
-def row_ranks(values: np.ndarray) -> np.ndarray:
-    """Average ranks along the last axis, centred and scaled to unit norm per row (NaN rows
-    where the values are constant): Spearman's rho of two rows is then their dot product
-    (`row_spearman`)."""
-    from scipy import stats  # imported on first use, as in rank_correlation
-
-    ranks = stats.rankdata(values, axis=-1)
-    ranks = ranks - ranks.mean(-1, keepdims=True)
-    norms = np.linalg.norm(ranks, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norms > 0, ranks / norms, np.nan)
-
-
-def row_spearman(ranks_a: np.ndarray, ranks_b: np.ndarray) -> np.ndarray:
-    """Spearman's rho of rows of `row_ranks`, rounded to 12 decimals so that equal rankings
-    give exactly 1 (float sums leave 1 - 2e-16)."""
-    return np.round((ranks_a * ranks_b).sum(-1), 12)
-
-
-def bootstrap_counts(n_samples: int, n_draws: int, generator: np.random.Generator
-                     ) -> np.ndarray:
-    """How often each of n samples is drawn in each of n_draws resamples [n_draws, n]
-    (float64; a multinomial of n draws): `counts @ values / n` are the resampled means."""
-    return generator.multinomial(n_samples, np.full(n_samples, 1 / n_samples),
-                                 size=n_draws).astype(np.float64)
-
-
-def interval(draws: np.ndarray, estimate: float,
-             confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The bias-corrected percentile interval (Efron 1981) of bootstrap `draws` of a statistic
-    whose value on the data is `estimate` (NaN draws ignored; NaN, NaN when none is finite).
-
-    A rank correlation of resampled means is biased toward 0 (resampling adds noise) and
-    takes few distinct values on a few neurons, so the plain percentiles can sit on the
-    estimate or beside it. The bias correction z0 = Phi^-1(share of draws below the
-    estimate, ties counted half) moves both percentiles to where the estimate lies among the
-    draws: the interval contains the estimate, strictly unless nearly every draw equals it
-    (a correlation of exactly 1, say). Where 97.5% of the draws lie on one side of it, the
-    interval is widened to reach it.
-    """
-    finite = draws[np.isfinite(draws)]
-    if not finite.size or not np.isfinite(estimate):
-        return float("nan"), float("nan")
-    normal = NormalDist()
-    below = (np.sum(finite < estimate) + 0.5 * np.sum(finite == estimate)) / finite.size
-    half = 0.5 / finite.size
-    z0 = normal.inv_cdf(min(max(below, half), 1 - half))
-    z = normal.inv_cdf(1 - (1 - confidence) / 2)
-    levels = [100 * normal.cdf(2 * z0 - z), 100 * normal.cdf(2 * z0 + z)]
-    low, high = np.percentile(finite, levels)
-    return float(min(low, estimate)), float(max(high, estimate))
-
-
-def top_k_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
-    """|top-k of a ∩ top-k of b| / k (ties in their order of appearance)."""
-    top_a = set(np.argsort(-a, kind="stable")[:k].tolist())
-    top_b = set(np.argsort(-b, kind="stable")[:k].tolist())
-    return len(top_a & top_b) / k
 
 
 def _ordered(rows: list[dict], methods: list[str]) -> pd.DataFrame:

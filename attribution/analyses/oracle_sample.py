@@ -32,8 +32,9 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import _n_neurons
-from .oracle import interval, rank_correlation, row_ranks, row_spearman
+from .costs import layer_width
+from .ranks import (interval, rank_correlation, row_kendall, row_ranks, row_spearman,
+                     row_top_overlap, top_k_overlap)
 
 ORACLE_SECONDS = 30.0
 """The time exact ablation may take when its size is not given: all neurons when they fit,
@@ -106,7 +107,7 @@ def oracle_seconds_per_neuron(model: nn.Module, layer, inputs: Inputs, targets=N
     neurons ablated on one batch, after one neuron on two samples has built the runner,
     scaled by the number of samples. In-memory inputs only."""
     total = n_rows(inputs)
-    n_neurons = _n_neurons(model, layer, inputs, device)
+    n_neurons = layer_width(model, layer, inputs, device)
     rows = min(total, batch_size)
     probe = take(inputs, slice(0, rows))
     probe_targets = None if targets is None else targets[:rows]
@@ -144,7 +145,7 @@ def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
     if neurons is None:
         neurons = default_oracle_neurons(model, layer, inputs, targets, budget=budget,
                                          **options)
-    n_neurons = _n_neurons(model, layer, inputs, device)
+    n_neurons = layer_width(model, layer, inputs, device)
     chosen = draw_neurons(n_neurons, int(neurons), seed)
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
                             neurons=None if len(chosen) == n_neurons else chosen,
@@ -168,6 +169,131 @@ def neuron_draws(n_sampled: int, n_neurons: int, n_draws: int,
     return generator.permuted(population, axis=1)[:, :n_sampled]
 
 
+MEASURES = ("spearman", "kendall", "top_overlap")
+CONVENTIONS = ("signed", "abs")
+RANK_DRAWS = 200
+"""Resamples of Kendall's tau and the top-k overlap (the first of the bootstrap's): each
+costs O(m^2) or a sort per resample, where Spearman's is one product of ranks."""
+
+
+def overlap_k(top_k: int, n_sampled: int, n_neurons: int) -> int:
+    """The k of the top-k overlap on m of n neurons: the top k of n stand for the top
+    round(k m / n) of m (halves up; at least 1, at most m); k itself when m = n."""
+    return max(1, min(n_sampled, math.floor(top_k * n_sampled / n_neurons + 0.5)))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One agreement measure: its `value` on the data and its bootstrap `draws`."""
+
+    value: float
+    draws: np.ndarray
+
+    def interval(self) -> tuple[float, float]:
+        return interval(self.draws, self.value)
+
+
+class Resamples:
+    """One cluster's resamples, shared by every ranking compared with its oracle (paired
+    draws, and the oracle's side computed once).
+
+    Args:
+        effects: the oracle on the cluster's r samples and m sampled neurons [r, m].
+        n_neurons: the layer's n (m = n: the neurons are not resampled).
+        counts: [D, r] resamples of the samples (`ranks.bootstrap_counts`).
+        generator: draws the neurons' resamples (`neuron_draws`).
+    """
+
+    def __init__(self, effects: np.ndarray, n_neurons: int, counts: np.ndarray,
+                 generator: np.random.Generator):
+        self.counts, self.n_neurons = counts, n_neurons
+        self.n_sampled = effects.shape[1]
+        self.picks = neuron_draws(self.n_sampled, n_neurons, len(counts), generator)
+        effects = effects.astype(np.float64)
+        self.oracle = effects.mean(0)  # [m]
+        self.drawn_oracle = self.pick(counts @ effects / max(1, effects.shape[0]))  # [D, m]
+        self._ranks: dict[str, np.ndarray] = {}
+
+    def pick(self, drawn: np.ndarray) -> np.ndarray:
+        """[D, m] values of each resample's neurons, from [D, m] values of the m."""
+        return drawn if self.picks is None else np.take_along_axis(drawn, self.picks, 1)
+
+    def oracle_values(self, convention: str) -> tuple[np.ndarray, np.ndarray]:
+        """(the oracle [m], its resamples [D, m]) as `convention` compares them."""
+        if convention == "signed":
+            return self.oracle, self.drawn_oracle
+        return np.abs(self.oracle), np.abs(self.drawn_oracle)
+
+    def oracle_ranks(self, convention: str) -> np.ndarray:
+        """`ranks.row_ranks` of the oracle's resamples, computed once per convention."""
+        if convention not in self._ranks:
+            self._ranks[convention] = row_ranks(self.oracle_values(convention)[1])
+        return self._ranks[convention]
+
+
+def agreement_draws(scores: np.ndarray, resamples: Resamples, reduce: str, *,
+                    top_k: Optional[int] = None, conventions=CONVENTIONS,
+                    measures=MEASURES, drawn=MEASURES) -> dict[tuple[str, str], Measured]:
+    """A ranking's agreement with the oracle on m of a layer's n neurons, measured on the
+    data and in each resample of both the samples and the neurons.
+
+    Args:
+        scores: one cluster's per-sample scores of the m sampled neurons [r, m].
+        resamples: the cluster's `Resamples` (its oracle and draws).
+        reduce: how `scores` become the ranking (`reduce_scores`); the oracle is their mean.
+        top_k: the top-k overlap's k on n neurons (`overlap_k` on m); None: without it.
+        conventions: "signed" (the values as they are) and/or "abs" (magnitudes).
+        measures: of `MEASURES`; Kendall's and the overlap's draws are the first RANK_DRAWS.
+        drawn: the measures resampled; the others' draws are empty (no interval).
+    Returns:
+        {(measure, convention): Measured}.
+    """
+    ranking = np.asarray(reduce_scores(scores.astype(np.float64), reduce))
+    drawn_ranking = resamples.pick(resampled_ranking(scores, reduce, resamples.counts))
+    k = (None if top_k is None else
+         overlap_k(top_k, resamples.n_sampled, resamples.n_neurons))
+    result = {}
+    for convention in conventions:
+        a, drawn_a = ((ranking, drawn_ranking) if convention == "signed"
+                      else (np.abs(ranking), np.abs(drawn_ranking)))
+        b, drawn_b = resamples.oracle_values(convention)
+        few_a, few_b = drawn_a[:RANK_DRAWS], drawn_b[:RANK_DRAWS]
+        for measure in measures:
+            resampled = measure in drawn
+            if measure == "spearman":
+                value = rank_correlation("spearman", a, b)
+                draws = (row_spearman(row_ranks(drawn_a), resamples.oracle_ranks(convention))
+                         if resampled else None)
+            elif measure == "kendall":
+                value = rank_correlation("kendall", a, b)
+                draws = row_kendall(few_a, few_b) if resampled else None
+            elif k is not None:
+                value = top_k_overlap(a, b, k)
+                draws = row_top_overlap(few_a, few_b, k) if resampled else None
+            else:
+                continue
+            result[measure, convention] = Measured(value, np.empty(0) if draws is None
+                                                   else draws)
+    return result
+
+
+def resampled_ranking(scores: np.ndarray, reduce: str, counts: np.ndarray) -> np.ndarray:
+    """[D, m]: the cluster scores by `reduce` of the per-sample `scores` [r, m] in each
+    resample of the samples `counts` [D, r]; only the sums that `reduce` reads."""
+    values = scores.astype(np.float64)
+    size = torch.full((len(counts),), float(scores.shape[0]), dtype=torch.float64)
+    empty = torch.empty(0, dtype=torch.float64)
+
+    def summed(wanted: bool, per_sample) -> torch.Tensor:
+        return torch.from_numpy(counts @ per_sample()) if wanted else empty
+
+    statistics = ClusterStatistics(
+        pd.RangeIndex(len(counts)), size, summed(reduce != "mean_abs", lambda: values),
+        summed(reduce == "mean_abs", lambda: np.abs(values)),
+        summed(reduce == "std", lambda: values * values))
+    return reduce_scores(statistics, reduce).numpy()
+
+
 @dataclass(frozen=True)
 class Agreement:
     """A ranking's agreement with a (sampled) oracle: `value`, its interval (`low`, `high`)
@@ -188,55 +314,22 @@ class Agreement:
         return said
 
 
-def resampled_pairs(scores: np.ndarray, effects: np.ndarray, reduce: str,
-                    sample_counts: np.ndarray, picks: Optional[np.ndarray]
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """([D, m], [D, m]): per resample, the cluster scores by `reduce` of the per-sample
-    `scores` [r, m] and the mean oracle `effects` [r, m], the samples drawn as
-    `sample_counts` [D, r] (`oracle.bootstrap_counts`) and the neurons as `picks` [D, m]
-    (`neuron_draws`; None: all m in each)."""
-    size = scores.shape[0]
-    values = scores.astype(np.float64)
-    statistics = ClusterStatistics(
-        pd.RangeIndex(len(sample_counts)),
-        torch.full((len(sample_counts),), float(size), dtype=torch.float64),
-        torch.from_numpy(sample_counts @ values), torch.from_numpy(sample_counts @ np.abs(values)),
-        torch.from_numpy(sample_counts @ (values * values)))
-    ranking = reduce_scores(statistics, reduce).numpy()
-    oracle = sample_counts @ effects.astype(np.float64) / size
-    if picks is not None:
-        ranking = np.take_along_axis(ranking, picks, axis=1)
-        oracle = np.take_along_axis(oracle, picks, axis=1)
-    return ranking, oracle
-
-
-def sampled_spearman(scores: np.ndarray, cluster_score: np.ndarray, oracle: OracleSample,
-                     reduce: str, sample_counts: np.ndarray,
-                     generator: np.random.Generator) -> tuple[Agreement, np.ndarray]:
-    """Spearman of a cluster's scores with the oracle on its sampled neurons, signed for
-    reduce="mean", else of magnitudes, with its bias-corrected interval (`oracle.interval`)
-    over the samples and the neurons drawn.
+def sampled_spearman(scores: np.ndarray, oracle: OracleSample, reduce: str,
+                     sample_counts: np.ndarray, generator: np.random.Generator) -> Agreement:
+    """Spearman of a cluster's ranking with the oracle on its sampled neurons, signed for
+    reduce="mean", else of magnitudes, with its bias-corrected interval (`ranks.interval`)
+    over the samples and the neurons drawn (`agreement_draws`).
 
     Args:
         scores: the cluster's per-sample scores [r, n] (every neuron of the layer).
-        cluster_score: their reduction [n] (`reduce_scores`).
         oracle: the cluster's oracle sample (effects [r, m]).
-        reduce: the reduction of `cluster_score`.
+        reduce: how the scores become the ranking.
         sample_counts: [D, r] resamples of the cluster's samples.
         generator: draws the neurons' resamples.
-    Returns:
-        (the agreement, the resampled Spearman values [D]).
     """
-    columns = oracle.neurons
-    mean_effect = oracle.effects.astype(np.float64).mean(0)
-    ranking = cluster_score[columns]
-    picks = neuron_draws(len(columns), oracle.n_neurons, len(sample_counts), generator)
-    drawn_ranking, drawn_oracle = resampled_pairs(scores[:, columns], oracle.effects, reduce,
-                                                  sample_counts, picks)
-    if reduce != "mean":
-        ranking, mean_effect = np.abs(ranking), np.abs(mean_effect)
-        drawn_ranking, drawn_oracle = np.abs(drawn_ranking), np.abs(drawn_oracle)
-    rho = rank_correlation("spearman", ranking, mean_effect)
-    draws = row_spearman(row_ranks(drawn_ranking), row_ranks(drawn_oracle))
-    low, high = interval(draws, rho)
-    return Agreement(rho, low, high, len(columns), oracle.n_neurons), draws
+    convention = "signed" if reduce == "mean" else "abs"
+    resamples = Resamples(oracle.effects, oracle.n_neurons, sample_counts, generator)
+    measured = agreement_draws(scores[:, oracle.neurons], resamples, reduce,
+                               conventions=(convention,), measures=("spearman",))
+    found = measured["spearman", convention]
+    return Agreement(found.value, *found.interval(), len(oracle.neurons), oracle.n_neurons)

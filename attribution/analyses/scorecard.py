@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -45,8 +45,9 @@ from ..engine.layers import list_layers, resolve_layer, run_model
 from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
-from .oracle import (bootstrap_counts, interval, rank_correlation, row_ranks, row_spearman,
-                     top_k_overlap)
+from .oracle_sample import (MEASURES, OracleSample, Resamples, agreement_draws,
+                            default_oracle_neurons, sample_oracle)
+from .ranks import bootstrap_counts, interval, row_ranks, row_spearman
 from .costs import SampledCost, sampled_cost
 from .prune import copy_model
 from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
@@ -55,7 +56,9 @@ from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
                        SCORECARD_METHODS, SCORECARD_N_RANDOM)
 
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
-                     "top_overlap", "curve_area", "after_randomization", "n_clusters")
+                     "top_overlap", "curve_area", "after_randomization", "n_clusters",
+                     "kendall_low", "kendall_high", "top_overlap_low", "top_overlap_high",
+                     "neurons", "n_neurons")
 ORACLE = "ablation"
 BASELINE = "random"
 """The method whose ranking is a random order: its curve_area is the random orders' own
@@ -71,6 +74,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
               curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
               curve_targets="targets", ablation: str = DEFAULT_ABLATION,
+              oracle_neurons: Union[int, Mapping[str, int], None] = None,
               batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
               progress: TableProgress = None, device=None) -> pd.DataFrame:
@@ -94,13 +98,19 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         curve_targets: what the curves measure against: "targets" (the classes scored), a
             LongTensor [N], a regression head's true values [N], or None (the predicted
             class); see `settings.curve_targets`.
+        oracle_neurons: how many neurons of each layer to ablate exactly, drawn at random
+            (all: the layer's n or more), or {layer: how many} (`scorecard_oracle_neurons`);
+            None = on each layer all that fit `oracle_sample.ORACLE_SECONDS`. On m of n
+            neurons every column is measured on those m (`oracle_sample`: the curves
+            remove them only), its intervals over the samples and the neurons drawn.
         batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
-            bootstrap, the random orders and the re-initialisation).
+            neurons, the bootstrap, the random orders and the re-initialisation).
         progress: called as progress(fraction, partial_table) after each method's scores
             (on the model, then on its randomised copy with the method's row); may raise.
     Returns:
         DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
-        call order and methods in the order given. attrs: "refused" {"layer/method": reason},
+        call order and methods in the order given; neurons: the m of the layer's n_neurons
+        measured. attrs: "refused" {"layer/method": reason},
         "reinitialised" {layer: the modules re-initialised after it}, n_boot, n_random,
         metric, ablation, ks {layer: the k values of its curves}.
     """
@@ -143,18 +153,24 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         if progress is not None:
             progress(done / steps, _frame(table))
 
-    for layer in layers:
+    for position, layer in enumerate(layers):
         resolve_layer(model, layer)
-        oracle = neuron_scores(model, layer, x, targets, ORACLE, **options).numpy()
-        ks_of[layer] = spaced_ks(oracle.shape[1], curve_points)
-        oracle_means = _cluster_means(oracle, rows_of)
-        oracle_draws = [row_ranks(counts @ oracle[rows] / len(rows))
-                        for counts, rows in zip(draws, rows_of)]
+        oracle = sample_oracle(model, layer, x, targets,
+                               oracle_neurons.get(layer) if isinstance(oracle_neurons, Mapping)
+                               else oracle_neurons, batch_size=batch_size, seed=seed,
+                               device=device)
+        subset = None if oracle.exact else oracle.neurons
+        ks_of[layer] = spaced_ks(len(oracle.neurons), curve_points)
+        oracle_means = _cluster_means(oracle.effects, rows_of)
+        generator = np.random.default_rng([seed, position])  # the same for every method
+        resamples = [Resamples(oracle.effects[rows], oracle.n_neurons, counts, generator)
+                     for counts, rows in zip(draws, rows_of)]
         scored: dict[str, np.ndarray] = {}
         for method in methods:
             try:
-                scored[method] = oracle if method == ORACLE else neuron_scores(
-                    model, layer, x, targets, method, clusters=clusters, **options).numpy()
+                scored[method] = oracle.effects if method == ORACLE else neuron_scores(
+                    model, layer, x, targets, method, clusters=clusters, neurons=subset,
+                    **options).numpy()
             except AttributionError as error:
                 refused[f"{layer}/{method}"] = str(error)
                 step()  # no second pass either
@@ -163,17 +179,17 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             model, layer, model_io.take(x, slice(0, 2)), seed)
         means = {method: _cluster_means(scores, rows_of) for method, scores in scored.items()}
         areas = _curve_areas(model, layer, x, curve_targets, rows_of, means, oracle_means,
-                             ks_of[layer], n_random, seed, curve_options)
+                             oracle, ks_of[layer], n_random, seed, curve_options)
         for method, scores in scored.items():
             after = (np.nan if not reinitialised[layer] else _mean_correlation(
                 means[method], _cluster_means(neuron_scores(
                     randomized, layer, x, targets, method, clusters=clusters,
-                    **options).numpy(), rows_of)))
+                    neurons=subset, **options).numpy(), rows_of)))
             table.append({"layer": layer, "method": method,
-                          **_agreement(scores, means[method], oracle_means, rows_of, draws,
-                                       oracle_draws),
+                          **_agreement(scores, rows_of, resamples, top_k_of(oracle.n_neurons)),
                           "curve_area": _nanmean(areas[method]),
-                          "after_randomization": after, "n_clusters": len(rows_of)})
+                          "after_randomization": after, "n_clusters": len(rows_of),
+                          "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons})
             step()
     if not table:
         raise AttributionError("No method could score these layers: "
@@ -206,37 +222,25 @@ def _bootstrap_draws(rows_of: list[np.ndarray], n_boot: int, seed: int) -> list[
     return [bootstrap_counts(len(rows), n_boot, generator) for rows in rows_of]
 
 
-def _agreement(scores: np.ndarray, means: np.ndarray, oracle_means: np.ndarray,
-               rows_of: list[np.ndarray], draws: list[np.ndarray],
-               oracle_draws: list[np.ndarray]) -> dict[str, float]:
-    """spearman, kendall, their bootstrap interval and top_overlap of one method's
-    per-sample scores [N, n] (cluster means [C, n]) against the oracle's."""
-    k = top_k_of(means.shape[1])
-    overlap = [top_k_overlap(a, b, k) for a, b in zip(means, oracle_means)]
-    resampled = np.stack([
-        row_spearman(row_ranks(counts @ scores[rows].astype(np.float64) / len(rows)), oracle)
-        for counts, rows, oracle in zip(draws, rows_of, oracle_draws)])  # [C, n_boot]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # every cluster constant in a draw
-        per_draw = np.nanmean(resampled, axis=0)
-    spearman = _nanmean(row_spearman(row_ranks(means), row_ranks(oracle_means)))
-    low, high = interval(per_draw, spearman)
-    return {"spearman": spearman, "kendall": _nanmean(_kendall(means, oracle_means)),
-            "spearman_low": low, "spearman_high": high,
-            "top_overlap": float(np.mean(overlap))}
-
-
-def _kendall(a: np.ndarray, b: np.ndarray, most: int = 512) -> np.ndarray:
-    """Kendall's tau-b of each row of a [C, n] with b's [C]: sum over pairs of
-    sign(a_i - a_j) sign(b_i - b_j), over the square root of the untied pairs' counts (NaN
-    where a row is constant). Rows wider than `most` go through scipy (n^2 pairs)."""
-    if a.shape[1] > most:
-        return np.array([rank_correlation("kendall", left, right) for left, right in zip(a, b)])
-    signs_a = np.sign(a[:, :, None] - a[:, None, :])
-    signs_b = np.sign(b[:, :, None] - b[:, None, :])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (signs_a * signs_b).sum((1, 2)) / np.sqrt(
-            np.abs(signs_a).sum((1, 2)) * np.abs(signs_b).sum((1, 2)))
+def _agreement(scores: np.ndarray, rows_of: list[np.ndarray], resamples: list[Resamples],
+               top_k: int) -> dict[str, float]:
+    """spearman, kendall and top_overlap of one method's per-sample scores [N, m] (of the
+    m neurons the oracle measured) with the oracle, each averaged over clusters, with its
+    interval: the average in each resample (`oracle_sample.agreement_draws`, the same
+    resamples for every method)."""
+    measured = [agreement_draws(scores[rows], resampled, "mean", top_k=top_k,
+                                conventions=("signed",))
+                for rows, resampled in zip(rows_of, resamples)]
+    result: dict[str, float] = {}
+    for measure in MEASURES:
+        values = [found[measure, "signed"] for found in measured]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # every cluster NaN in a draw
+            per_draw = np.nanmean(np.stack([found.draws for found in values]), axis=0)
+        value = _nanmean([found.value for found in values])
+        result[measure] = value
+        result[f"{measure}_low"], result[f"{measure}_high"] = interval(per_draw, value)
+    return result
 
 
 def _nanmean(values) -> float:
@@ -252,18 +256,27 @@ def _mean_correlation(a: np.ndarray, b: np.ndarray) -> float:
 # ------------------------------------------------------------------------ curve area
 
 def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray],
-                 oracle_means: np.ndarray, ks: list[int], n_random: int, seed: int,
-                 curve_options: dict) -> dict[str, list[float]]:
+                 oracle_means: np.ndarray, oracle: OracleSample, ks: list[int],
+                 n_random: int, seed: int, curve_options: dict) -> dict[str, list[float]]:
     """Per method, each cluster's (A_random - A_method) / (A_random - A_ablation), with every
-    ranking and the random orders measured in one pass over the cluster's samples."""
-    n_neurons = oracle_means.shape[1]
-    randoms = random_orders(n_neurons, n_random, seed)
+    ranking and the random orders measured in one pass over the cluster's samples. Means
+    [C, m] rank the oracle's m neurons, which alone are removed (k <= m): on a sample of
+    the layer's neurons, the curves of that sample."""
+    sampled = torch.as_tensor(oracle.neurons)
+    rest = torch.as_tensor(np.setdiff1d(np.arange(oracle.n_neurons), oracle.neurons))
+
+    def layer_orders(positions: torch.Tensor) -> torch.Tensor:
+        """[O, n] orders of the layer's neurons: the sampled ones in `positions` [O, m]
+        order, then the others (never removed)."""
+        return torch.cat([sampled[positions], rest.expand(len(positions), -1)], dim=1)
+
+    randoms = layer_orders(random_orders(len(sampled), n_random, seed))
     names = list(means)
     areas: dict[str, list[float]] = {name: [] for name in names}
     for cluster, rows in enumerate(rows_of):
         rankings = [means[name][cluster] for name in names] + [oracle_means[cluster]]
-        orders = torch.cat([torch.as_tensor(np.stack([np.argsort(-values, kind="stable")
-                                                      for values in rankings])), randoms])
+        orders = torch.cat([layer_orders(torch.as_tensor(np.stack(
+            [np.argsort(-values, kind="stable") for values in rankings]))), randoms])
         part = torch.from_numpy(rows)
         metric = order_curves(model, layer, model_io.take(x, part),
                               targets[part] if targets is not None else None, orders, ks,
@@ -285,11 +298,35 @@ def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray]
 
 # ------------------------------------------------------------ cascading randomisation
 
+def scorecard_oracle_neurons(model: nn.Module, inputs: Inputs, targets=None, *,
+                             layers: Optional[Sequence[str]] = None,
+                             batch_size: int = DEFAULT_BATCH_SIZE,
+                             device=None) -> dict[str, int]:
+    """{layer: the neurons `scorecard(..., oracle_neurons=None)` ablates on it}: all that
+    fit `oracle_sample.ORACLE_SECONDS` on these samples, timed now. A front end passes it
+    to `scorecard_cost` and `scorecard` alike. In-memory inputs only."""
+    x = model_io.named(inputs)
+    x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
+    if layers is None:
+        layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
+    targets = None if targets is None else torch.as_tensor(targets)
+    return {layer: default_oracle_neurons(model, layer, x, targets, batch_size=batch_size,
+                                          device=device) for layer in layers}
+
+
 def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
                    **options) -> SampledCost:
     """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
     before it runs: the scorecard timed on samples that keep every cluster
-    (`costs.sampled_cost`) and extrapolated; per-sample `curve_targets` are sampled too."""
+    (`costs.sampled_cost`) and extrapolated; per-sample `curve_targets` are sampled too.
+    The oracle's sizes are chosen first, on all the samples (`scorecard_oracle_neurons`),
+    and kept: the timing and the run ablate the same neurons."""
+    if options.get("oracle_neurons") is None:
+        options = dict(options, oracle_neurons=scorecard_oracle_neurons(
+            model, inputs, targets, layers=options.get("layers"),
+            batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
+            device=options.get("device")))
+
     def run(sample) -> None:
         chosen = dict(options, progress=None)
         if "curve_targets" in chosen:

@@ -651,11 +651,18 @@ def scorecard_figure(card: pd.DataFrame) -> go.Figure:
 
     shown = card.assign(method=[method_label(m) for m in card["method"]],
                         layer=[plain(layer) for layer in card["layer"]])
+    def between(row, column: str, form: str = "{:.2f}") -> str:
+        low, high = getattr(row, f"{column}_low", np.nan), getattr(row, f"{column}_high", np.nan)
+        if not (np.isfinite(low) and np.isfinite(high)):
+            return ""
+        return f" (95%: {number(low, form)} to {number(high, form)})"
+
     shown["details"] = [
-        f"{row.layer} · {row.method}<br>Spearman ρ {number(row.spearman)} (95%: "
-        f"{number(row.spearman_low, '{:.2f}')} to {number(row.spearman_high, '{:.2f}')})"
-        f"<br>Kendall τ {number(row.kendall, '{:.2f}')} · top-10% overlap "
-        f"{number(row.top_overlap, '{:.0%}')}<br>pruning damage "
+        f"{row.layer} · {row.method}{sampled_words(row)}<br>Spearman ρ "
+        f"{number(row.spearman)}{between(row, 'spearman')}"
+        f"<br>Kendall τ {number(row.kendall, '{:.2f}')}{between(row, 'kendall')}"
+        f"<br>top-10% overlap {number(row.top_overlap, '{:.0%}')}"
+        f"{between(row, 'top_overlap', '{:.0%}')}<br>pruning damage "
         f"{number(row.curve_area, '{:.2f}')} of the oracle's (random ≈ 0)<br>after "
         f"randomising the layers above: ρ {number(row.after_randomization, '{:.2f}')}"
         for row in shown.itertuples()]
@@ -685,6 +692,15 @@ def scorecard_figure(card: pd.DataFrame) -> go.Figure:
     return _figure(traces, layout, title="Which method to trust, layer by layer",
                    subtitle="Click a cell to open that layer and method",
                    height=max(380, 200 + 34 * len(layers)), top=84)
+
+
+def sampled_words(row) -> str:
+    """" · on 256 of 3,072 neurons" for a row (of `scorecard` or `oracle_agreement`) whose
+    oracle was a sample of the layer's neurons; "" when it was every neuron."""
+    sampled, total = getattr(row, "neurons", np.nan), getattr(row, "n_neurons", np.nan)
+    if not (np.isfinite(sampled) and np.isfinite(total)) or sampled >= total:
+        return ""
+    return f" · on {int(sampled):,} of {int(total):,} neurons"
 
 
 def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
@@ -893,14 +909,17 @@ ORACLE_WORDS = {
     "method": "method", "spearman_signed": "Spearman ρ (signed)",
     "spearman_abs": "Spearman ρ (|·|)", "kendall_signed": "Kendall τ (signed)",
     "kendall_abs": "Kendall τ (|·|)", "top_k_overlap_signed": "top-k overlap (signed)",
-    "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k"}
+    "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k", "neurons": "neurons compared"}
 
 
 SCORECARD_WORDS = {
     "layer": "layer", "method": "method", "spearman": "Spearman ρ",
     "spearman_low": "ρ 95% low", "spearman_high": "ρ 95% high", "kendall": "Kendall τ",
-    "top_overlap": "top-10% overlap", "curve_area": "pruning damage (oracle = 1)",
-    "after_randomization": "ρ after randomising above", "n_clusters": "clusters"}
+    "kendall_low": "τ 95% low", "kendall_high": "τ 95% high",
+    "top_overlap": "top-10% overlap", "top_overlap_low": "overlap 95% low",
+    "top_overlap_high": "overlap 95% high", "curve_area": "pruning damage (oracle = 1)",
+    "after_randomization": "ρ after randomising above", "n_clusters": "clusters",
+    "neurons": "neurons measured"}
 
 
 def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
@@ -909,11 +928,51 @@ def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
     shown = pd.DataFrame({"layer": card["layer"].astype(str),
                           "method": [method_label(m) for m in card["method"]]})
     for column in SCORECARD_WORDS:
-        if column in ("layer", "method"):
+        if column in ("layer", "method") or column not in card:
             continue
-        form = {"top_overlap": "{:.0%}", "n_clusters": "{:.0f}"}.get(column, "{:.2f}")
+        if column == "neurons":
+            shown[column] = [_of_neurons(row) for row in card.itertuples()]
+            continue
+        form = ("{:.0%}" if column.startswith("top_overlap") else
+                "{:.0f}" if column == "n_clusters" else "{:.2f}")
         shown[column] = [_shown(float(v), form) or "n/a" for v in card[column]]
     return shown.rename(columns=SCORECARD_WORDS)
+
+
+def change_interval_words(row, metric: str) -> str:
+    """", 95% interval -3.1 to -0.4 pp over the samples" for a removal row of the neuron
+    view (`NeuronView.removal`: change_low, change_high); "" where it has none."""
+    low, high = row.get("change_low", np.nan), row.get("change_high", np.nan)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return ""
+    said = ((f"{low * 100:+.1f} to {high * 100:+.1f} pp") if metric == "accuracy"
+            else f"{low:+.3g} to {high:+.3g}")
+    return f", 95% interval {said} over the samples"
+
+
+def oracle_sample_words(table: pd.DataFrame) -> str:
+    """One sentence on the layers whose oracle was a sample of their neurons, from a
+    `scorecard` or `oracle_agreement` table (its neurons and n_neurons columns; a layer
+    column when there is one); "" when every oracle was exact."""
+    if "neurons" not in table or not len(table):
+        return ""
+    layers = (table.groupby("layer", sort=False)[["neurons", "n_neurons"]].first()
+              if "layer" in table else table[["neurons", "n_neurons"]].iloc[:1])
+    sampled = layers[layers["neurons"] < layers["n_neurons"]]
+    if sampled.empty:
+        return ""
+    where = [(f"{plain(layer)}: " if "layer" in table else "")
+             + f"{int(row.neurons):,} of {int(row.n_neurons):,}"
+             for layer, row in zip(sampled.index, sampled.itertuples())]
+    return ("Exact ablation measured a random sample of the neurons, as many as fit its time "
+            f"budget ({'; '.join(where)} neurons); every number above is on that sample, and "
+            "its 95% interval spans both draws, samples and neurons.")
+
+
+def _of_neurons(row) -> str:
+    """"256 of 3,072" (an oracle on a sample of the neurons) or "all 64"."""
+    sampled, total = int(row.neurons), int(row.n_neurons)
+    return f"all {total:,}" if sampled >= total else f"{sampled:,} of {total:,}"
 
 
 def _shown(value: float, form: str) -> str:
@@ -942,11 +1001,21 @@ def curve_summary_table(summary: pd.DataFrame, *, metric: str) -> pd.DataFrame:
 
 def oracle_table(table: pd.DataFrame) -> pd.DataFrame:
     """`attribution.oracle_agreement`'s table in words: method labels, correlations and
-    overlaps to 2 decimals, k as an integer; columns other than `ORACLE_WORDS` dropped."""
+    overlaps to 2 decimals (Spearman with its 95% interval), k as an integer, the neurons
+    compared ("256 of 3,072"); columns other than `ORACLE_WORDS` dropped."""
     shown = pd.DataFrame({"method": [method_label(m) for m in table["method"]]})
     for column in ORACLE_WORDS:
         if column in ("method",) or column not in table:
             continue
+        if column == "neurons":
+            shown[column] = [_of_neurons(row) for row in table.itertuples()]
+            continue
         form = "{:.0f}" if column == "top_k" else "{:.2f}"
         shown[column] = [_shown(float(v), form) for v in table[column]]
+        if f"{column}_low" in table:  # its interval: "0.92 [0.88, 0.95]"
+            shown[column] = [
+                f"{said} [{_shown(float(low), form)}, {_shown(float(high), form)}]"
+                if said and np.isfinite(low) and np.isfinite(high) else said
+                for said, low, high in zip(shown[column], table[f"{column}_low"],
+                                           table[f"{column}_high"])]
     return shown.rename(columns=ORACLE_WORDS)

@@ -27,7 +27,8 @@ from . import plots
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
-from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose, permutation_words,
+from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose,
+                                 diagnose_oracle_neurons, permutation_words,
                                  random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
@@ -315,15 +316,20 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     curves = settings.pruning_curves(model, dataset, clusters, targets,
                                      settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
+    sampled = diagnose_oracle_neurons(model, settings.layer, dataset.inputs, targets, clusters,
+                                      cluster=settings.cluster,
+                                      batch_size=settings.batch_size)  # one sample for both
     findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
                         clusters, cluster=settings.cluster, reduce=settings.reduce,
                         user_scores=user_scores, seed=settings.seed,
-                        batch_size=settings.batch_size)
+                        batch_size=settings.batch_size,
+                        oracle_neurons=None if settings.method == "ablation" else sampled)
     step(0.7, "agreement with ablation")
     oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
                               methods=settings.methods, clusters=clusters,
                               cluster=settings.cluster, reduce=settings.reduce,
-                              batch_size=settings.batch_size, seed=settings.seed)
+                              oracle_neurons=sampled, batch_size=settings.batch_size,
+                              seed=settings.seed)
     step(0.75, "which method to trust, every layer")
     card = scorecard(model, dataset.inputs, targets, clusters, metric=settings.metric,
                      curve_targets=settings.curve_targets(dataset.labels, targets),
@@ -452,14 +458,18 @@ def render_report(content: ReportContent) -> str:
                   "<p class='muted'>Rank correlation between each method's scores and the "
                   "measured effect of removing each neuron alone.</p>",
                   _frame_table(plots.oracle_table(content.oracle))]
+        if sampled := plots.oracle_sample_words(content.oracle):
+            parts.append(f"<p class='muted'>{_e(sampled)}</p>")
     if content.scorecard is not None and len(content.scorecard):
         parts += ["<h2>Which method to trust, layer by layer</h2>",
                   "<p class='muted'>Each method's cluster scores (signed mean) against exact "
                   "ablation on every layer: Spearman ρ per cluster, averaged (hover for its "
                   "95% bootstrap interval); beside it, the same ranking after the layers above "
                   "are re-initialised (near 1: the ranking does not read the model).</p>",
-                  _chart(plots.scorecard_figure(content.scorecard)),
-                  _frame_table(plots.scorecard_table(content.scorecard))]
+                  _chart(plots.scorecard_figure(content.scorecard))]
+        if sampled := plots.oracle_sample_words(content.scorecard):
+            parts.append(f"<p class='muted'>{_e(sampled)}</p>")
+        parts.append(_frame_table(plots.scorecard_table(content.scorecard)))
     if content.histogram is not None and content.histogram_neuron is not None:
         parts.append(_chart(plots.score_histogram(content.histogram, method=content.method,
                                                   neuron=content.histogram_neuron,

@@ -19,7 +19,7 @@ import attribution as at
 from attribution.analyses.costs import SampledCost
 from attribution.analyses.diagnose import (Finding, diagnose_cost, diagnose_oracle_neurons,
                                           integral_finding)
-from attribution.analyses.scorecard import scorecard_cost
+from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_neurons
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
 from attribution.presentation import plots
@@ -69,23 +69,32 @@ def _oracle_neurons(key: str, layer: str, target_key: str, cluster_key: str, bat
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, _model, _inputs, _targets, _clusters, cluster,
-            _progress):
+            reduce: str, batch_size: int, oracle_neurons: Optional[int], _model, _inputs,
+            _targets, _clusters, cluster, _progress):
     with _progress:
         table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
                                     clusters=_clusters, cluster=cluster, reduce=reduce,
-                                    batch_size=batch_size, progress=_progress)
+                                    oracle_neurons=oracle_neurons, batch_size=batch_size,
+                                    progress=_progress)
     return table.drop(columns="cluster")
 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
-               methods: tuple, _model, _inputs, _targets, _curve_targets, _clusters,
-               _progress):
+               methods: tuple, oracle_neurons: tuple, _model, _inputs, _targets,
+               _curve_targets, _clusters, _progress):
     with _progress:
         return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
                             metric=metric, curve_targets=_curve_targets,
-                            batch_size=batch_size, progress=_progress)
+                            oracle_neurons=dict(oracle_neurons), batch_size=batch_size,
+                            progress=_progress)
+
+
+@st.cache_data(max_entries=8, show_spinner="Timing exact ablation on every layer…")
+def _scorecard_oracle_neurons(key: str, target_key: str, batch_size: int, _model, _inputs,
+                              _targets) -> tuple:
+    return tuple(scorecard_oracle_neurons(_model, _inputs, _targets,
+                                          batch_size=batch_size).items())
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
@@ -99,11 +108,11 @@ def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_k
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
 def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
-                    batch_size: int, methods: tuple, _model, _inputs, _targets,
-                    _curve_targets, _clusters) -> SampledCost:
+                    batch_size: int, methods: tuple, oracle_neurons: tuple, _model, _inputs,
+                    _targets, _curve_targets, _clusters) -> SampledCost:
     return scorecard_cost(_model, _inputs, _targets, _clusters, methods=methods,
                           metric=metric, curve_targets=_curve_targets,
-                          batch_size=batch_size)
+                          oracle_neurons=dict(oracle_neurons), batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -186,7 +195,7 @@ class Context:
         """The degeneracy checks of the cluster in focus (cached)."""
         s = self.settings
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, user_key, self.oracle_neurons(s),
+                         s.reduce, s.batch_size, user_key, self.checks_oracle_neurons(s),
                          self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                          s.cluster, user_scores, ProgressLine("Running the degeneracy checks"))
 
@@ -195,19 +204,25 @@ class Context:
         sample that keeps every cluster; cached)."""
         s = self.settings
         return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
-                              self.cluster_key, s.reduce, s.batch_size, self.oracle_neurons(s),
+                              self.cluster_key, s.reduce, s.batch_size,
+                              self.checks_oracle_neurons(s),
                               self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                               s.cluster)
 
+    def checks_oracle_neurons(self, settings: AnalysisSettings,
+                              clusters: Optional[np.ndarray] = None) -> Optional[int]:
+        """`oracle_neurons` for the checks of `settings`; None for method=ablation, whose
+        scores are the exact oracle already."""
+        return None if settings.method == "ablation" else self.oracle_neurons(settings,
+                                                                              clusters)
+
     def oracle_neurons(self, settings: AnalysisSettings,
-                       clusters: Optional[np.ndarray] = None) -> Optional[int]:
-        """The neurons the checks of `settings` (on `clusters`, else this view's) ablate
-        exactly: all that fit the oracle's budget (`diagnose_oracle_neurons`, timed once per
-        view and cached); None for method=ablation, whose scores are the exact oracle."""
+                       clusters: Optional[np.ndarray] = None) -> int:
+        """The neurons the checks of `settings` (on `clusters`, else this view's) and the
+        oracle table ablate exactly: all that fit the oracle's budget
+        (`diagnose_oracle_neurons`, timed once per view and cached)."""
         s = settings
         clusters = self.clusters if clusters is None else clusters
-        if s.method == "ablation":
-            return None
         return _oracle_neurons(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
                                s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
                                clusters, s.cluster)
@@ -251,7 +266,7 @@ class Context:
         s = settings
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
                          keys.cluster_key(s), s.reduce, s.batch_size, "",
-                         self.oracle_neurons(s, clusters), self.ws.model,
+                         self.checks_oracle_neurons(s, clusters), self.ws.model,
                          self.ws.data.inputs, self.targets, clusters, s.cluster, None,
                          ProgressLine("Trying a remedy"))
 
@@ -274,9 +289,9 @@ class Context:
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
-                       s.reduce, s.batch_size, self.ws.model, self.ws.data.inputs,
-                       self.targets, self.clusters, s.cluster,
-                       ProgressLine("Comparing every method with exact ablation"))
+                       s.reduce, s.batch_size, self.oracle_neurons(s),
+                       self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+                       s.cluster, ProgressLine("Comparing every method with exact ablation"))
 
     def scorecard(self, methods: Sequence[str] = SCORECARD_METHODS):
         """`methods` on every layer against exact ablation, on the clusters of the sidebar's
@@ -284,18 +299,26 @@ class Context:
         cell empty)."""
         s = self.settings
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                          s.batch_size, tuple(methods), self.ws.model,
-                          self.ws.data.inputs, self.targets,
+                          s.batch_size, tuple(methods), self.scorecard_oracle_neurons(),
+                          self.ws.model, self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer"))
+
+    def scorecard_oracle_neurons(self) -> tuple:
+        """((layer, neurons its oracle ablates), ...): all that fit the oracle's budget on
+        each layer (`scorecard_oracle_neurons`, timed once per data and cached), for the
+        scorecard and its estimate alike."""
+        s = self.settings
+        return _scorecard_oracle_neurons(self.ws.key, self.target_key, s.batch_size,
+                                         self.ws.model, self.ws.data.inputs, self.targets)
 
     def scorecard_cost(self, methods: Sequence[str] = SCORECARD_METHODS) -> SampledCost:
         """What `scorecard(methods)` will take, said before it runs (`scorecard_cost`: timed
         on a sample that keeps every cluster; cached)."""
         s = self.settings
         return _scorecard_cost(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                               s.batch_size, tuple(methods), self.ws.model,
-                               self.ws.data.inputs, self.targets,
+                               s.batch_size, tuple(methods), self.scorecard_oracle_neurons(),
+                               self.ws.model, self.ws.data.inputs, self.targets,
                                s.curve_targets(self.ws.data.labels, self.targets),
                                self.clusters)
 

@@ -118,7 +118,8 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
 
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):
     """scorecard_cost times the scorecard itself on the same stratified samples, its
-    per-sample curve targets taken at the same rows as the inputs."""
+    per-sample curve targets taken at the same rows as the inputs, and every run ablates
+    the neurons chosen once, on every sample, per layer."""
     from attribution.analyses import scorecard as card
 
     clock = [0.0]
@@ -127,10 +128,16 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     def fake(model, x, targets, clusters, **options):
         curve = options["curve_targets"]
         assert torch.equal(curve, x[:, 0].long()) and options["progress"] is None
+        assert options["oracle_neurons"] == {"fc": 64}
         seen.append(len(x))
         clock[0] += 0.2 + 0.002 * len(x)
 
+    def sizes(model, x, targets, **options):
+        assert len(x) == 5_000
+        return {"fc": 64}
+
     monkeypatch.setattr(card, "scorecard", fake)
+    monkeypatch.setattr(card, "scorecard_oracle_neurons", sizes)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x = torch.arange(5_000.0)[:, None].repeat(1, 3)
     clusters = np.repeat([0, 1], [4_000, 1_000])

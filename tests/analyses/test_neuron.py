@@ -3,6 +3,7 @@ answers are known, and against the pruning engine's zero ablation."""
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 import torch
 from torch import nn
 
@@ -58,6 +59,10 @@ def test_removing_a_neuron_alone_changes_the_logits_by_its_weight():
         assert removal.loc[("accuracy", subset), "removed"] == pytest.approx(accuracy)
     assert removal.loc[("target_logit", "cluster"), "change"] == pytest.approx(
         -2 * x[torch.from_numpy(cluster), 0].mean().item())
+    drops = -2 * x[torch.from_numpy(cluster), 0].clamp(min=0).double().numpy()
+    low, high = removal.loc[("target_logit", "cluster"), ["change_low", "change_high"]]
+    half = stats.t.ppf(0.975, len(drops) - 1) * drops.std(ddof=1) / np.sqrt(len(drops))
+    assert (low, high) == pytest.approx((drops.mean() - half, drops.mean() + half))
 
 
 def test_removal_agrees_with_the_pruning_engine_at_k_1():

@@ -6,7 +6,9 @@ from scipy import stats
 from torch import nn
 
 import attribution as at
-from attribution.analyses.oracle import ORACLE_COLUMNS, agreement
+from attribution.analyses.oracle import ORACLE_COLUMNS
+from attribution.analyses.oracle_sample import Resamples, agreement_draws
+from attribution.analyses.ranks import bootstrap_counts
 
 from tests.support.models import build, build_model
 
@@ -80,9 +82,13 @@ def test_gradient_x_activation_is_exact_when_the_rest_of_the_network_is_linear()
 
 
 def test_constant_rankings_give_nan_not_a_number_that_looks_meaningful():
-    scores = np.arange(5.0)
-    result = agreement(scores, np.zeros(5), top_k=2)
-    assert np.isnan(result["spearman_signed"]) and np.isnan(result["kendall_abs"])
+    scores, effects = np.tile(np.arange(5.0), (4, 1)), np.zeros((4, 5))
+    resamples = Resamples(effects, 5, bootstrap_counts(4, 20, np.random.default_rng(0)),
+                          np.random.default_rng(1))
+    result = agreement_draws(scores, resamples, "mean", top_k=2)
+    assert np.isnan(result["spearman", "signed"].value)
+    assert np.isnan(result["kendall", "abs"].value)
+    assert np.isnan(result["spearman", "signed"].interval()).all()
 
 
 def test_progress_streams_the_table_and_a_raising_one_leaves_the_model_untouched():

@@ -6,11 +6,10 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.oracle import CONFIDENCE, bootstrap_counts, rank_correlation
+from attribution.analyses.ranks import CONFIDENCE, bootstrap_counts, rank_correlation
 from attribution.analyses.oracle_sample import (FEWEST_ORACLE_NEURONS, OracleSample,
                                                 draw_neurons, neuron_draws, oracle_size,
                                                 sample_oracle, sampled_spearman)
-from attribution.methods.scores import reduce_scores
 
 
 def _model(width: int = 96) -> nn.Module:
@@ -71,11 +70,9 @@ def test_neuron_resamples_come_from_the_sample_replicated_to_the_layer():
 
 
 def _agreement_draw(scores, effects, neurons, n_neurons, seed, draws=400):
-    cluster_score = reduce_scores(scores, "mean")
     oracle = OracleSample(neurons, n_neurons, effects[:, neurons])
     counts = bootstrap_counts(len(scores), draws, np.random.default_rng([seed, 1]))
-    return sampled_spearman(scores, cluster_score, oracle, "mean", counts,
-                            np.random.default_rng([seed, 2]))[0]
+    return sampled_spearman(scores, oracle, "mean", counts, np.random.default_rng([seed, 2]))
 
 
 def _synthetic(n_neurons=512, n_samples=300, noise=0.3, seed=0):
@@ -155,3 +152,67 @@ def test_diagnose_says_how_many_neurons_its_oracle_rests_on():
     assert exact["disagrees_with_ablation"] == {
         f.code: f for f in at.diagnose(model, "1", x, targets, "gradient",
                                        oracle_neurons=96)}["disagrees_with_ablation"]
+
+
+def test_the_oracle_table_on_a_sample_is_the_exact_table_of_those_neurons():
+    """oracle_agreement on m of n neurons: each measure equals the same measure computed by
+    hand on the m columns of the exact per-sample effects and scores; Spearman's interval
+    holds it; the table says m of n; every neuron gives the exact table."""
+    model, x = _model(), torch.randn(150, 12)
+    targets = model(x).argmax(1)
+    clusters = (x[:, 0] > 0).numpy().astype(int)
+    table = at.oracle_agreement(model, "1", x, targets, methods=["gradient", "activation"],
+                                clusters=clusters, oracle_neurons=24)
+    chosen = draw_neurons(96, 24)
+    effects = at.neuron_scores(model, "1", x, targets, "ablation").numpy()[:, chosen]
+    assert (table["neurons"] == 24).all() and (table["n_neurons"] == 96).all()
+    for row in table.itertuples():
+        rows = clusters == row.cluster
+        scores = at.neuron_scores(model, "1", x, targets, row.method).numpy()[:, chosen]
+        a, b = scores[rows].mean(0), effects[rows].mean(0)
+        assert row.spearman_signed == pytest.approx(rank_correlation("spearman", a, b))
+        assert row.kendall_abs == pytest.approx(rank_correlation("kendall", abs(a), abs(b)))
+        assert row.top_k == 10  # of 96; on 24 of them, the top round(10 * 24 / 96) = 3
+        top = set(np.argsort(-a)[:3]) & set(np.argsort(-b)[:3])
+        assert row.top_k_overlap_signed == pytest.approx(len(top) / 3)
+        assert row.spearman_signed_low <= row.spearman_signed <= row.spearman_signed_high
+    exact = at.oracle_agreement(model, "1", x, targets, methods=["gradient"],
+                                clusters=clusters)
+    assert (exact["neurons"] == 96).all()
+
+
+def test_the_scorecard_on_a_sample_measures_its_neurons_and_removes_only_them():
+    model, x = _model(), torch.randn(120, 12)
+    targets = model(x).argmax(1)
+    card = at.scorecard(model, x, targets, layers=["1", "3"],
+                        methods=["gradient", "ablation", "random"], n_boot=200,
+                        oracle_neurons={"1": 16})
+    sampled, whole = card[card["layer"] == "1"], card[card["layer"] == "3"]
+    assert (sampled["neurons"] == 16).all() and (sampled["n_neurons"] == 96).all()
+    assert (whole["neurons"] == 32).all() and (whole["n_neurons"] == 32).all()
+    assert card.attrs["ks"]["1"][-1] == 16  # the curves remove the 16 drawn, at most
+    oracle = sampled.set_index("method").loc["ablation"]
+    assert oracle["spearman"] == 1 and oracle["curve_area"] == pytest.approx(1.0)
+    chosen = draw_neurons(96, 16)
+    scores = at.neuron_scores(model, "1", x, targets, "gradient").numpy()[:, chosen]
+    effects = at.neuron_scores(model, "1", x, targets, "ablation").numpy()[:, chosen]
+    row = sampled.set_index("method").loc["gradient"]
+    assert row["spearman"] == pytest.approx(
+        rank_correlation("spearman", scores.mean(0), effects.mean(0)))
+    for measure in ("spearman", "kendall", "top_overlap"):
+        assert row[f"{measure}_low"] <= row[measure] <= row[f"{measure}_high"], measure
+    from attribution.presentation import plots
+    words = plots.oracle_sample_words(card)
+    assert "1: 16 of 96" in words and "3:" not in words
+    assert plots.oracle_sample_words(whole) == ""
+    assert "16 of 96" in plots.scorecard_table(card)["neurons measured"].tolist()
+
+
+def test_the_neuron_views_removal_effect_comes_with_its_interval():
+    from attribution.analyses.neuron import change_interval
+    changes = np.random.default_rng(0).normal(-0.5, 1.0, size=400)
+    low, high = change_interval(changes)
+    assert low < changes.mean() < high and high - low == pytest.approx(
+        2 * 1.966 * changes.std(ddof=1) / 20, rel=1e-3)
+    assert change_interval(np.zeros(50)) == (0.0, 0.0)
+    assert np.isnan(change_interval(np.ones(1))).all()

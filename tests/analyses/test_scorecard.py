@@ -13,7 +13,7 @@ from torch import nn
 
 import attribution as at
 from attribution.analyses.pruning_curves import curve_summary
-from attribution.analyses.oracle import interval
+from attribution.analyses.ranks import interval
 from attribution.analyses.scorecard import SCORECARD_COLUMNS, randomized_after, top_k_of
 from tests.support.families import trained_cnn1d
 from attribution.inputs.demo import load_demo

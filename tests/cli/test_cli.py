@@ -666,6 +666,27 @@ def test_scorecard_writes_the_apis_table_with_the_same_defaults(demo, tmp_path, 
                                        "ablation"]
 
 
+def test_scorecard_measures_the_neurons_it_is_told_and_says_so(demo, tmp_path, capsys):
+    """--oracle-neurons 8: relu1 (32 neurons) and fc2 (16) measured on 8 of theirs each,
+    said on stderr, the table the API's with the same sizes."""
+    model, dataset = demo
+    out = tmp_path / "card.csv"
+    code, _, err = in_process("scorecard", "--model", MODEL, "--data", DATA, "--clusters",
+                              "label", "--layers", "relu1", "fc2", "--methods", "gradient",
+                              "ablation", "--n-boot", "100", "--oracle-neurons", "8",
+                              "--quiet", "--out", out, capsys=capsys)
+    assert code == 0, err
+    assert "relu1: measured on 8 of its 32 neurons, drawn at random" in err
+    assert "fc2: measured on 8 of its 16 neurons" in err
+    written = pd.read_csv(out)
+    assert (written["neurons"] == 8).all() and list(written["n_neurons"]) == [32, 32, 16, 16]
+    expected = at.scorecard(model, dataset.inputs, dataset.labels, dataset.labels.numpy(),
+                            layers=["relu1", "fc2"], methods=["gradient", "ablation"],
+                            n_boot=100, oracle_neurons=8)
+    pd.testing.assert_frame_equal(written, expected.reset_index(drop=True),
+                                  check_dtype=False)
+
+
 def test_scorecard_refuses_a_layer_it_does_not_know(tmp_path, capsys):
     code, _, err = in_process("scorecard", "--model", MODEL, "--data", DATA, "--layers",
                               "nope", "--out", tmp_path / "card.csv", capsys=capsys)
