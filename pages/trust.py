@@ -67,8 +67,8 @@ def open_clicked() -> None:
 chart(plots.scorecard_figure(card), key="scorecard", on_click=open_clicked)
 if sampled := plots.oracle_sample_words(card):
     st.caption(escape_markdown(sampled))
-best = card.loc[card[card["method"] != "ablation"].groupby("layer", sort=False)["spearman"]
-                .idxmax().dropna()]
+ranked = card[(card["method"] != "ablation") & card["spearman"].notna()]  # a 1-neuron layer:
+best = card.loc[ranked.groupby("layer", sort=False)["spearman"].idxmax()]  # no ranking at all
 st.caption("Best after the oracle itself, per layer: " + "; ".join(
     f"{escape_markdown(row.layer)}: {plots.method_label(row.method)} (ρ {row.spearman:.2f})"
     for row in best.itertuples()) + ".")

@@ -141,7 +141,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             if method == "ablation" and reduce == "mean":
                 scores = oracle.effects  # the oracle itself
             else:
-                scores = neuron_scores(model, layer, *(every_sample if fitted_here else
+                scores = neuron_scores(model, layer, *(every_sample[:2] if fitted_here else
                                                        (inputs, targets)), method,
                                        clusters=every_sample[2] if fitted_here else clusters,
                                        n_steps=n_steps, progress=report(index),

@@ -282,7 +282,7 @@ def resampled_ranking(scores: np.ndarray, reduce: str, counts: np.ndarray) -> np
     resample of the samples `counts` [D, r]; only the sums that `reduce` reads."""
     values = scores.astype(np.float64)
     size = torch.full((len(counts),), float(scores.shape[0]), dtype=torch.float64)
-    empty = torch.empty(0, dtype=torch.float64)
+    empty = torch.empty((len(counts), scores.shape[1]), dtype=torch.float64)  # never read
 
     def summed(wanted: bool, per_sample) -> torch.Tensor:
         return torch.from_numpy(counts @ per_sample()) if wanted else empty

@@ -216,3 +216,19 @@ def test_the_neuron_views_removal_effect_comes_with_its_interval():
         2 * 1.966 * changes.std(ddof=1) / 20, rel=1e-3)
     assert change_interval(np.zeros(50)) == (0.0, 0.0)
     assert np.isnan(change_interval(np.ones(1))).all()
+
+
+def test_a_method_fitted_to_the_clusters_is_fitted_on_every_sample_for_one_cluster():
+    """oracle_agreement(cluster=c) of the probe: fitted on every sample's clusters, its
+    scores of c's samples compared; the same as its row of the every-cluster table."""
+    model, x = _model(), torch.randn(160, 12)
+    targets = model(x).argmax(1)
+    clusters = (x[:, 0] > 0).numpy().astype(int)
+    one = at.oracle_agreement(model, "1", x, targets, methods=["probe"], clusters=clusters,
+                              cluster=1, oracle_neurons=40)
+    every = at.oracle_agreement(model, "1", x, targets, methods=["probe"],
+                                clusters=clusters, oracle_neurons=40)
+    assert one["cluster"].tolist() == [1]
+    mine = every[every["cluster"] == 1].iloc[0]
+    for column in ("spearman_signed", "kendall_abs", "top_k_overlap_signed", "neurons"):
+        assert one[column].iloc[0] == pytest.approx(mine[column]), column

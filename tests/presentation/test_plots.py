@@ -390,9 +390,17 @@ def test_oracle_table_uses_the_apps_words_and_rounding():
                           "top_k_overlap_signed": [1.0], "top_k_overlap_abs": [0.75],
                           "top_k": [4], "n": [16]})
     shown = plots.oracle_table(table)
-    assert list(shown.columns) == list(plots.ORACLE_WORDS.values())  # "n" is left out
+    assert list(shown.columns) == [words for column, words in plots.ORACLE_WORDS.items()
+                                   if column != "neurons"]  # "n" is left out
     assert shown.iloc[0].tolist() == [plots.method_label("gradient_x_activation"), "0.99",
                                       "0.50", "0.90", "0.40", "1.00", "0.75", "4"]
+    sampled = plots.oracle_table(table.assign(spearman_signed_low=0.9, spearman_signed_high=1.0,
+                                              neurons=256, n_neurons=3072))
+    assert list(sampled.columns) == list(plots.ORACLE_WORDS.values())
+    assert sampled.iloc[0, 1] == "0.99 [0.90, 1.00]" and sampled.iloc[0, -1] == "256 of 3,072"
+    assert plots.oracle_sample_words(table.assign(neurons=256, n_neurons=3072)).startswith(
+        "Exact ablation measured a random sample of the neurons, as many as fit its time "
+        "budget (256 of 3,072 neurons)")
 
 
 def test_the_reports_tables_use_the_apps_words():
