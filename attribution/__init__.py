@@ -24,7 +24,7 @@ _HOMES = {
     ".analyses.prune": ("PruneCheck", "curve_checks", "prune", "prune_check", "save_folder",
                         "save_pt2"),
     ".analyses.oracle": ("oracle_agreement",),
-    ".analyses.oracle_sample": ("OracleSample", "default_oracle_neurons", "sample_oracle"),
+    ".analyses.oracle_sample": ("OraclePlan", "OracleSample", "plan_oracle", "sample_oracle"),
     ".analyses.scorecard": ("scorecard",),
     ".analyses.diagnose": ("Finding", "diagnose"),
     ".inputs.architectures": ("Architecture", "parse_architecture"),

@@ -42,10 +42,10 @@ from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
-from .analyses.diagnose import diagnose, diagnose_cost, diagnose_oracle_neurons
+from .analyses.diagnose import diagnose, diagnose_cost, diagnose_oracle_plan
 from .analyses.oracle_sample import ORACLE_SECONDS
 from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
-                                 scorecard_oracle_neurons)
+                                 scorecard_oracle_plans)
 from .errors import AttributionError
 from .engine import model_io
 from .engine.model_io import NamedInputs
@@ -1028,9 +1028,9 @@ def run_diagnose(args) -> int:
                    n_steps=args.n_steps, oracle_neurons=args.oracle_neurons)
     in_memory = isinstance(problem.inputs, torch.Tensor | NamedInputs)
     if args.oracle_neurons is None and args.method != "ablation" and in_memory:
-        options["oracle_neurons"] = diagnose_oracle_neurons(  # the same for cost and work
+        options["oracle_neurons"] = diagnose_oracle_plan(  # the same for cost and work
             problem.model.module, args.layer, problem.inputs, targets, clusters, cluster=focus,
-            batch_size=args.batch_size)
+            batch_size=args.batch_size).neurons
     if not args.quiet and in_memory:
         _say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
                                           targets, args.method, clusters, cluster=focus,
@@ -1110,9 +1110,10 @@ def run_scorecard(args) -> int:
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
                    ablation=args.ablation, batch_size=args.batch_size, n_steps=args.n_steps,
-                   seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_neurons(
-                       problem.model.module, dataset.inputs, targets, layers=args.layers,
-                       batch_size=args.batch_size))  # the same for the estimate and the work
+                   seed=args.seed, oracle_neurons=args.oracle_neurons or {
+                       layer: plan.neurons for layer, plan in scorecard_oracle_plans(
+                           problem.model.module, dataset.inputs, targets, layers=args.layers,
+                           batch_size=args.batch_size).items()})  # for estimate and work
     if not args.quiet:
         _say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
                                             clusters, **options).words())

@@ -36,6 +36,18 @@ st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{plots.REDUCTION_LABELS[s.reduce]}) on cluster "
            f"{escape_markdown(focus_label)} ({n_focus} samples), layer "
            f"{escape_markdown(s.layer)}.")
+try:  # a wide layer: exact ablation of a sample of its neurons, every neuron on request
+    plan = ctx.oracle_plan()
+except at.AttributionError:  # a view that cannot run: the checks' own error says why
+    plan = None
+if plan is not None and not plan.exact:
+    exact = st.toggle(f"Ablate all {plan.n_neurons:,} neurons exactly", key="oracle_exact",
+                      help="The agreement with exact ablation measures "
+                           f"{escape_markdown(plan.words())}, with an interval over both the "
+                           "samples and the neurons drawn. On: every neuron, exactly.")
+    ctx = ctx.with_exact_oracle(exact)
+    if not exact:
+        st.caption(f"Exact ablation measures {escape_markdown(plan.words())}.")
 verdict_box = st.container()
 evidence = st.container()
 

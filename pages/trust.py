@@ -42,6 +42,18 @@ every = st.toggle("Every method the layers take", key="scorecard_every",
                        "DeepLift, LRP, the probe), which takes longer. A method that cannot "
                        "score a layer leaves its cell empty.")
 methods = at.METHODS if every else SCORECARD_METHODS
+try:  # wide layers: exact ablation of a sample of their neurons, every neuron on request
+    sampled = {layer: plan for layer, plan in ctx.scorecard_oracle_plans().items()
+               if not plan.exact}
+except at.AttributionError:  # a view that cannot run: the scorecard's own error says why
+    sampled = {}
+if sampled:
+    exact = st.toggle("Ablate every neuron of every layer exactly", key="scorecard_exact",
+                      help="Exact ablation measures, on " + "; ".join(
+                          f"{escape_markdown(layer)}, {escape_markdown(plan.words())}"
+                          for layer, plan in sampled.items())
+                      + ". On: every neuron, exactly.")
+    ctx = ctx.with_exact_oracle(exact)
 try:  # said before the scorecard runs; a view that cannot run is the scorecard's own error
     st.caption(f"The scorecard takes {escape_markdown(ctx.scorecard_cost(methods).words())}.")
 except at.AttributionError:

@@ -80,7 +80,7 @@ from ..engine import model_io
 from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
 from .ranks import bootstrap_counts, interval
-from .oracle_sample import (OracleSample, default_oracle_neurons, sample_oracle,
+from .oracle_sample import (OraclePlan, OracleSample, plan_oracle, sample_oracle,
                             sampled_spearman)
 from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.paths import SUM_TOLERANCE, SumCheck, sum_check
@@ -355,10 +355,10 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     The oracle's size is chosen first, on all the samples, and kept: the timing and the
     run ablate the same neurons. In-memory inputs only (a tensor, an array or named inputs)."""
     if options.get("oracle_neurons") is None and method != "ablation":
-        options = dict(options, oracle_neurons=diagnose_oracle_neurons(
+        options = dict(options, oracle_neurons=diagnose_oracle_plan(
             model, layer, inputs, targets, clusters, cluster=cluster,
             batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
-            device=options.get("device")))
+            device=options.get("device")).neurons)
 
     def run(sample) -> None:
         diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
@@ -368,19 +368,18 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                         options.get("batch_size", DEFAULT_BATCH_SIZE))
 
 
-def diagnose_oracle_neurons(model: nn.Module, layer, inputs: Inputs, targets=None,
-                            clusters=None, *, cluster=None,
-                            batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> int:
-    """The neurons `diagnose(..., oracle_neurons=None)` ablates exactly: as many as
+def diagnose_oracle_plan(model: nn.Module, layer, inputs: Inputs, targets=None,
+                         clusters=None, *, cluster=None,
+                         batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> OraclePlan:
+    """The oracle `diagnose(..., oracle_neurons=None)` runs: as many neurons as
     `oracle_sample.ORACLE_SECONDS` allow on the samples it analyses (the cluster's, with
-    `cluster`), timed now (`oracle_sample.default_oracle_neurons`). A front end passes it
+    `cluster`), timed now (`oracle_sample.plan_oracle`). A front end passes its `neurons`
     to `diagnose_cost` and `diagnose` alike. In-memory inputs only."""
     names, codes = _analysed(clusters, cluster, model_io.n_rows(model_io.named(inputs)))
     rows = torch.from_numpy(np.flatnonzero(codes >= 0))
     kept = model_io.take(model_io.named(inputs), rows)
     targets = targets[rows] if isinstance(targets, torch.Tensor) else None
-    return default_oracle_neurons(model, layer, kept, targets, batch_size=batch_size,
-                                  device=device)
+    return plan_oracle(model, layer, kept, targets, batch_size=batch_size, device=device)
 
 
 # ------------------------------------------------------------------------------ inputs

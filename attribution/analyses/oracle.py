@@ -26,7 +26,7 @@ from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFA
 from ..methods.registry import METHODS, REGISTRY, methods_for
 from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
-                              n_samples, neuron_scores, scored_layer)
+                              n_samples, neuron_scores)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
 from .oracle_sample import OracleSample, Resamples, agreement_draws, sample_oracle
@@ -165,7 +165,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                         found.interval()
             table.append(row)
     frame = _ordered(table, methods)
-    frame.attrs.update(_layer_keys(model, layer, inputs, device), refused=refused)
+    frame.attrs.update({key: oracle.layer[key] for key in LAYER_KEYS}, refused=refused)
     if progress is not None:
         progress(1.0, frame)
     return frame
@@ -183,15 +183,10 @@ def _oracle_of(model, layer, inputs: Inputs, targets, oracle_neurons: Optional[i
                                "an array); an iterable of batches is ablated on every neuron.")
     options = dict(options)
     options.pop("seed")
+    about: dict = {}
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
-                            **options).numpy()
-    return OracleSample(np.arange(effects.shape[1]), effects.shape[1], effects)
-
-
-def _layer_keys(model, layer, inputs: Inputs, device) -> dict:
-    """The layer's neuron axis (`LAYER_KEYS`), as a score of it on `inputs` records it."""
-    return {key: value for key, value in scored_layer(model, layer, inputs, device).items()
-            if key in LAYER_KEYS}
+                            about=about, **options).numpy()
+    return OracleSample(np.arange(effects.shape[1]), effects.shape[1], effects, about)
 
 
 def _input_dtype(inputs: Inputs) -> torch.dtype:

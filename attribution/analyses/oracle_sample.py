@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -55,11 +55,13 @@ class OracleSample:
         n_neurons: n, the layer's neurons.
         effects: float32 [N, m]: per sample, the drop of the target when each alone is
             zeroed (the `ablation` method's scores of those neurons).
+        layer: the layer's neuron axis as the ablation saw it (`runners.layer_attrs`).
     """
 
     neurons: np.ndarray
     n_neurons: int
     effects: np.ndarray
+    layer: dict = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -67,7 +69,7 @@ class OracleSample:
 
     def rows(self, rows: np.ndarray) -> "OracleSample":
         """The same neurons, on the samples `rows` only."""
-        return OracleSample(self.neurons, self.n_neurons, self.effects[rows])
+        return OracleSample(self.neurons, self.n_neurons, self.effects[rows], self.layer)
 
     def words(self) -> str:
         """"on 256 of 3,072 neurons" (sampled) or "on all 64 neurons"."""
@@ -88,11 +90,12 @@ def draw_neurons(n_neurons: int, size: int, seed: int = DEFAULT_SEED) -> np.ndar
 
 
 def oracle_size(n_neurons: int, seconds_per_neuron: float,
-                budget: float = ORACLE_SECONDS) -> int:
+                budget: Optional[float] = None) -> int:
     """m for a layer of n neurons, each ablation taking `seconds_per_neuron` over the
-    samples: n when all fit `budget`; else the largest power of two that fits (a size that
-    the same model gives again from one timing to the next), at least
-    FEWEST_ORACLE_NEURONS, at most n."""
+    samples: n when all fit `budget` (None: ORACLE_SECONDS); else the largest power of two
+    that fits (a size that the same model gives again from one timing to the next), at
+    least FEWEST_ORACLE_NEURONS, at most n."""
+    budget = ORACLE_SECONDS if budget is None else budget
     if seconds_per_neuron * n_neurons <= budget:
         return n_neurons
     fits = budget / max(seconds_per_neuron, 1e-12)
@@ -122,19 +125,57 @@ def oracle_seconds_per_neuron(model: nn.Module, layer, inputs: Inputs, targets=N
     return took / probed * total / rows, n_neurons
 
 
-def default_oracle_neurons(model: nn.Module, layer, inputs: Inputs, targets=None, *,
-                           budget: float = ORACLE_SECONDS,
-                           batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> int:
+@dataclass(frozen=True)
+class OraclePlan:
+    """The oracle an analysis not told its size runs: `neurons` of the layer's `n_neurons`,
+    each ablation taking `seconds_per_neuron` over the samples (`plan_oracle`)."""
+
+    neurons: int
+    n_neurons: int
+    seconds_per_neuron: float
+
+    @property
+    def exact(self) -> bool:
+        return self.neurons >= self.n_neurons
+
+    @property
+    def exact_seconds(self) -> float:
+        """The estimated time of exact ablation of every neuron."""
+        return self.seconds_per_neuron * self.n_neurons
+
+    def words(self) -> str:
+        """"256 of the 3,072 neurons, drawn at random: as many as exact ablation fits in 30 s
+        (every neuron: about 41 min)"; "every one of the 64 neurons" when they all fit."""
+        if self.exact:
+            return f"every one of the {self.n_neurons:,} neurons"
+        return (f"{self.neurons:,} of the {self.n_neurons:,} neurons, drawn at random: as "
+                f"many as exact ablation fits in {ORACLE_SECONDS:.0f} s (every neuron: "
+                f"{duration_words(self.exact_seconds)})")
+
+
+def duration_words(seconds: float) -> str:
+    """"about 40 s", "about 7 min", "about 2.5 h"."""
+    if seconds < 120:
+        return f"about {seconds:.0f} s"
+    if seconds < 7200:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, *,
+                budget: Optional[float] = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                device=None) -> OraclePlan:
     """How many neurons an oracle not told its size ablates on these inputs: `oracle_size`
-    of the timing `oracle_seconds_per_neuron`. A front end resolves it once and passes it to
-    the estimate and to the work, so both ablate the same neurons."""
+    of the timing `oracle_seconds_per_neuron`. A front end resolves it once and passes its
+    `neurons` to the estimate and to the work, so both ablate the same neurons (and can
+    offer every neuron, `OraclePlan.exact_seconds`)."""
     seconds, n_neurons = oracle_seconds_per_neuron(model, layer, inputs, targets,
                                                    batch_size=batch_size, device=device)
-    return oracle_size(n_neurons, seconds, budget)
+    return OraclePlan(oracle_size(n_neurons, seconds, budget), n_neurons, seconds)
 
 
 def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
-                  neurons: Optional[int] = None, *, budget: float = ORACLE_SECONDS,
+                  neurons: Optional[int] = None, *, budget: Optional[float] = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED,
                   progress: Progress = None, device=None) -> OracleSample:
     """Exact ablation of `neurons` of the layer's neurons drawn at random (`draw_neurons`):
@@ -143,14 +184,15 @@ def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
     `neuron_scores`. progress(fraction) after each batch."""
     options = dict(batch_size=batch_size, device=device)
     if neurons is None:
-        neurons = default_oracle_neurons(model, layer, inputs, targets, budget=budget,
-                                         **options)
+        neurons = plan_oracle(model, layer, inputs, targets, budget=budget,
+                              **options).neurons
     n_neurons = layer_width(model, layer, inputs, device)
     chosen = draw_neurons(n_neurons, int(neurons), seed)
+    about: dict = {}
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
                             neurons=None if len(chosen) == n_neurons else chosen,
-                            **options).numpy()
-    return OracleSample(chosen, n_neurons, effects)
+                            about=about, **options).numpy()
+    return OracleSample(chosen, n_neurons, effects, about)
 
 
 def neuron_draws(n_sampled: int, n_neurons: int, n_draws: int,

@@ -46,7 +46,7 @@ from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
 from .oracle_sample import (MEASURES, OracleSample, Resamples, agreement_draws,
-                            default_oracle_neurons, sample_oracle)
+                            OraclePlan, plan_oracle, sample_oracle)
 from .ranks import bootstrap_counts, interval, row_ranks, row_spearman
 from .costs import SampledCost, sampled_cost
 from .prune import copy_model
@@ -99,7 +99,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             LongTensor [N], a regression head's true values [N], or None (the predicted
             class); see `settings.curve_targets`.
         oracle_neurons: how many neurons of each layer to ablate exactly, drawn at random
-            (all: the layer's n or more), or {layer: how many} (`scorecard_oracle_neurons`);
+            (all: the layer's n or more), or {layer: how many} (`scorecard_oracle_plans`);
             None = on each layer all that fit `oracle_sample.ORACLE_SECONDS`. On m of n
             neurons every column is measured on those m (`oracle_sample`: the curves
             remove them only), its intervals over the samples and the neurons drawn.
@@ -298,20 +298,21 @@ def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray]
 
 # ------------------------------------------------------------ cascading randomisation
 
-def scorecard_oracle_neurons(model: nn.Module, inputs: Inputs, targets=None, *,
-                             layers: Optional[Sequence[str]] = None,
-                             batch_size: int = DEFAULT_BATCH_SIZE,
-                             device=None) -> dict[str, int]:
-    """{layer: the neurons `scorecard(..., oracle_neurons=None)` ablates on it}: all that
-    fit `oracle_sample.ORACLE_SECONDS` on these samples, timed now. A front end passes it
-    to `scorecard_cost` and `scorecard` alike. In-memory inputs only."""
+def scorecard_oracle_plans(model: nn.Module, inputs: Inputs, targets=None, *,
+                           layers: Optional[Sequence[str]] = None,
+                           batch_size: int = DEFAULT_BATCH_SIZE,
+                           device=None) -> dict[str, OraclePlan]:
+    """{layer: the oracle `scorecard(..., oracle_neurons=None)` runs on it}: as many
+    neurons as fit `oracle_sample.ORACLE_SECONDS` on these samples, timed now. A front end
+    passes {layer: plan.neurons} to `scorecard_cost` and `scorecard` alike. In-memory inputs
+    only."""
     x = model_io.named(inputs)
     x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
     if layers is None:
         layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
     targets = None if targets is None else torch.as_tensor(targets)
-    return {layer: default_oracle_neurons(model, layer, x, targets, batch_size=batch_size,
-                                          device=device) for layer in layers}
+    return {layer: plan_oracle(model, layer, x, targets, batch_size=batch_size,
+                               device=device) for layer in layers}
 
 
 def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
@@ -319,13 +320,14 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
     before it runs: the scorecard timed on samples that keep every cluster
     (`costs.sampled_cost`) and extrapolated; per-sample `curve_targets` are sampled too.
-    The oracle's sizes are chosen first, on all the samples (`scorecard_oracle_neurons`),
+    The oracle's sizes are chosen first, on all the samples (`scorecard_oracle_plans`),
     and kept: the timing and the run ablate the same neurons."""
     if options.get("oracle_neurons") is None:
-        options = dict(options, oracle_neurons=scorecard_oracle_neurons(
-            model, inputs, targets, layers=options.get("layers"),
-            batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
-            device=options.get("device")))
+        plans = scorecard_oracle_plans(model, inputs, targets, layers=options.get("layers"),
+                                       batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
+                                       device=options.get("device"))
+        options = dict(options, oracle_neurons={layer: plan.neurons
+                                                for layer, plan in plans.items()})
 
     def run(sample) -> None:
         chosen = dict(options, progress=None)

@@ -1002,10 +1002,13 @@ def curve_summary_table(summary: pd.DataFrame, *, metric: str) -> pd.DataFrame:
 def oracle_table(table: pd.DataFrame) -> pd.DataFrame:
     """`attribution.oracle_agreement`'s table in words: method labels, correlations and
     overlaps to 2 decimals (Spearman with its 95% interval), k as an integer, the neurons
-    compared ("256 of 3,072"); columns other than `ORACLE_WORDS` dropped."""
+    compared where the oracle was a sample ("256 of 3,072"); columns other than
+    `ORACLE_WORDS` dropped."""
     shown = pd.DataFrame({"method": [method_label(m) for m in table["method"]]})
+    sampled = "neurons" in table and bool((table["neurons"] < table["n_neurons"]).any())
     for column in ORACLE_WORDS:
-        if column in ("method",) or column not in table:
+        if column in ("method",) or column not in table or (column == "neurons"
+                                                             and not sampled):
             continue
         if column == "neurons":
             shown[column] = [_of_neurons(row) for row in table.itertuples()]

@@ -28,7 +28,7 @@ from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose,
-                                 diagnose_oracle_neurons, permutation_words,
+                                 diagnose_oracle_plan, permutation_words,
                                  random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
@@ -316,9 +316,9 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     curves = settings.pruning_curves(model, dataset, clusters, targets,
                                      settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
-    sampled = diagnose_oracle_neurons(model, settings.layer, dataset.inputs, targets, clusters,
-                                      cluster=settings.cluster,
-                                      batch_size=settings.batch_size)  # one sample for both
+    sampled = diagnose_oracle_plan(model, settings.layer, dataset.inputs, targets, clusters,
+                                   cluster=settings.cluster,
+                                   batch_size=settings.batch_size).neurons  # one for both
     findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
                         clusters, cluster=settings.cluster, reduce=settings.reduce,
                         user_scores=user_scores, seed=settings.seed,

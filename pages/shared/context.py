@@ -17,9 +17,10 @@ import torch
 
 import attribution as at
 from attribution.analyses.costs import SampledCost
-from attribution.analyses.diagnose import (Finding, diagnose_cost, diagnose_oracle_neurons,
+from attribution.analyses.diagnose import (Finding, diagnose_cost, diagnose_oracle_plan,
                                           integral_finding)
-from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_neurons
+from attribution.analyses.oracle_sample import OraclePlan
+from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
 from attribution.presentation import plots
@@ -61,10 +62,10 @@ def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: s
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing exact ablation on a sample…")
-def _oracle_neurons(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
-                    _model, _inputs, _targets, _clusters, cluster) -> int:
-    return diagnose_oracle_neurons(_model, layer, _inputs, _targets, _clusters,
-                                   cluster=cluster, batch_size=batch_size)
+def _oracle_plan(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
+                 _model, _inputs, _targets, _clusters, cluster) -> OraclePlan:
+    return diagnose_oracle_plan(_model, layer, _inputs, _targets, _clusters, cluster=cluster,
+                                batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
@@ -91,10 +92,9 @@ def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing exact ablation on every layer…")
-def _scorecard_oracle_neurons(key: str, target_key: str, batch_size: int, _model, _inputs,
-                              _targets) -> tuple:
-    return tuple(scorecard_oracle_neurons(_model, _inputs, _targets,
-                                          batch_size=batch_size).items())
+def _scorecard_oracle_plans(key: str, target_key: str, batch_size: int, _model, _inputs,
+                            _targets) -> dict:
+    return scorecard_oracle_plans(_model, _inputs, _targets, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
@@ -128,7 +128,7 @@ class Context:
     settings: AnalysisSettings
     clusters: np.ndarray
     targets: Optional[torch.Tensor]
-
+    exact_oracle: bool = False  # every neuron ablated exactly, whatever it costs
     @property
     def target_key(self) -> str:
         return keys.target_key(self.settings)
@@ -216,16 +216,28 @@ class Context:
         return None if settings.method == "ablation" else self.oracle_neurons(settings,
                                                                               clusters)
 
+    def with_exact_oracle(self, exact: bool) -> "Context":
+        """This context with every neuron ablated exactly (`exact`) or as many as fit the
+        oracle's budget (a page's choice: the Diagnosis and Trust pages offer it)."""
+        return replace(self, exact_oracle=exact)
+
     def oracle_neurons(self, settings: AnalysisSettings,
                        clusters: Optional[np.ndarray] = None) -> int:
         """The neurons the checks of `settings` (on `clusters`, else this view's) and the
-        oracle table ablate exactly: all that fit the oracle's budget
-        (`diagnose_oracle_neurons`, timed once per view and cached)."""
-        s = settings
+        oracle table ablate exactly: every one with `exact_oracle`, else its `oracle_plan`'s."""
+        plan = self.oracle_plan(settings, clusters)
+        return plan.n_neurons if self.exact_oracle else plan.neurons
+
+    def oracle_plan(self, settings: Optional[AnalysisSettings] = None,
+                    clusters: Optional[np.ndarray] = None) -> OraclePlan:
+        """The default oracle of the checks of `settings` (this view's when None) on
+        `clusters`: as many neurons as fit its budget (`diagnose_oracle_plan`, timed once per
+        view and cached)."""
+        s = self.settings if settings is None else settings
         clusters = self.clusters if clusters is None else clusters
-        return _oracle_neurons(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
-                               s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
-                               clusters, s.cluster)
+        return _oracle_plan(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
+                            s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
+                            clusters, s.cluster)
 
     def tried_remedies(self, answer: Verdict, findings: list) -> tuple[TriedRemedy, ...]:
         """The verdict's remedies, each measured on the view it leads to (`try_remedies`):
@@ -305,12 +317,17 @@ class Context:
                           ProgressLine("Measuring every method on every layer"))
 
     def scorecard_oracle_neurons(self) -> tuple:
-        """((layer, neurons its oracle ablates), ...): all that fit the oracle's budget on
-        each layer (`scorecard_oracle_neurons`, timed once per data and cached), for the
-        scorecard and its estimate alike."""
+        """((layer, neurons its oracle ablates), ...) for the scorecard and its estimate
+        alike: every neuron with `exact_oracle`, else as many as fit the budget."""
+        return tuple((layer, plan.n_neurons if self.exact_oracle else plan.neurons)
+                     for layer, plan in self.scorecard_oracle_plans().items())
+
+    def scorecard_oracle_plans(self) -> dict[str, OraclePlan]:
+        """{layer: its default oracle} (`scorecard_oracle_plans`, timed once per data and
+        cached)."""
         s = self.settings
-        return _scorecard_oracle_neurons(self.ws.key, self.target_key, s.batch_size,
-                                         self.ws.model, self.ws.data.inputs, self.targets)
+        return _scorecard_oracle_plans(self.ws.key, self.target_key, s.batch_size,
+                                       self.ws.model, self.ws.data.inputs, self.targets)
 
     def scorecard_cost(self, methods: Sequence[str] = SCORECARD_METHODS) -> SampledCost:
         """What `scorecard(methods)` will take, said before it runs (`scorecard_cost`: timed

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import attribution as at
+from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses import costs, pruning_curves
 from attribution.analyses.settings import evidence_ks
 from tests.support.models import build
@@ -134,10 +135,10 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
 
     def sizes(model, x, targets, **options):
         assert len(x) == 5_000
-        return {"fc": 64}
+        return {"fc": OraclePlan(64, 2048, 1.0)}
 
     monkeypatch.setattr(card, "scorecard", fake)
-    monkeypatch.setattr(card, "scorecard_oracle_neurons", sizes)
+    monkeypatch.setattr(card, "scorecard_oracle_plans", sizes)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x = torch.arange(5_000.0)[:, None].repeat(1, 3)
     clusters = np.repeat([0, 1], [4_000, 1_000])

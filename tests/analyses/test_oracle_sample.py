@@ -1,6 +1,7 @@
 """The sampled oracle: exact ablation of m of n neurons, and intervals that cover the exact
 agreement at their stated rate."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -232,3 +233,22 @@ def test_a_method_fitted_to_the_clusters_is_fitted_on_every_sample_for_one_clust
     mine = every[every["cluster"] == 1].iloc[0]
     for column in ("spearman_signed", "kendall_abs", "top_k_overlap_signed", "neurons"):
         assert one[column].iloc[0] == pytest.approx(mine[column]), column
+
+
+def test_an_iterable_of_batches_gets_the_exact_table_and_its_layer_axis():
+    """Batches from an iterable (a DataLoader; read once per method) cannot be timed ahead:
+    every neuron is ablated, and the table equals the in-memory one, its neuron axis
+    recorded."""
+    model, x = _model(32), torch.randn(90, 12)
+    targets = model(x).argmax(1)
+    clusters = (x[:, 1] > 0).numpy().astype(int)
+    batches = [x[start:start + 32] for start in range(0, 90, 32)]
+    streamed = at.oracle_agreement(model, "1", batches, targets,
+                                   methods=["gradient"], clusters=clusters)
+    held = at.oracle_agreement(model, "1", x, targets, methods=["gradient"],
+                               clusters=clusters)
+    pd.testing.assert_frame_equal(streamed, held)
+    assert streamed.attrs["neuron_axis"] == 1 and streamed.attrs["layer"] == "1"
+    with pytest.raises(at.AttributionError, match="held in memory"):
+        at.oracle_agreement(model, "1", batches, targets, methods=["gradient"],
+                            clusters=clusters, oracle_neurons=8)

@@ -1,0 +1,157 @@
+"""Research-size layers: GPT-2 small's h.6 MLP (3,072 neurons) and a ResNet-50-shaped last
+stage (2,048 channels), both with random weights built from their shapes (no downloads).
+
+    python -m benchmarks.bench_wide_layers [--sequences 256] [--images 64] [--results FILE]
+
+Per model, on this machine: one forward and one forward+backward of the whole batch; the
+`gradient` scores of every neuron against that forward+backward; the default oracle (exact
+ablation of as many neurons as fit `oracle_sample.ORACLE_SECONDS`, drawn at random): its
+size, its time against the budget; and the agreement table of two methods with it, each
+with its interval over the samples and the neurons drawn.
+"""
+import argparse
+import time
+
+import torch
+from torch import nn
+
+import attribution as at
+from attribution.analyses.oracle_sample import ORACLE_SECONDS, plan_oracle
+from benchmarks.common import note, record, run
+
+LAYERS = {"gpt2": "model.transformer.h.6.mlp.act", "resnet": "stage.1.out"}
+
+
+class Logits(nn.Module):
+    """A sequence classifier's logits [B, classes] from token ids [B, T]."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).logits
+
+
+def gpt2_small(sequences: int, length: int = 32):
+    """(GPT-2 small for 2 classes, token ids [sequences, length], classes)."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    torch.manual_seed(0)
+    config = GPT2Config(num_labels=2, pad_token_id=0)  # 12 layers, 768 wide, MLP 3,072
+    model = Logits(GPT2ForSequenceClassification(config)).eval()
+    ids = torch.randint(1, config.vocab_size, (sequences, length))
+    return model, ids, torch.randint(0, 2, (sequences,))
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck: 1x1 (width), 3x3 (width), 1x1 (4 x width), batch norms, the
+    identity (or a projection) added, a ReLU (`out`)."""
+
+    def __init__(self, channels: int, width: int, stride: int = 1):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, 4 * width, 1, bias=False), nn.BatchNorm2d(4 * width))
+        self.skip = (nn.Identity() if stride == 1 and channels == 4 * width else nn.Sequential(
+            nn.Conv2d(channels, 4 * width, 1, stride, bias=False), nn.BatchNorm2d(4 * width)))
+        self.out = nn.ReLU()
+
+    def forward(self, x):
+        return self.out(self.body(x) + self.skip(x))
+
+
+def resnet50_last_stage(images: int, size: int = 64):
+    """(a stem to 1,024 channels at 1/16 size, ResNet-50's last stage (3 bottlenecks, 2,048
+    channels at 1/32), pooling and 10 classes; images [images, 3, size, size]; classes)."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("stem", nn.Sequential(nn.Conv2d(3, 1024, 16, 16), nn.BatchNorm2d(1024),
+                                           nn.ReLU()))
+    model.add_module("stage", nn.Sequential(Bottleneck(1024, 512, 2), Bottleneck(2048, 512),
+                                            Bottleneck(2048, 512)))
+    model.add_module("pool", nn.AdaptiveAvgPool2d(1))
+    model.add_module("flat", nn.Flatten())
+    model.add_module("fc", nn.Linear(2048, 10))
+    for module in model.modules():  # running statistics as a trained net has them
+        if isinstance(module, nn.BatchNorm2d):
+            nn.init.uniform_(module.weight, 0.5, 1.5)
+            nn.init.normal_(module.bias, 0.0, 0.1)
+    model.eval()
+    x = torch.randn(images, 3, size, size)
+    return model, x, torch.randint(0, 10, (images,))
+
+
+def timed(work):
+    started = time.perf_counter()
+    result = work()
+    return time.perf_counter() - started, result
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
+                     batch_size: int) -> float:
+    """Seconds of one forward+backward of the target logits, batch by batch."""
+    def work():
+        for start in range(0, len(x), batch_size):
+            logits = model(x[start:start + batch_size])
+            logits.gather(1, targets[start:start + batch_size, None]).sum().backward()
+    return timed(work)[0]
+
+
+def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
+            batch_size: int) -> None:
+    layer = LAYERS[name]
+    with torch.no_grad():
+        forward = timed(lambda: [model(x[s:s + batch_size]) for s in range(0, len(x),
+                                                                              batch_size)])[0]
+    both = forward_backward(model, x, targets, batch_size)
+    model.zero_grad(set_to_none=True)
+    options = dict(batch_size=batch_size)
+    gradient, scores = timed(lambda: at.neuron_scores(model, layer, x, targets, "gradient",
+                                                      **options))
+    n_neurons = scores.shape[1]
+    sizing, plan = timed(lambda: plan_oracle(model, layer, x, targets, **options))
+    size = plan.neurons
+    oracle_seconds, oracle = timed(lambda: at.sample_oracle(model, layer, x, targets, size,
+                                                            **options))
+    table_seconds, table = timed(lambda: at.oracle_agreement(
+        model, layer, x, targets, methods=["gradient", "gradient_x_activation"],
+        oracle_neurons=size, **options))
+    rows = [("one forward", f"{forward:.1f} s", ""),
+            ("one forward+backward", f"{both:.1f} s", "1.00x"),
+            (f"gradient scores, all {n_neurons:,} neurons", f"{gradient:.1f} s",
+             f"{gradient / both:.2f}x"),
+            ("choosing the oracle's size (timing 2 neurons)", f"{sizing:.1f} s", ""),
+            (f"exact ablation of all {n_neurons:,}, as estimated", f"{plan.exact_seconds:.0f} s",
+             ""),
+            (f"exact ablation of {size:,} of {n_neurons:,} neurons (budget "
+             f"{ORACLE_SECONDS:.0f} s)", f"{oracle_seconds:.1f} s", ""),
+            ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", "")]
+    for row in table.itertuples():
+        rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons",
+                     f"ρ = {row.spearman_signed:.2f} [{row.spearman_signed_low:.2f}, "
+                     f"{row.spearman_signed_high:.2f}]", ""))
+    title = f"{name} {layer}: {len(x)} samples, batch {batch_size}"
+    print(f"\n{title}")
+    for row in rows:
+        print(f"  {row[0]:<60} {row[1]:>24} {row[2]:>8}")
+    record(title, ("", "time", "/ forward+backward"), rows)
+    note(f"{name}: the default oracle ablated {len(oracle.neurons):,} of {n_neurons:,} "
+         f"neurons in {oracle_seconds:.1f} s against a budget of {ORACLE_SECONDS:.0f} s.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequences", type=int, default=256)
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--only", choices=sorted(LAYERS))
+    args = parser.parse_args()
+    if args.only in (None, "resnet"):
+        measure("resnet", *resnet50_last_stage(args.images), batch_size=64)
+    if args.only in (None, "gpt2"):
+        measure("gpt2", *gpt2_small(args.sequences), batch_size=64)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(main, "bench_wide_layers"))
