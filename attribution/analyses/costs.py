@@ -153,9 +153,9 @@ def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float
     """(seconds of the front, seconds per masked tail pass, n_neurons) on `probe`: a curve of
     one order at k = 0 (the front and one pass), then of four orders at eight k (the front
     and up to 32); the difference is the passes'. The fastest of up to PROBE_RUNS runs of
-    each (`_fastest`: short timings are the noisy ones, and cheap to repeat)."""
+    each (`fastest`: short timings are the noisy ones, and cheap to repeat)."""
     def timed(orders_of, ks_of) -> tuple[float, int]:
-        best = _fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
+        best = fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
                                              batch_size=batch_size, device=device),
                         PROBE_RUNS)
         return best, _count_masks(orders_of, ks_of)
@@ -217,7 +217,7 @@ LARGE_SHARE = 20
 """`sampled_cost`'s larger sample: about 1/LARGE_SHARE of the samples, in whole batches."""
 
 
-def _fastest(work: Callable[[], Any], runs: int) -> float:
+def fastest(work: Callable[[], Any], runs: int) -> float:
     """The fastest of up to `runs` timed runs of `work`, stopping once they took
     REPEAT_WHILE_SECONDS in all."""
     best, spent = math.inf, 0.0
@@ -266,7 +266,7 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
 
     def timed(rows: int, runs: int = SAMPLED_RUNS) -> tuple[int, float]:
         part = _stratified(codes, rows)
-        return len(part), _fastest(lambda: run(lambda value: _rows_of(value, part)), runs)
+        return len(part), fastest(lambda: run(lambda value: _rows_of(value, part)), runs)
 
     timed(2, runs=1)  # pays what is done once per model
     small, large = probe_sizes(total, batch_size)

@@ -18,7 +18,6 @@ the method, which scores every neuron, puts in its top k of n.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,7 +31,7 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import layer_width
+from .costs import SAMPLED_RUNS, fastest, layer_width
 from .ranks import (interval, rank_correlation, row_kendall, row_ranks, row_spearman,
                      row_top_overlap, top_k_overlap)
 
@@ -42,8 +41,8 @@ else as many as fit (`oracle_size`)."""
 FEWEST_ORACLE_NEURONS = 32
 """The fewest neurons a sampled oracle ablates, whatever the budget (all, when fewer): a
 rank correlation on fewer says little."""
-PROBE_NEURONS = 2
-"""Neurons ablated, on one batch, to time the oracle (`oracle_seconds_per_neuron`)."""
+PROBE_NEURONS = 4
+"""Neurons ablated beyond one, on one batch, to time the oracle (`oracle_timing`)."""
 
 
 @dataclass(frozen=True)
@@ -90,12 +89,12 @@ def draw_neurons(n_neurons: int, size: int, seed: int = DEFAULT_SEED) -> np.ndar
 
 
 def oracle_size(n_neurons: int, seconds_per_neuron: float,
-                budget: Optional[float] = None) -> int:
+                budget: Optional[float] = None, fixed_seconds: float = 0.0) -> int:
     """m for a layer of n neurons, each ablation taking `seconds_per_neuron` over the
-    samples: n when all fit `budget` (None: ORACLE_SECONDS); else the largest power of two
-    that fits (a size that the same model gives again from one timing to the next), at
-    least FEWEST_ORACLE_NEURONS, at most n."""
-    budget = ORACLE_SECONDS if budget is None else budget
+    samples after `fixed_seconds` any size pays: n when all fit `budget` (None:
+    ORACLE_SECONDS); else the largest power of two that fits (a size that the same model
+    gives again from one timing to the next), at least FEWEST_ORACLE_NEURONS, at most n."""
+    budget = (ORACLE_SECONDS if budget is None else budget) - fixed_seconds
     if seconds_per_neuron * n_neurons <= budget:
         return n_neurons
     fits = budget / max(seconds_per_neuron, 1e-12)
@@ -103,12 +102,14 @@ def oracle_size(n_neurons: int, seconds_per_neuron: float,
     return int(min(n_neurons, max(FEWEST_ORACLE_NEURONS, size)))
 
 
-def oracle_seconds_per_neuron(model: nn.Module, layer, inputs: Inputs, targets=None, *,
-                              batch_size: int = DEFAULT_BATCH_SIZE,
-                              device=None) -> tuple[float, int]:
-    """(seconds to ablate one neuron over all the samples, the layer's n): PROBE_NEURONS
-    neurons ablated on one batch, after one neuron on two samples has built the runner,
-    scaled by the number of samples. In-memory inputs only."""
+def oracle_timing(model: nn.Module, layer, inputs: Inputs, targets=None, *,
+                  batch_size: int = DEFAULT_BATCH_SIZE,
+                  device=None) -> tuple[float, float, int]:
+    """(seconds of the passes every oracle pays, seconds per neuron ablated, the layer's n),
+    over all the samples: exact ablation of 1 and of 1 + PROBE_NEURONS neurons timed on one
+    batch (after one neuron on two samples has built the runner), the difference the
+    neurons' share, the rest the fixed part (the model up to the layer, once per batch),
+    both scaled by the number of samples. In-memory inputs only."""
     total = n_rows(inputs)
     n_neurons = layer_width(model, layer, inputs, device)
     rows = min(total, batch_size)
@@ -117,22 +118,29 @@ def oracle_seconds_per_neuron(model: nn.Module, layer, inputs: Inputs, targets=N
     options = dict(batch_size=batch_size, device=device)
     neuron_scores(model, layer, take(inputs, slice(0, min(total, 2))), None if targets is None
                   else targets[:min(total, 2)], "ablation", neurons=[0], **options)
-    probed = min(PROBE_NEURONS, n_neurons)
-    started = time.perf_counter()
-    neuron_scores(model, layer, probe, probe_targets, "ablation",
-                  neurons=np.arange(probed), **options)
-    took = time.perf_counter() - started
-    return took / probed * total / rows, n_neurons
+
+    def seconds(count: int) -> float:
+        return fastest(lambda: neuron_scores(model, layer, probe, probe_targets, "ablation",
+                                              neurons=np.arange(count), **options),
+                        SAMPLED_RUNS)
+
+    extra = min(PROBE_NEURONS, n_neurons - 1)
+    one = seconds(1)
+    per_neuron = max(seconds(1 + extra) - one, 0.0) / extra if extra else one
+    scale = total / rows
+    return max(one - per_neuron, 0.0) * scale, per_neuron * scale, n_neurons
 
 
 @dataclass(frozen=True)
 class OraclePlan:
     """The oracle an analysis not told its size runs: `neurons` of the layer's `n_neurons`,
-    each ablation taking `seconds_per_neuron` over the samples (`plan_oracle`)."""
+    each ablation taking `seconds_per_neuron` over the samples after `fixed_seconds` that
+    any size pays (`plan_oracle`)."""
 
     neurons: int
     n_neurons: int
     seconds_per_neuron: float
+    fixed_seconds: float = 0.0
 
     @property
     def exact(self) -> bool:
@@ -141,7 +149,12 @@ class OraclePlan:
     @property
     def exact_seconds(self) -> float:
         """The estimated time of exact ablation of every neuron."""
-        return self.seconds_per_neuron * self.n_neurons
+        return self.fixed_seconds + self.seconds_per_neuron * self.n_neurons
+
+    @property
+    def seconds(self) -> float:
+        """The estimated time of this oracle (`neurons` of them)."""
+        return self.fixed_seconds + self.seconds_per_neuron * self.neurons
 
     def words(self) -> str:
         """"256 of the 3,072 neurons, drawn at random: as many as exact ablation fits in 30 s
@@ -166,12 +179,13 @@ def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, *,
                 budget: Optional[float] = None, batch_size: int = DEFAULT_BATCH_SIZE,
                 device=None) -> OraclePlan:
     """How many neurons an oracle not told its size ablates on these inputs: `oracle_size`
-    of the timing `oracle_seconds_per_neuron`. A front end resolves it once and passes its
+    of the timing `oracle_timing`. A front end resolves it once and passes its
     `neurons` to the estimate and to the work, so both ablate the same neurons (and can
     offer every neuron, `OraclePlan.exact_seconds`)."""
-    seconds, n_neurons = oracle_seconds_per_neuron(model, layer, inputs, targets,
-                                                   batch_size=batch_size, device=device)
-    return OraclePlan(oracle_size(n_neurons, seconds, budget), n_neurons, seconds)
+    fixed, per_neuron, n_neurons = oracle_timing(model, layer, inputs, targets,
+                                                 batch_size=batch_size, device=device)
+    return OraclePlan(oracle_size(n_neurons, per_neuron, budget, fixed), n_neurons, per_neuron,
+                      fixed)
 
 
 def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
@@ -180,7 +194,7 @@ def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
                   progress: Progress = None, device=None) -> OracleSample:
     """Exact ablation of `neurons` of the layer's neurons drawn at random (`draw_neurons`):
     a number m (all: n or more), or None, as many as `budget` seconds allow (`oracle_size`,
-    timed by `oracle_seconds_per_neuron`). Inputs in memory [N, ...]; targets as in
+    timed by `oracle_timing`). Inputs in memory [N, ...]; targets as in
     `neuron_scores`. progress(fraction) after each batch."""
     options = dict(batch_size=batch_size, device=device)
     if neurons is None:

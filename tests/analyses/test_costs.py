@@ -98,12 +98,12 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
         seen.append((len(x), sorted(set(clusters)), len(targets), options["oracle_neurons"]))
         clock[0] += 0.5 + 0.001 * len(x)
 
-    def per_neuron(model, layer, x, targets, **options):
+    def timing(model, layer, x, targets, **options):
         assert len(x) == 10_000 and len(targets) == 10_000
-        return 0.5, 3072  # 60 of the 3,072 fit ORACLE_SECONDS: 32 (a power of two) drawn
+        return 2.0, 0.5, 3072  # 56 of the 3,072 fit ORACLE_SECONDS: 32 (a power of 2) drawn
 
     monkeypatch.setattr(diagnosis, "diagnose", fake)
-    monkeypatch.setattr(oracle_sample, "oracle_seconds_per_neuron", per_neuron)
+    monkeypatch.setattr(oracle_sample, "oracle_timing", timing)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])

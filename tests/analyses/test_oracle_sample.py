@@ -252,3 +252,25 @@ def test_an_iterable_of_batches_gets_the_exact_table_and_its_layer_axis():
     with pytest.raises(at.AttributionError, match="held in memory"):
         at.oracle_agreement(model, "1", batches, targets, methods=["gradient"],
                             clusters=clusters, oracle_neurons=8)
+
+
+def test_the_oracle_is_timed_as_a_fixed_part_and_a_part_per_neuron(monkeypatch):
+    """One neuron and five timed on a batch: the difference is four neurons' share, the rest
+    the passes any size pays (the model up to the layer), both scaled to every sample; the
+    budget then buys as many neurons as fit after the fixed part."""
+    from attribution.analyses import costs, oracle_sample
+    clock = [0.0]
+
+    def fake(model, layer, x, targets, method, *, neurons, **options):
+        clock[0] += len(x) * (0.002 + 0.001 * len(neurons))  # per sample: 2 ms + 1 ms a neuron
+
+    monkeypatch.setattr(oracle_sample, "neuron_scores", fake)
+    monkeypatch.setattr(oracle_sample, "layer_width", lambda *args: 3072)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    x = torch.zeros(1000, 3)
+    fixed, per_neuron, n = oracle_sample.oracle_timing(None, "fc", x, None, batch_size=100)
+    assert (fixed, per_neuron, n) == (pytest.approx(2.0), pytest.approx(1.0), 3072)
+    plan = oracle_sample.plan_oracle(None, "fc", x, None, batch_size=100, budget=80)
+    assert plan.neurons == 64  # 78 s after the fixed 2 s: 78 neurons, 64 a power of two
+    assert plan.seconds == pytest.approx(66.0) and plan.exact_seconds == pytest.approx(3074)
+    assert "every neuron: about 51 min" in plan.words()
