@@ -179,9 +179,13 @@ def layer_width(model, layer, probe, device) -> int:
 
 
 def seconds_words(value: float) -> str:
-    """An estimate in words: "under 1 s", "about 4.9 s", "about 14 s"."""
-    return "under 1 s" if value < 1 else f"about {value:.1f} s" if value < 10 else \
-        f"about {value:.0f} s"
+    """An estimate in words: "under 1 s", "about 4.9 s", "about 14 s", "about 7 min",
+    "about 4.5 h"."""
+    if value < 1:
+        return "under 1 s"
+    if value < 120:
+        return f"about {value:.1f} s" if value < 10 else f"about {value:.0f} s"
+    return f"about {value / 60:.0f} min" if value < 7200 else f"about {value / 3600:.1f} h"
 
 
 @dataclass(frozen=True)

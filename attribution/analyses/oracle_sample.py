@@ -31,7 +31,7 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import SAMPLED_RUNS, fastest, layer_width
+from .costs import SAMPLED_RUNS, fastest, layer_width, seconds_words
 from .ranks import (interval, rank_correlation, row_kendall, row_ranks, row_spearman,
                      row_top_overlap, top_k_overlap)
 
@@ -141,6 +141,7 @@ class OraclePlan:
     n_neurons: int
     seconds_per_neuron: float
     fixed_seconds: float = 0.0
+    budget: float = ORACLE_SECONDS
 
     @property
     def exact(self) -> bool:
@@ -162,17 +163,8 @@ class OraclePlan:
         if self.exact:
             return f"every one of the {self.n_neurons:,} neurons"
         return (f"{self.neurons:,} of the {self.n_neurons:,} neurons, drawn at random: as "
-                f"many as exact ablation fits in {ORACLE_SECONDS:.0f} s (every neuron: "
-                f"{duration_words(self.exact_seconds)})")
-
-
-def duration_words(seconds: float) -> str:
-    """"about 40 s", "about 7 min", "about 2.5 h"."""
-    if seconds < 120:
-        return f"about {seconds:.0f} s"
-    if seconds < 7200:
-        return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"
+                f"many as exact ablation fits in {self.budget:.0f} s (every neuron: "
+                f"{seconds_words(self.exact_seconds)})")
 
 
 def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, *,
@@ -182,10 +174,11 @@ def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, *,
     of the timing `oracle_timing`. A front end resolves it once and passes its
     `neurons` to the estimate and to the work, so both ablate the same neurons (and can
     offer every neuron, `OraclePlan.exact_seconds`)."""
+    budget = ORACLE_SECONDS if budget is None else budget
     fixed, per_neuron, n_neurons = oracle_timing(model, layer, inputs, targets,
                                                  batch_size=batch_size, device=device)
     return OraclePlan(oracle_size(n_neurons, per_neuron, budget, fixed), n_neurons, per_neuron,
-                      fixed)
+                      fixed, budget)
 
 
 def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,

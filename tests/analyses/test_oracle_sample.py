@@ -273,4 +273,5 @@ def test_the_oracle_is_timed_as_a_fixed_part_and_a_part_per_neuron(monkeypatch):
     plan = oracle_sample.plan_oracle(None, "fc", x, None, batch_size=100, budget=80)
     assert plan.neurons == 64  # 78 s after the fixed 2 s: 78 neurons, 64 a power of two
     assert plan.seconds == pytest.approx(66.0) and plan.exact_seconds == pytest.approx(3074)
-    assert "every neuron: about 51 min" in plan.words()
+    assert "as many as exact ablation fits in 80 s (every neuron: about 51 min)" in \
+        plan.words()
