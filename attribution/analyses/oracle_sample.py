@@ -190,10 +190,11 @@ def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
     timed by `oracle_timing`). Inputs in memory [N, ...]; targets as in
     `neuron_scores`. progress(fraction) after each batch."""
     options = dict(batch_size=batch_size, device=device)
-    if neurons is None:
-        neurons = plan_oracle(model, layer, inputs, targets, budget=budget,
-                              **options).neurons
-    n_neurons = layer_width(model, layer, inputs, device)
+    if neurons is None:  # the plan has read the layer's width already
+        plan = plan_oracle(model, layer, inputs, targets, budget=budget, **options)
+        neurons, n_neurons = plan.neurons, plan.n_neurons
+    else:
+        n_neurons = layer_width(model, layer, inputs, device)
     chosen = draw_neurons(n_neurons, int(neurons), seed)
     about: dict = {}
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
@@ -331,15 +332,11 @@ def resampled_ranking(scores: np.ndarray, reduce: str, counts: np.ndarray) -> np
     resample of the samples `counts` [D, r]; only the sums that `reduce` reads."""
     values = scores.astype(np.float64)
     size = torch.full((len(counts),), float(scores.shape[0]), dtype=torch.float64)
-    empty = torch.empty((len(counts), scores.shape[1]), dtype=torch.float64)  # never read
-
-    def summed(wanted: bool, per_sample) -> torch.Tensor:
-        return torch.from_numpy(counts @ per_sample()) if wanted else empty
-
+    unread = torch.empty(0, dtype=torch.float64)
     statistics = ClusterStatistics(
-        pd.RangeIndex(len(counts)), size, summed(reduce != "mean_abs", lambda: values),
-        summed(reduce == "mean_abs", lambda: np.abs(values)),
-        summed(reduce == "std", lambda: values * values))
+        pd.RangeIndex(len(counts)), size, torch.from_numpy(counts @ values),
+        torch.from_numpy(counts @ np.abs(values)) if reduce == "mean_abs" else unread,
+        torch.from_numpy(counts @ (values * values)) if reduce == "std" else unread)
     return reduce_scores(statistics, reduce).numpy()
 
 
