@@ -42,7 +42,7 @@ from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
-from .analyses.diagnose import diagnose, diagnose_cost, diagnose_oracle_plan
+from .analyses.diagnose import diagnose, diagnose_cost, diagnose_plan
 from .analyses.oracle_sample import ORACLE_SECONDS
 from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
                                  scorecard_oracle_plans)
@@ -1024,13 +1024,15 @@ def run_diagnose(args) -> int:
     user_scores = None if args.user_scores is None else _per_sample(
         args, args.user_scores, "user scores")
     options = dict(reduce=args.reduce, metric=args.metric, ablation=args.ablation,
-                   n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
-                   n_steps=args.n_steps, oracle_neurons=args.oracle_neurons)
+                   seed=args.seed, batch_size=args.batch_size, n_steps=args.n_steps)
     in_memory = isinstance(problem.inputs, torch.Tensor | NamedInputs)
-    if args.oracle_neurons is None and args.method != "ablation" and in_memory:
-        options["oracle_neurons"] = diagnose_oracle_plan(  # the same for cost and work
+    if in_memory:  # the same plan for the estimate and the work
+        options["plan"] = diagnose_plan(
             problem.model.module, args.layer, problem.inputs, targets, clusters, cluster=focus,
-            batch_size=args.batch_size).neurons
+            oracle_neurons=args.oracle_neurons, n_random=args.n_random, seed=args.seed,
+            batch_size=args.batch_size)
+    else:
+        options.update(oracle_neurons=args.oracle_neurons, n_random=args.n_random)
     if not args.quiet and in_memory:
         _say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
                                           targets, args.method, clusters, cluster=focus,
@@ -1045,11 +1047,23 @@ def run_diagnose(args) -> int:
     if args.out is not None:
         write_json({**scored_layer(problem.model.module, args.layer, problem.inputs),
                     "method": args.method, "reduce": args.reduce,
-                    "oracle_neurons": options["oracle_neurons"], "findings": records},
+                    **_plan_record(options.get("plan"), args), "findings": records},
                    args.out)
     print(findings_table(records))
     failing = {"problem"} if args.fail_on == "problem" else {"problem", "warning"}
     return EXIT_PROBLEM if any(r["severity"] in failing for r in records) else EXIT_OK
+
+
+def _plan_record(plan, args) -> dict:
+    """What `diagnose --out` says of the sizes it measured: the oracle's neurons and samples
+    and the evidence curve's k steps and samples (None where not planned: iterable inputs,
+    planned inside `diagnose`; or method=ablation's oracle, its own scores)."""
+    if plan is None:
+        return {"oracle_neurons": args.oracle_neurons}
+    oracle = None if args.method == "ablation" else plan.oracle
+    return {"oracle_neurons": None if oracle is None else oracle.neurons,
+            "oracle_samples": None if oracle is None else oracle.samples,
+            "curve_points": plan.curve.points, "curve_samples": plan.curve.samples}
 
 
 def findings_table(records: list[dict], width: int = 100) -> str:
@@ -1110,10 +1124,10 @@ def run_scorecard(args) -> int:
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
                    ablation=args.ablation, batch_size=args.batch_size, n_steps=args.n_steps,
-                   seed=args.seed, oracle_neurons=args.oracle_neurons or {
-                       layer: plan.neurons for layer, plan in scorecard_oracle_plans(
-                           problem.model.module, dataset.inputs, targets, layers=args.layers,
-                           batch_size=args.batch_size).items()})  # for estimate and work
+                   seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_plans(
+                       problem.model.module, dataset.inputs, targets, clusters,
+                       layers=args.layers, batch_size=args.batch_size,
+                       seed=args.seed))  # for the estimate and the work
     if not args.quiet:
         _say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
                                             clusters, **options).words())
@@ -1124,9 +1138,11 @@ def run_scorecard(args) -> int:
         _say(f"left out {key}: {reason}")
     for layer, row in card.groupby("layer", sort=False).first().iterrows():
         if row["neurons"] < row["n_neurons"]:
+            samples = (f" and {int(row['samples']):,} of its {int(row['n_samples']):,} samples"
+                       if row["samples"] < row["n_samples"] else "")
             _say(f"{layer}: measured on {int(row['neurons']):,} of its "
-                 f"{int(row['n_neurons']):,} neurons, drawn at random (--oracle-neurons); "
-                 "the intervals span both draws")
+                 f"{int(row['n_neurons']):,} neurons{samples}, drawn at random "
+                 "(--oracle-neurons); the intervals span both draws")
     write_table(card, args.out)
     return EXIT_OK
 

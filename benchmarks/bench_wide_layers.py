@@ -4,10 +4,12 @@ stage (2,048 channels), both with random weights built from their shapes (no dow
     python -m benchmarks.bench_wide_layers [--sequences 256] [--images 64] [--results FILE]
 
 Per model, on this machine: one forward and one forward+backward of the whole batch; the
-`gradient` scores of every neuron against that forward+backward; the default oracle (exact
-ablation of as many neurons as fit `oracle_sample.ORACLE_SECONDS`, drawn at random): its
-size, its time against the budget; and the agreement table of two methods with it, each
-with its interval over the samples and the neurons drawn.
+`gradient` scores of every neuron against that forward+backward; diagnose's plan
+(`diagnose_plan`: the oracle as many neurons, and where needed samples, as fit
+`oracle_sample.ORACLE_SECONDS`; the evidence curve sized to `costs.CURVE_SECONDS`), each
+part's time as said against as taken; the agreement table of two methods with that oracle,
+each with its interval over the samples and the neurons drawn; and diagnose itself at its
+defaults, said (`diagnose_cost`) against taken.
 """
 import argparse
 import time
@@ -16,7 +18,8 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.oracle_sample import ORACLE_SECONDS, plan_oracle
+from attribution.analyses.costs import CURVE_SECONDS, draw_samples
+from attribution.analyses.oracle_sample import ORACLE_SECONDS
 from benchmarks.common import note, record, run
 
 LAYERS = {"gpt2": "model.transformer.h.6.mlp.act", "resnet": "stage.1.out"}
@@ -111,36 +114,59 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
     gradient, scores = timed(lambda: at.neuron_scores(model, layer, x, targets, "gradient",
                                                       **options))
     n_neurons = scores.shape[1]
-    sizing, plan = timed(lambda: plan_oracle(model, layer, x, targets, **options))
-    size = plan.neurons
-    oracle_seconds, oracle = timed(lambda: at.sample_oracle(model, layer, x, targets, size,
+    sizing, planned = timed(lambda: at.diagnose_plan(model, layer, x, targets, **options))
+    plan, curve = planned.oracle, planned.curve
+    oracle_seconds, oracle = timed(lambda: at.sample_oracle(model, layer, x, targets, plan,
                                                             **options))
+    ranking = scores.mean(0).numpy()
+    measured = torch.from_numpy(draw_samples(torch.zeros(len(x)).long().numpy(), curve.share))
+    curve_seconds, _ = timed(lambda: at.pruning_curve(
+        model, layer, x[measured], targets[measured], ranking, ks=curve.ks(n_neurons),
+        n_random=curve.n_random, metric="target_logit", **options))
     table_seconds, table = timed(lambda: at.oracle_agreement(
         model, layer, x, targets, methods=["gradient", "gradient_x_activation"],
-        oracle_neurons=size, **options))
+        oracle_neurons=plan, **options))
+    cost_seconds, cost = timed(lambda: at.diagnose_cost(model, layer, x, targets, "gradient",
+                                                        plan=planned, **options))
+    diagnose_seconds, findings = timed(lambda: at.diagnose(model, layer, x, targets,
+                                                           "gradient", plan=planned, **options))
+    samples = f" on {plan.samples} of {plan.n_samples} samples" if plan.share < 1 else ""
+    curve_words = (f"{len(curve.ks(n_neurons))} k x {curve.n_random + 2} orders on "
+                   f"{curve.samples} of {curve.n_samples} samples")
     rows = [("one forward", f"{forward:.1f} s", ""),
             ("one forward+backward", f"{both:.1f} s", "1.00x"),
             (f"gradient scores, all {n_neurons:,} neurons", f"{gradient:.1f} s",
              f"{gradient / both:.2f}x"),
-            ("choosing the oracle's size (timing 1 and 5 neurons)", f"{sizing:.1f} s", ""),
+            ("diagnose's plan (timing 1 and 5 neurons)", f"{sizing:.1f} s", ""),
             (f"exact ablation of all {n_neurons:,}, as estimated", f"{plan.exact_seconds:.0f} s",
              ""),
-            (f"exact ablation of {size:,} of {n_neurons:,} neurons (budget "
-             f"{ORACLE_SECONDS:.0f} s)", f"{oracle_seconds:.1f} s", ""),
-            ("  its time as said before it ran", f"{plan.seconds:.1f} s",
+            (f"exact ablation of {plan.neurons:,} of {n_neurons:,} neurons{samples} (budget "
+             f"{ORACLE_SECONDS:.0f} s)", f"{oracle_seconds:.1f} s",
              f"said/took {plan.seconds / oracle_seconds:.2f}"),
-            ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", "")]
+            (f"evidence curve, {curve_words} (budget {CURVE_SECONDS:.0f} s)",
+             f"{curve_seconds:.1f} s", f"said/took {curve.seconds / curve_seconds:.2f}"),
+            ("  the full curve, as estimated", f"{curve.full_seconds:.0f} s", ""),
+            ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", ""),
+            ("diagnose at its defaults (method gradient)", f"{diagnose_seconds:.1f} s",
+             f"said/took {cost.seconds / diagnose_seconds:.2f}"),
+            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", "")]
     for row in table.itertuples():
-        rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons",
+        rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons, "
+                     f"{row.samples} of {row.n} samples",
                      f"ρ = {row.spearman_signed:.2f} [{row.spearman_signed_low:.2f}, "
                      f"{row.spearman_signed_high:.2f}]", ""))
+    for finding in findings:
+        if finding.code in ("disagrees_with_ablation", "not_better_than_random"):
+            rows.append((f"  {finding.code}: {finding.severity}", f"{finding.value:.2f}", ""))
+            note(f"{name} {finding.code}: {finding.message}")
     title = f"{name} {layer}: {len(x)} samples, batch {batch_size}"
     print(f"\n{title}")
     for row in rows:
-        print(f"  {row[0]:<60} {row[1]:>24} {row[2]:>8}")
+        print(f"  {row[0]:<72} {row[1]:>24} {row[2]:>14}")
     record(title, ("", "time", "/ forward+backward"), rows)
     note(f"{name}: the default oracle ablated {len(oracle.neurons):,} of {n_neurons:,} "
-         f"neurons in {oracle_seconds:.1f} s against a budget of {ORACLE_SECONDS:.0f} s.")
+         f"neurons{samples} in {oracle_seconds:.1f} s against a budget of "
+         f"{ORACLE_SECONDS:.0f} s; diagnose took {diagnose_seconds:.0f} s.")
 
 
 def main() -> None:

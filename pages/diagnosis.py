@@ -37,9 +37,13 @@ st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{escape_markdown(focus_label)} ({n_focus} samples), layer "
            f"{escape_markdown(s.layer)}.")
 try:  # a wide layer: exact ablation of a sample of its neurons, every neuron on request
-    plan = ctx.oracle_plan()
+    planned = ctx.diagnose_plan()
 except at.AttributionError:  # a view that cannot run: the checks' own error says why
-    plan = None
+    planned = None
+plan = None if planned is None else planned.oracle
+if planned is not None and planned.curve.reduced:
+    st.caption("The evidence curve of «not better than random» is measured "
+               f"{escape_markdown(planned.curve.words(ctx.n_neurons))}.")
 if plan is not None and not plan.exact:
     exact = st.toggle(f"Ablate all {plan.n_neurons:,} neurons exactly", key="oracle_exact",
                       help="The agreement with exact ablation measures "

@@ -12,6 +12,7 @@ import time
 import streamlit as st
 
 import attribution as at
+from attribution.analyses.costs import seconds_words
 from attribution.presentation import plots
 from attribution.progress import TimeLeft
 from attribution.presentation.report import curve_sentences
@@ -52,12 +53,27 @@ controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
                           help="More orders give a smoother band and take longer.")
 titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the data"}
 n_neurons = ctx.n_neurons
-try:  # said before the curve runs; a layer that cannot run is the curve's own error below
-    controls[2].caption(f"This curve costs {ctx.curve_cost().words()}")
-except at.AttributionError:
-    pass
+try:  # a wide layer: the curve sized to its budget, the full one on request
+    sized = ctx.curve_plan()
+except at.AttributionError:  # a layer that cannot run: the curve's own error below
+    sized = None
+if sized is not None and sized.reduced:
+    full = st.toggle(f"Every k on every sample ({seconds_words(sized.full_seconds)})",
+                     key="curve_full",
+                     help="Off: as many values of k and samples as fit the curve's time "
+                          "budget, the random orders all kept. On: every value of k the "
+                          "layer's width gives, on every sample.")
+    ctx = ctx.with_full_curve(full)
+    if not full:
+        controls[2].caption("This curve is sized to its budget: "
+                            f"{escape_markdown(sized.words(n_neurons))}.")
+if sized is None or not sized.reduced or ctx.full_curve:
+    try:  # said before the curve runs; a layer that cannot run is the curve's own error below
+        controls[2].caption(f"This curve costs {ctx.curve_cost().words()}")
+    except at.AttributionError:
+        pass
 curve = PruningCurve(st.session_state, ctx.curve_key())
-view = curve.view(len(s.curve_ks(n_neurons)))
+view = curve.view(len(ctx.curve_ks()))
 status, stop_slot = st.empty(), st.empty()  # the same places in every state, then the chart
 chart_slot = st.empty() if view.state in TO_COMPUTE else None
 

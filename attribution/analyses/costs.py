@@ -134,6 +134,79 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
                      cheaper=tuple(cheaper))
 
 
+CURVE_SECONDS = 30.0
+"""The time an analysis's own pruning curve (diagnose's evidence curve) may take when its
+size is not given: its full size when it fits, else fewer k values and then a share of the
+samples (`plan_curve`)."""
+FEWEST_CURVE_POINTS = 8
+"""The fewest k steps a curve sized to a budget keeps (CHEAPER_K_POINTS: the shape of the
+curve and its area, at a ninth of 64 steps' masks)."""
+
+
+@dataclass(frozen=True)
+class CurvePlan:
+    """A pruning curve sized to a budget: `points` k steps (`spaced_ks`) of `n_random`
+    random orders, on `share` of each cluster's samples (`draw_samples`: `samples` of the
+    `n_samples`), estimated at `seconds`; `full_points` and `full_seconds` are the size
+    asked and its estimate (`plan_curve`)."""
+
+    points: int
+    n_random: int
+    share: float
+    samples: int
+    n_samples: int
+    seconds: float
+    full_points: int
+    full_seconds: float
+    budget: float = CURVE_SECONDS
+
+    @property
+    def reduced(self) -> bool:
+        return self.points < self.full_points or self.share < 1
+
+    def ks(self, n_neurons: int) -> list[int]:
+        return spaced_ks(n_neurons, self.points)
+
+    def words(self, n_neurons: int) -> str:
+        """"at 9 values of k on 40 of the 256 samples, drawn at random: as many as fit in
+        30 s (the full curve: about 2.1 h)"; "" when it is the full curve."""
+        if not self.reduced:
+            return ""
+        said = f"at {len(self.ks(n_neurons))} values of k"
+        if self.share < 1:
+            said += f" on {self.samples:,} of the {self.n_samples:,} samples, drawn at random"
+        return (f"{said}: as many as fit in {self.budget:.0f} s (the full curve: "
+                f"{seconds_words(self.full_seconds)})")
+
+
+def plan_curve(fixed: float, per_pass: float, n_neurons: int, codes: np.ndarray,
+               n_random: int, points: int, budget: Optional[float] = None,
+               seed: int = DEFAULT_SEED) -> CurvePlan:
+    """The curve of `n_random` random orders at `points` k steps on the samples of cluster
+    `codes` [N], sized to `budget` seconds: each mask one masked pass of the layer's tail
+    (`per_pass` seconds over every sample) after the front (`fixed`), as
+    `oracle_sample.oracle_timing` times them. The full size when it fits; else the k steps
+    halved down to FEWEST_CURVE_POINTS; then the share of each cluster's samples that fits
+    (`draw_samples`, at least FEWEST_SAMPLES of each). budget None: CURVE_SECONDS."""
+    budget = CURVE_SECONDS if budget is None else budget
+
+    def seconds(steps: int) -> float:
+        return fixed + per_pass * distinct_masks(n_neurons, n_random,
+                                                 spaced_ks(n_neurons, steps), seed)
+
+    full = seconds(points)
+    steps, cost = points, full
+    while cost > budget and min(steps, n_neurons) > FEWEST_CURVE_POINTS:
+        steps = max(FEWEST_CURVE_POINTS, min(steps, n_neurons) // 2)
+        cost = seconds(steps)
+    share = 1.0 if cost <= budget else budget / cost
+    samples = len(draw_samples(codes, share, seed))
+    if samples >= len(codes):
+        share = 1.0
+    return CurvePlan(steps, n_random, share, samples, len(codes),
+                     cost * samples / max(len(codes), 1), points, full, budget)
+
+
 def distinct_masks(n_neurons: int, n_random: int, ks: Sequence[int], seed: int) -> int:
     """Distinct removal masks of the ranked, bottom and `n_random` seeded random orders at
     `ks` (a ranking and its reverse stand for any scores: the masks they share are k = 0 and
@@ -270,7 +343,7 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
 
     def timed(rows: int, runs: int = SAMPLED_RUNS) -> tuple[int, float]:
         part = _stratified(codes, rows)
-        return len(part), fastest(lambda: run(lambda value: _rows_of(value, part)), runs)
+        return len(part), fastest(lambda: run(lambda value: take_rows(value, part)), runs)
 
     timed(2, runs=1)  # pays what is done once per model
     small, large = probe_sizes(total, batch_size)
@@ -285,10 +358,41 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
                        (small, large))
 
 
-def _rows_of(value, rows: np.ndarray):
-    """`value`'s `rows` (inputs, a tensor or an array [N, ...]); None or a word as it is."""
+FEWEST_SAMPLES = 8
+"""The fewest samples of each cluster that an analysis measuring a share of them measures
+(all of a smaller cluster): a sampled oracle, a sampled evidence curve."""
+
+
+def cluster_codes_of(clusters, total: int) -> np.ndarray:
+    """int64 [N]: the code of each sample's cluster in `clusters` [N] (None: one cluster)."""
+    if clusters is None:
+        return np.zeros(total, dtype=np.int64)
+    return pd.factorize(np.asarray(clusters))[0].astype(np.int64)
+
+
+def draw_samples(codes: np.ndarray, share: float, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """int64 [s]: sorted positions of samples drawn at random without replacement, `share`
+    of each cluster of `codes` [N] (rounded, at least FEWEST_SAMPLES of each, all of a
+    smaller one); every position when share >= 1. The same seed draws the same samples."""
+    codes = np.asarray(codes)
+    if share >= 1:
+        return np.arange(len(codes), dtype=np.int64)
+    keys = np.random.default_rng([seed, len(codes)]).random(len(codes))  # one per sample:
+    picked = [np.empty(0, dtype=np.int64)]  # the same draw whatever the clusters are called
+    for code in np.unique(codes):
+        members = np.flatnonzero(codes == code)
+        size = min(len(members), max(FEWEST_SAMPLES, round(share * len(members))))
+        picked.append(members[np.argsort(keys[members], kind="stable")[:size]])
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
+def take_rows(value, rows: np.ndarray):
+    """`value`'s `rows` (inputs, a tensor, an array, a list or a Series [N, ...]); None or a word
+    as it is."""
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, (list, pd.Series, pd.Index)):
+        value = np.asarray(value)
     value = named(value)
     if isinstance(value, np.ndarray):
         return value[rows]  # labels, cluster ids and inputs alike, any dtype

@@ -80,16 +80,17 @@ from ..engine import model_io
 from ..errors import AttributionError
 from ..engine.layers import resolve_layer, run_logits
 from .ranks import bootstrap_counts, interval
-from .oracle_sample import (OraclePlan, OracleSample, plan_oracle, sample_oracle,
-                            sampled_spearman)
+from .oracle_sample import (OraclePlan, OracleSample, oracle_timing, plan_of_timing,
+                            sample_oracle, sampled_spearman)
 from ..methods.passes import LayerPass, check_targets, on_device
 from ..methods.paths import SUM_TOLERANCE, SumCheck, sum_check
 from ..methods.registry import REGISTRY, method_label
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
-                       EVIDENCE_METRIC, METRIC_LABELS, REDUCTION_LABELS, evidence_ks,
-                       metric_label)
-from .costs import SampledCost, sampled_cost
+                       EVIDENCE_CURVE_POINTS, EVIDENCE_METRIC, METRIC_LABELS,
+                       REDUCTION_LABELS, metric_label)
+from .costs import (CurvePlan, SampledCost, draw_samples, plan_curve,
+                    sampled_cost, seconds_words)
 from .pruning_curves import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
@@ -218,13 +219,29 @@ class _Evidence:
         return "output's scale" if self.regression else "logit scale"
 
 
+@dataclass(frozen=True)
+class DiagnosePlan:
+    """The exact, expensive parts of `diagnose` sized before it runs (`diagnose_plan`):
+    `oracle`, the exact ablation disagrees_with_ablation reads (unused for the method
+    "ablation", whose scores are the oracle on every neuron), and `curve`, the evidence
+    curve of not_better_than_random. The estimate and the work read the same plan."""
+
+    oracle: OraclePlan
+    curve: CurvePlan
+
+    def with_oracle_neurons(self, neurons: Optional[int] = None) -> "DiagnosePlan":
+        """This plan with the oracle ablating `neurons` (None: every one) on every sample
+        (`OraclePlan.exactly`): a user's choice where the budget drew fewer."""
+        return replace(self, oracle=self.oracle.exactly(neurons))
+
+
 def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str = DEFAULT_METHOD,
              clusters=None, *, cluster=None, reduce: str = DEFAULT_REDUCE, user_scores=None,
              metric: str = EVIDENCE_METRIC, ablation: str = DEFAULT_ABLATION,
              n_random: int = DEFAULT_N_RANDOM, seed: int = DEFAULT_SEED,
              batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
-             oracle_neurons: Optional[int] = None, progress: FindingsProgress = None,
-             device=None) -> list[Finding]:
+             oracle_neurons: Optional[int] = None, plan: Optional[DiagnosePlan] = None,
+             progress: FindingsProgress = None, device=None) -> list[Finding]:
     """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
 
     Args:
@@ -242,11 +259,15 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
             cluster score [n] (compared with the signed mean).
         metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
-            (measured at `settings.evidence_ks` k values, returned as its finding's `curve`).
+            (returned as its finding's `curve`).
         batch_size, n_steps, device: as in `neuron_scores`.
         oracle_neurons: how many neurons disagrees_with_ablation ablates exactly, drawn at
-            random (all: the layer's n or more); None = as many as
-            `oracle_sample.ORACLE_SECONDS` allow (`oracle_sample.sample_oracle`).
+            random, on every sample (all: the layer's n or more); None = as the plan says.
+        plan: the sizes of exact ablation and of the evidence curve (`diagnose_plan`, made
+            with oracle_neurons); None = `diagnose_plan` of these inputs: the full work
+            where it fits `oracle_sample.ORACLE_SECONDS` and `costs.CURVE_SECONDS`, else a
+            random sample of the neurons (and samples) and fewer k (and samples), said in
+            the findings.
         progress: called as progress(fraction, findings_so_far); may raise to stop.
     Returns:
         One `Finding` per check in `CHECKS` order; incomplete_integral only for a method
@@ -257,6 +278,9 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     """
     check_method(method)
     check_reduce(reduce)
+    if plan is not None and oracle_neurons is not None:
+        raise AttributionError("Pass oracle_neurons to diagnose_plan, or to diagnose without "
+                               "a plan, not both.")
     model = on_device(model, device)
     x, targets = _materialise(model, inputs, targets, batch_size)
     names, codes = _analysed(clusters, cluster, x.shape[0])
@@ -293,10 +317,13 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     gradients = (scores if method == "gradient"
                  else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
     activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
-    if method == "ablation" and oracle_neurons is None:  # exact on every neuron already
+    if plan is None:
+        plan = _plan(model, layer, x, targets, codes, oracle_neurons, n_random, seed,
+                     batch_size, device)
+    if method == "ablation":  # exact on every neuron already
         oracle = OracleSample(np.arange(scores.shape[1]), scores.shape[1], scores)
     else:
-        oracle = sample_oracle(model, layer, x, targets, oracle_neurons,
+        oracle = sample_oracle(model, layer, x, targets, plan.oracle, codes,
                                batch_size=batch_size, seed=seed)
     reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
@@ -325,12 +352,13 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     report(0.5, findings)
     curves = []
     for position, group in enumerate(groups):
-        curves.append(_evidence_curve(model, layer, group, metric, ablation, n_random, seed,
+        curves.append(_evidence_curve(model, layer, group, metric, ablation, plan.curve, seed,
                                       batch_size))
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
     findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
                               labelled))
-    findings.append(_worst([_random_baseline(curve, _metric_term(metric, g), n_random)
+    findings.append(_worst([_random_baseline(curve, _metric_term(metric, g), plan.curve.n_random,
+                                             _curve_words(plan.curve, g, curve))
                             for g, curve in zip(groups, curves)], groups, labelled))
     findings.append(_worst([_oracle(g, reduce, np.random.default_rng([seed, position]))
                             for position, g in enumerate(groups)], groups, labelled))
@@ -352,13 +380,17 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     ablation, the evidence curve, the bootstrap) grows with the samples, and each cluster
     adds a fixed part, which the samples keep: the timing holds whatever the model, where
     the masked-pass model of `costs.curve_cost` leaves out all but the curve and ablation.
-    The oracle's size is chosen first, on all the samples, and kept: the timing and the
-    run ablate the same neurons. In-memory inputs only (a tensor, an array or named inputs)."""
-    if options.get("oracle_neurons") is None and method != "ablation":
-        options = dict(options, oracle_neurons=diagnose_oracle_plan(
-            model, layer, inputs, targets, clusters, cluster=cluster,
+    The plan (`diagnose_plan`) is made first, on all the samples, and kept: the timing and
+    the run ablate the same neurons on the same share of the samples, and draw the same
+    curve. In-memory inputs only (a tensor, an array or named inputs)."""
+    if options.get("plan") is None:
+        planned = {key: options.pop(key) for key in ("oracle_neurons", "n_random")
+                   if key in options}
+        options["plan"] = diagnose_plan(
+            model, layer, inputs, targets, clusters, cluster=cluster, **planned,
+            seed=options.get("seed", DEFAULT_SEED),
             batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
-            device=options.get("device")).neurons)
+            device=options.get("device"))
 
     def run(sample) -> None:
         diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
@@ -368,18 +400,37 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                         options.get("batch_size", DEFAULT_BATCH_SIZE))
 
 
-def diagnose_oracle_plan(model: nn.Module, layer, inputs: Inputs, targets=None,
-                         clusters=None, *, cluster=None,
-                         batch_size: int = DEFAULT_BATCH_SIZE, device=None) -> OraclePlan:
-    """The oracle `diagnose(..., oracle_neurons=None)` runs: as many neurons as
-    `oracle_sample.ORACLE_SECONDS` allow on the samples it analyses (the cluster's, with
-    `cluster`), timed now (`oracle_sample.plan_oracle`). A front end passes its `neurons`
-    to `diagnose_cost` and `diagnose` alike. In-memory inputs only."""
+def diagnose_plan(model: nn.Module, layer, inputs: Inputs, targets=None, clusters=None, *,
+                  cluster=None,
+                  oracle_neurons: Optional[int] = None, n_random: int = DEFAULT_N_RANDOM,
+                  seed: int = DEFAULT_SEED, batch_size: int = DEFAULT_BATCH_SIZE,
+                  device=None) -> DiagnosePlan:
+    """What `diagnose` will measure exactly on the samples it analyses (the cluster's, with
+    `cluster`), timed now (`oracle_sample.oracle_timing`): exact ablation of every neuron
+    where it fits `oracle_sample.ORACLE_SECONDS`, else of a random sample of them (and of
+    the samples), or of `oracle_neurons` on every sample; the evidence curve at
+    EVIDENCE_CURVE_POINTS k steps where it fits `costs.CURVE_SECONDS`, else fewer (and a
+    share of the samples). A front end passes it to `diagnose_cost` and `diagnose` alike.
+    In-memory inputs only."""
     names, codes = _analysed(clusters, cluster, model_io.n_rows(model_io.named(inputs)))
     rows = torch.from_numpy(np.flatnonzero(codes >= 0))
     kept = model_io.take(model_io.named(inputs), rows)
     targets = targets[rows] if isinstance(targets, torch.Tensor) else None
-    return plan_oracle(model, layer, kept, targets, batch_size=batch_size, device=device)
+    return _plan(model, layer, kept, targets, codes[codes >= 0], oracle_neurons, n_random,
+                 seed, batch_size, device)
+
+
+def _plan(model, layer, x, targets, codes: np.ndarray,
+          oracle_neurons: Optional[int], n_random: int, seed: int, batch_size: int,
+          device) -> DiagnosePlan:
+    """`diagnose_plan` of the analysed samples `x` of cluster `codes` [N]."""
+    fixed, per_pass, n_neurons = oracle_timing(model, layer, x, targets,
+                                               batch_size=batch_size, device=device)
+    oracle = plan_of_timing(fixed, per_pass, n_neurons, codes, seed=seed)
+    if oracle_neurons is not None:
+        oracle = oracle.exactly(oracle_neurons)
+    return DiagnosePlan(oracle, plan_curve(fixed, per_pass, n_neurons, codes, n_random,
+                                           EVIDENCE_CURVE_POINTS, seed=seed))
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -641,13 +692,30 @@ def permutation_words(p_value: float, n_random: int) -> str:
     return said
 
 
-def _evidence_curve(model, layer, group: _Evidence, metric, ablation, n_random, seed,
+def _evidence_curve(model, layer, group: _Evidence, metric, ablation, plan: CurvePlan, seed,
                     batch_size) -> pd.DataFrame:
-    """The pruning curve the flat and random checks read, at `evidence_ks`."""
-    return pruning_curve(model, layer, group.x, group.targets,
+    """The pruning curve the flat and random checks read, as `plan` sizes it: its k steps,
+    random orders and share of the cluster's samples (drawn at random, `draw_samples`)."""
+    rows = torch.from_numpy(draw_samples(np.zeros(len(group.x), dtype=np.int64), plan.share,
+                                         seed))
+    return pruning_curve(model, layer, model_io.take(group.x, rows),
+                         None if group.targets is None else group.targets[rows],
                          np.nan_to_num(group.cluster_score, nan=0.0),
-                         ks=evidence_ks(group.cluster_score.shape[0]), n_random=n_random,
+                         ks=plan.ks(group.cluster_score.shape[0]), n_random=plan.n_random,
                          seed=seed, ablation=ablation, metric=metric, batch_size=batch_size)
+
+
+def _curve_words(plan: CurvePlan, group: _Evidence, curve: pd.DataFrame) -> str:
+    """How the evidence curve was sized, where the budget cut it ("" where not): "at 9
+    values of k on 40 of the 256 samples, drawn at random: as many as fit in 30 s (...)"."""
+    if not plan.reduced:
+        return ""
+    said = f"at {len(curve)} values of k"
+    if curve.attrs["n_samples"] < len(group.x):
+        said += (f" on {curve.attrs['n_samples']:,} of the cluster's {len(group.x):,} "
+                 "samples, drawn at random")
+    return (f"{said}: as many as fit in {plan.budget:.0f} s (the full curve: "
+            f"{seconds_words(plan.full_seconds)})")
 
 
 def _metric_term(metric: str, group: _Evidence) -> str:
@@ -685,9 +753,10 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
                     value), -value
 
 
-def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
+def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int, sized: str = ""
                      ) -> tuple[Finding, float]:
-    """not_better_than_random from the evidence `curve`; `metric` as `_metric_term` names it."""
+    """not_better_than_random from the evidence `curve`; `metric` as `_metric_term` names it;
+    `sized`: how the budget sized the curve (`_curve_words`), "" for the full curve."""
     summary = curve_summary(curve).iloc[0]
     beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
     outside = float(summary["outside_band"])
@@ -697,7 +766,8 @@ def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int
             if np.isfinite(outside) else "")
     measured = (f"removing the top-ranked neurons does more damage than {beaten:.0%} of "
                 f"{n_random} random orders ({permutation_words(p_value, n_random)}; "
-                f"{metric}, area under the curve)" + (f"; {band}" if band else ""))
+                f"{metric}, area under the curve" + (f", {sized}" if sized else "") + ")"
+                + (f"; {band}" if band else ""))
     hint = ("Compare «method=gradient_x_activation» or «method=ablation» on the pruning page; "
             "for signed gradients see «check=sign_cancellation».")
     if n_random < FEWEST_RANDOM_ORDERS:
@@ -727,8 +797,10 @@ def _oracle(group: _Evidence, reduce: str, generator: np.random.Generator
     convention = "signed" if signed else "absolute-value"
     odds = f"p = {chance:.2g}" if chance >= 1e-12 else "p < 1e-12"
     sampled = ("" if group.oracle.exact else
-               f", on {compared:,} of the {agreement.n_neurons:,} neurons drawn at random "
-               "(the interval spans both draws: samples and neurons)")
+               f", on {compared:,} of the {agreement.n_neurons:,} neurons"
+               + (f" and {agreement.samples:,} of the cluster's {agreement.n_samples:,} "
+                  "samples" if agreement.samples < agreement.n_samples else "")
+               + " drawn at random (the interval spans both draws: samples and neurons)")
     measured = (f"Spearman {rho:.2f} (95% interval {low:.2f} to {high:.2f}; {convention}; a "
                 f"random ranking of {compared} neurons agrees as well with {odds}) with the "
                 "exact single-neuron ablation effect on the "

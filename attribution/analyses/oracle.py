@@ -13,7 +13,7 @@ value, or by magnitude for "abs") that the method also puts in its top k.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -29,12 +29,13 @@ from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes,
                               n_samples, neuron_scores)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
-from .oracle_sample import OracleSample, Resamples, agreement_draws, sample_oracle
-from .ranks import bootstrap_counts
+from .oracle_sample import (OraclePlan, OracleSample, Resamples, agreement_draws,
+                            sample_counts_of, sample_oracle)
 from .settings import BOOTSTRAP_DRAWS
 
-ORACLE_COLUMNS = ("cluster", "method", "n", "spearman_signed", "spearman_abs", "kendall_signed",
-                  "kendall_abs", "top_k_overlap_signed", "top_k_overlap_abs", "top_k",
+ORACLE_COLUMNS = ("cluster", "method", "n", "samples", "spearman_signed", "spearman_abs",
+                  "kendall_signed", "kendall_abs", "top_k_overlap_signed",
+                  "top_k_overlap_abs", "top_k",
                   "spearman_signed_low", "spearman_signed_high", "spearman_abs_low",
                   "spearman_abs_high", "neurons", "n_neurons")
 
@@ -44,7 +45,7 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                      methods: Sequence[str] = METHODS, clusters=None, *, cluster=None,
                      reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
-                     oracle_neurons: Optional[int] = None,
+                     oracle_neurons: Union[int, OraclePlan, None] = None,
                      batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
                      seed: int = DEFAULT_SEED, progress: TableProgress = None,
                      device=None) -> pd.DataFrame:
@@ -70,18 +71,21 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             "mean_abs" or "std"); the oracle is always the signed mean effect.
         top_k: k of the top-k overlap on the layer's n neurons; None = 10% of them, at least
             1 (on m sampled neurons, `oracle_sample.overlap_k`).
-        oracle_neurons: how many neurons to ablate exactly, drawn at random (the layer's n or
-            more: all); None = all that fit `oracle_sample.ORACLE_SECONDS` (inputs in
-            memory; an iterable: all).
+        oracle_neurons: how many neurons to ablate exactly, drawn at random, on every sample
+            (the layer's n or more: all); an `oracle_sample.OraclePlan` (its neurons, on its
+            share of each cluster's samples; every method is then compared on those
+            samples); None = `oracle_sample.plan_oracle`'s, as fit
+            `oracle_sample.ORACLE_SECONDS` (inputs in memory; an iterable: all).
         batch_size, n_steps, seed, device: as in `cluster_scores`; seed also draws the
             neurons and the bootstrap.
         progress: called as progress(fraction, partial_table) as work advances; may raise.
     Returns:
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
-        given: n = cluster size; correlations are NaN where a ranking is constant (e.g. every
-        neuron of the cluster dead); spearman_*_low/high their CONFIDENCE bootstrap interval
-        over the cluster's samples and the neurons drawn; neurons = the m compared of
-        n_neurons; top_k = the k used (of n). Memory: per-sample scores of the m neurons.
+        given: n = cluster size; samples = the samples compared (n, unless the oracle
+        measured a share of them); correlations are NaN where a ranking is constant (e.g.
+        every neuron of the cluster dead); spearman_*_low/high their CONFIDENCE bootstrap
+        interval over the samples compared and the neurons drawn; neurons = the m compared
+        of n_neurons; top_k = the k used (of n). Memory: per-sample scores of the m neurons.
         `attrs`: the layer's neuron axis (`runners.layer_attrs`) and "refused": {method: the
         reason} for the methods left out.
     """
@@ -123,7 +127,15 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         return at
 
     table: list[dict] = []
-    oracle = _oracle_of(model, layer, inputs, targets, oracle_neurons, report(0), options)
+    oracle = _oracle_of(model, layer, inputs, targets, codes, oracle_neurons, report(0),
+                        options)
+    sizes = np.bincount(codes, minlength=len(ids))  # each cluster's samples
+    if oracle.samples is not None:  # every method compared on the samples measured
+        measured = torch.from_numpy(oracle.samples)
+        inputs, clusters = model_io.take(inputs, measured), np.asarray(clusters)[oracle.samples]
+        targets = targets[measured] if isinstance(targets, torch.Tensor) else targets
+        kept = oracle.samples if kept is None else kept[oracle.samples]
+        codes = codes[oracle.samples]
     neurons = None if oracle.exact else oracle.neurons
     k = top_k if top_k is not None else max(1, math.ceil(0.1 * oracle.n_neurons))
     if not 1 <= k <= oracle.n_neurons:
@@ -131,9 +143,10 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                                "neurons).")
     groups = [np.flatnonzero(codes == code) for code in range(len(ids))]
     generator = np.random.default_rng(seed)  # the same draws for every method
+    pivot = oracle.samples is not None
     resamples = [Resamples(oracle.effects[rows], oracle.n_neurons,
-                           bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
-                           generator) for rows in groups]
+                           sample_counts_of(len(rows), int(size), BOOTSTRAP_DRAWS, generator),
+                           generator, pivot) for rows, size in zip(groups, sizes)]
     refused: dict[str, str] = {}
     for index, method in enumerate(methods, start=1):
         fitted_here = kept is not None and REGISTRY[method].fit is not None
@@ -152,10 +165,10 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                 raise
             refused[method] = str(error)
             continue
-        for group, rows, resampled in zip(ids, groups, resamples):
+        for group, size, rows, resampled in zip(ids, sizes, groups, resamples):
             measured = agreement_draws(scores[rows], resampled, reduce, top_k=k,
                                        drawn=("spearman",))
-            row = {"cluster": group, "method": method, "n": len(rows),
+            row = {"cluster": group, "method": method, "n": int(size), "samples": len(rows),
                    "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons, "top_k": k}
             for (measure, convention), found in measured.items():
                 column = "top_k_overlap" if measure == "top_overlap" else measure
@@ -171,12 +184,13 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     return frame
 
 
-def _oracle_of(model, layer, inputs: Inputs, targets, oracle_neurons: Optional[int],
-               progress, options: dict):
-    """The oracle sample of `oracle_agreement`: `sample_oracle` on inputs in memory; on an
-    iterable, every neuron's exact ablation (its size needs a timing on held samples)."""
+def _oracle_of(model, layer, inputs: Inputs, targets, codes: np.ndarray,
+               oracle_neurons: Union[int, OraclePlan, None], progress, options: dict):
+    """The oracle sample of `oracle_agreement`: `sample_oracle` on inputs in memory (of
+    cluster `codes` [N]); on an iterable, every neuron's exact ablation on every sample (its
+    size needs a timing on held samples)."""
     if model_io.is_batch(model_io.named(inputs)) or isinstance(inputs, np.ndarray):
-        return sample_oracle(model, layer, inputs, targets, oracle_neurons,
+        return sample_oracle(model, layer, inputs, targets, oracle_neurons, codes,
                              progress=progress, **options)
     if oracle_neurons is not None:
         raise AttributionError("oracle_neurons needs the inputs held in memory (a tensor or "

@@ -10,6 +10,11 @@ the package, and the neurons, by Gross's (1980) bootstrap of a finite population
 replicated to n, m drawn from them without replacement), so the neuron part narrows as m
 grows and vanishes at m = n.
 
+Where even FEWEST_ORACLE_NEURONS neurons pass the budget on every sample (a deep tail over
+long sequences), the oracle measures a share of each cluster's samples too, drawn at random
+(`draw_samples`); the statistics then read the method's scores on those samples, and the
+samples' bootstrap resamples them.
+
 On m of n neurons the statistics read the m pairs (method score, oracle) the way the exact
 ones read all n: Spearman and Kendall of the pairs; the top-k overlap as the share of the
 oracle's top k_m = round(k m / n) of the m (its top 10% of them, for k its top 10%) that
@@ -18,8 +23,8 @@ the method, which scores every neuron, puts in its top k of n.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -31,9 +36,10 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import SAMPLED_RUNS, fastest, layer_width, seconds_words
-from .ranks import (interval, rank_correlation, row_kendall, row_ranks, row_spearman,
-                     row_top_overlap, top_k_overlap)
+from .costs import (SAMPLED_RUNS, cluster_codes_of, draw_samples, fastest, layer_width,
+                    seconds_words)
+from .ranks import (bootstrap_counts, interval, pivot_interval, rank_correlation,
+                    row_kendall, row_ranks, row_spearman, row_top_overlap, top_k_overlap)
 
 ORACLE_SECONDS = 30.0
 """The time exact ablation may take when its size is not given: all neurons when they fit,
@@ -55,20 +61,32 @@ class OracleSample:
         effects: float32 [N, m]: per sample, the drop of the target when each alone is
             zeroed (the `ablation` method's scores of those neurons).
         layer: the layer's neuron axis as the ablation saw it (`runners.layer_attrs`).
+        samples: the positions of the samples measured among those given, int64 [s],
+            sorted (effects [s, m]); None: every sample (effects [N, m]).
     """
 
     neurons: np.ndarray
     n_neurons: int
     effects: np.ndarray
     layer: dict = field(default_factory=dict)
+    samples: Optional[np.ndarray] = None
 
     @property
     def exact(self) -> bool:
-        return len(self.neurons) == self.n_neurons
+        return len(self.neurons) == self.n_neurons and self.samples is None
 
     def rows(self, rows: np.ndarray) -> "OracleSample":
-        """The same neurons, on the samples `rows` only."""
-        return OracleSample(self.neurons, self.n_neurons, self.effects[rows], self.layer)
+        """The same neurons on the samples `rows` only (positions among those given);
+        `samples` then counts among `rows`."""
+        if self.samples is None:
+            return replace(self, effects=self.effects[rows])
+        measured = np.isin(rows, self.samples)
+        return replace(self, effects=self.effects[np.searchsorted(self.samples, rows[measured])],
+                       samples=np.flatnonzero(measured))
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        """The rows of per-sample `values` [N, ...] that the oracle measured [s, ...]."""
+        return values if self.samples is None else values[self.samples]
 
     def words(self) -> str:
         """"on 256 of 3,072 neurons" (sampled) or "on all 64 neurons"."""
@@ -134,73 +152,115 @@ def oracle_timing(model: nn.Module, layer, inputs: Inputs, targets=None, *,
 @dataclass(frozen=True)
 class OraclePlan:
     """The oracle an analysis not told its size runs: `neurons` of the layer's `n_neurons`,
-    each ablation taking `seconds_per_neuron` over the samples after `fixed_seconds` that
-    any size pays (`plan_oracle`)."""
+    each ablation taking `seconds_per_neuron` over every sample after `fixed_seconds` that
+    any size pays, on `share` of each cluster's samples (`draw_samples`: `samples` of the
+    `n_samples`; 1 and all of them unless even FEWEST_ORACLE_NEURONS pass the budget)
+    (`plan_oracle`)."""
 
     neurons: int
     n_neurons: int
     seconds_per_neuron: float
     fixed_seconds: float = 0.0
     budget: float = ORACLE_SECONDS
+    share: float = 1.0
+    samples: int = 0
+    n_samples: int = 0
 
     @property
     def exact(self) -> bool:
-        return self.neurons >= self.n_neurons
+        return self.neurons >= self.n_neurons and self.share >= 1
+
+    def exactly(self, neurons: Optional[int] = None) -> "OraclePlan":
+        """This plan ablating `neurons` (None, or the layer's n or more: every one) on every
+        sample: a user's choice where the budget drew fewer."""
+        size = self.n_neurons if neurons is None else min(int(neurons), self.n_neurons)
+        return replace(self, neurons=size, share=1.0, samples=self.n_samples)
 
     @property
     def exact_seconds(self) -> float:
-        """The estimated time of exact ablation of every neuron."""
+        """The estimated time of exact ablation of every neuron on every sample."""
         return self.fixed_seconds + self.seconds_per_neuron * self.n_neurons
 
     @property
     def seconds(self) -> float:
-        """The estimated time of this oracle (`neurons` of them)."""
-        return self.fixed_seconds + self.seconds_per_neuron * self.neurons
+        """The estimated time of this oracle (`neurons` of them, on its samples)."""
+        measured = self.samples / self.n_samples if self.share < 1 and self.n_samples else 1.0
+        return (self.fixed_seconds + self.seconds_per_neuron * self.neurons) * measured
 
     def words(self) -> str:
         """"256 of the 3,072 neurons, drawn at random: as many as exact ablation fits in 30 s
-        (every neuron: about 41 min)"; "every one of the 64 neurons" when they all fit."""
+        (every neuron: about 41 min)"; "every one of the 64 neurons" when they all fit; the
+        samples too where only a share of them fit ("32 of the 3,072 neurons on 48 of the
+        256 samples, drawn at random (...) ...")."""
         if self.exact:
             return f"every one of the {self.n_neurons:,} neurons"
-        return (f"{self.neurons:,} of the {self.n_neurons:,} neurons, drawn at random: as "
-                f"many as exact ablation fits in {self.budget:.0f} s (every neuron: "
+        measured = (f" on {self.samples:,} of the {self.n_samples:,} samples" if self.share < 1
+                    else "")
+        every = "every neuron on every sample" if self.share < 1 else "every neuron"
+        return (f"{self.neurons:,} of the {self.n_neurons:,} neurons{measured}, drawn at "
+                f"random: as many as exact ablation fits in {self.budget:.0f} s ({every}: "
                 f"{seconds_words(self.exact_seconds)})")
 
 
-def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, *,
+def plan_oracle(model: nn.Module, layer, inputs: Inputs, targets=None, clusters=None, *,
                 budget: Optional[float] = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                device=None) -> OraclePlan:
-    """How many neurons an oracle not told its size ablates on these inputs: `oracle_size`
-    of the timing `oracle_timing`. A front end resolves it once and passes its
-    `neurons` to the estimate and to the work, so both ablate the same neurons (and can
+                seed: int = DEFAULT_SEED, device=None) -> OraclePlan:
+    """How many neurons an oracle not told its size ablates on these inputs, and on what
+    share of each cluster of `clusters` [N] (None: one cluster): `oracle_size` of the
+    timing `oracle_timing`, and where even that many pass `budget` on every sample, the
+    share of the samples that fits. A front end resolves it once and passes it to the
+    estimate and to the work, so both ablate the same neurons on as many samples (and can
     offer every neuron, `OraclePlan.exact_seconds`)."""
     budget = ORACLE_SECONDS if budget is None else budget
     fixed, per_neuron, n_neurons = oracle_timing(model, layer, inputs, targets,
                                                  batch_size=batch_size, device=device)
-    return OraclePlan(oracle_size(n_neurons, per_neuron, budget, fixed), n_neurons, per_neuron,
-                      fixed, budget)
+    return plan_of_timing(fixed, per_neuron, n_neurons,
+                          cluster_codes_of(clusters, n_rows(inputs)), budget, seed)
+
+
+def plan_of_timing(fixed: float, per_neuron: float, n_neurons: int, codes: np.ndarray,
+                   budget: Optional[float] = None, seed: int = DEFAULT_SEED) -> OraclePlan:
+    """`plan_oracle` of a timing (`oracle_timing`'s) on samples of cluster `codes` [N]
+    (budget None: ORACLE_SECONDS)."""
+    budget = ORACLE_SECONDS if budget is None else budget
+    size = oracle_size(n_neurons, per_neuron, budget, fixed)
+    cost = fixed + per_neuron * size
+    share = 1.0 if cost <= budget or size >= n_neurons else budget / cost
+    samples = len(draw_samples(codes, share, seed))
+    if samples >= len(codes):
+        share = 1.0
+    return OraclePlan(size, n_neurons, per_neuron, fixed, budget, share, samples, len(codes))
 
 
 def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
-                  neurons: Optional[int] = None, *, budget: Optional[float] = None,
-                  batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED,
-                  progress: Progress = None, device=None) -> OracleSample:
+                  neurons: Union[int, OraclePlan, None] = None, clusters=None, *,
+                  budget: Optional[float] = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                  seed: int = DEFAULT_SEED, progress: Progress = None,
+                  device=None) -> OracleSample:
     """Exact ablation of `neurons` of the layer's neurons drawn at random (`draw_neurons`):
-    a number m (all: n or more), or None, as many as `budget` seconds allow (`oracle_size`,
-    timed by `oracle_timing`). Inputs in memory [N, ...]; targets as in
-    `neuron_scores`. progress(fraction) after each batch."""
+    a number m (all: n or more) on every sample; an `OraclePlan` (its neurons, on its share
+    of each cluster of `clusters` [N], `draw_samples`); or None, the plan `budget` seconds
+    allow (`plan_oracle`). Inputs in memory [N, ...]; targets as in `neuron_scores`.
+    progress(fraction) after each batch."""
     options = dict(batch_size=batch_size, device=device)
-    if neurons is None:  # the plan has read the layer's width already
-        plan = plan_oracle(model, layer, inputs, targets, budget=budget, **options)
-        neurons, n_neurons = plan.neurons, plan.n_neurons
+    if neurons is None:
+        neurons = plan_oracle(model, layer, inputs, targets, clusters, budget=budget,
+                              seed=seed, **options)
+    if isinstance(neurons, OraclePlan):  # the plan has read the layer's width already
+        size, n_neurons, share = neurons.neurons, neurons.n_neurons, neurons.share
     else:
-        n_neurons = layer_width(model, layer, inputs, device)
-    chosen = draw_neurons(n_neurons, int(neurons), seed)
+        size, n_neurons, share = int(neurons), layer_width(model, layer, inputs, device), 1.0
+    chosen = draw_neurons(n_neurons, size, seed)
+    samples = None
+    if share < 1:
+        samples = draw_samples(cluster_codes_of(clusters, n_rows(inputs)), share, seed)
+        inputs = take(inputs, torch.from_numpy(samples))
+        targets = None if targets is None else targets[samples]
     about: dict = {}
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
                             neurons=None if len(chosen) == n_neurons else chosen,
                             about=about, **options).numpy()
-    return OracleSample(chosen, n_neurons, effects, about)
+    return OracleSample(chosen, n_neurons, effects, about, samples)
 
 
 def neuron_draws(n_sampled: int, n_neurons: int, n_draws: int,
@@ -234,13 +294,39 @@ def overlap_k(top_k: int, n_sampled: int, n_neurons: int) -> int:
 
 @dataclass(frozen=True)
 class Measured:
-    """One agreement measure: its `value` on the data and its bootstrap `draws`."""
+    """One agreement measure: its `value` on the data and its bootstrap `draws`; `pivot`
+    where the samples measured were a share of the cluster's (`ranks.pivot_interval`
+    within `bounds`, else `ranks.interval`)."""
 
     value: float
     draws: np.ndarray
+    pivot: bool = False
+    bounds: tuple[float, float] = (-1.0, 1.0)
 
     def interval(self) -> tuple[float, float]:
-        return interval(self.draws, self.value)
+        return interval_of(self.draws, self.value, self.pivot, self.bounds)
+
+
+def interval_of(draws: np.ndarray, value: float, pivot: bool,
+                bounds: tuple[float, float] = (-1.0, 1.0)) -> tuple[float, float]:
+    """The interval of an agreement measure from its resamples: `ranks.pivot_interval`
+    where the samples were a share of the cluster's (`pivot`), else `ranks.interval`."""
+    return pivot_interval(draws, value, bounds) if pivot else interval(draws, value)
+
+
+def sample_counts_of(measured: int, total: int, n_draws: int,
+                  generator: np.random.Generator) -> np.ndarray:
+    """[n_draws, s]: how often each of the s samples measured is drawn in each resample:
+    `ranks.bootstrap_counts` where they are every sample of the cluster (s = total), else
+    Gross's bootstrap of a finite population (the s replicated to the cluster's total, s
+    drawn without replacement, `neuron_draws`), so the resamples vary as much as a sample
+    of s of the total does."""
+    picks = neuron_draws(measured, total, n_draws, generator)
+    if picks is None:
+        return bootstrap_counts(max(1, measured), n_draws, generator)
+    counts = np.zeros((n_draws, measured))
+    np.add.at(counts, (np.arange(n_draws)[:, None], picks), 1.0)
+    return counts
 
 
 class Resamples:
@@ -250,13 +336,14 @@ class Resamples:
     Args:
         effects: the oracle on the cluster's r samples and m sampled neurons [r, m].
         n_neurons: the layer's n (m = n: the neurons are not resampled).
-        counts: [D, r] resamples of the samples (`ranks.bootstrap_counts`).
+        counts: [D, r] resamples of the samples (`sample_counts_of`).
         generator: draws the neurons' resamples (`neuron_draws`).
+        pivot: the r samples are a share of the cluster's (`Measured.pivot`).
     """
 
     def __init__(self, effects: np.ndarray, n_neurons: int, counts: np.ndarray,
-                 generator: np.random.Generator):
-        self.counts, self.n_neurons = counts, n_neurons
+                 generator: np.random.Generator, pivot: bool = False):
+        self.counts, self.n_neurons, self.pivot = counts, n_neurons, pivot
         self.n_sampled = effects.shape[1]
         self.picks = neuron_draws(self.n_sampled, n_neurons, len(counts), generator)
         effects = effects.astype(np.float64)
@@ -322,8 +409,9 @@ def agreement_draws(scores: np.ndarray, resamples: Resamples, reduce: str, *,
                 draws = row_top_overlap(few_a, few_b, k) if resampled else None
             else:
                 continue
-            result[measure, convention] = Measured(value, np.empty(0) if draws is None
-                                                   else draws)
+            result[measure, convention] = Measured(
+                value, np.empty(0) if draws is None else draws, resamples.pivot,
+                (0.0, 1.0) if measure == "top_overlap" else (-1.0, 1.0))
     return result
 
 
@@ -343,39 +431,53 @@ def resampled_ranking(scores: np.ndarray, reduce: str, counts: np.ndarray) -> np
 @dataclass(frozen=True)
 class Agreement:
     """A ranking's agreement with a (sampled) oracle: `value`, its interval (`low`, `high`)
-    at CONFIDENCE over the samples and the neurons drawn, and the m of n neurons it rests
-    on."""
+    at CONFIDENCE over the samples and the neurons drawn, the m of n neurons it rests on,
+    and the samples it measured of the cluster's."""
 
     value: float
     low: float
     high: float
     n_sampled: int
     n_neurons: int
+    samples: int = 0
+    n_samples: int = 0
 
     def words(self, symbol: str = "ρ") -> str:
-        """"on 256 of 3,072 neurons: ρ = 0.71 [0.64, 0.77]" (the neurons said when sampled)."""
+        """"on 256 of 3,072 neurons: ρ = 0.71 [0.64, 0.77]" (the neurons said when sampled;
+        "on 32 of 3,072 neurons and 40 of 256 samples: ..." when the samples were too)."""
         said = f"{symbol} = {self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
+        where = []
         if self.n_sampled < self.n_neurons:
-            return f"on {self.n_sampled:,} of {self.n_neurons:,} neurons: {said}"
-        return said
+            where.append(f"{self.n_sampled:,} of {self.n_neurons:,} neurons")
+        if self.samples < self.n_samples:
+            where.append(f"{self.samples:,} of {self.n_samples:,} samples")
+        return f"on {' and '.join(where)}: {said}" if where else said
 
 
 def sampled_spearman(scores: np.ndarray, oracle: OracleSample, reduce: str,
                      sample_counts: np.ndarray, generator: np.random.Generator) -> Agreement:
-    """Spearman of a cluster's ranking with the oracle on its sampled neurons, signed for
-    reduce="mean", else of magnitudes, with its bias-corrected interval (`ranks.interval`)
-    over the samples and the neurons drawn (`agreement_draws`).
+    """Spearman of a cluster's ranking with the oracle on its sampled neurons (and samples),
+    signed for reduce="mean", else of magnitudes, with its bias-corrected interval
+    (`ranks.interval`) over the samples and the neurons drawn (`agreement_draws`).
 
     Args:
         scores: the cluster's per-sample scores [r, n] (every neuron of the layer).
-        oracle: the cluster's oracle sample (effects [r, m]).
+        oracle: the cluster's oracle sample (effects [r, m], or [s, m] on `samples`).
         reduce: how the scores become the ranking.
-        sample_counts: [D, r] resamples of the cluster's samples.
+        sample_counts: [D, r] resamples of the cluster's samples; where the oracle
+            measured s of them, D resamples of those s are drawn by `generator` instead
+            (`sample_counts_of`), and the interval is `ranks.pivot_interval`.
         generator: draws the neurons' resamples.
     """
     convention = "signed" if reduce == "mean" else "abs"
-    resamples = Resamples(oracle.effects, oracle.n_neurons, sample_counts, generator)
-    measured = agreement_draws(scores[:, oracle.neurons], resamples, reduce,
+    measured_scores = oracle.of(scores)
+    pivot = oracle.samples is not None
+    if pivot:
+        sample_counts = sample_counts_of(len(oracle.samples), len(scores), len(sample_counts),
+                                         generator)
+    resamples = Resamples(oracle.effects, oracle.n_neurons, sample_counts, generator, pivot)
+    measured = agreement_draws(measured_scores[:, oracle.neurons], resamples, reduce,
                                conventions=(convention,), measures=("spearman",))
     found = measured["spearman", convention]
-    return Agreement(found.value, *found.interval(), len(oracle.neurons), oracle.n_neurons)
+    return Agreement(found.value, *found.interval(), len(oracle.neurons), oracle.n_neurons,
+                     len(measured_scores), len(scores))

@@ -83,6 +83,23 @@ def bootstrap_counts(n_samples: int, n_draws: int, generator: np.random.Generato
                                  size=n_draws).astype(np.float64)
 
 
+def pivot_interval(draws: np.ndarray, estimate: float, bounds: tuple[float, float],
+                   confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The basic (pivotal) bootstrap interval [2 estimate - q_high, 2 estimate - q_low] of
+    `draws` (NaN draws ignored), widened to contain the estimate and kept within the
+    statistic's `bounds`: for an estimate biased as its resamples are biased from it (a
+    rank correlation of means over a sample of the samples is attenuated, and resamples
+    attenuate it again), where the percentile intervals, bias-corrected or not, stay on
+    the biased side whenever the bias passes the spread."""
+    finite = draws[np.isfinite(draws)]
+    if not finite.size or not np.isfinite(estimate):
+        return float("nan"), float("nan")
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return (float(max(bounds[0], min(2 * estimate - high, estimate))),
+            float(min(bounds[1], max(2 * estimate - low, estimate))))
+
+
 def interval(draws: np.ndarray, estimate: float,
              confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The bias-corrected percentile interval (Efron 1981) of bootstrap `draws` of a statistic

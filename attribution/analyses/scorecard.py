@@ -45,10 +45,10 @@ from ..engine.layers import list_layers, resolve_layer, run_model
 from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
-from .oracle_sample import (MEASURES, OracleSample, Resamples, agreement_draws,
-                            OraclePlan, plan_oracle, sample_oracle)
-from .ranks import bootstrap_counts, interval, row_ranks, row_spearman
-from .costs import SampledCost, sampled_cost
+from .oracle_sample import (MEASURES, OraclePlan, OracleSample, Resamples, agreement_draws,
+                            interval_of, plan_oracle, sample_counts_of, sample_oracle)
+from .ranks import bootstrap_counts, row_ranks, row_spearman
+from .costs import SampledCost, sampled_cost, take_rows
 from .prune import copy_model
 from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
@@ -58,7 +58,7 @@ from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
                      "top_overlap", "curve_area", "after_randomization", "n_clusters",
                      "kendall_low", "kendall_high", "top_overlap_low", "top_overlap_high",
-                     "neurons", "n_neurons")
+                     "neurons", "n_neurons", "samples", "n_samples")
 ORACLE = "ablation"
 BASELINE = "random"
 """The method whose ranking is a random order: its curve_area is the random orders' own
@@ -74,7 +74,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
               curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
               curve_targets="targets", ablation: str = DEFAULT_ABLATION,
-              oracle_neurons: Union[int, Mapping[str, int], None] = None,
+              oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan]], None] = None,
               batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
               progress: TableProgress = None, device=None) -> pd.DataFrame:
@@ -98,11 +98,14 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         curve_targets: what the curves measure against: "targets" (the classes scored), a
             LongTensor [N], a regression head's true values [N], or None (the predicted
             class); see `settings.curve_targets`.
-        oracle_neurons: how many neurons of each layer to ablate exactly, drawn at random
-            (all: the layer's n or more), or {layer: how many} (`scorecard_oracle_plans`);
-            None = on each layer all that fit `oracle_sample.ORACLE_SECONDS`. On m of n
+        oracle_neurons: how many neurons of each layer to ablate exactly, drawn at random,
+            on every sample (all: the layer's n or more), or {layer: how many, or its
+            `oracle_sample.OraclePlan`} (`scorecard_oracle_plans`); None = on each layer
+            `oracle_sample.plan_oracle`'s, as fit `oracle_sample.ORACLE_SECONDS`. On m of n
             neurons every column is measured on those m (`oracle_sample`: the curves
-            remove them only), its intervals over the samples and the neurons drawn.
+            remove them only), its intervals over the samples and the neurons drawn; where
+            the plan measures a share of each cluster's samples, the layer's every column
+            is measured on those samples.
         batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
             neurons, the bootstrap, the random orders and the re-initialisation).
         progress: called as progress(fraction, partial_table) after each method's scores
@@ -110,9 +113,9 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     Returns:
         DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
         call order and methods in the order given; neurons: the m of the layer's n_neurons
-        measured. attrs: "refused" {"layer/method": reason},
-        "reinitialised" {layer: the modules re-initialised after it}, n_boot, n_random,
-        metric, ablation, ks {layer: the k values of its curves}.
+        measured; samples: the samples measured of the n_samples. attrs: "refused"
+        {"layer/method": reason}, "reinitialised" {layer: the modules re-initialised after
+        it}, n_boot, n_random, metric, ablation, ks {layer: the k values of its curves}.
     """
     methods = list(dict.fromkeys(methods))
     for method in methods:
@@ -153,17 +156,28 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         if progress is not None:
             progress(done / steps, _frame(table))
 
+    every_sample = (x, targets, curve_targets, clusters, rows_of, draws)
     for position, layer in enumerate(layers):
+        x, targets, curve_targets, clusters, rows_of, draws = every_sample
         resolve_layer(model, layer)
         oracle = sample_oracle(model, layer, x, targets,
                                oracle_neurons.get(layer) if isinstance(oracle_neurons, Mapping)
-                               else oracle_neurons, batch_size=batch_size, seed=seed,
+                               else oracle_neurons, codes, batch_size=batch_size, seed=seed,
                                device=device)
+        if oracle.samples is not None:  # the layer measured on the oracle's samples alone
+            x, targets, curve_targets, clusters = (
+                take_rows(value, oracle.samples)
+                for value in (x, targets, curve_targets, clusters))
+            rows_of = [np.flatnonzero(codes[oracle.samples] == code)
+                       for code in range(len(ids))]
+            draws = _bootstrap_draws(rows_of, n_boot, seed,
+                                     [len(rows) for rows in every_sample[4]])
         subset = None if oracle.exact else oracle.neurons
         ks_of[layer] = spaced_ks(len(oracle.neurons), curve_points)
         oracle_means = _cluster_means(oracle.effects, rows_of)
         generator = np.random.default_rng([seed, position])  # the same for every method
-        resamples = [Resamples(oracle.effects[rows], oracle.n_neurons, counts, generator)
+        resamples = [Resamples(oracle.effects[rows], oracle.n_neurons, counts, generator,
+                               pivot=oracle.samples is not None)
                      for counts, rows in zip(draws, rows_of)]
         scored: dict[str, np.ndarray] = {}
         for method in methods:
@@ -189,7 +203,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                           **_agreement(scores, rows_of, resamples, top_k_of(oracle.n_neurons)),
                           "curve_area": _nanmean(areas[method]),
                           "after_randomization": after, "n_clusters": len(rows_of),
-                          "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons})
+                          "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons,
+                          "samples": model_io.n_rows(x), "n_samples": total})
             step()
     if not table:
         raise AttributionError("No method could score these layers: "
@@ -216,10 +231,16 @@ def _cluster_means(scores: np.ndarray, rows_of: list[np.ndarray]) -> np.ndarray:
     return np.stack([scores[rows].astype(np.float64).mean(0) for rows in rows_of])
 
 
-def _bootstrap_draws(rows_of: list[np.ndarray], n_boot: int, seed: int) -> list[np.ndarray]:
-    """Per cluster, `bootstrap_counts` of its samples [n_boot, m] (one generator, seeded)."""
+def _bootstrap_draws(rows_of: list[np.ndarray], n_boot: int, seed: int,
+                     totals: Optional[list[int]] = None) -> list[np.ndarray]:
+    """Per cluster, resamples of its samples [n_boot, m] (one generator, seeded):
+    `bootstrap_counts`, or where they are a share of the cluster's `totals`,
+    `oracle_sample.sample_counts_of`."""
     generator = np.random.default_rng(seed)
-    return [bootstrap_counts(len(rows), n_boot, generator) for rows in rows_of]
+    if totals is None:
+        return [bootstrap_counts(len(rows), n_boot, generator) for rows in rows_of]
+    return [sample_counts_of(len(rows), total, n_boot, generator)
+            for rows, total in zip(rows_of, totals)]
 
 
 def _agreement(scores: np.ndarray, rows_of: list[np.ndarray], resamples: list[Resamples],
@@ -239,7 +260,8 @@ def _agreement(scores: np.ndarray, rows_of: list[np.ndarray], resamples: list[Re
             per_draw = np.nanmean(np.stack([found.draws for found in values]), axis=0)
         value = _nanmean([found.value for found in values])
         result[measure] = value
-        result[f"{measure}_low"], result[f"{measure}_high"] = interval(per_draw, value)
+        result[f"{measure}_low"], result[f"{measure}_high"] = interval_of(
+            per_draw, value, values[0].pivot, values[0].bounds)
     return result
 
 
@@ -298,21 +320,21 @@ def _curve_areas(model, layer, x, targets, rows_of, means: dict[str, np.ndarray]
 
 # ------------------------------------------------------------ cascading randomisation
 
-def scorecard_oracle_plans(model: nn.Module, inputs: Inputs, targets=None, *,
+def scorecard_oracle_plans(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                            layers: Optional[Sequence[str]] = None,
-                           batch_size: int = DEFAULT_BATCH_SIZE,
+                           batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED,
                            device=None) -> dict[str, OraclePlan]:
     """{layer: the oracle `scorecard(..., oracle_neurons=None)` runs on it}: as many
-    neurons as fit `oracle_sample.ORACLE_SECONDS` on these samples, timed now. A front end
-    passes {layer: plan.neurons} to `scorecard_cost` and `scorecard` alike. In-memory inputs
-    only."""
+    neurons (and, where even the fewest pass the budget, as large a share of each cluster's
+    samples) as fit `oracle_sample.ORACLE_SECONDS`, timed now (`plan_oracle`). A front end
+    passes the plans to `scorecard_cost` and `scorecard` alike. In-memory inputs only."""
     x = model_io.named(inputs)
     x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
     if layers is None:
         layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
     targets = None if targets is None else torch.as_tensor(targets)
-    return {layer: plan_oracle(model, layer, x, targets, batch_size=batch_size,
-                               device=device) for layer in layers}
+    return {layer: plan_oracle(model, layer, x, targets, clusters, batch_size=batch_size,
+                               seed=seed, device=device) for layer in layers}
 
 
 def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
@@ -323,11 +345,12 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     The oracle's sizes are chosen first, on all the samples (`scorecard_oracle_plans`),
     and kept: the timing and the run ablate the same neurons."""
     if options.get("oracle_neurons") is None:
-        plans = scorecard_oracle_plans(model, inputs, targets, layers=options.get("layers"),
+        plans = scorecard_oracle_plans(model, inputs, targets, clusters,
+                                       layers=options.get("layers"),
                                        batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
+                                       seed=options.get("seed", DEFAULT_SEED),
                                        device=options.get("device"))
-        options = dict(options, oracle_neurons={layer: plan.neurons
-                                                for layer, plan in plans.items()})
+        options = dict(options, oracle_neurons=plans)
 
     def run(sample) -> None:
         chosen = dict(options, progress=None)

@@ -65,6 +65,7 @@ here. The defaults, and why:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
@@ -81,7 +82,7 @@ from .clusters import CLUSTER_SOURCES
 from ..errors import AttributionError
 from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
-from .costs import CurveCost, curve_cost
+from .costs import CurveCost, CurvePlan, curve_cost, draw_samples, plan_curve, take_rows
 from .prune import prune, save_pt2
 from .pruning_curves import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
 from ..methods.passes import check_targets
@@ -453,19 +454,40 @@ class AnalysisSettings:
 
     def pruning_curves(self, model: nn.Module, dataset: Dataset, clusters: Sequence,
                        targets: Optional[torch.Tensor], ranking: np.ndarray,
-                       **run) -> pd.DataFrame:
+                       plan: Optional[CurvePlan] = None, **run) -> pd.DataFrame:
         """`cluster_pruning_curves` of the focus cluster against the rest of the data.
 
         Args:
             targets: the scoring targets (`targets`), LongTensor [N] or None.
             ranking: [n] the scores that order the neurons (`ranking`).
+            plan: the curves' size (`curve_plan`): its k values, on its share of the focus
+                cluster's and of the rest's samples (`costs.draw_samples`); None: every
+                one of `curve_ks` on every sample.
             run: passed through: progress=, resume=, device=.
         """
+        inputs, measured = dataset.inputs, self.curve_targets(dataset.labels, targets)
+        ks = self.curve_ks(len(ranking)) if plan is None else plan.ks(len(ranking))
+        if plan is not None and plan.share < 1:
+            rows = draw_samples(self.cluster_rows(clusters).astype(np.int64), plan.share,
+                                self.seed)
+            inputs, measured, clusters = (take_rows(value, rows)
+                                          for value in (inputs, measured, clusters))
         return cluster_pruning_curves(
-            model, self.layer, dataset.inputs, self.curve_targets(dataset.labels, targets),
-            clusters, self.cluster, ranking, ks=self.curve_ks(len(ranking)),
+            model, self.layer, inputs, measured, clusters, self.cluster, ranking, ks=ks,
             n_random=self.n_random, seed=self.seed, metric=self.metric,
             batch_size=self.batch_size, **run)
+
+    def curve_plan(self, cost: CurveCost, clusters: Sequence,
+                   full: bool = False) -> CurvePlan:
+        """The pruning curves' size from their `curve_cost`: every one of `curve_ks` on
+        every sample where they fit `costs.CURVE_SECONDS` (always, with `full`); else fewer
+        k, then a share of the focus cluster's and of the rest's samples (`costs.plan_curve`,
+        the random orders kept)."""
+        fixed = cost.seconds * cost.front_share
+        per_mask = cost.seconds * (1 - cost.front_share) / max(cost.masks, 1)
+        return plan_curve(fixed, per_mask, cost.n_neurons,
+                          self.cluster_rows(clusters).astype(np.int64), self.n_random,
+                          CURVE_K_STEPS, budget=math.inf if full else None, seed=self.seed)
 
     def curve_cost(self, model: nn.Module, dataset: Dataset,
                    targets: Optional[torch.Tensor]) -> CurveCost:

@@ -695,12 +695,13 @@ def scorecard_figure(card: pd.DataFrame) -> go.Figure:
 
 
 def sampled_words(row) -> str:
-    """" · on 256 of 3,072 neurons" for a row (of `scorecard` or `oracle_agreement`) whose
-    oracle was a sample of the layer's neurons; "" when it was every neuron."""
+    """" · on 256 of 3,072 neurons" for a `scorecard` row whose oracle was a sample of the
+    layer's neurons (" · on 32 of 3,072 neurons and 40 of 256 samples" where of its samples
+    too); "" when it was every neuron."""
     sampled, total = getattr(row, "neurons", np.nan), getattr(row, "n_neurons", np.nan)
     if not (np.isfinite(sampled) and np.isfinite(total)) or sampled >= total:
         return ""
-    return f" · on {int(sampled):,} of {int(total):,} neurons"
+    return f" · on {_sample_words(row)}"
 
 
 def class_mix_bars(mix: pd.DataFrame, *, cluster: object) -> go.Figure:
@@ -909,7 +910,8 @@ ORACLE_WORDS = {
     "method": "method", "spearman_signed": "Spearman ρ (signed)",
     "spearman_abs": "Spearman ρ (|·|)", "kendall_signed": "Kendall τ (signed)",
     "kendall_abs": "Kendall τ (|·|)", "top_k_overlap_signed": "top-k overlap (signed)",
-    "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k", "neurons": "neurons compared"}
+    "top_k_overlap_abs": "top-k overlap (|·|)", "top_k": "k", "neurons": "neurons compared",
+    "samples": "samples compared"}
 
 
 SCORECARD_WORDS = {
@@ -919,7 +921,7 @@ SCORECARD_WORDS = {
     "top_overlap": "top-10% overlap", "top_overlap_low": "overlap 95% low",
     "top_overlap_high": "overlap 95% high", "curve_area": "pruning damage (oracle = 1)",
     "after_randomization": "ρ after randomising above", "n_clusters": "clusters",
-    "neurons": "neurons measured"}
+    "neurons": "neurons measured", "samples": "samples measured"}
 
 
 def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
@@ -932,6 +934,10 @@ def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
             continue
         if column == "neurons":
             shown[column] = [_of_neurons(row) for row in card.itertuples()]
+            continue
+        if column == "samples":
+            if (card["samples"] < card["n_samples"]).any():
+                shown[column] = [_of(row.samples, row.n_samples) for row in card.itertuples()]
             continue
         form = ("{:.0%}" if column.startswith("top_overlap") else
                 "{:.0f}" if column == "n_clusters" else "{:.2f}")
@@ -956,23 +962,45 @@ def oracle_sample_words(table: pd.DataFrame) -> str:
     column when there is one); "" when every oracle was exact."""
     if "neurons" not in table or not len(table):
         return ""
-    layers = (table.groupby("layer", sort=False)[["neurons", "n_neurons"]].first()
-              if "layer" in table else table[["neurons", "n_neurons"]].iloc[:1])
+    if "layer" in table:
+        columns = [c for c in ("neurons", "n_neurons", "samples", "n_samples") if c in table]
+        layers = table.groupby("layer", sort=False)[columns].first()
+    else:  # one layer (an oracle table): its samples compared, over its clusters
+        clusters = table.drop_duplicates("cluster") if "cluster" in table else table.iloc[:1]
+        layers = table[["neurons", "n_neurons"]].iloc[:1]
+        if {"samples", "n"} <= set(table):
+            layers = layers.assign(samples=clusters["samples"].sum(),
+                                   n_samples=clusters["n"].sum())
     sampled = layers[layers["neurons"] < layers["n_neurons"]]
     if sampled.empty:
         return ""
     where = [(f"{plain(layer)}: " if "layer" in table else "")
-             + f"{int(row.neurons):,} of {int(row.n_neurons):,}"
+             + _sample_words(row)
              for layer, row in zip(sampled.index, sampled.itertuples())]
-    return ("Exact ablation measured a random sample of the neurons, as many as fit its time "
-            f"budget ({'; '.join(where)} neurons); every number above is on that sample, and "
+    return ("Exact ablation measured a random sample of the neurons (and, where even the "
+            "fewest pass its time budget, of the samples), as many as fit its time "
+            f"budget ({'; '.join(where)}); every number above is on that sample, and "
             "its 95% interval spans both draws, samples and neurons.")
+
+
+def _sample_words(row) -> str:
+    """"32 of 3,072 neurons" of a row, "32 of 3,072 neurons and 40 of 256 samples" where it
+    measured a share of its samples (`samples` < `n_samples`)."""
+    said = f"{int(row.neurons):,} of {int(row.n_neurons):,} neurons"
+    samples, total = getattr(row, "samples", np.nan), getattr(row, "n_samples", np.nan)
+    if np.isfinite(samples) and np.isfinite(total) and samples < total:
+        said += f" and {int(samples):,} of {int(total):,} samples"
+    return said
+
+
+def _of(part: int, whole: int) -> str:
+    """"256 of 3,072", or "all 64" where the part is the whole."""
+    return f"all {int(whole):,}" if part >= whole else f"{int(part):,} of {int(whole):,}"
 
 
 def _of_neurons(row) -> str:
     """"256 of 3,072" (an oracle on a sample of the neurons) or "all 64"."""
-    sampled, total = int(row.neurons), int(row.n_neurons)
-    return f"all {total:,}" if sampled >= total else f"{sampled:,} of {total:,}"
+    return _of(row.neurons, row.n_neurons)
 
 
 def _shown(value: float, form: str) -> str:
@@ -1006,12 +1034,17 @@ def oracle_table(table: pd.DataFrame) -> pd.DataFrame:
     `ORACLE_WORDS` dropped."""
     shown = pd.DataFrame({"method": [method_label(m) for m in table["method"]]})
     sampled = "neurons" in table and bool((table["neurons"] < table["n_neurons"]).any())
+    some_samples = "samples" in table and bool((table["samples"] < table["n"]).any())
     for column in ORACLE_WORDS:
-        if column in ("method",) or column not in table or (column == "neurons"
-                                                             and not sampled):
+        if column in ("method",) or column not in table or (
+                (column == "neurons" and not sampled)
+                or (column == "samples" and not some_samples)):
             continue
         if column == "neurons":
             shown[column] = [_of_neurons(row) for row in table.itertuples()]
+            continue
+        if column == "samples":
+            shown[column] = [_of(row.samples, row.n) for row in table.itertuples()]
             continue
         form = "{:.0f}" if column == "top_k" else "{:.2f}"
         shown[column] = [_shown(float(v), form) for v in table[column]]

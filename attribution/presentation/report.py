@@ -28,7 +28,7 @@ from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose,
-                                 diagnose_oracle_plan, permutation_words,
+                                 diagnose_plan, permutation_words,
                                  random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
@@ -316,19 +316,18 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     curves = settings.pruning_curves(model, dataset, clusters, targets,
                                      settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
-    sampled = diagnose_oracle_plan(model, settings.layer, dataset.inputs, targets, clusters,
-                                   cluster=settings.cluster,
-                                   batch_size=settings.batch_size).neurons  # one for both
+    plan = diagnose_plan(model, settings.layer, dataset.inputs, targets, clusters,
+                         cluster=settings.cluster, seed=settings.seed,
+                         batch_size=settings.batch_size)  # one oracle for both
     findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
                         clusters, cluster=settings.cluster, reduce=settings.reduce,
                         user_scores=user_scores, seed=settings.seed,
-                        batch_size=settings.batch_size,
-                        oracle_neurons=None if settings.method == "ablation" else sampled)
+                        batch_size=settings.batch_size, plan=plan)
     step(0.7, "agreement with ablation")
     oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
                               methods=settings.methods, clusters=clusters,
                               cluster=settings.cluster, reduce=settings.reduce,
-                              oracle_neurons=sampled, batch_size=settings.batch_size,
+                              oracle_neurons=plan.oracle, batch_size=settings.batch_size,
                               seed=settings.seed)
     step(0.75, "which method to trust, every layer")
     card = scorecard(model, dataset.inputs, targets, clusters, metric=settings.metric,

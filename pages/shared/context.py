@@ -16,8 +16,8 @@ import streamlit as st
 import torch
 
 import attribution as at
-from attribution.analyses.costs import SampledCost
-from attribution.analyses.diagnose import (Finding, diagnose_cost, diagnose_oracle_plan,
+from attribution.analyses.costs import CurvePlan, SampledCost
+from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
                                           integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
@@ -52,72 +52,76 @@ def _per_sample(key: str, layer: str, method: str, target_key: str, partition_ke
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-              reduce: str, batch_size: int, user_key: str, oracle_neurons: Optional[int],
+              reduce: str, batch_size: int, user_key: str, plan_key: str, _plan: DiagnosePlan,
               _model, _inputs, _targets, _clusters, cluster, _user_scores, _progress) -> list:
     with _progress:
         return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
                            cluster=cluster, reduce=reduce, user_scores=_user_scores,
-                           batch_size=batch_size, oracle_neurons=oracle_neurons,
-                           progress=_progress)
+                           batch_size=batch_size, plan=_plan, progress=_progress)
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing exact ablation on a sample…")
-def _oracle_plan(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
-                 _model, _inputs, _targets, _clusters, cluster) -> OraclePlan:
-    return diagnose_oracle_plan(_model, layer, _inputs, _targets, _clusters, cluster=cluster,
-                                batch_size=batch_size)
+def _diagnose_plan(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
+                   _model, _inputs, _targets, _clusters, cluster) -> DiagnosePlan:
+    return diagnose_plan(_model, layer, _inputs, _targets, _clusters, cluster=cluster,
+                         batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, oracle_neurons: Optional[int], _model, _inputs,
+            reduce: str, batch_size: int, plan_key: str, _plan: OraclePlan, _model, _inputs,
             _targets, _clusters, cluster, _progress):
     with _progress:
         table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
                                     clusters=_clusters, cluster=cluster, reduce=reduce,
-                                    oracle_neurons=oracle_neurons, batch_size=batch_size,
+                                    oracle_neurons=_plan, batch_size=batch_size,
                                     progress=_progress)
     return table.drop(columns="cluster")
 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
-               methods: tuple, oracle_neurons: tuple, _model, _inputs, _targets,
+               methods: tuple, plans_key: str, _plans: dict, _model, _inputs, _targets,
                _curve_targets, _clusters, _progress):
     with _progress:
         return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
                             metric=metric, curve_targets=_curve_targets,
-                            oracle_neurons=dict(oracle_neurons), batch_size=batch_size,
+                            oracle_neurons=_plans, batch_size=batch_size,
                             progress=_progress)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing exact ablation on every layer…")
-def _scorecard_oracle_plans(key: str, target_key: str, batch_size: int, _model, _inputs,
-                            _targets) -> dict:
-    return scorecard_oracle_plans(_model, _inputs, _targets, batch_size=batch_size)
+def _scorecard_oracle_plans(key: str, target_key: str, partition_key: str, batch_size: int,
+                            _model, _inputs, _targets, _clusters) -> dict:
+    return scorecard_oracle_plans(_model, _inputs, _targets, _clusters, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
 def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-                   reduce: str, batch_size: int, oracle_neurons: Optional[int], _model,
+                   reduce: str, batch_size: int, plan_key: str, _plan: DiagnosePlan, _model,
                    _inputs, _targets, _clusters, cluster) -> SampledCost:
     return diagnose_cost(_model, layer, _inputs, _targets, method, _clusters,
-                         cluster=cluster, reduce=reduce, batch_size=batch_size,
-                         oracle_neurons=oracle_neurons)
+                         cluster=cluster, reduce=reduce, batch_size=batch_size, plan=_plan)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
 def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
-                    batch_size: int, methods: tuple, oracle_neurons: tuple, _model, _inputs,
-                    _targets, _curve_targets, _clusters) -> SampledCost:
+                    batch_size: int, methods: tuple, plans_key: str, _plans: dict, _model,
+                    _inputs, _targets, _curve_targets, _clusters) -> SampledCost:
     return scorecard_cost(_model, _inputs, _targets, _clusters, methods=methods,
                           metric=metric, curve_targets=_curve_targets,
-                          oracle_neurons=dict(oracle_neurons), batch_size=batch_size)
+                          oracle_neurons=_plans, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _curve_cost(curve_key: tuple, _settings: AnalysisSettings, _model, _dataset, _targets):
     return _settings.curve_cost(_model, _dataset, _targets)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _curve_plan(curve_key: tuple, full: bool, _settings: AnalysisSettings, _cost,
+                _clusters) -> CurvePlan:
+    return _settings.curve_plan(_cost, _clusters, full=full)
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class Context:
     clusters: np.ndarray
     targets: Optional[torch.Tensor]
     exact_oracle: bool = False  # every neuron ablated exactly, whatever it costs
+    full_curve: bool = False  # the pruning curves at their full size, whatever they cost
     @property
     def target_key(self) -> str:
         return keys.target_key(self.settings)
@@ -194,8 +199,9 @@ class Context:
                  user_key: str = "") -> list:
         """The degeneracy checks of the cluster in focus (cached)."""
         s = self.settings
+        plan = self.diagnose_plan(s)
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, user_key, self.checks_oracle_neurons(s),
+                         s.reduce, s.batch_size, user_key, repr(plan), plan,
                          self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                          s.cluster, user_scores, ProgressLine("Running the degeneracy checks"))
 
@@ -203,41 +209,34 @@ class Context:
         """What `findings` will take, said before it runs (`diagnose_cost`: timed on a
         sample that keeps every cluster; cached)."""
         s = self.settings
+        plan = self.diagnose_plan(s)
         return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
-                              self.cluster_key, s.reduce, s.batch_size,
-                              self.checks_oracle_neurons(s),
+                              self.cluster_key, s.reduce, s.batch_size, repr(plan), plan,
                               self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                               s.cluster)
-
-    def checks_oracle_neurons(self, settings: AnalysisSettings,
-                              clusters: Optional[np.ndarray] = None) -> Optional[int]:
-        """`oracle_neurons` for the checks of `settings`; None for method=ablation, whose
-        scores are the exact oracle already."""
-        return None if settings.method == "ablation" else self.oracle_neurons(settings,
-                                                                              clusters)
 
     def with_exact_oracle(self, exact: bool) -> "Context":
         """This context with every neuron ablated exactly (`exact`) or as many as fit the
         oracle's budget (a page's choice: the Diagnosis and Trust pages offer it)."""
         return replace(self, exact_oracle=exact)
 
-    def oracle_neurons(self, settings: AnalysisSettings,
-                       clusters: Optional[np.ndarray] = None) -> int:
-        """The neurons the checks of `settings` (on `clusters`, else this view's) and the
-        oracle table ablate exactly: every one with `exact_oracle`, else its `oracle_plan`'s."""
-        plan = self.oracle_plan(settings, clusters)
-        return plan.n_neurons if self.exact_oracle else plan.neurons
+    def diagnose_plan(self, settings: Optional[AnalysisSettings] = None,
+                      clusters: Optional[np.ndarray] = None) -> DiagnosePlan:
+        """What the checks of `settings` (this view's when None) on `clusters` measure
+        exactly (`diagnose_plan`, timed once per view and cached): the budget's, with every
+        neuron on every sample where `exact_oracle`."""
+        s = self.settings if settings is None else settings
+        clusters = self.clusters if clusters is None else clusters
+        plan = _diagnose_plan(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
+                              s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
+                              clusters, s.cluster)
+        return plan.with_oracle_neurons() if self.exact_oracle else plan
 
     def oracle_plan(self, settings: Optional[AnalysisSettings] = None,
                     clusters: Optional[np.ndarray] = None) -> OraclePlan:
-        """The default oracle of the checks of `settings` (this view's when None) on
-        `clusters`: as many neurons as fit its budget (`diagnose_oracle_plan`, timed once per
-        view and cached)."""
-        s = self.settings if settings is None else settings
-        clusters = self.clusters if clusters is None else clusters
-        return _oracle_plan(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
-                            s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
-                            clusters, s.cluster)
+        """The exact ablation the checks of `settings` and the oracle table measure
+        (`diagnose_plan`'s oracle)."""
+        return self.diagnose_plan(settings, clusters).oracle
 
     def tried_remedies(self, answer: Verdict, findings: list) -> tuple[TriedRemedy, ...]:
         """The verdict's remedies, each measured on the view it leads to (`try_remedies`):
@@ -276,9 +275,10 @@ class Context:
 
     def _findings_of(self, settings: AnalysisSettings, clusters: np.ndarray) -> list:
         s = settings
+        plan = self.diagnose_plan(s, clusters)
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
-                         keys.cluster_key(s), s.reduce, s.batch_size, "",
-                         self.checks_oracle_neurons(s, clusters), self.ws.model,
+                         keys.cluster_key(s), s.reduce, s.batch_size, "", repr(plan), plan,
+                         self.ws.model,
                          self.ws.data.inputs, self.targets, clusters, s.cluster, None,
                          ProgressLine("Trying a remedy"))
 
@@ -300,8 +300,9 @@ class Context:
     def oracle(self, methods: Sequence[str]):
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
+        plan = self.oracle_plan(s)
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
-                       s.reduce, s.batch_size, self.oracle_neurons(s),
+                       s.reduce, s.batch_size, repr(plan), plan,
                        self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                        s.cluster, ProgressLine("Comparing every method with exact ablation"))
 
@@ -311,30 +312,33 @@ class Context:
         cell empty)."""
         s = self.settings
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                          s.batch_size, tuple(methods), self.scorecard_oracle_neurons(),
+                          s.batch_size, tuple(methods), *self._scorecard_plans(),
                           self.ws.model, self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer"))
 
-    def scorecard_oracle_neurons(self) -> tuple:
-        """((layer, neurons its oracle ablates), ...) for the scorecard and its estimate
-        alike: every neuron with `exact_oracle`, else as many as fit the budget."""
-        return tuple((layer, plan.n_neurons if self.exact_oracle else plan.neurons)
-                     for layer, plan in self.scorecard_oracle_plans().items())
+    def _scorecard_plans(self) -> tuple[str, dict]:
+        """(a key, {layer: the oracle its column measures}) for the scorecard and its
+        estimate alike: every neuron on every sample with `exact_oracle`, else as many as
+        fit the budget."""
+        plans = {layer: plan.exactly() if self.exact_oracle else plan
+                 for layer, plan in self.scorecard_oracle_plans().items()}
+        return repr(sorted(plans.items())), plans
 
     def scorecard_oracle_plans(self) -> dict[str, OraclePlan]:
         """{layer: its default oracle} (`scorecard_oracle_plans`, timed once per data and
-        cached)."""
+        partition, and cached)."""
         s = self.settings
-        return _scorecard_oracle_plans(self.ws.key, self.target_key, s.batch_size,
-                                       self.ws.model, self.ws.data.inputs, self.targets)
+        return _scorecard_oracle_plans(self.ws.key, self.target_key, keys.partition_key(s),
+                                       s.batch_size, self.ws.model, self.ws.data.inputs,
+                                       self.targets, self.clusters)
 
     def scorecard_cost(self, methods: Sequence[str] = SCORECARD_METHODS) -> SampledCost:
         """What `scorecard(methods)` will take, said before it runs (`scorecard_cost`: timed
         on a sample that keeps every cluster; cached)."""
         s = self.settings
         return _scorecard_cost(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                               s.batch_size, tuple(methods), self.scorecard_oracle_neurons(),
+                               s.batch_size, tuple(methods), *self._scorecard_plans(),
                                self.ws.model, self.ws.data.inputs, self.targets,
                                s.curve_targets(self.ws.data.labels, self.targets),
                                self.clusters)
@@ -347,16 +351,37 @@ class Context:
 
     def pruning_curves(self, **run):
         """The focus cluster's pruning curves against the rest, ranked by the main method's
-        cluster scores (`AnalysisSettings.pruning_curves`); `run`: progress=, resume=."""
+        cluster scores, at the size of `curve_plan` (`AnalysisSettings.pruning_curves`);
+        `run`: progress=, resume=."""
         s = self.settings
         return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
-                                s.ranking(self.scores(s.method), self.clusters), **run)
+                                s.ranking(self.scores(s.method), self.clusters),
+                                plan=self.curve_plan(), **run)
 
     def curve_cost(self):
-        """What the pruning curves will cost (`AnalysisSettings.curve_cost`), measured once
-        per curve (a probe of a few dozen samples)."""
-        return _curve_cost(self.curve_key(), self.settings, self.ws.model, self.ws.data,
-                           self.targets)
+        """What the full pruning curves would cost (`AnalysisSettings.curve_cost`), measured
+        once per curve (a probe of a batch of samples)."""
+        return _curve_cost(self._curve_settings_key(), self.settings, self.ws.model,
+                           self.ws.data, self.targets)
+
+    def curve_plan(self) -> CurvePlan:
+        """The pruning curves' size: sized to `costs.CURVE_SECONDS`, or every k on every
+        sample with `full_curve` (`AnalysisSettings.curve_plan`; cached)."""
+        return _curve_plan(self._curve_settings_key(), self.full_curve, self.settings,
+                           self.curve_cost(), self.clusters)
+
+    def with_full_curve(self, full: bool) -> "Context":
+        """This context with the pruning curves at their full size whatever they cost
+        (`full`), or sized to their budget (the Pruning page's choice)."""
+        return replace(self, full_curve=full)
+
+    def curve_ks(self) -> list[int]:
+        """The k values of the pruning curves (`curve_plan`'s; every one of the settings'
+        where the plan cannot be timed: the curve's own error then says why)."""
+        try:
+            return self.curve_plan().ks(self.n_neurons)
+        except at.AttributionError:
+            return self.settings.curve_ks(self.n_neurons)
 
     def pruned_model_file(self, k: int) -> bytes:
         """A .pt2 of the model with the layer's k lowest-ranked neurons removed, ranked as
@@ -366,8 +391,17 @@ class Context:
                                    s.ranking(self.scores(s.method), self.clusters), k,
                                    class_names=self.ws.class_names)
 
-    def curve_key(self) -> tuple:
+    def _curve_settings_key(self) -> tuple:
         return keys.curve_key(self.ws.key, self.settings)
+
+    def curve_key(self) -> tuple:
+        """Everything the pruning curves are computed from: the settings, and the size
+        their plan gives them (`curve_plan`; the settings alone where it cannot be timed)."""
+        try:
+            plan = self.curve_plan()
+        except at.AttributionError:
+            return self._curve_settings_key()
+        return self._curve_settings_key() + (plan.points, plan.samples)
 
 
 def context() -> Context:

@@ -87,15 +87,17 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     """diagnose_cost times diagnose itself on one batch and on two (about 5% of the samples,
     in whole batches), each keeping every cluster in proportion, after an untimed run on two
     samples a cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms
-    a sample is priced at exactly that. The oracle's size is chosen once, on every sample
-    (`oracle_sample.oracle_size`), and every timed run ablates that many neurons."""
-    from attribution.analyses import diagnose as diagnosis, oracle_sample
+    a sample is priced at exactly that. The plan is made once, on every sample
+    (`diagnose.diagnose_plan`): every timed run ablates as many neurons and draws the same
+    curve."""
+    from attribution.analyses import diagnose as diagnosis
 
     clock = [0.0]
     seen = []
 
     def fake(model, layer, x, targets, method, clusters, **options):
-        seen.append((len(x), sorted(set(clusters)), len(targets), options["oracle_neurons"]))
+        plan = options["plan"]
+        seen.append((len(x), sorted(set(clusters)), len(targets), plan.oracle.neurons))
         clock[0] += 0.5 + 0.001 * len(x)
 
     def timing(model, layer, x, targets, **options):
@@ -103,7 +105,7 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
         return 2.0, 0.5, 3072  # 56 of the 3,072 fit ORACLE_SECONDS: 32 (a power of 2) drawn
 
     monkeypatch.setattr(diagnosis, "diagnose", fake)
-    monkeypatch.setattr(oracle_sample, "oracle_timing", timing)
+    monkeypatch.setattr(diagnosis, "oracle_timing", timing)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
@@ -129,11 +131,11 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     def fake(model, x, targets, clusters, **options):
         curve = options["curve_targets"]
         assert torch.equal(curve, x[:, 0].long()) and options["progress"] is None
-        assert options["oracle_neurons"] == {"fc": 64}
+        assert options["oracle_neurons"] == {"fc": OraclePlan(64, 2048, 1.0)}
         seen.append(len(x))
         clock[0] += 0.2 + 0.002 * len(x)
 
-    def sizes(model, x, targets, **options):
+    def sizes(model, x, targets, clusters, **options):
         assert len(x) == 5_000
         return {"fc": OraclePlan(64, 2048, 1.0)}
 

@@ -401,6 +401,9 @@ def test_diagnose_ablates_the_neurons_it_is_told_and_says_so(demo, tmp_path, cap
     assert in_process(*base, "--out", out, capsys=capsys)[0] in (0, 1)
     written = json.loads(out.read_text())
     assert written["oracle_neurons"] == 16
+    n_samples = len(dataset.inputs)  # every sample, the full evidence curve: they fit
+    assert written["oracle_samples"] == n_samples == written["curve_samples"]
+    assert written["curve_points"] == settings.EVIDENCE_CURVE_POINTS
     assert "drawn at random" not in {f["code"]: f for f in written["findings"]}[
         "disagrees_with_ablation"]["message"]
     with pytest.raises(SystemExit) as refused:

@@ -1,5 +1,8 @@
 """A layer too wide to ablate exactly in the oracle's budget: the Diagnosis and Trust pages
-measure a random sample of its neurons, say so with the interval, and offer every neuron."""
+measure a random sample of its neurons (and, where even the fewest pass the budget, of the
+samples), say so with the interval, and offer every neuron on every sample."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +17,8 @@ WIDTH = 192
 @pytest.fixture
 def wide_app(tmp_path, monkeypatch):
     """The dashboard on a 12 -> 192 -> 5 MLP and 300 samples, with an oracle budget that fits
-    none of its 192 neurons: the oracle measures FEWEST_ORACLE_NEURONS (32) of them."""
+    none of its 192 neurons: the oracle measures FEWEST_ORACLE_NEURONS (32) of them, on
+    FEWEST_SAMPLES (8) of each cluster's samples."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 5)).eval()
     x = torch.randn(300, 12)
@@ -34,10 +38,12 @@ def wide_app(tmp_path, monkeypatch):
 def test_the_diagnosis_page_says_its_sample_and_offers_every_neuron(wide_app):
     app = wide_app.switch_page("pages/diagnosis.py").run()
     assert_clean(app)
-    captions = " ".join(caption.value for caption in app.caption)
-    assert f"32 of the {WIDTH} neurons, drawn at random" in captions
+    captions = " ".join(caption.value for caption in app.caption).replace("\\", "")
+    focus = int(re.search(r"\((\d+) samples\)", captions).group(1))
+    assert f"32 of the {WIDTH} neurons on 8 of the {focus} samples, drawn at random" in captions
     table = app.dataframe[0].value
     assert set(table["neurons compared"]) == {f"32 of {WIDTH}"}
+    assert set(table["samples compared"]) == {f"8 of {focus}"}
     interval = r"-?\d\.\d\d \[-?\d\.\d\d, -?\d\.\d\d\]"  # "0.71 [0.64, 0.77]"
     assert table["Spearman ρ (signed)"].str.fullmatch(interval).all()
     toggle = app.toggle(key="oracle_exact")
@@ -45,18 +51,51 @@ def test_the_diagnosis_page_says_its_sample_and_offers_every_neuron(wide_app):
     toggle.set_value(True).run()
     assert_clean(app)
     table = app.dataframe[0].value
-    assert "neurons compared" not in table  # every neuron: the exact table
-    assert f"32 of the {WIDTH} neurons, drawn at random" not in " ".join(
-        caption.value for caption in app.caption)
+    assert "neurons compared" not in table and "samples compared" not in table  # exact
+    assert "drawn at random" not in " ".join(caption.value for caption in app.caption)
 
 
 def test_the_trust_page_measures_a_sample_of_the_wide_layer_and_offers_every_neuron(wide_app):
     app = wide_app.switch_page("pages/trust.py").run()
     assert_clean(app)
     toggle = app.toggle(key="scorecard_exact")
-    assert toggle.value is False and "32 of the 192 neurons" in toggle.help
+    said = re.search(r"1, 32 of the 192 neurons on (\d+) of the 300 samples, drawn at random",
+                     toggle.help.replace("\\", ""))
+    assert toggle.value is False and said, toggle.help
     table = app.dataframe[0].value
     measured = dict(zip(table["layer"], table["neurons measured"]))
     assert measured["1"] == f"32 of {WIDTH}" and measured["2"] == "all 5"
+    samples = dict(zip(table["layer"], table["samples measured"]))
+    assert samples["1"] == f"{said.group(1)} of 300" and samples["2"] == "all 300"
     captions = " ".join(caption.value for caption in app.caption).replace("\\", "")
     assert f"1: 32 of {WIDTH} neurons" in captions  # as escaped for markdown, unescaped
+
+
+def test_the_pruning_page_sizes_a_wide_curve_to_its_budget_and_offers_the_full_one(
+        wide_app, monkeypatch):
+    """A curve budget no curve fits: the page draws 9 values of k on FEWEST_SAMPLES of the
+    focus cluster and of the rest, says so, and on request every k on every sample."""
+    import streamlit as st
+
+    from attribution.analyses import costs
+    from attribution.analyses.pruning_curves import spaced_ks
+
+    monkeypatch.setattr(costs, "CURVE_SECONDS", 1e-9)
+    st.cache_data.clear()  # no plan kept from a run under another budget
+    app = wide_app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    toggle = app.toggle(key="curve_full")
+    assert toggle.value is False and toggle.label.startswith("Every k on every sample (")
+    captions = " ".join(caption.value for caption in app.caption).replace("\\", "")
+    said = re.search(r"sized to its budget: at 9 values of k on (\d+) of the 300 samples, "
+                     r"drawn at random: as many as fit in 0 s \(the full curve: ", captions)
+    assert said, captions
+    finished = app.session_state["curves"]
+    (sized,) = finished.values()
+    assert sorted(sized["k"].unique()) == spaced_ks(WIDTH, costs.FEWEST_CURVE_POINTS)
+    assert sized.attrs["n_samples"] == {"cluster": 8, "rest": 8} and said.group(1) == "16"
+    toggle.set_value(True).run()
+    assert_clean(app)
+    (full,) = [curves for key, curves in finished.items() if key[-2:] == (128, 300)]
+    assert full["k"].nunique() == 129 and sum(full.attrs["n_samples"].values()) == 300
+    assert "sized to its budget" not in " ".join(caption.value for caption in app.caption)

@@ -391,16 +391,23 @@ def test_oracle_table_uses_the_apps_words_and_rounding():
                           "top_k": [4], "n": [16]})
     shown = plots.oracle_table(table)
     assert list(shown.columns) == [words for column, words in plots.ORACLE_WORDS.items()
-                                   if column != "neurons"]  # "n" is left out
+                                   if column not in ("neurons", "samples")]  # "n" is left out
     assert shown.iloc[0].tolist() == [plots.method_label("gradient_x_activation"), "0.99",
                                       "0.50", "0.90", "0.40", "1.00", "0.75", "4"]
     sampled = plots.oracle_table(table.assign(spearman_signed_low=0.9, spearman_signed_high=1.0,
-                                              neurons=256, n_neurons=3072))
-    assert list(sampled.columns) == list(plots.ORACLE_WORDS.values())
+                                              neurons=256, n_neurons=3072, samples=16))
+    assert list(sampled.columns) == [words for column, words in plots.ORACLE_WORDS.items()
+                                     if column != "samples"]  # every sample compared
     assert sampled.iloc[0, 1] == "0.99 [0.90, 1.00]" and sampled.iloc[0, -1] == "256 of 3,072"
     assert plots.oracle_sample_words(table.assign(neurons=256, n_neurons=3072)).startswith(
-        "Exact ablation measured a random sample of the neurons, as many as fit its time "
-        "budget (256 of 3,072 neurons)")
+        "Exact ablation measured a random sample of the neurons (and, where even the fewest "
+        "pass its time budget, of the samples), as many as fit its time budget (256 of 3,072 "
+        "neurons)")
+    few = plots.oracle_table(table.assign(neurons=32, n_neurons=3072, samples=8))
+    assert list(few.columns) == list(plots.ORACLE_WORDS.values())
+    assert few.iloc[0, -2:].tolist() == ["32 of 3,072", "8 of 16"]
+    assert "(32 of 3,072 neurons and 8 of 16 samples)" in plots.oracle_sample_words(
+        table.assign(neurons=32, n_neurons=3072, samples=8))
 
 
 def test_the_reports_tables_use_the_apps_words():
