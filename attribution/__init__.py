@@ -25,7 +25,7 @@ _HOMES = {
                         "save_pt2"),
     ".analyses.oracle": ("oracle_agreement",),
     ".analyses.oracle_sample": ("OraclePlan", "OracleSample", "plan_oracle", "sample_oracle"),
-    ".analyses.scorecard": ("scorecard",),
+    ".analyses.scorecard": ("scorecard", "scorecard_cost"),
     ".analyses.diagnose": ("DiagnosePlan", "Finding", "diagnose", "diagnose_cost",
                            "diagnose_plan"),
     ".inputs.architectures": ("Architecture", "parse_architecture"),

@@ -8,8 +8,9 @@ Per model, on this machine: one forward and one forward+backward of the whole ba
 (`diagnose_plan`: the oracle as many neurons, and where needed samples, as fit
 `oracle_sample.ORACLE_SECONDS`; the evidence curve sized to `costs.CURVE_SECONDS`), each
 part's time as said against as taken; the agreement table of two methods with that oracle,
-each with its interval over the samples and the neurons drawn; and diagnose itself at its
-defaults, said (`diagnose_cost`) against taken.
+each with its interval over the samples and the neurons drawn; diagnose itself at its
+defaults and the scorecard of the layer (its default seven methods on that oracle), each
+said (`diagnose_cost`, `scorecard_cost`) against taken.
 """
 import argparse
 import time
@@ -130,6 +131,11 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
                                                         plan=planned, **options))
     diagnose_seconds, findings = timed(lambda: at.diagnose(model, layer, x, targets,
                                                            "gradient", plan=planned, **options))
+    card_plans = {layer: plan}
+    card_cost_seconds, card_cost = timed(lambda: at.scorecard_cost(
+        model, x, targets, layers=[layer], oracle_neurons=card_plans, **options))
+    card_seconds, card = timed(lambda: at.scorecard(model, x, targets, layers=[layer],
+                                                    oracle_neurons=card_plans, **options))
     samples = f" on {plan.samples} of {plan.n_samples} samples" if plan.share < 1 else ""
     curve_words = (f"{len(curve.ks(n_neurons))} k x {curve.n_random + 2} orders on "
                    f"{curve.samples} of {curve.n_samples} samples")
@@ -149,12 +155,21 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
             ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", ""),
             ("diagnose at its defaults (method gradient)", f"{diagnose_seconds:.1f} s",
              f"said/took {cost.seconds / diagnose_seconds:.2f}"),
-            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", "")]
+            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", ""),
+            (f"scorecard of this layer, {card['method'].nunique()} methods, on the oracle's "
+             "sample", f"{card_seconds:.1f} s",
+             f"said/took {card_cost.seconds / card_seconds:.2f}"),
+            ("  its estimate (scorecard_cost), computed in", f"{card_cost_seconds:.1f} s", "")]
     for row in table.itertuples():
         rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons, "
                      f"{row.samples} of {row.n} samples",
                      f"ρ = {row.spearman_signed:.2f} [{row.spearman_signed_low:.2f}, "
                      f"{row.spearman_signed_high:.2f}]", ""))
+    for row in card.itertuples():
+        rows.append((f"  scorecard {row.method}: on {row.neurons:,} of {row.n_neurons:,} "
+                     f"neurons, {row.samples} of {row.n_samples} samples",
+                     f"ρ = {row.spearman:.2f} [{row.spearman_low:.2f}, "
+                     f"{row.spearman_high:.2f}]", ""))
     for finding in findings:
         if finding.code in ("disagrees_with_ablation", "not_better_than_random"):
             rows.append((f"  {finding.code}: {finding.severity}", f"{finding.value:.2f}", ""))
