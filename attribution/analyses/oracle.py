@@ -55,7 +55,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     Args:
         model: classifier returning logits [N, n_classes]; left exactly as it was found.
         layer: dotted module name or the module itself.
-        inputs: [N, ...] tensor or array, or an iterable of batches.
+        inputs: [N, ...] tensor or array, or a re-iterable of batches (a DataLoader, a
+            list: it is read once per method; a one-shot iterator is refused).
         targets: LongTensor [N] of class ids, or None (the predicted class).
         methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
             all of `METHODS` (as registered now) leaves out those that cannot score integer
@@ -99,6 +100,11 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     for method in methods:
         check_method(method)
     check_reduce(reduce)
+    if not model_io.is_batch(model_io.named(inputs)) and iter(inputs) is inputs:
+        # a generator: the second method would find it empty
+        raise AttributionError("oracle_agreement reads the inputs once per method: pass a "
+                               "tensor, an array or a re-iterable of batches (a DataLoader, "
+                               "a list), not a one-shot iterator.")
     check_targets(targets, n_samples(inputs), inputs=inputs, accepts=(),
                   need="The oracle is the drop of one target logit per sample")
     if clusters is None:

@@ -252,6 +252,9 @@ def test_an_iterable_of_batches_gets_the_exact_table_and_its_layer_axis():
     with pytest.raises(at.AttributionError, match="held in memory"):
         at.oracle_agreement(model, "1", batches, targets, methods=["gradient"],
                             clusters=clusters, oracle_neurons=8)
+    with pytest.raises(at.AttributionError, match="not a one-shot iterator"):
+        at.oracle_agreement(model, "1", (batch for batch in batches), targets,
+                            methods=["gradient", "activation"], clusters=clusters)
 
 
 def test_the_oracle_is_timed_as_a_fixed_part_and_a_part_per_neuron(monkeypatch):
