@@ -99,3 +99,24 @@ def test_the_pruning_page_sizes_a_wide_curve_to_its_budget_and_offers_the_full_o
     (full,) = [curves for key, curves in finished.items() if key[-2:] == (128, 300)]
     assert full["k"].nunique() == 129 and sum(full.attrs["n_samples"].values()) == 300
     assert "sized to its budget" not in " ".join(caption.value for caption in app.caption)
+
+
+def test_the_diagnosis_page_says_how_its_evidence_curve_was_sized(wide_app, monkeypatch):
+    """A curve budget no curve fits: the checks' evidence curve is measured at 9 values of k
+    on FEWEST_SAMPLES of the cluster's samples, and the page and the finding say so."""
+    import streamlit as st
+
+    from attribution.analyses import costs
+
+    monkeypatch.setattr(costs, "CURVE_SECONDS", 1e-9)
+    st.cache_data.clear()  # no plan kept from a run under another budget
+    app = wide_app.switch_page("pages/diagnosis.py").run()
+    assert_clean(app)
+    captions = " ".join(caption.value for caption in app.caption).replace("\\", "")
+    focus = int(re.search(r"\((\d+) samples\)", captions).group(1))
+    assert ("The evidence curve of «not better than random» is measured at 9 values of k on "
+            f"8 of the {focus} samples, drawn at random: as many as fit in 0 s") in captions
+    shown = " ".join(element.value for kind in ("markdown", "success", "info", "warning",
+                                                 "error", "caption")
+                     for element in getattr(app, kind)).replace("\\", "")
+    assert f"at 9 values of k on 8 of the cluster's {focus} samples" in shown
