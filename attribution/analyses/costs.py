@@ -199,10 +199,7 @@ def plan_curve(fixed: float, per_pass: float, n_neurons: int, codes: np.ndarray,
     while cost > budget and min(steps, n_neurons) > FEWEST_CURVE_POINTS:
         steps = max(FEWEST_CURVE_POINTS, min(steps, n_neurons) // 2)
         cost = seconds(steps)
-    share = 1.0 if cost <= budget else budget / cost
-    samples = len(draw_samples(codes, share, seed))
-    if samples >= len(codes):
-        share = 1.0
+    share, samples = fitting_share(cost, budget, codes, seed)
     return CurvePlan(steps, n_random, share, samples, len(codes),
                      cost * samples / max(len(codes), 1), points, full, budget)
 
@@ -338,8 +335,7 @@ def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=Non
     timed on the larger size too and extrapolated linearly. In-memory inputs only (a
     tensor, an array or named inputs)."""
     total = n_rows(named(inputs))
-    codes = np.zeros(total, dtype=np.int64) if clusters is None else \
-        pd.factorize(np.asarray(clusters))[0]
+    codes = cluster_codes_of(clusters, total)
 
     def timed(rows: int, runs: int = SAMPLED_RUNS) -> tuple[int, float]:
         part = _stratified(codes, rows)
@@ -386,9 +382,19 @@ def draw_samples(codes: np.ndarray, share: float, seed: int = DEFAULT_SEED) -> n
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
+def fitting_share(seconds: float, budget: float, codes: np.ndarray,
+                  seed: int = DEFAULT_SEED) -> tuple[float, int]:
+    """(the share of each cluster's samples, of `codes` [N], that a work of `seconds` on
+    every sample may measure within `budget`: 1 where it fits; how many samples
+    `draw_samples` then draws, its floors included)."""
+    share = 1.0 if seconds <= budget else budget / seconds
+    samples = len(draw_samples(codes, share, seed))
+    return (1.0 if samples >= len(codes) else share), samples
+
+
 def take_rows(value, rows: np.ndarray):
-    """`value`'s `rows` (inputs, a tensor, an array, a list or a Series [N, ...]); None or a word
-    as it is."""
+    """`value`'s `rows` (inputs, a tensor, an array, a list or a Series [N, ...]); None or a
+    word as it is."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (list, pd.Series, pd.Index)):

@@ -10,10 +10,11 @@ the package, and the neurons, by Gross's (1980) bootstrap of a finite population
 replicated to n, m drawn from them without replacement), so the neuron part narrows as m
 grows and vanishes at m = n.
 
-Where even FEWEST_ORACLE_NEURONS neurons pass the budget on every sample (a deep tail over
-long sequences), the oracle measures a share of each cluster's samples too, drawn at random
-(`draw_samples`); the statistics then read the method's scores on those samples, and the
-samples' bootstrap resamples them.
+Where even FEWEST_ORACLE_NEURONS neurons (every neuron of a narrower layer) pass the budget
+on every sample (a deep tail over long sequences, or very many samples), the oracle
+measures a share of each cluster's samples too, drawn at random (`costs.draw_samples`); the
+statistics then read the method's scores on those samples, resampled as a sample of the
+cluster's (`sample_counts_of`), with the pivotal interval (`ranks.pivot_interval`).
 
 On m of n neurons the statistics read the m pairs (method score, oracle) the way the exact
 ones read all n: Spearman and Kendall of the pairs; the top-k overlap as the share of the
@@ -36,8 +37,8 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import (SAMPLED_RUNS, cluster_codes_of, draw_samples, fastest, layer_width,
-                    seconds_words)
+from .costs import (SAMPLED_RUNS, cluster_codes_of, draw_samples, fastest, fitting_share,
+                    layer_width, seconds_words)
 from .ranks import (bootstrap_counts, interval, pivot_interval, rank_correlation,
                     row_kendall, row_ranks, row_spearman, row_top_overlap, top_k_overlap)
 
@@ -154,7 +155,8 @@ class OraclePlan:
     """The oracle an analysis not told its size runs: `neurons` of the layer's `n_neurons`,
     each ablation taking `seconds_per_neuron` over every sample after `fixed_seconds` that
     any size pays, on `share` of each cluster's samples (`draw_samples`: `samples` of the
-    `n_samples`; 1 and all of them unless even FEWEST_ORACLE_NEURONS pass the budget)
+    `n_samples`; 1 and all of them unless even FEWEST_ORACLE_NEURONS, or every neuron of a
+    narrower layer, pass the budget on every sample)
     (`plan_oracle`)."""
 
     neurons: int
@@ -224,11 +226,7 @@ def plan_of_timing(fixed: float, per_neuron: float, n_neurons: int, codes: np.nd
     (budget None: ORACLE_SECONDS)."""
     budget = ORACLE_SECONDS if budget is None else budget
     size = oracle_size(n_neurons, per_neuron, budget, fixed)
-    cost = fixed + per_neuron * size
-    share = 1.0 if cost <= budget or size >= n_neurons else budget / cost
-    samples = len(draw_samples(codes, share, seed))
-    if samples >= len(codes):
-        share = 1.0
+    share, samples = fitting_share(fixed + per_neuron * size, budget, codes, seed)
     return OraclePlan(size, n_neurons, per_neuron, fixed, budget, share, samples, len(codes))
 
 

@@ -57,9 +57,12 @@ here. The defaults, and why:
   against the k neurons whose exact removal changes the target least (ORACLE_CHOICES).
 - k-means: DEFAULT_K clusters; `k_choices(n_samples)` the dashboard's k slider.
 - Pruning curves: DEFAULT_METRIC (accuracy), DEFAULT_N_RANDOM random orders (RANDOM_ORDERS),
-  DEFAULT_ABLATION, DEFAULT_SEED; DEFAULT_BATCH_SIZE samples per pass (BATCH_SIZES).
+  DEFAULT_ABLATION, DEFAULT_SEED; DEFAULT_BATCH_SIZE samples per pass (BATCH_SIZES); the
+  Pruning page's at CURVE_K_STEPS + 1 values of k where they fit PAGE_CURVE_SECONDS, else
+  fewer k and then samples (`AnalysisSettings.curve_plan`).
 - The degeneracy check's evidence curve: EVIDENCE_METRIC (the target logit) at
-  EVIDENCE_CURVE_POINTS + 1 values of k (`evidence_ks`); `diagnose` returns it.
+  EVIDENCE_CURVE_POINTS + 1 values of k (`evidence_ks`) where it fits `costs.CURVE_SECONDS`,
+  else fewer k and then samples (`diagnose.diagnose_plan`); `diagnose` returns it.
 - Intervals: BOOTSTRAP_DRAWS resamples of the samples. The scorecard: SCORECARD_METHODS on
   every layer, SCORECARD_N_RANDOM random orders at SCORECARD_CURVE_POINTS + 1 values of k.
 """
@@ -98,7 +101,7 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
     "DEFAULT_COMPARE", "DEFAULT_K", "K_RANGE", "BATCH_SIZES", "RANDOM_ORDERS",
     "REDUCE_CHOICES", "TARGETS", "ACTIVATION_KINDS", "EVIDENCE_METRIC", "EVIDENCE_CURVE_POINTS",
     "SCORECARD_METHODS", "BOOTSTRAP_DRAWS", "SCORECARD_N_RANDOM", "SCORECARD_CURVE_POINTS",
-    "CURVE_K_STEPS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
+    "CURVE_K_STEPS", "PAGE_CURVE_SECONDS", "REDUCTION_LABELS", "METRIC_LABELS", "TARGET_LABELS",
     "CLUSTER_SOURCE_LABELS", "DEFAULT_CLUSTER_SOURCE", "DEFAULT_TARGET",
     "REGRESSION_SOURCE_LABELS", "REGRESSION_TARGET", "is_regression", "cluster_source_label",
     "target_label", "metric_choices", "default_metric", "metric_label",
@@ -154,6 +157,11 @@ SCORECARD_N_RANDOM = 10
 SCORECARD_CURVE_POINTS = 8
 """k steps of the scorecard's curves: an area ratio needs the shape, not every k."""
 CURVE_K_STEPS = 128  # pruning curves of wider layers use evenly spaced k (every k: minutes)
+PAGE_CURVE_SECONDS = 120.0
+"""The most the Pruning page's curves may take at their default size (`curve_plan`): they
+are drawn as they compute and can be stopped, so a longer budget than an analysis's own
+curve (`costs.CURVE_SECONDS`); and a budget far above a small layer's curve, so that a busy
+machine's timing does not change its size."""
 REDUCTION_LABELS = {"mean": "signed mean", "mean_abs": "mean |·|", "std": "std"}
 METRIC_LABELS = {"accuracy": "accuracy", "target_logit": "target logit",
                  "loss": "cross-entropy loss", "squared_error": "squared error"}
@@ -480,14 +488,15 @@ class AnalysisSettings:
     def curve_plan(self, cost: CurveCost, clusters: Sequence,
                    full: bool = False) -> CurvePlan:
         """The pruning curves' size from their `curve_cost`: every one of `curve_ks` on
-        every sample where they fit `costs.CURVE_SECONDS` (always, with `full`); else fewer
-        k, then a share of the focus cluster's and of the rest's samples (`costs.plan_curve`,
+        every sample where they fit PAGE_CURVE_SECONDS (always, with `full`); else fewer k,
+        then a share of the focus cluster's and of the rest's samples (`costs.plan_curve`,
         the random orders kept)."""
         fixed = cost.seconds * cost.front_share
         per_mask = cost.seconds * (1 - cost.front_share) / max(cost.masks, 1)
         return plan_curve(fixed, per_mask, cost.n_neurons,
                           self.cluster_rows(clusters).astype(np.int64), self.n_random,
-                          CURVE_K_STEPS, budget=math.inf if full else None, seed=self.seed)
+                          CURVE_K_STEPS, budget=math.inf if full else PAGE_CURVE_SECONDS,
+                          seed=self.seed)
 
     def curve_cost(self, model: nn.Module, dataset: Dataset,
                    targets: Optional[torch.Tensor]) -> CurveCost:

@@ -66,7 +66,8 @@ def test_the_trust_page_measures_a_sample_of_the_wide_layer_and_offers_every_neu
     measured = dict(zip(table["layer"], table["neurons measured"]))
     assert measured["1"] == f"32 of {WIDTH}" and measured["2"] == "all 5"
     samples = dict(zip(table["layer"], table["samples measured"]))
-    assert samples["1"] == f"{said.group(1)} of 300" and samples["2"] == "all 300"
+    # the 5-neuron layer too: under a budget nothing fits, every neuron on a share of samples
+    assert samples["1"] == samples["2"] == f"{said.group(1)} of 300"
     captions = " ".join(caption.value for caption in app.caption).replace("\\", "")
     assert f"1: 32 of {WIDTH} neurons" in captions  # as escaped for markdown, unescaped
 
@@ -77,10 +78,10 @@ def test_the_pruning_page_sizes_a_wide_curve_to_its_budget_and_offers_the_full_o
     focus cluster and of the rest, says so, and on request every k on every sample."""
     import streamlit as st
 
-    from attribution.analyses import costs
+    from attribution.analyses import costs, settings
     from attribution.analyses.pruning_curves import spaced_ks
 
-    monkeypatch.setattr(costs, "CURVE_SECONDS", 1e-9)
+    monkeypatch.setattr(settings, "PAGE_CURVE_SECONDS", 1e-9)
     st.cache_data.clear()  # no plan kept from a run under another budget
     app = wide_app.switch_page("pages/pruning.py").run()
     assert_clean(app)
