@@ -167,14 +167,18 @@ class CurvePlan:
     def ks(self, n_neurons: int) -> list[int]:
         return spaced_ks(n_neurons, self.points)
 
-    def words(self, n_neurons: int) -> str:
+    def words(self, n_neurons: int, measured: Optional[tuple[int, int]] = None,
+              whose: str = "the") -> str:
         """"at 9 values of k on 40 of the 256 samples, drawn at random: as many as fit in
-        30 s (the full curve: about 2.1 h)"; "" when it is the full curve."""
+        30 s (the full curve: about 2.1 h)"; "" when it is the full curve. `measured`:
+        (samples, of how many) of one cluster's curve instead of the plan's over all,
+        said as `whose` samples ("the cluster's")."""
         if not self.reduced:
             return ""
+        samples, total = measured or (self.samples, self.n_samples)
         said = f"at {len(self.ks(n_neurons))} values of k"
-        if self.share < 1:
-            said += f" on {self.samples:,} of the {self.n_samples:,} samples, drawn at random"
+        if samples < total:
+            said += f" on {samples:,} of {whose} {total:,} samples, drawn at random"
         return (f"{said}: as many as fit in {self.budget:.0f} s (the full curve: "
                 f"{seconds_words(self.full_seconds)})")
 

@@ -89,8 +89,7 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_CURVE_POINTS, EVIDENCE_METRIC, METRIC_LABELS,
                        REDUCTION_LABELS, metric_label)
-from .costs import (CurvePlan, SampledCost, draw_samples, plan_curve,
-                    sampled_cost, seconds_words)
+from .costs import CurvePlan, SampledCost, draw_samples, plan_curve, sampled_cost
 from .pruning_curves import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
@@ -358,7 +357,10 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
                               labelled))
     findings.append(_worst([_random_baseline(curve, _metric_term(metric, g), plan.curve.n_random,
-                                             _curve_words(plan.curve, g, curve))
+                                             plan.curve.words(
+                                                 len(g.cluster_score),
+                                                 (curve.attrs["n_samples"], len(g.x)),
+                                                 "the cluster's"))
                             for g, curve in zip(groups, curves)], groups, labelled))
     findings.append(_worst([_oracle(g, reduce, np.random.default_rng([seed, position]))
                             for position, g in enumerate(groups)], groups, labelled))
@@ -705,19 +707,6 @@ def _evidence_curve(model, layer, group: _Evidence, metric, ablation, plan: Curv
                          seed=seed, ablation=ablation, metric=metric, batch_size=batch_size)
 
 
-def _curve_words(plan: CurvePlan, group: _Evidence, curve: pd.DataFrame) -> str:
-    """How the evidence curve was sized, where the budget cut it ("" where not): "at 9
-    values of k on 40 of the 256 samples, drawn at random: as many as fit in 30 s (...)"."""
-    if not plan.reduced:
-        return ""
-    said = f"at {len(curve)} values of k"
-    if curve.attrs["n_samples"] < len(group.x):
-        said += (f" on {curve.attrs['n_samples']:,} of the cluster's {len(group.x):,} "
-                 "samples, drawn at random")
-    return (f"{said}: as many as fit in {plan.budget:.0f} s (the full curve: "
-            f"{seconds_words(plan.full_seconds)})")
-
-
 def _metric_term(metric: str, group: _Evidence) -> str:
     """The «metric=...» term of a finding; a regression head's target logit is its output."""
     return f"«{'output_metric' if group.regression else 'metric'}={metric}»"
@@ -756,7 +745,7 @@ def _flat(group: _Evidence, curve: pd.DataFrame, metric: str) -> tuple[Finding, 
 def _random_baseline(curve: pd.DataFrame, metric: str, n_random: int, sized: str = ""
                      ) -> tuple[Finding, float]:
     """not_better_than_random from the evidence `curve`; `metric` as `_metric_term` names it;
-    `sized`: how the budget sized the curve (`_curve_words`), "" for the full curve."""
+    `sized`: how the budget sized the curve (`costs.CurvePlan.words`), "" for the full one."""
     summary = curve_summary(curve).iloc[0]
     beaten, p_value = float(summary["fraction_random_beaten"]), float(summary["p_value"])
     outside = float(summary["outside_band"])
