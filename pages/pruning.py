@@ -57,12 +57,14 @@ try:  # a wide layer: the curve sized to its budget, the full one on request
     sized = ctx.curve_plan()
 except at.AttributionError:  # a layer that cannot run: the curve's own error below
     sized = None
+sizing = st.empty()  # the toggle's place, held in every run whether or not it is drawn: what
+# follows keeps its place, so a run's chart replaces the last run's instead of standing beside it
 if sized is not None and sized.reduced:
-    full = st.toggle(f"Every k on every sample ({seconds_words(sized.full_seconds)})",
-                     key="curve_full",
-                     help="Off: as many values of k and samples as fit the curve's time "
-                          "budget, the random orders all kept. On: every value of k the "
-                          "layer's width gives, on every sample.")
+    full = sizing.toggle(f"Every k on every sample ({seconds_words(sized.full_seconds)})",
+                         key="curve_full",
+                         help="Off: as many values of k and samples as fit the curve's time "
+                              "budget, the random orders all kept. On: every value of k the "
+                              "layer's width gives, on every sample.")
     ctx = ctx.with_full_curve(full)
     if not full:
         controls[2].caption("This curve is sized to its budget: "

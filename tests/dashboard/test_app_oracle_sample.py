@@ -121,3 +121,32 @@ def test_the_diagnosis_page_says_how_its_evidence_curve_was_sized(wide_app, monk
                                                  "error", "caption")
                      for element in getattr(app, kind)).replace("\\", "")
     assert f"at 9 values of k on 8 of the cluster's {focus} samples" in shown
+
+
+def _chart_place(app) -> int:
+    """The place in the main area of the page's one chart."""
+    (place,) = [index for index, node in app.main.children.items()
+                if getattr(node, "type", None) == "plotly_chart"]
+    return place
+
+
+def test_the_pruning_chart_keeps_its_place_whether_or_not_the_curve_is_sized(
+        wide_app, monkeypatch):
+    """The sizing toggle is drawn only where the curve was sized to its budget, in a place held
+    in every run: a browser keeps a replaced run's elements until the new run ends, so a chart
+    one place lower (the plan changed between runs: a curve cost timed again on a busy
+    machine) stood beside the last run's stale chart, the page showing two curves."""
+    import streamlit as st
+
+    from attribution.analyses import settings
+
+    app = wide_app.switch_page("pages/pruning.py").run()
+    assert_clean(app)
+    assert not app.toggle  # the curve fits: no toggle
+    full_size = _chart_place(app)
+    monkeypatch.setattr(settings, "PAGE_CURVE_SECONDS", 1e-9)
+    st.cache_data.clear()
+    app.run()
+    assert_clean(app)
+    assert app.toggle(key="curve_full").value is False
+    assert _chart_place(app) == full_size

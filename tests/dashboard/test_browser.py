@@ -114,7 +114,7 @@ def test_pruning_curve_draws_live_and_completes(app):
                                    timeout=60_000)
         first_points.append(time.monotonic() - started)
         app.wait_for_text("Verdict:")
-        assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # every k of 16 neurons, both panels
+        assert app.finished_curve_points() == [17, 17]  # every k of 16 neurons, both panels
         if cluster == "0 (zero)":
             app.screenshot("2-pruning")
     median = sorted(first_points)[1]
@@ -135,7 +135,7 @@ def test_stop_button_stops_the_curve_and_the_app_keeps_working(app):
     app.page.wait_for_function(  # the summary of the points so far also says "Verdict:"
         f"() => {{ const n = ({RANKED_POINTS})(); return n.length && n.every(k => k === 33); }}",
         polling=50, timeout=120_000)
-    assert app.page.evaluate(RANKED_POINTS) == [33, 33]
+    assert app.finished_curve_points() == [33, 33]
 
 
 def test_diagnosis_page(app):
@@ -170,7 +170,7 @@ def test_upload_model_and_data_then_choose_and_see_every_chart(app):
     app.screenshot("5-scores-uploaded-cnn")
     app.go_to("Pruning curves")
     app.wait_for_text("Verdict:", timeout_s=120)
-    assert app.page.evaluate(RANKED_POINTS) == [17, 17]  # 16 channels
+    assert app.finished_curve_points() == [17, 17]  # 16 channels
 
 
 def test_a_bad_upload_shows_a_readable_message(app, tmp_path):

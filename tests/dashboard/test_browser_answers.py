@@ -137,7 +137,7 @@ def test_leaving_the_pruning_page_mid_curve_and_coming_back_resumes(app):
         time.monotonic() - started
     app.screenshot("answers-5-pruning-resumed")
     app.wait_for_text("Verdict:", timeout_s=300)
-    assert app.page.evaluate(RANKED_POINTS) == [33, 33]
+    assert app.finished_curve_points() == [33, 33]
 
 
 TEXT_FITS = """() => [...document.querySelectorAll(

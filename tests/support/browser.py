@@ -146,6 +146,14 @@ class App:
             f"() => {{ const n = ({RANKED_POINTS})(); return n.length ? n : null; }}",
             polling=20, timeout=30_000).json_value()
 
+    def finished_curve_points(self) -> list[int]:
+        """`ranked_points` of the finished pruning curve, once its page shows one chart:
+        the finished run's chart stands where the computing run's stood, but the browser
+        keeps an earlier run's elements, greyed, until the run that replaces them ends."""
+        return self.page.wait_for_function(
+            f"() => {{ const n = ({RANKED_POINTS})(); return n.length === 2 ? n : null; }}",
+            polling=50, timeout=60_000).json_value()
+
     @contextmanager
     def server_paused_mid_curve(self) -> Iterator[list[int]]:
         """Freeze the Streamlit server (SIGSTOP) at the first points of the pruning curve it is
