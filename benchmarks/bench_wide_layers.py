@@ -1,7 +1,8 @@
 """Research-size layers: GPT-2 small's h.6 MLP (3,072 neurons) and a ResNet-50-shaped last
 stage (2,048 channels), both with random weights built from their shapes (no downloads).
 
-    python -m benchmarks.bench_wide_layers [--sequences 256] [--images 64] [--results FILE]
+    python -m benchmarks.bench_wide_layers [--sequences 256] [--images 64] [--only MODEL]
+                                           [--no-scorecard] [--results FILE]
 
 Per model, on this machine: one forward and one forward+backward of the whole batch; the
 `gradient` scores of every neuron against that forward+backward; diagnose's plan
@@ -104,7 +105,7 @@ def forward_backward(model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
 
 
 def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
-            batch_size: int) -> None:
+            batch_size: int, with_scorecard: bool = True) -> None:
     layer = LAYERS[name]
     with torch.no_grad():
         forward = timed(lambda: [model(x[s:s + batch_size]) for s in range(0, len(x),
@@ -132,10 +133,11 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
     diagnose_seconds, findings = timed(lambda: at.diagnose(model, layer, x, targets,
                                                            "gradient", plan=planned, **options))
     card_plans = {layer: plan}
-    card_cost_seconds, card_cost = timed(lambda: at.scorecard_cost(
-        model, x, targets, layers=[layer], oracle_neurons=card_plans, **options))
-    card_seconds, card = timed(lambda: at.scorecard(model, x, targets, layers=[layer],
-                                                    oracle_neurons=card_plans, **options))
+    if with_scorecard:
+        card_cost_seconds, card_cost = timed(lambda: at.scorecard_cost(
+            model, x, targets, layers=[layer], oracle_neurons=card_plans, **options))
+        card_seconds, card = timed(lambda: at.scorecard(model, x, targets, layers=[layer],
+                                                        oracle_neurons=card_plans, **options))
     samples = f" on {plan.samples} of {plan.n_samples} samples" if plan.share < 1 else ""
     curve_words = (f"{len(curve.ks(n_neurons))} k x {curve.n_random + 2} orders on "
                    f"{curve.samples} of {curve.n_samples} samples")
@@ -155,17 +157,19 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
             ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", ""),
             ("diagnose at its defaults (method gradient)", f"{diagnose_seconds:.1f} s",
              f"said/took {cost.seconds / diagnose_seconds:.2f}"),
-            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", ""),
-            (f"scorecard of this layer, {card['method'].nunique()} methods, on the oracle's "
-             "sample", f"{card_seconds:.1f} s",
-             f"said/took {card_cost.seconds / card_seconds:.2f}"),
-            ("  its estimate (scorecard_cost), computed in", f"{card_cost_seconds:.1f} s", "")]
+            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", "")]
+    if with_scorecard:
+        rows += [(f"scorecard of this layer, {card['method'].nunique()} methods, on the "
+                  "oracle's sample", f"{card_seconds:.1f} s",
+                  f"said/took {card_cost.seconds / card_seconds:.2f}"),
+                 ("  its estimate (scorecard_cost), computed in", f"{card_cost_seconds:.1f} s",
+                  "")]
     for row in table.itertuples():
         rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons, "
                      f"{row.samples} of {row.n} samples",
                      f"ρ = {row.spearman_signed:.2f} [{row.spearman_signed_low:.2f}, "
                      f"{row.spearman_signed_high:.2f}]", ""))
-    for row in card.itertuples():
+    for row in card.itertuples() if with_scorecard else ():
         rows.append((f"  scorecard {row.method}: on {row.neurons:,} of {row.n_neurons:,} "
                      f"neurons, {row.samples} of {row.n_samples} samples",
                      f"ρ = {row.spearman:.2f} [{row.spearman_low:.2f}, "
@@ -189,11 +193,16 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=256)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--only", choices=sorted(LAYERS))
+    parser.add_argument("--no-scorecard", action="store_true",
+                        help="leave out the scorecard and its estimate (minutes on GPT-2)")
     args = parser.parse_args()
+    with_scorecard = not args.no_scorecard
     if args.only in (None, "resnet"):
-        measure("resnet", *resnet50_last_stage(args.images), batch_size=64)
+        measure("resnet", *resnet50_last_stage(args.images), batch_size=64,
+                with_scorecard=with_scorecard)
     if args.only in (None, "gpt2"):
-        measure("gpt2", *gpt2_small(args.sequences), batch_size=64)
+        measure("gpt2", *gpt2_small(args.sequences), batch_size=64,
+                with_scorecard=with_scorecard)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -272,15 +272,30 @@ class SampledCost:
     n_samples: int
     timed: tuple[int, ...]
     bound: bool = False
+    planned: tuple[tuple[str, float], ...] = ()
+    """(what, seconds) of the parts sized by a plan (exact ablation, an evidence curve),
+    already in `seconds`: estimated by the plan that sized them, not timed here."""
+
+    def with_planned(self, *parts: tuple[str, float]) -> "SampledCost":
+        """This cost with the `parts` a plan sized, (what, seconds) each, added."""
+        return replace(self, seconds=self.seconds + sum(seconds for _, seconds in parts),
+                       planned=self.planned + tuple(parts))
 
     def words(self) -> str:
         sizes = " and ".join(map(str, self.timed))
+        timed = self.seconds - sum(seconds for _, seconds in self.planned)
         if self.bound:
-            return (f"at most {max(self.seconds, 1):.0f} s ({self.what} timed on {sizes} of "
-                    f"the {self.n_samples} samples, every cluster kept, and scaled up: an "
-                    "upper bound)")
-        return (f"{seconds_words(self.seconds)} ({self.what} timed on {sizes} of the "
-                f"{self.n_samples} samples, every cluster kept, and extrapolated)")
+            said = f"at most {max(self.seconds, 1):.0f} s"
+            how = (f"{self.what} timed on {sizes} of the {self.n_samples} samples, every "
+                   "cluster kept, and scaled up: an upper bound")
+        else:
+            said = seconds_words(self.seconds)
+            how = (f"{self.what} timed on {sizes} of the {self.n_samples} samples, every "
+                   "cluster kept, and extrapolated")
+        if not self.planned:
+            return f"{said} ({how})"
+        parts = ", ".join(f"{what} {seconds_words(seconds)}" for what, seconds in self.planned)
+        return f"{said}: {parts} as planned, and {seconds_words(timed)} more ({how})"
 
 
 COST_PROBE_ROWS = 64

@@ -285,37 +285,26 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     names, codes = _analysed(clusters, cluster, x.shape[0])
     sample_ids = np.flatnonzero(codes >= 0)  # the analysed samples' positions in the inputs
     options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
-    fitted_scores = None  # a method fitted to the clusters is fitted on every sample's
-    if REGISTRY[method].fit is not None:
-        fitted_scores = neuron_scores(model, layer, x, targets, method, clusters=clusters,
-                                      **options).numpy()[sample_ids]
-    if cluster is not None:
-        keep = torch.from_numpy(codes >= 0)
-        if isinstance(user_scores, torch.Tensor):
-            user_scores = user_scores.detach().cpu().numpy()
-        if user_scores is not None and np.ndim(user_scores) == 2 and len(user_scores) == len(keep):
-            user_scores = np.asarray(user_scores)[codes >= 0]  # every sample's rows given
-        x = x[keep]
-        targets = targets[keep] if targets is not None else None
-        codes = codes[codes >= 0]
 
     def report(fraction: float, findings: list) -> None:
         if progress is not None:
             progress(fraction, list(findings))
 
-    about: dict = {}  # a path method's sum check
-    scores = fitted_scores if fitted_scores is not None else neuron_scores(
-        model, layer, x, targets, method,  # from the first batch on
-        progress=lambda fraction: report(0.2 * fraction, []), about=about, **options).numpy()
-    logits = _logits(model, x, batch_size)
+    measured = _measure(model, layer, x, targets, method, clusters, codes, options,
+                        progress=lambda fraction: report(0.2 * fraction, []))
+    if cluster is not None:
+        if isinstance(user_scores, torch.Tensor):
+            user_scores = user_scores.detach().cpu().numpy()
+        if user_scores is not None and np.ndim(user_scores) == 2 and len(user_scores) == len(codes):
+            user_scores = np.asarray(user_scores)[codes >= 0]  # every sample's rows given
+        codes = codes[codes >= 0]
+    x, targets, scores, logits = measured.x, measured.targets, measured.scores, measured.logits
+    gradients, activations, about = measured.gradients, measured.activations, measured.about
     report(0.2, [])
     if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):
         finding = _non_finite(scores, logits.numpy(), sample_ids)
         report(1.0, [finding])
         return [finding]
-    gradients = (scores if method == "gradient"
-                 else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
-    activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
     if plan is None:
         plan = _plan(model, layer, x, targets, codes, oracle_neurons, n_random, seed,
                      batch_size, device)
@@ -377,29 +366,35 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                   method: str = DEFAULT_METHOD, clusters=None, *, cluster=None,
                   **options) -> SampledCost:
     """The seconds `diagnose(model, layer, inputs, targets, method, clusters, cluster=...,
-    **options)` will take, said before it runs: diagnose timed on samples that keep every
-    cluster (`costs.sampled_cost`) and extrapolated. Every part of it (the scores, exact
-    ablation, the evidence curve, the bootstrap) grows with the samples, and each cluster
-    adds a fixed part, which the samples keep: the timing holds whatever the model, where
-    the masked-pass model of `costs.curve_cost` leaves out all but the curve and ablation.
-    The plan (`diagnose_plan`) is made first, on all the samples, and kept: the timing and
-    the run ablate the same neurons on the same share of the samples, and draw the same
-    curve. In-memory inputs only (a tensor, an array or named inputs)."""
-    if options.get("plan") is None:
-        planned = {key: options.pop(key) for key in ("oracle_neurons", "n_random")
-                   if key in options}
-        options["plan"] = diagnose_plan(
-            model, layer, inputs, targets, clusters, cluster=cluster, **planned,
-            seed=options.get("seed", DEFAULT_SEED),
-            batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
-            device=options.get("device"))
+    **options)` will take, said before it runs. Its two long parts are sized by its plan
+    (`diagnose_plan`, made first on every sample unless given, and kept: the run ablates
+    the same neurons on the same samples and draws the same curve), whose seconds they take
+    as estimated: exact ablation and the evidence curve. The rest (the method's scores, the
+    gradients, activations and logits) is timed on samples that keep every cluster
+    (`costs.sampled_cost`) and extrapolated; what follows is arithmetic on those. On data of
+    one batch the estimate so costs the scores, not the diagnosis. In-memory inputs only (a
+    tensor, an array or named inputs)."""
+    check_method(method)
+    plan = options.get("plan")
+    batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
+    if plan is None:
+        plan = diagnose_plan(model, layer, inputs, targets, clusters, cluster=cluster,
+                             oracle_neurons=options.get("oracle_neurons"),
+                             n_random=options.get("n_random", DEFAULT_N_RANDOM),
+                             seed=options.get("seed", DEFAULT_SEED), batch_size=batch_size,
+                             device=options.get("device"))
+    placed = on_device(model, options.get("device"))
+    measures = dict(batch_size=batch_size, n_steps=options.get("n_steps", DEFAULT_N_STEPS),
+                    seed=options.get("seed", DEFAULT_SEED))
 
     def run(sample) -> None:
-        diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
-                 cluster=cluster, **options)
+        x, chosen = _materialise(placed, sample(inputs), sample(targets), batch_size)
+        codes = _analysed(sample(clusters), cluster, x.shape[0])[1]
+        _measure(placed, layer, x, chosen, method, sample(clusters), codes, measures)
 
-    return sampled_cost("diagnose", run, inputs, clusters,
-                        options.get("batch_size", DEFAULT_BATCH_SIZE))
+    rest = sampled_cost("the scores", run, inputs, clusters, batch_size)
+    planned = [("exact ablation", plan.oracle.seconds)] if method != "ablation" else []
+    return rest.with_planned(*planned, ("the evidence curve", plan.curve.seconds))
 
 
 def diagnose_plan(model: nn.Module, layer, inputs: Inputs, targets=None, clusters=None, *,
@@ -436,6 +431,46 @@ def _plan(model, layer, x, targets, codes: np.ndarray,
 
 
 # ------------------------------------------------------------------------------ inputs
+
+@dataclass(frozen=True)
+class _Measured:
+    """What diagnose measures before exact ablation and the evidence curve, on the analysed
+    samples (m of them): their inputs `x` [m, ...] and `targets` [m] (or None), `method`'s
+    `scores`, the `gradients` and `activations` [m, n] each, the `logits` [m, classes], and
+    the method's side results (`about`: a path method's sum check)."""
+
+    x: torch.Tensor
+    targets: Optional[torch.Tensor]
+    scores: np.ndarray
+    logits: torch.Tensor
+    gradients: np.ndarray
+    activations: np.ndarray
+    about: dict
+
+
+def _measure(model, layer, x: torch.Tensor, targets, method: str, clusters, codes: np.ndarray,
+             options: dict, progress: Optional[Callable[[float], None]] = None) -> _Measured:
+    """`_Measured` of the samples whose `codes` [N] are >= 0, of every sample's inputs `x`
+    [N, ...] and `targets` [N]. A method fitted to the clusters is fitted on every sample;
+    `progress(fraction)` follows the method's scores."""
+    analysed = codes >= 0
+    scores = None
+    if REGISTRY[method].fit is not None:
+        scores = neuron_scores(model, layer, x, targets, method, clusters=clusters,
+                               **options).numpy()[analysed]
+    if not analysed.all():
+        keep = torch.from_numpy(analysed)
+        x, targets = x[keep], (targets[keep] if targets is not None else None)
+    about: dict = {}
+    if scores is None:
+        scores = neuron_scores(model, layer, x, targets, method, progress=progress,
+                               about=about, **options).numpy()
+    logits = _logits(model, x, options["batch_size"])
+    gradients = (scores if method == "gradient"
+                 else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
+    activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
+    return _Measured(x, targets, scores, logits, gradients, activations, about)
+
 
 def _materialise(model, inputs: Inputs, targets, batch_size: int):
     """(x [N, ...] on the model's device, targets LongTensor [N] or None)."""

@@ -83,40 +83,59 @@ def test_named_inputs_are_probed_and_scaled_by_their_rows():
     assert cost.n_samples == x.shape[0] and cost.masks == costs.distinct_masks(16, 2, [0, 4], 0)
 
 
-def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(monkeypatch):
-    """diagnose_cost times diagnose itself on one batch and on two (about 5% of the samples,
-    in whole batches), each keeping every cluster in proportion, after an untimed run on two
-    samples a cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms
-    a sample is priced at exactly that. The plan is made once, on every sample
-    (`diagnose.diagnose_plan`): every timed run ablates as many neurons and draws the same
-    curve."""
+def test_a_diagnosis_is_priced_by_its_plan_and_its_scores_timed_on_samples(monkeypatch):
+    """diagnose_cost takes exact ablation and the evidence curve at the seconds their plan
+    says (the plan made once, on every sample: `diagnose.diagnose_plan`), and times the rest
+    (the scores, gradients, activations, logits: `diagnose._measure`) on one batch and on two
+    (about 5% of the samples, in whole batches), each keeping every cluster in proportion,
+    after an untimed run on two samples a cluster, extrapolated linearly: a measurement
+    costing 0.3 s + 1 ms a sample is priced at exactly that, plus the plan. Nothing is
+    ablated."""
     from attribution.analyses import diagnose as diagnosis
 
     clock = [0.0]
     seen = []
 
-    def fake(model, layer, x, targets, method, clusters, **options):
-        plan = options["plan"]
-        seen.append((len(x), sorted(set(clusters)), len(targets), plan.oracle.neurons))
-        clock[0] += 0.5 + 0.001 * len(x)
+    def fake(model, layer, x, targets, method, clusters, codes, options):
+        seen.append((len(x), sorted(set(clusters)), len(targets), len(codes)))
+        clock[0] += 0.3 + 0.001 * len(x)
 
     def timing(model, layer, x, targets, **options):
         assert len(x) == 10_000 and len(targets) == 10_000
         return 2.0, 0.5, 3072  # 56 of the 3,072 fit ORACLE_SECONDS: 32 (a power of 2) drawn
 
-    monkeypatch.setattr(diagnosis, "diagnose", fake)
+    def never(*args, **kwargs):
+        raise AssertionError("the estimate ran exact ablation or a curve")
+
+    monkeypatch.setattr(diagnosis, "_measure", fake)
+    monkeypatch.setattr(diagnosis, "_materialise", lambda model, x, targets, size: (x, targets))
+    monkeypatch.setattr(diagnosis, "on_device", lambda model, device: model)
     monkeypatch.setattr(diagnosis, "oracle_timing", timing)
+    for name in ("sample_oracle", "pruning_curve", "diagnose"):
+        monkeypatch.setattr(diagnosis, name, never)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
+    plan = diagnosis.diagnose_plan(None, "fc", x, targets, clusters)
+    assert plan.oracle.neurons == 32 and plan.oracle.seconds > 0 and plan.curve.seconds > 0
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
     # each cluster in proportion (rounded), at least two; a timing over
     # REPEAT_WHILE_SECONDS is not repeated
     assert [rows for rows, _, _, _ in seen] == [8, 256, 511]
-    assert all(found == ["a", "b", "c", "d"] and n == rows and neurons == 32
-               for rows, found, n, neurons in seen)
-    assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
-    assert cost.timed == (256, 511) and "timed on 256 and 511 of the 10000" in cost.words()
+    assert all(found == ["a", "b", "c", "d"] and n == rows == codes
+               for rows, found, n, codes in seen)
+    assert cost.planned == (("exact ablation", plan.oracle.seconds),
+                            ("the evidence curve", plan.curve.seconds))
+    assert cost.seconds == pytest.approx(0.3 + 0.001 * 10_000 + plan.oracle.seconds
+                                         + plan.curve.seconds)
+    words = cost.words()
+    assert words.startswith(f"{costs.seconds_words(cost.seconds)}: exact ablation "
+                            f"{costs.seconds_words(plan.oracle.seconds)}, the evidence curve ")
+    assert f"as planned, and {costs.seconds_words(10.3)} more (the scores timed on 256 and " \
+           "511 of the 10000 samples" in words
+    seen.clear()
+    exact = diagnosis.diagnose_cost(None, "fc", x, targets, "ablation", clusters, plan=plan)
+    assert [what for what, _ in exact.planned] == ["the evidence curve"]  # its scores ablate
 
 
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):

@@ -204,17 +204,23 @@ def test_the_pruning_page_says_the_curves_cost_and_its_cheaper_setting_first(mon
 ])
 def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatch, cold,
                                                                        page, patched, said):
-    """The work is timed on a sample first (`diagnose_cost`, `scorecard_cost`: the sampled
-    runs have no progress line) and said above its result; then the work runs on every
-    sample."""
-    real, calls = getattr(at, patched), []
+    """The work is priced first (`diagnose_cost`, `scorecard_cost`: the estimate times
+    what it times on samples, `costs.sampled_cost`) and said above its result; then the work
+    runs on every sample."""
+    from attribution.analyses import diagnose, scorecard
+    module = diagnose if patched == "diagnose" else scorecard
+    real, real_cost, calls = getattr(at, patched), module.sampled_cost, []
 
     def recorded(*args, progress=None, **kwargs):
-        calls.append("work" if progress is not None else "timing")
+        calls.append("work" if progress is not None else "run timed")
         return real(*args, progress=progress, **kwargs)
+
+    def timing(*args, **kwargs):
+        calls.append("timing")
+        return real_cost(*args, **kwargs)
     monkeypatch.setattr(at, patched, recorded)
-    from attribution.analyses import diagnose, scorecard
-    monkeypatch.setattr(diagnose if patched == "diagnose" else scorecard, patched, recorded)
+    monkeypatch.setattr(module, patched, recorded)
+    monkeypatch.setattr(module, "sampled_cost", timing)
     app = run_app()
     app.switch_page(page).run()
     assert_clean(app)
@@ -223,4 +229,4 @@ def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatc
                                          words[0]), words
     assert "timing" in calls and calls.index("timing") < calls.index("work"), calls
     app.run()  # a rerun: both cached, nothing timed again
-    assert calls.count("work") == 1
+    assert calls.count("work") == 1 and calls.count("timing") == 1
