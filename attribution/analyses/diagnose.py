@@ -89,7 +89,8 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_CURVE_POINTS, EVIDENCE_METRIC, METRIC_LABELS,
                        REDUCTION_LABELS, metric_label)
-from .costs import CurvePlan, SampledCost, draw_samples, plan_curve, sampled_cost
+from .costs import (CurvePlan, SampledCost, draw_samples, plan_curve, probe_sizes,
+                    sampled_cost)
 from .pruning_curves import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
@@ -316,18 +317,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
     reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
 
-    groups = []
-    generator = np.random.default_rng(seed)  # the same resamples for the same call
-    for index, name in enumerate(names):
-        rows = np.flatnonzero(codes == index)
-        part = torch.from_numpy(rows)
-        group_scores = scores[rows]
-        groups.append(_Evidence(
-            name, x[part], targets[part] if targets is not None else None, group_scores,
-            reduce_scores(group_scores, reduce), gradients[rows], activations[rows],
-            oracle.rows(rows), float(logits[part].double().std()) if len(rows) else 0.0,
-            reach[rows], bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
-            logits.shape[1] == 1))
+    groups = _groups(names, codes, measured, oracle, reach, reduce, seed)
     labelled = len(groups) > 1
     everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
@@ -366,35 +356,56 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                   method: str = DEFAULT_METHOD, clusters=None, *, cluster=None,
                   **options) -> SampledCost:
     """The seconds `diagnose(model, layer, inputs, targets, method, clusters, cluster=...,
-    **options)` will take, said before it runs. Its two long parts are sized by its plan
-    (`diagnose_plan`, made first on every sample unless given, and kept: the run ablates
-    the same neurons on the same samples and draws the same curve), whose seconds they take
-    as estimated: exact ablation and the evidence curve. The rest (the method's scores, the
-    gradients, activations and logits) is timed on samples that keep every cluster
-    (`costs.sampled_cost`) and extrapolated; what follows is arithmetic on those. On data of
-    one batch the estimate so costs the scores, not the diagnosis. In-memory inputs only (a
-    tensor, an array or named inputs)."""
+    **options)` will take, said before it runs. Its plan (`diagnose_plan`, made first on
+    every sample unless given, and kept: the run ablates the same neurons on the same
+    samples and draws the same curve) sizes its two long parts, exact ablation and the
+    evidence curve. Where both run on every sample and the data is more than one timing's
+    sample, diagnose itself is timed on samples that keep every cluster
+    (`costs.sampled_cost`) and extrapolated: every part grows with the samples. Where the
+    plan measures a share of the samples (a part that no longer grows with them), or one
+    sample would be all the data (the estimate would cost the work), those two parts are
+    taken at the plan's seconds and only the rest is timed (the scores, gradients,
+    activations and logits, the bootstrap and the agreement, on the scores in the
+    ablation's place). In-memory inputs only (a tensor, an array or named inputs)."""
     check_method(method)
-    plan = options.get("plan")
     batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
-    if plan is None:
-        plan = diagnose_plan(model, layer, inputs, targets, clusters, cluster=cluster,
-                             oracle_neurons=options.get("oracle_neurons"),
-                             n_random=options.get("n_random", DEFAULT_N_RANDOM),
-                             seed=options.get("seed", DEFAULT_SEED), batch_size=batch_size,
-                             device=options.get("device"))
+    if options.get("plan") is None:
+        planned = {key: options.pop(key) for key in ("oracle_neurons", "n_random")
+                   if key in options}
+        options["plan"] = diagnose_plan(
+            model, layer, inputs, targets, clusters, cluster=cluster, **planned,
+            seed=options.get("seed", DEFAULT_SEED), batch_size=batch_size,
+            device=options.get("device"))
+    plan = options["plan"]
+    total = model_io.n_rows(model_io.named(inputs))
+    if plan.oracle.share >= 1 and plan.curve.share >= 1 and \
+            probe_sizes(total, batch_size)[0] < total:
+        def run(sample) -> None:
+            diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
+                     cluster=cluster, **options)
+
+        return sampled_cost("diagnose", run, inputs, clusters, batch_size)
     placed = on_device(model, options.get("device"))
     measures = dict(batch_size=batch_size, n_steps=options.get("n_steps", DEFAULT_N_STEPS),
                     seed=options.get("seed", DEFAULT_SEED))
+    reduce, seed = options.get("reduce", DEFAULT_REDUCE), measures["seed"]
 
-    def run(sample) -> None:
+    def rest(sample) -> None:  # diagnose on `sample` but for ablation and the curve
         x, chosen = _materialise(placed, sample(inputs), sample(targets), batch_size)
-        codes = _analysed(sample(clusters), cluster, x.shape[0])[1]
-        _measure(placed, layer, x, chosen, method, sample(clusters), codes, measures)
+        names, codes = _analysed(sample(clusters), cluster, x.shape[0])
+        measured = _measure(placed, layer, x, chosen, method, sample(clusters), codes,
+                            measures)
+        neurons = np.arange(min(plan.oracle.neurons, measured.scores.shape[1]))
+        stand_in = OracleSample(neurons, measured.scores.shape[1],  # its shape, not its passes
+                                measured.scores[:, neurons])
+        groups = _groups(names, codes[codes >= 0], measured, stand_in,
+                         np.abs(measured.gradients), reduce, seed)
+        for position, group in enumerate(groups):
+            _oracle(group, reduce, np.random.default_rng([seed, position]))
 
-    rest = sampled_cost("the scores", run, inputs, clusters, batch_size)
+    timed = sampled_cost("the scores", rest, inputs, clusters, batch_size)
     planned = [("exact ablation", plan.oracle.seconds)] if method != "ablation" else []
-    return rest.with_planned(*planned, ("the evidence curve", plan.curve.seconds))
+    return timed.with_planned(*planned, ("the evidence curve", plan.curve.seconds))
 
 
 def diagnose_plan(model: nn.Module, layer, inputs: Inputs, targets=None, clusters=None, *,
@@ -470,6 +481,27 @@ def _measure(model, layer, x: torch.Tensor, targets, method: str, clusters, code
                  else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
     activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
     return _Measured(x, targets, scores, logits, gradients, activations, about)
+
+
+def _groups(names: list, codes: np.ndarray, measured: _Measured, oracle: OracleSample,
+            reach: np.ndarray, reduce: str, seed: int) -> list[_Evidence]:
+    """One `_Evidence` per cluster of `names`, of the analysed samples of `codes` [m]
+    (index into names), with its bootstrap resamples (the same for the same seed)."""
+    x, targets, logits = measured.x, measured.targets, measured.logits
+    generator = np.random.default_rng(seed)
+    groups = []
+    for index, name in enumerate(names):
+        rows = np.flatnonzero(codes == index)
+        part = torch.from_numpy(rows)
+        group_scores = measured.scores[rows]
+        groups.append(_Evidence(
+            name, x[part], targets[part] if targets is not None else None, group_scores,
+            reduce_scores(group_scores, reduce), measured.gradients[rows],
+            measured.activations[rows], oracle.rows(rows),
+            float(logits[part].double().std()) if len(rows) else 0.0, reach[rows],
+            bootstrap_counts(max(1, len(rows)), BOOTSTRAP_DRAWS, generator),
+            logits.shape[1] == 1))
+    return groups
 
 
 def _materialise(model, inputs: Inputs, targets, batch_size: int):

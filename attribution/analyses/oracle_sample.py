@@ -37,7 +37,7 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import (SAMPLED_RUNS, cluster_codes_of, draw_samples, fastest, fitting_share,
+from .costs import (cluster_codes_of, draw_samples, fastest, fitting_share,
                     layer_width, seconds_words)
 from .ranks import (bootstrap_counts, interval, pivot_interval, rank_correlation,
                     row_kendall, row_ranks, row_spearman, row_top_overlap, top_k_overlap)
@@ -49,7 +49,15 @@ FEWEST_ORACLE_NEURONS = 32
 """The fewest neurons a sampled oracle ablates, whatever the budget (all, when fewer): a
 rank correlation on fewer says little."""
 PROBE_NEURONS = 4
-"""Neurons ablated beyond one, on one batch, to time the oracle (`oracle_timing`)."""
+"""Neurons ablated beyond one, on one batch, to time the oracle (`oracle_timing`): at
+first; more where their time is lost in the timing's noise."""
+MEASURABLE_SECONDS = 0.05
+"""The least time the neurons beyond one must add to the probe for `oracle_timing` to read
+their share from it: four cheap neurons add a millisecond, which the noise of two runs
+outweighs (a curve planned at a twentieth of its time)."""
+TIMING_RUNS = 5
+"""The most timed runs of each of `oracle_timing`'s probes, the fastest kept (they stop
+after `costs.REPEAT_WHILE_SECONDS`: a long probe runs once)."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +134,10 @@ def oracle_timing(model: nn.Module, layer, inputs: Inputs, targets=None, *,
                   device=None) -> tuple[float, float, int]:
     """(seconds of the passes every oracle pays, seconds per neuron ablated, the layer's n),
     over all the samples: exact ablation of 1 and of 1 + PROBE_NEURONS neurons timed on one
-    batch (after one neuron on two samples has built the runner), the difference the
-    neurons' share, the rest the fixed part (the model up to the layer, once per batch),
-    both scaled by the number of samples. In-memory inputs only."""
+    batch (after one neuron on two samples has built the runner; four times as many until
+    they add MEASURABLE_SECONDS, or every neuron), the difference the neurons' share, the
+    rest the fixed part (the model up to the layer, once per batch), both scaled by the
+    number of samples. In-memory inputs only."""
     total = n_rows(inputs)
     n_neurons = layer_width(model, layer, inputs, device)
     rows = min(total, batch_size)
@@ -141,11 +150,15 @@ def oracle_timing(model: nn.Module, layer, inputs: Inputs, targets=None, *,
     def seconds(count: int) -> float:
         return fastest(lambda: neuron_scores(model, layer, probe, probe_targets, "ablation",
                                               neurons=np.arange(count), **options),
-                        SAMPLED_RUNS)
+                        TIMING_RUNS)
 
     extra = min(PROBE_NEURONS, n_neurons - 1)
     one = seconds(1)
-    per_neuron = max(seconds(1 + extra) - one, 0.0) / extra if extra else one
+    more = seconds(1 + extra) if extra else 2 * one
+    while more - one < MEASURABLE_SECONDS and extra < n_neurons - 1:
+        extra = min(4 * extra, n_neurons - 1)
+        more = seconds(1 + extra)
+    per_neuron = max(more - one, 0.0) / extra if extra else one
     scale = total / rows
     return max(one - per_neuron, 0.0) * scale, per_neuron * scale, n_neurons
 

@@ -83,10 +83,51 @@ def test_named_inputs_are_probed_and_scaled_by_their_rows():
     assert cost.n_samples == x.shape[0] and cost.masks == costs.distinct_masks(16, 2, [0, 4], 0)
 
 
-def test_a_diagnosis_is_priced_by_its_plan_and_its_scores_timed_on_samples(monkeypatch):
-    """diagnose_cost takes exact ablation and the evidence curve at the seconds their plan
+def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(monkeypatch):
+    """Where its plan ablates and draws its curve on every sample, diagnose_cost times
+    diagnose itself on one batch and on two (about 5% of the samples, in whole batches),
+    each keeping every cluster in proportion, after an untimed run on two samples a
+    cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms a sample
+    is priced at exactly that. The plan is made once, on every sample
+    (`diagnose.diagnose_plan`): every timed run ablates as many neurons and draws the same
+    curve."""
+    from attribution.analyses import diagnose as diagnosis
+
+    clock = [0.0]
+    seen = []
+
+    def fake(model, layer, x, targets, method, clusters, **options):
+        plan = options["plan"]
+        seen.append((len(x), sorted(set(clusters)), len(targets), plan.oracle.neurons))
+        clock[0] += 0.5 + 0.001 * len(x)
+
+    def timing(model, layer, x, targets, **options):
+        assert len(x) == 10_000 and len(targets) == 10_000
+        return 0.2, 0.01, 3072  # every sample: the curve fits, 32 neurons asked
+
+    monkeypatch.setattr(diagnosis, "diagnose", fake)
+    monkeypatch.setattr(diagnosis, "oracle_timing", timing)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
+    clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
+    cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters,
+                                   n_random=4, oracle_neurons=32)
+    # each cluster in proportion (rounded), at least two; a timing over
+    # REPEAT_WHILE_SECONDS is not repeated
+    assert [rows for rows, _, _, _ in seen] == [8, 256, 511]
+    assert all(found == ["a", "b", "c", "d"] and n == rows and neurons == 32
+               for rows, found, n, neurons in seen)
+    assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
+    assert cost.timed == (256, 511) and "timed on 256 and 511 of the 10000" in cost.words()
+
+
+def test_a_diagnosis_sampled_by_its_plan_is_priced_by_the_plan_and_its_scores_timed(
+        monkeypatch):
+    """Where its plan measures a share of the samples, diagnose_cost takes exact ablation and
+    the evidence curve at the seconds their plan
     says (the plan made once, on every sample: `diagnose.diagnose_plan`), and times the rest
-    (the scores, gradients, activations, logits: `diagnose._measure`) on one batch and on two
+    (the scores, gradients, activations, logits: `diagnose._measure`; the bootstrap and the
+    agreement on the scores in the ablation's place) on one batch and on two
     (about 5% of the samples, in whole batches), each keeping every cluster in proportion,
     after an untimed run on two samples a cluster, extrapolated linearly: a measurement
     costing 0.3 s + 1 ms a sample is priced at exactly that, plus the plan. Nothing is
@@ -99,10 +140,13 @@ def test_a_diagnosis_is_priced_by_its_plan_and_its_scores_timed_on_samples(monke
     def fake(model, layer, x, targets, method, clusters, codes, options):
         seen.append((len(x), sorted(set(clusters)), len(targets), len(codes)))
         clock[0] += 0.3 + 0.001 * len(x)
+        scores = np.random.default_rng(0).normal(size=(len(x), 4))
+        return diagnosis._Measured(x, targets, scores, torch.zeros(len(x), 2), scores,
+                                   scores, {})
 
     def timing(model, layer, x, targets, **options):
         assert len(x) == 10_000 and len(targets) == 10_000
-        return 2.0, 0.5, 3072  # 56 of the 3,072 fit ORACLE_SECONDS: 32 (a power of 2) drawn
+        return 2.0, 5.0, 3072  # 32 neurons on a share of the samples
 
     def never(*args, **kwargs):
         raise AssertionError("the estimate ran exact ablation or a curve")
@@ -117,7 +161,7 @@ def test_a_diagnosis_is_priced_by_its_plan_and_its_scores_timed_on_samples(monke
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
     plan = diagnosis.diagnose_plan(None, "fc", x, targets, clusters)
-    assert plan.oracle.neurons == 32 and plan.oracle.seconds > 0 and plan.curve.seconds > 0
+    assert plan.oracle.neurons == 32 and plan.oracle.share < 1 and plan.curve.share < 1
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters)
     # each cluster in proportion (rounded), at least two; a timing over
     # REPEAT_WHILE_SECONDS is not repeated
@@ -136,6 +180,33 @@ def test_a_diagnosis_is_priced_by_its_plan_and_its_scores_timed_on_samples(monke
     seen.clear()
     exact = diagnosis.diagnose_cost(None, "fc", x, targets, "ablation", clusters, plan=plan)
     assert [what for what, _ in exact.planned] == ["the evidence curve"]  # its scores ablate
+
+
+def test_a_diagnosis_of_one_batch_is_priced_without_running_it(monkeypatch):
+    """On data this small a timed sample would be all of it (`costs.probe_sizes`: at least
+    COST_PROBE_ROWS samples, and the ResNet stage's 64 images are one batch): exact
+    ablation and the curve
+    are taken at their plan's seconds even where they run on every sample, and only the
+    rest is timed, so the estimate costs the scores, not the diagnosis."""
+    from attribution.analyses import diagnose as diagnosis
+
+    def never(*args, **kwargs):
+        raise AssertionError("the estimate ran the diagnosis, exact ablation or a curve")
+
+    for name in ("sample_oracle", "pruning_curve", "diagnose"):
+        monkeypatch.setattr(diagnosis, name, never)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.ReLU(),
+                                torch.nn.Linear(24, 3)).eval()
+    x = torch.randn(costs.COST_PROBE_ROWS, 6)
+    plan = diagnosis.diagnose_plan(model, "1", x)
+    assert plan.oracle.share == plan.curve.share == 1
+    cost = diagnosis.diagnose_cost(model, "1", x, plan=plan)
+    assert cost.planned == (("exact ablation", plan.oracle.seconds),
+                            ("the evidence curve", plan.curve.seconds))
+    rows = costs.COST_PROBE_ROWS
+    assert cost.timed == (rows,) and f"the scores timed on {rows} of the {rows} samples" \
+        in cost.words()
 
 
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):

@@ -321,10 +321,8 @@ def test_curve_and_diagnose_say_their_cost_before_they_run(runs):
         f"10 removal orders x 5 values of k on 719 samples, {masks} masked passes" in curve)
     diagnosis = runs["diagnose"][2]
     # under three batches: no room for a second timing within a quarter of the work
-    assert re.search(r"diagnose: at most \d+ s: exact ablation (about|under) [\d.]+ s, the "
-                     r"evidence curve (about|under) [\d.]+ s as planned, and (about|under) "
-                     r"[\d.]+ s more \(the scores timed on 25\d of the 719 samples, every "
-                     r"cluster kept, and scaled up: an upper bound\)", diagnosis), diagnosis
+    assert re.search(r"diagnose: at most \d+ s \(diagnose timed on 25\d of the 719 samples, "
+                     r"every cluster kept, and scaled up: an upper bound\)", diagnosis)
 
 
 def test_sample_scores_a_seeded_sample_in_order_and_streamed_data_refuses_it(tmp_path, demo,
