@@ -2,8 +2,8 @@
 
 The overview (`--help` before any command) prints without importing torch; a command that
 loads a model in the jail starts the jail's server first, so that its import of torch runs
-beside this process's (`python -m attribution layers` took 4.6 s, now 3.5 s); then
-`cli.main` runs the command.
+beside this process's (`benchmarks/bench_layers_command.py` times it against a Python that
+imports torch and loads the file); then `cli.main` runs the command.
 """
 from __future__ import annotations
 
