@@ -342,33 +342,37 @@ def probe_sizes(total: int, batch_size: int) -> tuple[int, int]:
 
 
 def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> SampledCost:
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 sizes: Optional[tuple[int, int]] = None) -> SampledCost:
     """The seconds of a work on all of `inputs`, said before it runs: `run(sample)` does the
     work on the rows that `sample` takes (`sample(value)`: those rows of the inputs or of
     any per-sample value, [N, ...]; None and words such as "all" as they are). It runs
     untimed on two samples a cluster (what is done once per model), then timed on the
-    smaller of `probe_sizes`, each sample keeping every cluster in proportion (the fastest
-    of SAMPLED_RUNS runs). That time scaled to every sample is an upper bound (the work's
-    fixed part and its first batch's start are scaled too); it is said as one where it is
-    under WORTH_SAYING_SECONDS or there is no larger size to time. Otherwise the work is
-    timed on the larger size too and extrapolated linearly. In-memory inputs only (a
-    tensor, an array or named inputs)."""
+    smaller of `sizes` (None: `probe_sizes`), each sample keeping every cluster in
+    proportion (the fastest of SAMPLED_RUNS runs). That time scaled to every sample is an
+    upper bound (the work's fixed part and its first batch's start are scaled too); it is
+    said as one where it is under WORTH_SAYING_SECONDS or there is no larger size to time.
+    Otherwise the work is timed on the larger size too and extrapolated linearly; given
+    `sizes` (parts of a batch, whose fixed part an upper bound would scale many times), it
+    always is. In-memory inputs only (a tensor, an array or named inputs)."""
     total = n_rows(named(inputs))
     codes = cluster_codes_of(clusters, total)
 
     def timed(rows: int, runs: int = SAMPLED_RUNS) -> tuple[int, float]:
-        part = _stratified(codes, rows)
+        part = stratified(codes, rows)
         return len(part), fastest(lambda: run(lambda value: take_rows(value, part)), runs)
 
     timed(2, runs=1)  # pays what is done once per model
-    small, large = probe_sizes(total, batch_size)
+    small, large = sizes or probe_sizes(total, batch_size)
     small, first = timed(small)
     if small >= total:
         return SampledCost(what, first, total, (small,))
-    if large <= small or first * total / small < WORTH_SAYING_SECONDS:
+    if large <= small or (sizes is None and first * total / small < WORTH_SAYING_SECONDS):
         return SampledCost(what, first * total / small, total, (small,), bound=True)
     large, second = timed(large)
-    slope = max(second - first, 0.0) / max(large - small, 1)
+    if large <= small:  # every cluster's two samples are all the larger size takes
+        return SampledCost(what, first * total / small, total, (small,), bound=True)
+    slope = max(second - first, 0.0) / (large - small)
     return SampledCost(what, max(first + slope * (total - small), second), total,
                        (small, large))
 
@@ -424,7 +428,7 @@ def take_rows(value, rows: np.ndarray):
     return take(value, torch.from_numpy(rows))
 
 
-def _stratified(codes: np.ndarray, rows: int) -> np.ndarray:
+def stratified(codes: np.ndarray, rows: int) -> np.ndarray:
     """Sorted positions of about `rows` samples, from every cluster of `codes` [N] in
     proportion and at least two of each (all of a smaller cluster), first ones first."""
     picked = []

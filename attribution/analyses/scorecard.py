@@ -46,9 +46,11 @@ from ..errors import AttributionError
 from ..methods.passes import check_targets
 from ..methods.scores import Inputs, check_method, cluster_codes, neuron_scores
 from .oracle_sample import (MEASURES, OraclePlan, OracleSample, Resamples, agreement_draws,
-                            interval_of, plan_oracle, sample_counts_of, sample_oracle)
+                            draw_neurons, interval_of, plan_oracle, sample_counts_of,
+                            sample_oracle)
 from .ranks import bootstrap_counts, row_ranks, row_spearman
-from .costs import SampledCost, sampled_cost, take_rows
+from .costs import (SampledCost, cluster_codes_of, probe_sizes, sampled_cost, stratified,
+                    take_rows)
 from .prune import copy_model
 from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
@@ -74,7 +76,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
               curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
               curve_targets="targets", ablation: str = DEFAULT_ABLATION,
-              oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan]], None] = None,
+              oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan, OracleSample]],
+                                    None] = None,
               batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
               progress: TableProgress = None, device=None) -> pd.DataFrame:
@@ -99,8 +102,9 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             LongTensor [N], a regression head's true values [N], or None (the predicted
             class); see `settings.curve_targets`.
         oracle_neurons: how many neurons of each layer to ablate exactly, drawn at random,
-            on every sample (all: the layer's n or more), or {layer: how many, or its
-            `oracle_sample.OraclePlan`} (`scorecard_oracle_plans`); None = on each layer
+            on every sample (all: the layer's n or more), or {layer: how many, its
+            `oracle_sample.OraclePlan` (`scorecard_oracle_plans`), or its oracle already
+            measured on these inputs (`sample_oracle`'s `OracleSample`)}; None = on each layer
             `oracle_sample.plan_oracle`'s, as fit `oracle_sample.ORACLE_SECONDS`. On m of n
             neurons every column is measured on those m (`oracle_sample`: the curves
             remove them only), its intervals over the samples and the neurons drawn; where
@@ -160,10 +164,11 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     for position, layer in enumerate(layers):
         x, targets, curve_targets, clusters, rows_of, draws = every_sample
         resolve_layer(model, layer)
-        oracle = sample_oracle(model, layer, x, targets,
-                               oracle_neurons.get(layer) if isinstance(oracle_neurons, Mapping)
-                               else oracle_neurons, codes, batch_size=batch_size, seed=seed,
-                               device=device)
+        chosen = oracle_neurons.get(layer) if isinstance(oracle_neurons, Mapping) \
+            else oracle_neurons
+        oracle = _checked(chosen, layer, total) if isinstance(chosen, OracleSample) else \
+            sample_oracle(model, layer, x, targets, chosen, codes, batch_size=batch_size,
+                          seed=seed, device=device)
         if oracle.samples is not None:  # the layer measured on the oracle's samples alone
             x, targets, curve_targets, clusters = (
                 take_rows(value, oracle.samples)
@@ -213,6 +218,22 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     frame.attrs.update(refused=refused, reinitialised=reinitialised, n_boot=n_boot,
                        n_random=n_random, metric=metric, ablation=ablation, ks=ks_of)
     return frame
+
+
+def _checked(oracle: OracleSample, layer: str, total: int) -> OracleSample:
+    """`oracle`, given for `layer`, where it fits `total` samples: effects [N, m] (or
+    [s, m] with its `samples` among the N) of m of its n neurons."""
+    rows = total if oracle.samples is None else len(oracle.samples)
+    fits = (oracle.effects.ndim == 2 and oracle.effects.shape == (rows, len(oracle.neurons))
+            and (oracle.samples is None or (len(oracle.samples) and
+                                             0 <= oracle.samples.min() and
+                                             oracle.samples.max() < total))
+            and len(oracle.neurons) and 0 <= oracle.neurons.min()
+            and oracle.neurons.max() < oracle.n_neurons)
+    if not fits:
+        raise AttributionError(f"The oracle given for {layer} does not fit these {total} "
+                               "samples: measure it on them (sample_oracle).")
+    return oracle
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -340,26 +361,70 @@ def scorecard_oracle_plans(model: nn.Module, inputs: Inputs, targets=None, clust
 def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
                    **options) -> SampledCost:
     """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
-    before it runs: the scorecard timed on samples that keep every cluster
-    (`costs.sampled_cost`) and extrapolated; per-sample `curve_targets` are sampled too.
-    The oracle's sizes are chosen first, on all the samples (`scorecard_oracle_plans`),
-    and kept: the timing and the run ablate the same neurons."""
+    before it runs. The oracle's sizes are chosen first, on all the samples
+    (`scorecard_oracle_plans`), and kept: the timing and the run ablate the same neurons.
+    Where every layer's oracle runs on every sample and the data is more than one timing's
+    sample, the scorecard itself is timed on samples that keep every cluster
+    (`costs.sampled_cost`) and extrapolated: every part grows with the samples. Where a
+    plan measures a share of the samples (a part that no longer grows with them), or one
+    sample would be all the data (the estimate would cost the work), each layer's exact
+    ablation, and the `ablation` method's scores on its randomised copy (the same
+    neurons and samples), are taken at the plan's seconds. Only the rest is timed, on an
+    eighth and a quarter of the samples where they are one batch: the other methods'
+    scores on the model and its copy, the bootstrap and the curves, with stand-in effects
+    in the oracle's place on as large a share of the samples as it measures. Per-sample
+    `curve_targets` are sampled too. In-memory inputs only."""
+    batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
+    seed = options.get("seed", DEFAULT_SEED)
     if options.get("oracle_neurons") is None:
         plans = scorecard_oracle_plans(model, inputs, targets, clusters,
-                                       layers=options.get("layers"),
-                                       batch_size=options.get("batch_size", DEFAULT_BATCH_SIZE),
-                                       seed=options.get("seed", DEFAULT_SEED),
-                                       device=options.get("device"))
+                                       layers=options.get("layers"), batch_size=batch_size,
+                                       seed=seed, device=options.get("device"))
         options = dict(options, oracle_neurons=plans)
+    chosen = dict(options, progress=None)
+    plans = chosen["oracle_neurons"]
+    total = model_io.n_rows(model_io.named(inputs))
+    planned = isinstance(plans, Mapping) and plans and all(
+        isinstance(plan, OraclePlan) for plan in plans.values())
+    sampled = planned and any(plan.share < 1 for plan in plans.values())
+    one_timing = probe_sizes(total, batch_size)[0] >= total
+    codes = cluster_codes_of(clusters, total)
 
-    def run(sample) -> None:
-        chosen = dict(options, progress=None)
-        if "curve_targets" in chosen:
-            chosen["curve_targets"] = sample(chosen["curve_targets"])
-        scorecard(model, sample(inputs), sample(targets), sample(clusters), **chosen)
+    def run(sample, **changed) -> None:
+        card = dict(chosen, **changed)
+        if "curve_targets" in card:
+            card["curve_targets"] = sample(card["curve_targets"])
+        scorecard(model, sample(inputs), sample(targets), sample(clusters), **card)
 
-    return sampled_cost("scorecard", run, inputs, clusters,
-                        options.get("batch_size", DEFAULT_BATCH_SIZE))
+    if not planned or (not sampled and not one_timing):
+        return sampled_cost("scorecard", run, inputs, clusters, batch_size)
+    methods = list(dict.fromkeys(chosen.get("methods", SCORECARD_METHODS)))
+    rest_methods = [method for method in methods if method != ORACLE] or [BASELINE]
+
+    def rest(sample) -> None:  # the scorecard on `sample`, stand-ins in the oracle's place
+        run(sample, methods=rest_methods,
+            oracle_neurons={layer: _stand_in(plan, sample(codes), seed)
+                            for layer, plan in plans.items()})
+
+    timed = sampled_cost("the rest of the scorecard", rest, inputs, clusters, batch_size,
+                         sizes=(max(1, total // 8), max(2, total // 4)) if one_timing
+                         else None)
+    copies = 2 if ORACLE in methods else 1
+    return timed.with_planned(*((f"exact ablation of {layer}" + " (twice: the model and its "
+                                 "randomised copy)" * (copies > 1), copies * plan.seconds)
+                                for layer, plan in plans.items()))
+
+
+def _stand_in(plan: OraclePlan, codes: np.ndarray, seed: int) -> OracleSample:
+    """An oracle of `plan`'s size on samples of cluster `codes` [N] (its share of them,
+    every cluster kept) whose effects are drawn, not measured: what the scorecard does
+    after exact ablation costs the same on it."""
+    samples = None if plan.share >= 1 else stratified(
+        codes, max(1, round(len(codes) * plan.samples / max(plan.n_samples, 1))))
+    neurons = draw_neurons(plan.n_neurons, plan.neurons, seed)
+    rows = len(codes) if samples is None else len(samples)
+    effects = np.random.default_rng(seed).standard_normal((rows, len(neurons)))
+    return OracleSample(neurons, plan.n_neurons, effects.astype(np.float32), {}, samples)
 
 
 def randomized_after(model: nn.Module, layer, example_input, seed: int = DEFAULT_SEED

@@ -1,6 +1,7 @@
 """A pruning curve's cost, said before it runs: its passes counted as the engine runs them,
 and the cheaper settings each priced and smaller."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -239,6 +240,81 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     assert seen == [4, 128, 128, 256]  # a run under REPEAT_WHILE_SECONDS is timed twice
     assert cost.seconds == pytest.approx(0.2 + 0.002 * 5_000)
     assert cost.words().startswith("about 10 s (scorecard timed on 128 and 256 of the 5000")
+
+
+def test_a_scorecard_whose_oracle_samples_the_samples_times_only_the_rest(monkeypatch):
+    """Where a layer's plan measures a share of the samples, its exact ablation (on the
+    model and on the randomised copy) is taken at the plan's seconds, never run, and the
+    rest of the scorecard is timed without the ablation method, on stand-in effects of the
+    plan's neurons over the same share of each timed sample."""
+    from attribution.analyses import scorecard as card
+
+    clock, seen = [0.0], []
+    plan = OraclePlan(32, 3072, 0.5, 1.0, share=0.25, samples=2_500, n_samples=10_000)
+
+    def fake(model, x, targets, clusters, **options):
+        oracle = options["oracle_neurons"]["h"]
+        assert isinstance(oracle, card.OracleSample) and len(oracle.neurons) == 32
+        assert oracle.n_neurons == 3072 and oracle.effects.shape == (len(oracle.samples), 32)
+        assert len(oracle.samples) == pytest.approx(len(x) / 4, abs=2)
+        assert options["methods"] == ["gradient", "random"]
+        seen.append(len(x))
+        clock[0] += 0.3 + 0.001 * len(oracle.samples)
+
+    monkeypatch.setattr(card, "scorecard", fake)
+    monkeypatch.setattr(card, "sample_oracle", None)  # never called
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    x = torch.zeros(10_000, 3)
+    cost = card.scorecard_cost(None, x, None, None, methods=["gradient", "ablation", "random"],
+                               oracle_neurons={"h": plan})
+    assert seen == [2, 256, 256, 512, 512]  # runs under REPEAT_WHILE_SECONDS, twice
+    assert cost.planned == (("exact ablation of h (twice: the model and its randomised "
+                             "copy)", 2 * plan.seconds),)
+    assert cost.seconds == pytest.approx(0.3 + 0.001 * 2_500 + 2 * plan.seconds, rel=0.01)
+    without = card.scorecard_cost(None, x, None, None, methods=["gradient", "random"],
+                                  oracle_neurons={"h": plan})
+    assert without.planned == (("exact ablation of h", plan.seconds),)
+
+
+def test_a_scorecard_of_one_batch_is_priced_on_parts_of_it(monkeypatch):
+    """On one batch of samples the rest of the scorecard is timed on an eighth and a
+    quarter of them and extrapolated; exact ablation is never run, and the estimate is
+    within 1.5x of the scorecard it prices."""
+    from attribution.analyses import scorecard as card
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.ReLU(),
+                                torch.nn.Linear(24, 3)).eval()
+    x = torch.randn(costs.COST_PROBE_ROWS, 6)
+    plans = card.scorecard_oracle_plans(model, x, layers=["1"])
+    sizes = []
+    real = card.scorecard
+
+    def counting(model, x, *args, **options):
+        sizes.append(len(x))
+        return real(model, x, *args, **options)
+
+    monkeypatch.setattr(card, "scorecard", counting)
+    monkeypatch.setattr(card, "sample_oracle", None)
+    cost = card.scorecard_cost(model, x, layers=["1"], methods=["gradient", "ablation"],
+                               oracle_neurons=plans)
+    assert sizes == [2, 8, 8, 16, 16] and cost.timed == (8, 16)
+    assert "as planned" in cost.words() and "timed on 8 and 16 of the 64 samples" \
+        in cost.words()
+
+
+def test_a_scorecard_uses_an_oracle_given_and_refuses_one_of_other_samples():
+    """An oracle already measured (`sample_oracle`) serves the scorecard as the one it
+    would measure; one measured on other samples is refused."""
+    model, x, y = build("residual_mlp")
+    oracle = at.sample_oracle(model, "fc2", x, y, 8)
+    given = at.scorecard(model, x, y, layers=["fc2"], methods=["gradient", "ablation"],
+                         oracle_neurons={"fc2": oracle})
+    measured = at.scorecard(model, x, y, layers=["fc2"], methods=["gradient", "ablation"],
+                            oracle_neurons=8)
+    pd.testing.assert_frame_equal(given, measured)
+    with pytest.raises(at.AttributionError, match="does not fit these"):
+        at.scorecard(model, x[:-1], y[:-1], layers=["fc2"], oracle_neurons={"fc2": oracle})
 
 
 @pytest.mark.parametrize("total, batch_size, sizes", [
