@@ -5,9 +5,9 @@ A curve's time is the front of the model once over the samples, then one masked 
 layer's tail per distinct removal mask (`pruning_curves._order_sums` shares masks between orders):
 (2 + n_random) orders x the k values, less the masks they share (k = 0, k = n). Both parts
 are timed on a batch of the user's own samples (`batch_size` of them, as the curve runs
-them: a smaller probe would scale a batch's fixed cost by the number of probes), through the
-same engine, and scaled by the number of samples: a linear model of the work, stated as an
-estimate.
+them: a smaller probe would scale a batch's fixed cost by the number of probes; more masks
+where a few are too quick to time), through the same engine, and scaled by the number of
+samples: a linear model of the work, stated as an estimate.
 """
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ from .pruning_curves import _removal_masks, check_ks, order_curves, random_order
 
 PROBE_RUNS = 5
 """The most timed runs of each of `curve_cost`'s probes."""
+MEASURABLE_SECONDS = 0.05
+"""The least time the passes a probe adds must take for their share to be read from it
+(`curve_cost`'s masks, `oracle_sample.oracle_timing`'s neurons): four cheap neurons add a
+millisecond, which the noise of two runs outweighs (a curve planned at a twentieth of its
+time)."""
+MOST_PROBE_ORDERS = 128
+"""The most random orders `curve_cost`'s probe grows to while their passes are too quick
+to time."""
 WORTH_SAYING_SECONDS = 5.0
 """A curve estimated to take longer than this comes with its cheaper settings."""
 CHEAPER_N_RANDOM = 5
@@ -105,9 +113,11 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
     probe = take(inputs, slice(0, probe_rows))
     probe_targets = None if targets is None or isinstance(targets, str) else \
         targets[:probe_rows]
-    front, per_mask, n_neurons = _probe(model, layer, probe, probe_targets, batch_size, device)
+    n_neurons = layer_width(model, layer, probe, device)
     offer_ks = not callable(ks)
     ks = check_ks(ks(n_neurons) if callable(ks) else ks, n_neurons)
+    front, per_mask = _probe(model, layer, probe, probe_targets, batch_size, device,
+                             n_neurons, distinct_masks(n_neurons, n_random, ks, seed))
 
     def seconds(n_random: int, ks: list[int], rows: int) -> tuple[float, int]:
         masks = distinct_masks(n_neurons, n_random, ks, seed) + n_neurons * exact_ablation
@@ -223,25 +233,34 @@ def _count_masks(orders: torch.Tensor, ks: Sequence[int]) -> int:
                             dim=0).shape[0])
 
 
-def _probe(model, layer, probe, targets, batch_size: int, device) -> tuple[float, float, int]:
-    """(seconds of the front, seconds per masked tail pass, n_neurons) on `probe`: a curve of
-    one order at k = 0 (the front and one pass), then of four orders at eight k (the front
-    and up to 32); the difference is the passes'. The fastest of up to PROBE_RUNS runs of
-    each (`fastest`: short timings are the noisy ones, and cheap to repeat)."""
+def _probe(model, layer, probe, targets, batch_size: int, device, n_neurons: int,
+           most_masks: int) -> tuple[float, float]:
+    """(seconds of the front, seconds per masked tail pass) on `probe`: a curve of one order
+    at k = 0 (the front and one pass), then of the ranked, bottom and two random orders at
+    eight k (the front and up to 32 passes), four times as many random orders until their
+    passes add MEASURABLE_SECONDS (or would pass a quarter of the `most_masks` of the curve
+    priced); the difference is the passes'. The fastest of up to PROBE_RUNS runs of each (`fastest`:
+    short timings are the noisy ones, and cheap to repeat)."""
     def timed(orders_of, ks_of) -> tuple[float, int]:
         best = fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
                                              batch_size=batch_size, device=device),
                         PROBE_RUNS)
         return best, _count_masks(orders_of, ks_of)
 
-    n_neurons = layer_width(model, layer, probe, device)
     ranked = torch.arange(n_neurons)
     one, one_masks = timed(ranked[None], [0])
     ks = sorted({min(n_neurons, k) for k in range(1, 9)})
-    several, masks = timed(torch.cat([ranked[None], ranked.flip(0)[None],
-                                      random_orders(n_neurons, 2, DEFAULT_SEED)]), ks)
+    n_random = 2
+    while True:
+        several, masks = timed(torch.cat([ranked[None], ranked.flip(0)[None],
+                                          random_orders(n_neurons, n_random, DEFAULT_SEED)]),
+                               ks)
+        if several - one >= MEASURABLE_SECONDS or 16 * masks > most_masks or \
+                n_random >= MOST_PROBE_ORDERS:  # four times as many would pass a quarter
+            break
+        n_random *= 4
     per_mask = max(several - one, 0.0) / max(masks - one_masks, 1)
-    return max(one - per_mask, 0.0), per_mask, n_neurons
+    return max(one - per_mask, 0.0), per_mask
 
 
 def layer_width(model, layer, probe, device) -> int:

@@ -37,8 +37,8 @@ from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
 from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
-from .costs import (cluster_codes_of, draw_samples, fastest, fitting_share,
-                    layer_width, seconds_words)
+from .costs import (MEASURABLE_SECONDS, cluster_codes_of, draw_samples, fastest,
+                    fitting_share, layer_width, seconds_words)
 from .ranks import (bootstrap_counts, interval, pivot_interval, rank_correlation,
                     row_kendall, row_ranks, row_spearman, row_top_overlap, top_k_overlap)
 
@@ -51,10 +51,6 @@ rank correlation on fewer says little."""
 PROBE_NEURONS = 4
 """Neurons ablated beyond one, on one batch, to time the oracle (`oracle_timing`): at
 first; more where their time is lost in the timing's noise."""
-MEASURABLE_SECONDS = 0.05
-"""The least time the neurons beyond one must add to the probe for `oracle_timing` to read
-their share from it: four cheap neurons add a millisecond, which the noise of two runs
-outweighs (a curve planned at a twentieth of its time)."""
 TIMING_RUNS = 5
 """The most timed runs of each of `oracle_timing`'s probes, the fastest kept (they stop
 after `costs.REPEAT_WHILE_SECONDS`: a long probe runs once)."""

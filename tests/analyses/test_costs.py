@@ -242,6 +242,32 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     assert cost.words().startswith("about 10 s (scorecard timed on 128 and 256 of the 5000")
 
 
+@pytest.mark.parametrize("per_mask, orders", [
+    (1e-2, [1, 4]),  # 32 masks add a measurable 320 ms
+    (1e-3, [1, 4, 10]),  # 32 add 32 ms, 80 add 80 ms
+    (1e-5, [1, 4, 10, 34]),  # quick masks: 272 of them, four times as many would pass a
+    # quarter of the curve's 1,383
+])
+def test_the_curve_probe_adds_orders_until_their_passes_can_be_timed(per_mask, orders,
+                                                                     monkeypatch):
+    """A few masked passes of a cheap tail take less time than a timing's noise: the
+    probe adds random orders until their passes take MEASURABLE_SECONDS, or a quarter of
+    the masks of the curve it prices; the passes' share is then read exactly."""
+    clock, seen = [0.0], []
+
+    def fake(model, layer, x, targets, order_of, ks, **options):
+        seen.append(len(order_of))
+        clock[0] += 0.01 + per_mask * costs._count_masks(order_of, ks)
+
+    monkeypatch.setattr(costs, "order_curves", fake)
+    monkeypatch.setattr(costs, "layer_width", lambda *args: 64)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    cost = costs.curve_cost(None, "fc", torch.zeros(1_000, 3), n_random=20)
+    assert list(dict.fromkeys(seen)) == orders
+    assert cost.seconds_of_masks(cost.masks) == pytest.approx(
+        per_mask * cost.masks * 1_000 / 256)
+
+
 def test_a_scorecard_whose_oracle_samples_the_samples_times_only_the_rest(monkeypatch):
     """Where a layer's plan measures a share of the samples, its exact ablation (on the
     model and on the randomised copy) is taken at the plan's seconds, never run, and the
