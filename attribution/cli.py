@@ -44,6 +44,7 @@ from .analyses.costs import curve_cost
 from .commands import BAD_INPUT, Parser, add_command, overview_parser
 from .analyses.diagnose import diagnose, diagnose_cost, diagnose_plan
 from .analyses.oracle_sample import ORACLE_SECONDS
+from .analyses.path_steps import FEWEST_STEPS, PATH_SECONDS, plan_steps, takes_steps
 from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
                                  scorecard_oracle_plans)
 from .errors import AttributionError
@@ -165,9 +166,11 @@ def _run_arguments(group, seeded: str) -> None:
     """--batch-size, --n-steps, --seed (of `seeded`, in words) and --quiet."""
     group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
                        help="samples per pass (default %(default)s)")
-    group.add_argument("--n-steps", type=_positive, default=analysis.DEFAULT_N_STEPS,
-                       help="integration steps (integrated_gradients, conductance; default "
-                            "%(default)s)")
+    group.add_argument("--n-steps", type=_positive, default=None,
+                       help=f"integration steps (integrated_gradients, conductance; default "
+                            f"{analysis.DEFAULT_N_STEPS}, or for score, curve and diagnose on "
+                            f"data in memory as many of them as fit {PATH_SECONDS:.0f} s, "
+                            f"halving, at least {FEWEST_STEPS}, said)")
     group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
                        help=f"seed of {seeded} (default %(default)s)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -807,31 +810,49 @@ def run_score(args) -> int:
             per_sample = per_sample.with_name(f"{per_sample.stem}.{method}.npy")
         if per_sample is not None:
             _prepare(per_sample)  # on every rank: each writes its part there
+        n_steps = steps_of(args, problem, method, targets)
         with ProgressBar(method, args.quiet) as bar:
             statistics = distributed.cluster_statistics(
                 problem.model.module, args.layer, problem.inputs, targets, clusters, method,
-                batch_size=args.batch_size, n_steps=args.n_steps, progress=bar,
+                batch_size=args.batch_size, n_steps=n_steps, progress=bar,
                 seed=args.seed, per_sample=per_sample)
         _say_fit(args, method, statistics.layer)
         tidy = tidy_scores(statistics.frame(args.reduce), method)
         if statistics.sum_counts is not None:
             missing = dict(zip(statistics.ids, statistics.sum_counts[:, 2].long().tolist()))
             tidy["sum_missing"] = tidy["cluster"].map(missing)
-            _say_sums(args, method, statistics.sum_counts.sum(0))
+            _say_sums(args, method, n_steps, statistics.sum_counts.sum(0))
         parts.append(tidy)
     if _is_writer():
         write_table(pd.concat(parts, ignore_index=True), args.out)
     return EXIT_OK
 
 
-def _say_sums(args, method: str, totals: torch.Tensor) -> None:
+def steps_of(args, problem: Problem, method: str, targets) -> int:
+    """--n-steps, or where it is not given the steps of path `method` that fit
+    `path_steps.PATH_SECONDS` on these samples (`plan_steps`, said on stderr);
+    DEFAULT_N_STEPS for a method without steps, or for data streamed from disk or shared
+    among processes (every process must take the same steps)."""
+    if args.n_steps is not None:
+        return args.n_steps
+    if not takes_steps(method) or not isinstance(problem.inputs, torch.Tensor | NamedInputs) \
+            or distributed.rank_and_size()[1] > 1:
+        return analysis.DEFAULT_N_STEPS
+    plan = plan_steps(problem.model.module, args.layer, problem.inputs, targets, method,
+                      batch_size=args.batch_size)
+    if not args.quiet:
+        _say(plan.words() + (" (--n-steps)" if plan.reduced else ""))
+    return plan.n_steps
+
+
+def _say_sums(args, method: str, n_steps: int, totals: torch.Tensor) -> None:
     """Print a path method's sum check (`SUM_COLUMNS` totals: checked, refined, missing) on
     stderr: its table's sum_missing column counts the samples that miss, per cluster."""
     if args.quiet or not _is_writer():
         return
     checked, refined, missing = (int(value) for value in totals.tolist())
     target = REGISTRY[method].sums_to
-    more = (f"; {refined} took more than the {args.n_steps} steps asked for" if refined
+    more = (f"; {refined} took more than the {n_steps} steps asked for" if refined
             else "")
     if missing:
         said = (f"{missing} of {checked} samples' scores miss {target} by more than "
@@ -860,10 +881,11 @@ def _ranking(args, problem: Problem, targets) -> tuple[np.ndarray, object, pd.Da
     else:
         clusters = clusters_of(args, problem, args.layer)
         focus = cluster_id(args.cluster, clusters)
+    n_steps = steps_of(args, problem, args.method, targets)
     with ProgressBar(f"{args.method} scores", args.quiet) as bar:
         table = distributed.cluster_scores(problem.model.module, args.layer, problem.inputs,
                                            targets, clusters, args.method, reduce=args.reduce,
-                                           batch_size=args.batch_size, n_steps=args.n_steps,
+                                           batch_size=args.batch_size, n_steps=n_steps,
                                            progress=bar, seed=args.seed)
     _say_fit(args, args.method, table.attrs)
     return clusters, focus, table.loc[[focus]]
@@ -1024,7 +1046,8 @@ def run_diagnose(args) -> int:
     user_scores = None if args.user_scores is None else _per_sample(
         args, args.user_scores, "user scores")
     options = dict(reduce=args.reduce, metric=args.metric, ablation=args.ablation,
-                   seed=args.seed, batch_size=args.batch_size, n_steps=args.n_steps)
+                   seed=args.seed, batch_size=args.batch_size,
+                   n_steps=steps_of(args, problem, args.method, targets))
     in_memory = isinstance(problem.inputs, torch.Tensor | NamedInputs)
     if in_memory:  # the same plan for the estimate and the work
         options["plan"] = diagnose_plan(
@@ -1123,7 +1146,8 @@ def run_scorecard(args) -> int:
     options = dict(layers=args.layers, methods=args.methods, n_boot=args.n_boot,
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
-                   ablation=args.ablation, batch_size=args.batch_size, n_steps=args.n_steps,
+                   ablation=args.ablation, batch_size=args.batch_size,
+                   n_steps=args.n_steps or analysis.DEFAULT_N_STEPS,
                    seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_plans(
                        problem.model.module, dataset.inputs, targets, clusters,
                        layers=args.layers, batch_size=args.batch_size,

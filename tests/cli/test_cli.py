@@ -588,9 +588,10 @@ def test_the_cli_its_report_and_the_settings_agree_by_default(tmp_path, capsys):
         assert cli.cluster_source_of(args, problem) == expected.cluster_source, name
         assert cli.target_choice(args, problem) == (expected.target, expected.fixed_class), name
         reduce = settings.DEFAULT_PRUNE_REDUCE if name == "prune" else expected.reduce
-        assert (args.reduce, args.kmeans_k, args.batch_size, args.seed, args.n_steps) == (
-            reduce, expected.k, expected.batch_size, expected.seed,
-            settings.DEFAULT_N_STEPS), name
+        assert (args.reduce, args.kmeans_k, args.batch_size, args.seed) == (
+            reduce, expected.k, expected.batch_size, expected.seed), name
+        assert args.n_steps is None, name  # DEFAULT_N_STEPS, fitted to a budget for a path
+        # method (`cli.steps_of`)
     for name in ("curve", "diagnose", "report", "prune"):
         assert parsed[name].n_random == expected.n_random
     for name in ("curve", "report", "prune"):  # the metric follows the model and data

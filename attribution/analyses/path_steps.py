@@ -1,0 +1,131 @@
+"""A path method's steps fitted to a budget.
+
+Integrated gradients and conductance take one pass per step and sample (integrated
+gradients: the layer's tail, forward and backward, the front once per batch; conductance:
+the whole model, its inputs scaled), so on a wide, deep tail the default steps can take
+minutes. `plan_steps` keeps the most steps, halving from those asked (at least
+FEWEST_STEPS), whose time fits the budget: each timed on a sample of the samples (one
+batch at most) and scaled to all of them. A path method integrates a sample that misses
+its sum again with more steps (`paths`), and fewer steps miss more often, so the time is
+not linear in the steps: the steps kept are timed themselves, refinement included (said),
+after a first guess from the fewest steps' time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS
+from ..engine.model_io import n_rows, named, take
+from ..errors import AttributionError
+from ..methods.paths import sum_check
+from ..methods.registry import REGISTRY
+from ..methods.scores import Inputs, check_method, neuron_scores
+from .costs import SAMPLED_RUNS, fastest, seconds_words
+
+PATH_SECONDS = 30.0
+"""The time a path method's scores may take when its steps are not given (`plan_steps`)."""
+FEWEST_STEPS = 8
+"""The fewest steps `plan_steps` keeps: eight Gauss-Legendre nodes integrate a smooth path
+to float precision, and a sample they miss is integrated again (`paths.MAX_STEPS_FACTOR`)."""
+PROBE_SHARE = 8
+"""`plan_steps` times the method on one batch, and on at most 1/PROBE_SHARE of the samples
+(every sample where fewer than PROBE_SHARE), so that the plan costs a small part of the
+work it sizes."""
+
+
+def takes_steps(method: str) -> bool:
+    """Does `method` integrate along a path (its cost grows with `n_steps`)?"""
+    return REGISTRY[method].sums_to is not None and REGISTRY[method].refine_factor > 1
+
+
+@dataclass(frozen=True)
+class StepsPlan:
+    """A path method's steps sized to a budget: `n_steps` of the `asked`, estimated at
+    `seconds` over the `n_samples` (`asked_seconds` at the steps asked); `refined`: the
+    share of the timed samples the method integrated again at `n_steps` (their extra
+    steps are in the estimate) (`plan_steps`)."""
+
+    method: str
+    n_steps: int
+    asked: int
+    seconds: float
+    asked_seconds: float
+    refined: float
+    n_samples: int
+    budget: float = PATH_SECONDS
+
+    @property
+    def reduced(self) -> bool:
+        return self.n_steps < self.asked
+
+    def words(self) -> str:
+        """"integrated_gradients at 8 steps, about 24 s: as many as fit in 30 s (32 steps:
+        about 1.6 min); in the timing 3% of the samples missed their sum and were integrated
+        again with more steps (counted)"; "...: the fewest it takes, and still over the 30 s
+        budget (...)" where even FEWEST_STEPS pass it."""
+        said = f"{self.method} at {self.n_steps} steps, {seconds_words(self.seconds)}"
+        asked = f"{self.asked} steps: {seconds_words(self.asked_seconds)}"
+        if self.reduced and self.seconds <= self.budget:
+            said += f": as many as fit in {self.budget:.0f} s ({asked})"
+        elif self.reduced:
+            said += (f": the fewest it takes, and still over the {self.budget:.0f} s budget "
+                     f"({asked})")
+        if self.refined:
+            said += (f"; in the timing {self.refined:.0%} of the samples missed their sum and "
+                     "were integrated again with more steps (counted)")
+        return said
+
+
+def plan_steps(model: nn.Module, layer, inputs: Inputs, targets=None,
+               method: str = "integrated_gradients", *, n_steps: int = DEFAULT_N_STEPS,
+               budget: Optional[float] = None, batch_size: int = DEFAULT_BATCH_SIZE,
+               device=None) -> StepsPlan:
+    """The steps of path `method` on these inputs (in memory [N, ...]; targets as in
+    `neuron_scores`) that fit `budget` seconds (None: PATH_SECONDS): `n_steps` where they
+    fit, else half as many until they do or FEWEST_STEPS (said either way). Each timed
+    on the first samples (one batch, at most 1/PROBE_SHARE of them), refinement included,
+    the fastest of SAMPLED_RUNS runs, and scaled to every sample; the steps asked are
+    timed where kept, else estimated in proportion to the steps kept."""
+    check_method(method)
+    if not takes_steps(method):
+        raise AttributionError(f"{method} takes no steps: only a path method's are planned.")
+    budget = PATH_SECONDS if budget is None else budget
+    total = n_rows(named(inputs))
+    rows = min(total, batch_size, max(1, total // PROBE_SHARE))
+    probe = take(named(inputs), slice(0, rows))
+    probe_targets = targets if targets is None or isinstance(targets, str) else targets[:rows]
+    refined: dict[int, float] = {}
+
+    def seconds(steps: int) -> float:
+        about: dict = {}
+
+        def score() -> None:
+            about.clear()
+            neuron_scores(model, layer, probe, probe_targets, method, batch_size=batch_size,
+                          n_steps=steps, device=device, about=about)
+        took = fastest(score, SAMPLED_RUNS)
+        checked = sum_check(about, steps)
+        refined[steps] = checked.n_refined / max(checked.n_samples, 1) if checked else 0.0
+        return took
+
+    fewest = min(FEWEST_STEPS, n_steps)
+    neuron_scores(model, layer, take(probe, slice(0, 1)), probe_targets if probe_targets is None
+                  or isinstance(probe_targets, str) else probe_targets[:1], method,
+                  n_steps=fewest, device=device)  # builds what is built once per model
+    timed = {fewest: seconds(fewest)}
+    scale = total / rows
+    chosen = n_steps  # a first guess from the fewest steps' time, refinement and all:
+    while chosen > fewest and timed[fewest] * chosen / fewest * scale > budget:
+        chosen = max(fewest, chosen // 2)  # it errs toward fewer
+    while True:
+        if chosen not in timed:
+            timed[chosen] = seconds(chosen)
+        if timed[chosen] * scale <= budget or chosen <= fewest:
+            break
+        chosen = max(fewest, chosen // 2)
+    asked_seconds = timed.get(n_steps, timed[chosen] * n_steps / chosen) * scale
+    return StepsPlan(method, chosen, n_steps, timed[chosen] * scale, asked_seconds,
+                     refined[chosen], total, budget)

@@ -1,0 +1,88 @@
+"""`path_steps.plan_steps`: a path method's steps fitted to a time budget, each kept size
+timed itself (refinement and all), and what the command line says of it."""
+import io
+
+import pandas as pd
+import pytest
+import torch
+
+import attribution as at
+from attribution import cli
+from attribution.analyses import costs, path_steps
+from attribution.analyses.settings import DEFAULT_N_STEPS
+from tests.support.models import build
+
+
+def test_the_steps_asked_are_kept_where_they_fit():
+    model, x, y = build("residual_mlp")
+    plan = path_steps.plan_steps(model, "fc2", x, y, "integrated_gradients", budget=60.0)
+    assert (plan.n_steps, plan.asked, plan.reduced) == (DEFAULT_N_STEPS, DEFAULT_N_STEPS, False)
+    assert plan.seconds == plan.asked_seconds > 0 and plan.n_samples == len(x)
+    assert "as many as fit" not in plan.words()
+
+
+@pytest.mark.parametrize("budget, chosen, timed", [
+    (1e9, 32, [8, 32]),  # the guess from 8 steps: 32 fit
+    (5.0, 8, [8]),  # 8 steps: 4 s; the guess: 16 would take 8 s
+    (9.0, 16, [8, 16]),
+    (1.0, 8, [8]),  # even the fewest pass the budget: the fewest, said at their time
+])
+def test_the_most_steps_that_fit_are_kept_each_timed_itself(budget, chosen, timed,
+                                                            monkeypatch):
+    """On 800 samples a probe is 100 (one eighth); 62.5 ms a step on the probe: 8 steps
+    take 4 s over every sample. Only the fewest steps and the steps kept are timed, after a
+    warm-up of one sample; the steps asked, where not kept, are estimated in proportion."""
+    clock, seen = [0.0], []
+
+    def fake(model, layer, x, targets, method, *, n_steps, about=None, **options):
+        seen.append((len(x), n_steps))
+        clock[0] += 0.0625 * n_steps
+        if about is not None:  # a quarter of the samples integrated again at 8 steps
+            refined = n_steps * torch.ones(len(x), dtype=torch.int32)
+            refined[: len(x) // 4 if n_steps == 8 else 0] = 2 * n_steps
+            about.update(sum_gap=torch.zeros(len(x)), sum_difference=torch.ones(len(x)),
+                         sum_steps=refined)
+
+    monkeypatch.setattr(path_steps, "neuron_scores", fake)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    plan = path_steps.plan_steps(None, "fc", torch.zeros(800, 3), None, "conductance",
+                                 budget=budget, batch_size=256)
+    assert seen[0] == (1, 8) and {rows for rows, _ in seen[1:]} == {100}
+    assert list(dict.fromkeys(steps for _, steps in seen[1:])) == timed
+    assert plan.n_steps == chosen and plan.seconds == pytest.approx(0.5 * chosen)
+    assert plan.asked_seconds == pytest.approx(0.5 * 32)
+    assert plan.refined == (0.25 if chosen == 8 else 0.0)
+    words = plan.words()
+    assert words.startswith(f"conductance at {chosen} steps, ")
+    assert ("as many as fit in" in words) == (chosen < 32 and budget > 1)
+    assert ("the fewest it takes, and still over the 1 s budget (32 steps: about 16 s)"
+            in words) == (budget == 1)
+    assert ("25% of the samples missed their sum" in words) == (chosen == 8)
+
+
+def test_a_method_without_steps_is_refused():
+    model, x, y = build("residual_mlp")
+    with pytest.raises(at.AttributionError, match="takes no steps"):
+        path_steps.plan_steps(model, "fc2", x, y, "gradient")
+    assert path_steps.takes_steps("integrated_gradients") and path_steps.takes_steps(
+        "conductance") and not path_steps.takes_steps("ablation")
+
+
+def test_the_command_line_fits_the_steps_it_is_not_given_and_says_so(monkeypatch, capsys):
+    """`score` without --n-steps: the steps that fit the budget, said on stderr, and the
+    table computed at those steps; with --n-steps: those, and nothing said of a plan."""
+    from tests.cli.test_cli import DATA, LAYER, MODEL
+
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    common = ["score", "--model", MODEL, "--data", DATA, "--layer", LAYER, "--method",
+              "integrated_gradients", "--clusters", "none", "--out", "-"]
+    code = cli.main(list(map(str, common)))
+    fitted = capsys.readouterr()
+    assert code == 0, fitted.err
+    assert "integrated_gradients at 8 steps, " in fitted.err and \
+        f"({DEFAULT_N_STEPS} steps: " in fitted.err and "(--n-steps)" in fitted.err
+    assert cli.main(list(map(str, common + ["--n-steps", "8"]))) == 0
+    given = capsys.readouterr()
+    assert "as many as fit" not in given.err
+    pd.testing.assert_frame_equal(pd.read_csv(io.StringIO(fitted.out)),
+                                  pd.read_csv(io.StringIO(given.out)))
