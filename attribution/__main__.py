@@ -3,7 +3,8 @@
 The overview (`--help` before any command) prints without importing torch; a command that
 loads a model in the jail starts the jail's server first, so that its import of torch runs
 beside this process's (`benchmarks/bench_layers_command.py` times it against a Python that
-imports torch and loads the file); then `cli.main` runs the command.
+imports torch and loads the file); then `cli.main` runs the command, or for `layers`
+`model_command.main_layers`, which imports the model loaders alone.
 """
 from __future__ import annotations
 
@@ -43,15 +44,23 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         from .inputs.untrusted import jail
         from .inputs.tasks import FIRST_RUN
         jail.warm_up(FIRST_RUN)
+    if command_of(arguments) == "layers":  # the model loaders alone: no analysis imported
+        from .model_command import main_layers
+        return main_layers(arguments)
     from .cli import main  # torch and the engine: only for a command
     return main(arguments)
+
+
+def command_of(arguments: Sequence[str]) -> Optional[str]:
+    """The command a command line names (its first argument but --traceback), if any."""
+    return next((argument for argument in arguments if argument != "--traceback"), None)
 
 
 def reads_a_model_in_the_jail(arguments: Sequence[str]) -> bool:
     """Will this command line load a model in the jail (a command, without --trust-code and
     without a request for help)? A wrong guess costs a server started for nothing, or one
     started later."""
-    command = next((argument for argument in arguments if argument != "--traceback"), None)
+    command = command_of(arguments)
     return command in COMMANDS and not {"--trust-code", "-h", "--help"} & set(arguments)
 
 

@@ -26,7 +26,6 @@ import json
 import math
 import sys
 import textwrap
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -41,7 +40,10 @@ from .analyses import clusters as clusters_module
 from .analyses import distributed
 from .presentation import plots
 from .analyses.costs import curve_cost
-from .commands import BAD_INPUT, Parser, add_command, overview_parser
+from .commands import Parser, add_command, overview_parser
+from .model_command import (EXIT_OK, EXIT_PROBLEM, add_layers_command, file_size, is_writer,
+                            limits_from, load_model_from, model_parser, positive, run_parsed,
+                            say)
 from .analyses.diagnose import diagnose, diagnose_cost, diagnose_plan
 from .analyses.oracle_sample import ORACLE_SECONDS
 from .analyses.path_steps import FEWEST_STEPS, PATH_SECONDS, plan_steps, takes_steps
@@ -51,9 +53,7 @@ from .errors import AttributionError
 from .engine import model_io
 from .engine.model_io import NamedInputs
 from .engine.layers import resolve_layer
-from .inputs.untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .inputs.loaded import LoadedModel
-from .inputs.model_formats import GuessedExampleFailed, load_model
 from .inputs.untrusted.files import open_regular, sniff
 from .methods.paths import SUM_TOLERANCE
 from .methods.registry import METHODS, REGISTRY
@@ -65,10 +65,10 @@ from .analyses.settings import (AnalysisSettings, default_cluster_source, defaul
 from .presentation.report import collect_report, csv_text, render_report, report_csvs
 from .methods.scores import (REDUCTIONS, cluster_codes, find_cluster, neuron_scores,
                              scored_layer)
+from .engine.processes import rank_and_size
 from .engine.runners import LAYER_KEYS
 from .inputs.streaming import NpyRows, read_per_sample
 
-EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, BAD_INPUT, 3, 130
 NO_CLUSTERS = "none"  # --clusters none: every sample in one cluster "all"
 CLUSTER_SOURCES = analysis.CLUSTER_SOURCES + (NO_CLUSTERS,)
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -78,46 +78,10 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 def _oracle_argument(group, which: str) -> None:
     """--oracle-neurons: how many neurons exact ablation measures (`oracle_sample`)."""
-    group.add_argument("--oracle-neurons", type=_positive, metavar="M",
+    group.add_argument("--oracle-neurons", type=positive, metavar="M",
                        help=f"ablate M of {which} exactly, drawn at random (default: every "
                             f"neuron when they fit {ORACLE_SECONDS:.0f} s, else as many as "
                             "fit, said)")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-_LIMIT_FLAGS = {  # Limits field -> help; each is the option --max-... (bytes in MB)
-    "max_decoded_bytes": "MB a file may unpack or decode to",
-    "max_features": "columns of a table",
-    "max_layers": "layers of an architecture description",
-    "max_parameters": "parameters of an architecture description",
-    "max_pickle_nodes": "values in a .pt of nested lists, shared references counted as reached",
-    "max_pickle_bytes": "MB of the pickle in a .pt (its data.pkl)",
-    "max_archive_entries": "entries of a zip archive",
-    "max_row_groups": "row groups of a Parquet file",
-    "first_run_seconds": "seconds the jail gives a model's first load and run (a data file "
-                         "gets 1 s more per 25 MB)",
-    "first_run_memory_bytes": "MB the jail gives a model's first load and run",
-}
-
-
-def _flag(field: str) -> str:
-    """The option of a Limits field: max_decoded_bytes -> --max-decoded-mb."""
-    return "--" + field.replace("_bytes", "_mb").replace("_", "-")
-
-
-def limits_from(args) -> Limits:
-    """The Limits the command line asks for."""
-    return Limits(**{field: getattr(args, field.replace("_bytes", "_mb"))
-                     * (MB if field.endswith("_bytes") else 1) for field in _LIMIT_FLAGS})
 
 
 def _data_arguments(group, kmeans_flag: str) -> None:
@@ -145,17 +109,17 @@ def _data_arguments(group, kmeans_flag: str) -> None:
                        help="draw each sample as an image of this shape in the report, e.g. "
                             "8x8 for a table of 64 pixels (or CxHxW); default: a .npz/.pt's "
                             "own image_shape array")
-    group.add_argument("--max-rows", type=_positive, default=data_module.MAX_ROWS,
+    group.add_argument("--max-rows", type=positive, default=data_module.MAX_ROWS,
                        help="most samples loaded into memory (default %(default)s); larger "
                             "data: save the inputs as .npy")
-    group.add_argument("--sample", type=_positive, metavar="N",
+    group.add_argument("--sample", type=positive, metavar="N",
                        help="work on a random N of the samples (seeded by --seed, in their "
                             "order): a curve or a diagnosis that costs less")
     group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
                        help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
                             "the label when the data has labels, else the data's cluster ids, "
                             "else the predicted class; none: one cluster 'all')")
-    group.add_argument(kmeans_flag, dest="kmeans_k", type=_positive, default=analysis.DEFAULT_K,
+    group.add_argument(kmeans_flag, dest="kmeans_k", type=positive, default=analysis.DEFAULT_K,
                        help="k-means clusters (default %(default)s)")
     group.add_argument("--targets", default=None,
                        help="label, predicted, all or a class id (default: label when the "
@@ -164,9 +128,9 @@ def _data_arguments(group, kmeans_flag: str) -> None:
 
 def _run_arguments(group, seeded: str) -> None:
     """--batch-size, --n-steps, --seed (of `seeded`, in words) and --quiet."""
-    group.add_argument("--batch-size", type=_positive, default=analysis.DEFAULT_BATCH_SIZE,
+    group.add_argument("--batch-size", type=positive, default=analysis.DEFAULT_BATCH_SIZE,
                        help="samples per pass (default %(default)s)")
-    group.add_argument("--n-steps", type=_positive, default=None,
+    group.add_argument("--n-steps", type=positive, default=None,
                        help=f"integration steps (integrated_gradients, conductance; default "
                             f"{analysis.DEFAULT_N_STEPS}, or for score, curve and diagnose on "
                             f"data in memory as many of them as fit {PATH_SECONDS:.0f} s, "
@@ -179,35 +143,7 @@ def _run_arguments(group, seeded: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its seven commands."""
     parser, commands = overview_parser()
-
-    model = Parser(add_help=False)
-    group = model.add_argument_group("model")
-    group.add_argument("--model", required=True, type=Path,
-                       help=".pt2 (torch.export), a state dict with --architecture, or a "
-                            "Hugging Face save_pretrained folder (config.json + "
-                            "model.safetensors)")
-    group.add_argument("--output", type=_output_key,
-                       help="where the logits are in the model's output: a key or field name "
-                            "(e.g. logits) or a position (0); default: the 'logits' entry, "
-                            "else the first [N, C] tensor")
-    group.add_argument("--architecture", type=Path,
-                       help="architecture of a state dict: a JSON/YAML description, or a "
-                            "Python file with --trust-code")
-    group.add_argument("--trust-code", action="store_true",
-                       help="allow pickled modules and Python files, and read the model and "
-                            "data in this process rather than in the jail (only your own "
-                            "files)")
-    group.add_argument("--device", default=analysis.default_device(),
-                       help="cpu, cuda or cuda:N (default: cuda when a GPU is present, else "
-                            "cpu, as the dashboard; under torchrun a bare 'cuda' means "
-                            "cuda:LOCAL_RANK)")
-    group = model.add_argument_group("limits", "budgets checked before a file is decoded; "
-                                               "the defaults are far above real files")
-    for field, help_text in _LIMIT_FLAGS.items():
-        default = getattr(DEFAULT_LIMITS, field)
-        group.add_argument(_flag(field), type=_positive,
-                           default=default // MB if field.endswith("_bytes") else default,
-                           help=f"{help_text} (default %(default)s)")
+    model = model_parser()
 
     def data_options(kmeans_flag: str) -> Parser:  # prune's --k counts neurons
         data = Parser(add_help=False)
@@ -235,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     def band(metric: Optional[str]) -> Parser:  # one per default: parents share actions
         parser = Parser(add_help=False)
         group = parser.add_argument_group("pruning curves")
-        group.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
+        group.add_argument("--n-random", type=positive, default=analysis.DEFAULT_N_RANDOM,
                            help="random orders forming the band (default %(default)s)")
         group.add_argument("--metric", choices=METRICS, default=metric,
                            help=f"what the curves measure (default {metric or METRIC_WORDS})")
@@ -251,9 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write over output files that exist (without it an existing "
                               "file is refused before any work)")
 
-    command = add_command(commands, "layers", [model])
-    command.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    command.set_defaults(run=run_layers)
+    add_layers_command(commands, model)
 
     command = add_command(commands, "score", [model, data, compute, written])
     command.add_argument("--method", nargs="+", choices=METHODS,
@@ -284,9 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     command = add_command(commands, "prune",
                           [model, data_options("--kmeans-k"),
                            computation(analysis.DEFAULT_PRUNE_REDUCE), ablation, written])
-    command.add_argument("--k", type=_positive, required=True,
+    command.add_argument("--k", type=positive, required=True,
                          help="how many neurons of the layer to remove")
-    command.add_argument("--n-random", type=_positive, default=analysis.DEFAULT_N_RANDOM,
+    command.add_argument("--n-random", type=positive, default=analysis.DEFAULT_N_RANDOM,
                          help="random draws of K neurons the removal is compared with "
                               "(default %(default)s)")
     command.add_argument("--oracle", choices=analysis.ORACLE_CHOICES, default="auto",
@@ -349,11 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
                        default=list(analysis.SCORECARD_METHODS),
                        help=f"one or more of {', '.join(METHODS)} (default "
                             f"{' '.join(analysis.SCORECARD_METHODS)})")
-    group.add_argument("--n-boot", type=_positive, default=analysis.BOOTSTRAP_DRAWS,
+    group.add_argument("--n-boot", type=positive, default=analysis.BOOTSTRAP_DRAWS,
                        help="bootstrap draws of the spearman interval (default %(default)s)")
-    group.add_argument("--n-random", type=_positive, default=analysis.SCORECARD_N_RANDOM,
+    group.add_argument("--n-random", type=positive, default=analysis.SCORECARD_N_RANDOM,
                        help="random orders of curve_area (default %(default)s)")
-    group.add_argument("--curve-points", type=_positive,
+    group.add_argument("--curve-points", type=positive,
                        default=analysis.SCORECARD_CURVE_POINTS,
                        help="k steps of the curves of curve_area (default %(default)s)")
     group.add_argument("--metric", choices=METRICS, default=None,
@@ -406,40 +340,6 @@ def _image_shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _output_key(text: str):
-    """--output: a position when it is an integer, else a key."""
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
-def _file_size(path: Optional[Path]) -> Optional[int]:
-    """No size limit for the user's own files: the limit is the file's own size."""
-    return path.stat().st_size if path is not None and path.is_file() else None
-
-
-def load_model_from(args) -> LoadedModel:
-    """The model of `--model`, on `--device` (this process's GPU under torchrun)."""
-    device = distributed.device_for_rank(args.device)
-    architecture = args.architecture
-    if architecture is not None and not architecture.is_file():
-        raise AttributionError(f"No such architecture file: {architecture}.")
-    options = dict(architecture=architecture, trust_code=args.trust_code,
-                   max_bytes=_file_size(args.model), output=args.output, limits=limits_from(args))
-    try:
-        loaded = load_model(args.model, **options)
-    except GuessedExampleFailed as guessed:  # the file does not say what the model takes:
-        failure: AttributionError = guessed    # the data does
-        for example in _examples_from_data(args):
-            try:
-                loaded = load_model(args.model, example_input=example, **options)
-                break
-            except AttributionError as error:
-                failure = error
-        else:
-            raise failure from None
-    loaded.module.to(device)
-    return loaded
-
-
 def _examples_from_data(args) -> list[torch.Tensor]:
     """The first two samples of --data [2, ...] as they are stored and, when they are whole
     numbers in floats (token ids a table or .npz holds as floats), as int64 ids: the
@@ -474,7 +374,7 @@ def _first_rows(args) -> Optional[torch.Tensor]:
         rows = NpyRows(path, batch_size=2, sandbox=not args.trust_code, limits=limits_from(args))
         return torch.from_numpy(next(iter(rows)))
     dataset = data_module.load_data(path, features=_features(args), label=args.label_key,
-                                    cluster=args.cluster_key, max_bytes=_file_size(path),
+                                    cluster=args.cluster_key, max_bytes=file_size(path),
                                     limits=limits_from(args), sandbox=not args.trust_code)
     inputs = dataset.inputs
     return None if isinstance(inputs, NamedInputs) else torch.as_tensor(np.asarray(inputs[:2]))
@@ -482,7 +382,7 @@ def _first_rows(args) -> Optional[torch.Tensor]:
 
 def load_problem(args) -> Problem:
     """The model and the data of the command line, checked against each other."""
-    model = load_model_from(args)
+    model = load_model_from(args, lambda: _examples_from_data(args))
     open_regular(args.data, "data").close()  # not there, or a pipe or a device: said here
     if _is_npy(args.data):
         return _streamed_problem(args, model)
@@ -497,7 +397,7 @@ def load_problem(args) -> Problem:
                                    "--input-names (several named inputs), not both.")
         features = [name.strip() for name in args.input_names.split(",") if name.strip()]
     dataset = data_module.load_data(args.data, features=features, label=args.label_key,
-                                    cluster=args.cluster_key, max_bytes=_file_size(args.data),
+                                    cluster=args.cluster_key, max_bytes=file_size(args.data),
                                     max_rows=args.max_rows, tokenizer=model.tokenizer,
                                     limits=limits_from(args), image_shape=args.image_shape,
                                     sandbox=not args.trust_code,
@@ -650,7 +550,7 @@ class ProgressBar:
     --quiet, or on every rank but 0."""
 
     def __init__(self, label: str, quiet: bool = False):
-        hidden = quiet or not sys.stderr.isatty() or distributed.rank_and_size()[0] != 0
+        hidden = quiet or not sys.stderr.isatty() or rank_and_size()[0] != 0
         self.bar = tqdm(total=100, desc=label, file=sys.stderr, disable=hidden, leave=False,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
@@ -769,32 +669,11 @@ def tidy_scores(table: pd.DataFrame, method: str) -> pd.DataFrame:
     return tidy.iloc[order].reset_index(drop=True)
 
 
-def _is_writer() -> bool:
-    return distributed.rank_and_size()[0] == 0
-
-
 def _check_layer(problem: Problem, layer: str) -> None:
     resolve_layer(problem.model.module, layer)
 
 
 # ---------------------------------------------------------------------------- commands
-
-def run_layers(args) -> int:
-    model = load_model_from(args)
-    rows = pd.DataFrame([{"name": info.name, "type": info.kind, "neurons": info.n_neurons,
-                          "shape": "x".join(map(str, info.shape)), "units": info.describe(),
-                          "neuron_axis": info.neuron_axis, "axis_rule": info.axis_rule}
-                         for info in model.layers()])
-    if not _is_writer():
-        return EXIT_OK
-    if args.format == "csv":
-        sys.stdout.write(csv_text(rows))
-    elif args.format == "json":
-        print(json.dumps(rows.to_dict(orient="records"), indent=2))
-    else:
-        print(rows.to_string(index=False))
-    return EXIT_OK
-
 
 def run_score(args) -> int:
     _check_table_path(args.out)
@@ -823,7 +702,7 @@ def run_score(args) -> int:
             tidy["sum_missing"] = tidy["cluster"].map(missing)
             _say_sums(args, method, n_steps, statistics.sum_counts.sum(0))
         parts.append(tidy)
-    if _is_writer():
+    if is_writer():
         write_table(pd.concat(parts, ignore_index=True), args.out)
     return EXIT_OK
 
@@ -836,19 +715,19 @@ def steps_of(args, problem: Problem, method: str, targets) -> int:
     if args.n_steps is not None:
         return args.n_steps
     if not takes_steps(method) or not isinstance(problem.inputs, torch.Tensor | NamedInputs) \
-            or distributed.rank_and_size()[1] > 1:
+            or rank_and_size()[1] > 1:
         return analysis.DEFAULT_N_STEPS
     plan = plan_steps(problem.model.module, args.layer, problem.inputs, targets, method,
                       batch_size=args.batch_size)
     if not args.quiet:
-        _say(plan.words() + (" (--n-steps)" if plan.reduced else ""))
+        say(plan.words() + (" (--n-steps)" if plan.reduced else ""))
     return plan.n_steps
 
 
 def _say_sums(args, method: str, n_steps: int, totals: torch.Tensor) -> None:
     """Print a path method's sum check (`SUM_COLUMNS` totals: checked, refined, missing) on
     stderr: its table's sum_missing column counts the samples that miss, per cluster."""
-    if args.quiet or not _is_writer():
+    if args.quiet or not is_writer():
         return
     checked, refined, missing = (int(value) for value in totals.tolist())
     target = REGISTRY[method].sums_to
@@ -894,7 +773,7 @@ def _ranking(args, problem: Problem, targets) -> tuple[np.ndarray, object, pd.Da
 def _say_fit(args, method: str, about: dict) -> None:
     """Print what a method fitted to the clusters says of its fit (a probe's held-out
     accuracy) on stderr, beside the scores it ranks by."""
-    if "method_note" in about and not args.quiet and _is_writer():
+    if "method_note" in about and not args.quiet and is_writer():
         print(f"{method}: {about['method_note']}", file=sys.stderr)
 
 
@@ -919,9 +798,9 @@ def run_curve(args) -> int:
     module, layer = problem.model.module, args.layer
     clusters, focus, ranking = _ranking(args, problem, targets)
     measured = analysis.curve_targets(args.metric, problem.labels, targets)
-    if not args.quiet and _is_writer() and isinstance(problem.inputs,
+    if not args.quiet and is_writer() and isinstance(problem.inputs,
                                                       torch.Tensor | NamedInputs):
-        _say("pruning curves: " + curve_cost(module, layer, problem.inputs, measured, ks=ks,
+        say("pruning curves: " + curve_cost(module, layer, problem.inputs, measured, ks=ks,
                                              n_random=args.n_random, seed=args.seed,
                                              batch_size=args.batch_size
                                              ).words(command_line=True))
@@ -933,7 +812,7 @@ def run_curve(args) -> int:
             curves = distributed.cluster_pruning_curves(module, layer, problem.inputs,
                                                         measured, clusters, focus, ranking,
                                                         progress=bar, **options)
-    if not _is_writer():
+    if not is_writer():
         return EXIT_OK
     write_table(curves, args.out)
     if args.summary is not None:
@@ -967,7 +846,7 @@ def _prune_oracle(args, problem: Problem, targets) -> Optional[np.ndarray]:
         seconds = cost.seconds_of_masks(cost.n_neurons)
         if seconds > analysis.PRUNE_ORACLE_SECONDS:
             if not args.quiet:
-                _say(f"exact ablation of the {cost.n_neurons} neurons would take about "
+                say(f"exact ablation of the {cost.n_neurons} neurons would take about "
                      f"{seconds:.0f} s: the check compares with random neurons only "
                      "(--oracle on to compute it)")
             return None
@@ -978,7 +857,7 @@ def _prune_oracle(args, problem: Problem, targets) -> Optional[np.ndarray]:
 
 
 def _one_process(command: str) -> None:
-    if distributed.rank_and_size()[1] > 1:
+    if rank_and_size()[1] > 1:
         raise AttributionError(f"`{command}` runs in one process; start it with "
                                "`python -m attribution`, not torchrun.")
 
@@ -1019,7 +898,7 @@ def run_prune(args) -> int:
           f"({analysis.REDUCTION_LABELS[args.reduce]}); wrote {args.out}")
     print("\n".join(check.words()))
     if check.warning:
-        _say(f"Warning: {check.warning} Rank by mean magnitude (--reduce mean_abs) or by "
+        say(f"Warning: {check.warning} Rank by mean magnitude (--reduce mean_abs) or by "
              "exact ablation (--method ablation).")
     if args.summary is not None:
         write_json({"model": str(args.model), "data": str(args.data), "layer": args.layer,
@@ -1057,7 +936,7 @@ def run_diagnose(args) -> int:
     else:
         options.update(oracle_neurons=args.oracle_neurons, n_random=args.n_random)
     if not args.quiet and in_memory:
-        _say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
+        say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
                                           targets, args.method, clusters, cluster=focus,
                                           **options).words())
     with ProgressBar("diagnose", args.quiet) as bar:
@@ -1153,18 +1032,18 @@ def run_scorecard(args) -> int:
                        layers=args.layers, batch_size=args.batch_size,
                        seed=args.seed))  # for the estimate and the work
     if not args.quiet:
-        _say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
+        say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
                                             clusters, **options).words())
     with ProgressBar("scorecard", args.quiet) as bar:
         card = scorecard(problem.model.module, dataset.inputs, targets, clusters,
                          progress=bar, **options)
     for key, reason in card.attrs["refused"].items():
-        _say(f"left out {key}: {reason}")
+        say(f"left out {key}: {reason}")
     for layer, row in card.groupby("layer", sort=False).first().iterrows():
         if row["neurons"] < row["n_neurons"]:
             samples = (f" and {int(row['samples']):,} of its {int(row['n_samples']):,} samples"
                        if row["samples"] < row["n_samples"] else "")
-            _say(f"{layer}: measured on {int(row['neurons']):,} of its "
+            say(f"{layer}: measured on {int(row['neurons']):,} of its "
                  f"{int(row['n_neurons']):,} neurons{samples}, drawn at random "
                  "(--oracle-neurons); the intervals span both draws")
     write_table(card, args.out)
@@ -1204,38 +1083,10 @@ def in_memory(problem: Problem, args) -> data_module.Dataset:
 
 # ---------------------------------------------------------------------------- entry point
 
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one command; returns the exit code (never raises for a user's mistake)."""
     args = build_parser().parse_args(argv)
     if getattr(args, "neuron_axis", None) is not None:  # one mechanism: the "name:axis" spec
         args.layer = f"{args.layer}:{args.neuron_axis}"
-    joined = finished = False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # libraries' notes to developers
-            joined = distributed.join_from_environment(
-                distributed.device_for_rank(args.device))
-            check_outputs(args)  # before any work: minutes of it would be lost
-            with torch.inference_mode(False):  # a model it loads must be able to take gradients
-                code = args.run(args)
-            finished = True
-            return code
-    except AttributionError as error:
-        _say(f"error: {error}")
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        _say("interrupted")
-        return EXIT_INTERRUPTED
-    except Exception as error:  # a bug, not a user's mistake
-        if args.traceback:
-            raise
-        _say(f"internal error ({type(error).__name__}: {error}). This is a bug in attribution; "
-             "rerun with --traceback and report it.")
-        return EXIT_INTERNAL
-    finally:
-        distributed.leave(joined, finished)
-
-
-def _say(message: str) -> None:
-    rank, size = distributed.rank_and_size()
-    print(f"[rank {rank}] {message}" if size > 1 else message, file=sys.stderr)
+    return run_parsed(args, check_outputs)

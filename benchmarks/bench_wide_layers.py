@@ -11,7 +11,8 @@ Per model, on this machine: one forward and one forward+backward of the whole ba
 part's time as said against as taken; the agreement table of two methods with that oracle,
 each with its interval over the samples and the neurons drawn; diagnose itself at its
 defaults and the scorecard of the layer (its default seven methods on that oracle), each
-said (`diagnose_cost`, `scorecard_cost`) against taken.
+said (`diagnose_cost`, `scorecard_cost`) against taken; integrated gradients at the steps
+that fit `path_steps.PATH_SECONDS` (`plan_steps`), said against taken.
 """
 import argparse
 import time
@@ -20,7 +21,8 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.costs import CURVE_SECONDS, draw_samples
+from attribution.analyses.costs import CURVE_SECONDS, draw_samples, seconds_words
+from attribution.analyses.path_steps import PATH_SECONDS, plan_steps
 from attribution.analyses.oracle_sample import ORACLE_SECONDS
 from benchmarks.common import note, record, run
 
@@ -132,6 +134,11 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
                                                         plan=planned, **options))
     diagnose_seconds, findings = timed(lambda: at.diagnose(model, layer, x, targets,
                                                            "gradient", plan=planned, **options))
+    steps_seconds, steps = timed(lambda: plan_steps(model, layer, x, targets,
+                                                    "integrated_gradients", **options))
+    path_seconds, _ = timed(lambda: at.neuron_scores(model, layer, x, targets,
+                                                     "integrated_gradients",
+                                                     n_steps=steps.n_steps, **options))
     card_plans = {layer: plan}
     if with_scorecard:
         card_cost_seconds, card_cost = timed(lambda: at.scorecard_cost(
@@ -158,7 +165,11 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
             ("agreement table, 2 methods, on that sample", f"{table_seconds:.1f} s", ""),
             ("diagnose at its defaults (method gradient)", f"{diagnose_seconds:.1f} s",
              f"said/took {cost.seconds / diagnose_seconds:.2f}"),
-            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", "")]
+            ("  its estimate (diagnose_cost), computed in", f"{cost_seconds:.1f} s", ""),
+            (f"integrated gradients at {steps.n_steps} steps, fitted to {PATH_SECONDS:.0f} s "
+             f"({steps.asked} steps: {seconds_words(steps.asked_seconds)})",
+             f"{path_seconds:.1f} s", f"said/took {steps.seconds / path_seconds:.2f}"),
+            ("  its plan (plan_steps), computed in", f"{steps_seconds:.1f} s", "")]
     if with_scorecard:
         rows += [(f"scorecard of this layer, {card['method'].nunique()} methods, on the "
                   "oracle's sample", f"{card_seconds:.1f} s",

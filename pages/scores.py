@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from attribution.analyses.costs import WORTH_SAYING_SECONDS
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
 from attribution.analyses.neuron import neuron_from_point
@@ -71,6 +72,10 @@ for method in s.methods:
         note, usable = fit
         (st.info if usable else st.warning)(f"{plots.method_label(method)}: {note}",
                                             icon=":material/model_training:")
+    planned = ctx.steps_plan(method)
+    if planned is not None and (planned.reduced or planned.seconds > WORTH_SAYING_SECONDS):
+        said = planned.words(plots.method_label(method))
+        st.caption(escape_markdown(f"{said[:1].upper()}{said[1:]}."))
     summed = ctx.sum_finding(method)
     if summed is not None:
         message, hint = summed.words(screen=True)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tests.support.browser import (BROWSER_TIMINGS, CHROMIUM, CHROMIUM_ARGS, CONTENTION,
-                                   check_and_close, open_tab, streamlit_server)
+                                   check_and_close, open_tab, slower_machine, streamlit_server)
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +54,7 @@ def browser():
     """Headless Chromium, one per test module."""
     from playwright.sync_api import sync_playwright
 
+    slower_machine()  # timed once, before any browser or server runs beside it
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
@@ -82,5 +83,8 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("dashboard timings in headless Chromium")
         if CONTENTION > 1:
             terminalreporter.write_line(f"(machine busy at the start: budgets x{CONTENTION:.1f})")
+        if slower_machine() > 1:
+            terminalreporter.write_line(f"(machine slower than the budgets': budgets "
+                                        f"x{slower_machine():.1f})")
         for name, seconds in BROWSER_TIMINGS.items():
             terminalreporter.write_line(f"{name}: {seconds:.2f} s")

@@ -15,7 +15,6 @@ DataLoader with shuffle=False).
 """
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,55 +30,15 @@ from torch.utils.data import DataLoader, IterableDataset, SequentialSampler, Sub
 from ..engine import model_io
 from . import pruning_curves
 from ..errors import AttributionError
-from ..methods.passes import on_device, resolve_device
+from ..methods.passes import on_device
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED)
 from ..methods.registry import REGISTRY
 from ..methods.scores import (SUM_COLUMNS, ClusterStatistics, Inputs, Progress, Targets,
                               cluster_codes, find_cluster, cluster_statistics as shard_statistics,
                               fit_method, n_samples)
+from ..engine.processes import rank_and_size
 from ..engine.runners import LAYER_KEYS
-
-
-def rank_and_size(group=None) -> tuple[int, int]:
-    """(this process's rank, number of processes); (0, 1) without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def device_for_rank(device) -> torch.device:
-    """`device` for this process: a bare "cuda" becomes cuda:LOCAL_RANK under torchrun."""
-    resolved = resolve_device(device)
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-    return resolved
-
-
-def join_from_environment(device: torch.device) -> bool:
-    """Join the process group that torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR, ...).
-
-    Returns True when this call created the group (the caller then calls `leave`); False when
-    there is no torchrun environment or a group already exists.
-    """
-    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return True
-
-
-def leave(joined: bool, finished: bool = True) -> None:
-    """Destroy the process group if `join_from_environment` created it. After a command that
-    `finished` (every rank ran the same collectives to the end) the ranks first meet at a
-    barrier: a gloo group torn down in one process while a peer still uses its connection
-    (rank 0 writing the results) can abort that peer ("terminate called without an active
-    exception"). After a failure no barrier: a peer may never arrive."""
-    if joined and dist.is_initialized():
-        if finished:
-            dist.barrier()
-        dist.destroy_process_group()
 
 
 def shard_range(total: int, rank: int, size: int) -> range:

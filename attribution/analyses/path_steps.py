@@ -61,12 +61,12 @@ class StepsPlan:
     def reduced(self) -> bool:
         return self.n_steps < self.asked
 
-    def words(self) -> str:
+    def words(self, name: Optional[str] = None) -> str:
         """"integrated_gradients at 8 steps, about 24 s: as many as fit in 30 s (32 steps:
         about 1.6 min); in the timing 3% of the samples missed their sum and were integrated
         again with more steps (counted)"; "...: the fewest it takes, and still over the 30 s
-        budget (...)" where even FEWEST_STEPS pass it."""
-        said = f"{self.method} at {self.n_steps} steps, {seconds_words(self.seconds)}"
+        budget (...)" where even FEWEST_STEPS pass it. `name`: the method's, in words."""
+        said = f"{name or self.method} at {self.n_steps} steps, {seconds_words(self.seconds)}"
         asked = f"{self.asked} steps: {seconds_words(self.asked_seconds)}"
         if self.reduced and self.seconds <= self.budget:
             said += f": as many as fit in {self.budget:.0f} s ({asked})"

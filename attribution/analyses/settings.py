@@ -85,6 +85,7 @@ from .clusters import CLUSTER_SOURCES
 from ..errors import AttributionError
 from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
+from ..engine.processes import default_device
 from .costs import CurveCost, CurvePlan, curve_cost, draw_samples, plan_curve, take_rows
 from .prune import prune, save_pt2
 from .pruning_curves import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
@@ -112,12 +113,6 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
 ]
 
 # ---------------------------------------------------------------- choices and their words
-
-def default_device() -> str:
-    """Where the dashboard and the command line compute when not told: "cuda" (the first
-    GPU) when one is present, else "cpu"."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
 
 DEFAULT_COMPARE = ("gradient", "ablation")
 """Methods shown beside the main one (the dashboard's "Compare with", the report's)."""

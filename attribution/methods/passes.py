@@ -30,6 +30,7 @@ from ..engine import model_io
 from ..engine.guards import autograd_input, engine_modes, eval_mode
 from ..engine.layers import resolve_layer
 from ..engine.model_io import MULTI_HOT_ADVICE, is_multi_hot, model_device
+from ..engine.processes import resolve_device
 from ..engine.runners import LayerRunner, runner_for
 from ..errors import AttributionError
 from .registry import Targets
@@ -43,26 +44,6 @@ Result = TypeVar("Result")
 
 
 # ------------------------------------------------------------------- device and batches
-
-def resolve_device(device: Union[str, torch.device]) -> torch.device:
-    """`device` as a torch.device that exists here; AttributionError when it does not."""
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise AttributionError(f"Unknown device {device!r}; use 'cpu', 'cuda' or "
-                               "'cuda:N'.") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise AttributionError(
-                f"Device {device!r} asks for a GPU, but CUDA is not available here (torch "
-                f"{torch.__version__}); use device 'cpu', or install a CUDA build of torch.")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise AttributionError(f"Device {device!r} does not exist: this machine has "
-                                   f"{torch.cuda.device_count()} GPU(s), cuda:0.. .")
-    elif resolved.type != "cpu":
-        raise AttributionError(f"Device {device!r} is not supported; use 'cpu' or 'cuda'.")
-    return resolved
-
 
 def on_device(model: nn.Module, device: Union[str, torch.device, None]) -> nn.Module:
     """`model` when it already lives on `device` (or device is None), else a copy moved there.

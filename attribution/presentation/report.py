@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from . import plots
+from .cells import inert_text
 from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
@@ -487,17 +488,6 @@ def render_report(content: ReportContent) -> str:
 
 def _curve_titles(cluster: object) -> dict[str, str]:
     return {"cluster": f"cluster {plots.plain(cluster)}", "rest": "rest of the data"}
-
-
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-"""A text cell starting so is a formula to a spreadsheet (OWASP "CSV injection")."""
-
-
-def inert_text(value: object) -> object:
-    """`value` with a leading ' when it is text a spreadsheet would run as a formula."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
 
 
 def csv_text(frame: pd.DataFrame) -> str:

@@ -20,6 +20,7 @@ from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
                                           integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
+from attribution.analyses.path_steps import StepsPlan, plan_steps, takes_steps
 from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
@@ -36,7 +37,7 @@ from pages.shared.workspace import Workspace, cluster_ids, predictions
 
 @st.cache_data(max_entries=64, show_spinner="Scoring neurons…")
 def _per_sample(key: str, layer: str, method: str, target_key: str, partition_key: str,
-                batch_size: int, _model, _inputs: torch.Tensor,
+                batch_size: int, n_steps: int, _model, _inputs: torch.Tensor,
                 _targets: Optional[torch.Tensor], _clusters: Optional[np.ndarray],
                 _progress) -> tuple[np.ndarray, dict]:
     """(scores [N, n], what `neuron_scores` said about them: a fitted method's
@@ -45,19 +46,27 @@ def _per_sample(key: str, layer: str, method: str, target_key: str, partition_ke
     about: dict = {}
     with _progress:
         scores = at.neuron_scores(_model, layer, _inputs, _targets, method,
-                                  batch_size=batch_size, progress=_progress,
+                                  batch_size=batch_size, n_steps=n_steps, progress=_progress,
                                   clusters=_clusters, about=about).numpy()
     return scores, about
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-              reduce: str, batch_size: int, user_key: str, plan_key: str, _plan: DiagnosePlan,
-              _model, _inputs, _targets, _clusters, cluster, _user_scores, _progress) -> list:
+              reduce: str, batch_size: int, n_steps: int, user_key: str, plan_key: str,
+              _plan: DiagnosePlan, _model, _inputs, _targets, _clusters, cluster, _user_scores,
+              _progress) -> list:
     with _progress:
         return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
                            cluster=cluster, reduce=reduce, user_scores=_user_scores,
-                           batch_size=batch_size, plan=_plan, progress=_progress)
+                           batch_size=batch_size, n_steps=n_steps, plan=_plan,
+                           progress=_progress)
+
+
+@st.cache_data(max_entries=32, show_spinner="Timing the path method on a sample…")
+def _steps_plan(key: str, layer: str, method: str, target_key: str, batch_size: int, _model,
+                _inputs, _targets) -> StepsPlan:
+    return plan_steps(_model, layer, _inputs, _targets, method, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing exact ablation on a sample…")
@@ -98,10 +107,12 @@ def _scorecard_oracle_plans(key: str, target_key: str, partition_key: str, batch
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
 def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_key: str,
-                   reduce: str, batch_size: int, plan_key: str, _plan: DiagnosePlan, _model,
-                   _inputs, _targets, _clusters, cluster) -> SampledCost:
+                   reduce: str, batch_size: int, n_steps: int, plan_key: str,
+                   _plan: DiagnosePlan, _model, _inputs, _targets, _clusters,
+                   cluster) -> SampledCost:
     return diagnose_cost(_model, layer, _inputs, _targets, method, _clusters,
-                         cluster=cluster, reduce=reduce, batch_size=batch_size, plan=_plan)
+                         cluster=cluster, reduce=reduce, batch_size=batch_size,
+                         n_steps=n_steps, plan=_plan)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
@@ -177,15 +188,32 @@ class Context:
     def sum_finding(self, method: str) -> Optional[Finding]:
         """Whether `method`'s scores of each sample sum to what they integrate (a path
         method: `Method.sums_to`), or None for a method without such a sum."""
-        checked = sum_check(self._scored(method)[1], DEFAULT_N_STEPS)
-        return None if checked is None else integral_finding(checked, method, DEFAULT_N_STEPS)
+        n_steps = self.n_steps(method)
+        checked = sum_check(self._scored(method)[1], n_steps)
+        return None if checked is None else integral_finding(checked, method, n_steps)
+
+    def steps_plan(self, method: str, settings: Optional[AnalysisSettings] = None
+                   ) -> Optional[StepsPlan]:
+        """The steps of path `method` that fit `path_steps.PATH_SECONDS` on every sample at
+        the layer of `settings` (this view's when None) (`plan_steps`: timed once per view
+        and cached); None for a method without steps."""
+        if not takes_steps(method):
+            return None
+        s = self.settings if settings is None else settings
+        return _steps_plan(self.ws.key, s.layer, method, keys.target_key(s), s.batch_size,
+                           self.ws.model, self.ws.data.inputs, self.targets)
+
+    def n_steps(self, method: str, settings: Optional[AnalysisSettings] = None) -> int:
+        """The steps `method` takes here: its `steps_plan`'s, else DEFAULT_N_STEPS."""
+        plan = self.steps_plan(method, settings)
+        return DEFAULT_N_STEPS if plan is None else plan.n_steps
 
     def _scored(self, method: str) -> tuple[np.ndarray, dict]:
         s = self.settings
         fitted = REGISTRY[method].fit is not None
         return _per_sample(self.ws.key, s.layer, method, self.target_key,
                            keys.partition_key(s) if fitted else "", s.batch_size,
-                           self.ws.model, self.ws.data.inputs, self.targets,
+                           self.n_steps(method), self.ws.model, self.ws.data.inputs, self.targets,
                            self.clusters if fitted else None,
                            ProgressLine(f"Scoring neurons by {plots.method_label(method)}"))
 
@@ -201,7 +229,8 @@ class Context:
         s = self.settings
         plan = self.diagnose_plan(s)
         return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, user_key, repr(plan), plan,
+                         s.reduce, s.batch_size, self.n_steps(s.method), user_key, repr(plan),
+                         plan,
                          self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                          s.cluster, user_scores, ProgressLine("Running the degeneracy checks"))
 
@@ -211,7 +240,8 @@ class Context:
         s = self.settings
         plan = self.diagnose_plan(s)
         return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
-                              self.cluster_key, s.reduce, s.batch_size, repr(plan), plan,
+                              self.cluster_key, s.reduce, s.batch_size,
+                              self.n_steps(s.method), repr(plan), plan,
                               self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                               s.cluster)
 
@@ -277,8 +307,8 @@ class Context:
         s = settings
         plan = self.diagnose_plan(s, clusters)
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
-                         keys.cluster_key(s), s.reduce, s.batch_size, "", repr(plan), plan,
-                         self.ws.model,
+                         keys.cluster_key(s), s.reduce, s.batch_size, self.n_steps(s.method, s),
+                         "", repr(plan), plan, self.ws.model,
                          self.ws.data.inputs, self.targets, clusters, s.cluster, None,
                          ProgressLine("Trying a remedy"))
 

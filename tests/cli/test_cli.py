@@ -14,7 +14,7 @@ import torch
 
 import attribution as at
 import attribution.__main__ as entry
-from attribution import cli, commands
+from attribution import cli, commands, model_command
 from attribution.analyses import costs, distributed
 from attribution.analyses import pruning_curves
 from attribution.analyses import settings
@@ -556,7 +556,7 @@ def test_score_tables_cannot_start_a_spreadsheet_formula(tmp_path, capsys):
     arguments = ["score", "--model", MODEL, "--data", tmp_path / "d.npz", "--layer", LAYER,
                  "--clusters", "provided", "--quiet", "--out"]  # the data's cluster column
     for out in (tmp_path / "s.csv", "-"):
-        assert cli.main([str(a) for a in arguments + [out]]) == cli.EXIT_OK
+        assert cli.main([str(a) for a in arguments + [out]]) == model_command.EXIT_OK
         text = capsys.readouterr().out if out == "-" else out.read_text()
         table = pd.read_csv(io.StringIO(text))
         assert set(table["cluster"]) == {"'" + name for name in hostile}
@@ -629,12 +629,16 @@ def test_unlabelled_data_is_grouped_by_the_predicted_class_everywhere(tmp_path, 
 
 def test_without_device_the_command_line_computes_where_the_dashboard_does(monkeypatch,
                                                                           capsys):
-    """One home for the choice: `settings.default_device()`, "cuda" when a GPU is present."""
+    """One home for the choice: `processes.default_device()` (the settings' too), "cuda"
+    when a GPU is present."""
+    from attribution.engine import processes
+
+    assert settings.default_device is processes.default_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert settings.default_device() == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert settings.default_device() == "cpu"
-    monkeypatch.setattr(settings, "default_device", lambda: "banana")
+    monkeypatch.setattr(processes, "default_device", lambda: "banana")
     code, _, err = in_process("layers", "--model", MODEL, capsys=capsys)
     assert code != 0 and "Unknown device 'banana'" in err
     code, _, _ = in_process("layers", "--model", MODEL, "--device", "cpu", capsys=capsys)
@@ -763,10 +767,45 @@ def test_the_entry_point_hands_every_command_to_the_command_line(capsys):
     assert "every method on every layer" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exited:
         entry.run(["score", "--model", MODEL])
-    assert exited.value.code == cli.EXIT_BAD_INPUT
+    assert exited.value.code == model_command.EXIT_BAD_INPUT
     assert "--data" in capsys.readouterr().err
-    assert entry.run(["layers", "--model", MODEL, "--format", "json"]) == cli.EXIT_OK
+    assert entry.run(["layers", "--model", MODEL, "--format", "json"]) == model_command.EXIT_OK
     assert json.loads(capsys.readouterr().out)[0]["name"] == "fc1"
+
+
+LAYERS_WITHOUT_ANALYSES = """
+import json, sys
+import attribution.__main__ as entry
+assert entry.run(["layers", "--model", sys.argv[1], "--format", sys.argv[2]]) == 0
+heavy = sorted(name for name in sys.modules if name == "pandas"
+               or name.startswith(("attribution.analyses", "attribution.methods.scores",
+                                   "attribution.cli")))
+assert not heavy, f"layers imported {heavy}"
+"""
+
+
+@pytest.mark.parametrize("form", ["table", "csv", "json"])
+def test_layers_imports_no_analysis_and_says_what_the_full_parser_says(form, capsys):
+    """`layers` through the entry point loads the model and lists its layers with the model
+    loaders alone (no pandas, no analysis: it starts at its floor), and prints what
+    `cli.main` prints for the same command line."""
+    result = fresh_python(LAYERS_WITHOUT_ANALYSES, str(MODEL), form, timeout=300)
+    assert result.returncode == 0, result.stderr
+    code, out, _ = in_process("layers", "--model", MODEL, "--format", form, capsys=capsys)
+    assert code == 0 and result.stdout == out.replace("\r\n", "\n")  # text mode's newlines
+
+
+def test_plain_rows_are_written_as_a_frame_is(tmp_path):
+    """`cells.rows_csv` (pandas-free, for `layers`) writes the CSV `report.csv_text` writes
+    of the same rows: formulas made inert, None empty, CRLF line ends, quoted newlines."""
+    from attribution.presentation import cells
+    from attribution.presentation.report import csv_text
+
+    rows = [{"name": "=cmd|' /C calc'!A0", "n": 3, "axis": None, "x": 0.5, "words": "a\nb"},
+            {"name": "-2+3", "n": -1, "axis": "+1", "x": 1.25, "words": "@here"}]
+    assert cells.rows_csv(rows) == csv_text(pd.DataFrame(rows))
+    assert cells.rows_csv(rows).splitlines()[1].startswith("'=cmd|' /C calc'!A0,3,,0.5,")
+    assert cells.rows_csv([]) == cells.rows_text([]) == ""
 
 
 def test_importing_the_package_imports_torch_only_when_a_name_is_used():

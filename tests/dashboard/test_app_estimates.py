@@ -230,3 +230,31 @@ def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatc
     assert "timing" in calls and calls.index("timing") < calls.index("work"), calls
     app.run()  # a rerun: both cached, nothing timed again
     assert calls.count("work") == 1 and calls.count("timing") == 1
+
+
+def test_a_path_method_takes_the_steps_that_fit_and_says_so(monkeypatch, cold):
+    """With a budget no step count fits, integrated gradients on the Scores page takes the
+    fewest steps, says so and what the steps asked would take, and its scores are those
+    of that many steps."""
+    from attribution.analyses import path_steps
+
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    context._steps_plan.clear()
+    scored = []
+    real = at.neuron_scores
+
+    def recording(*args, n_steps, **options):
+        scored.append(n_steps)
+        return real(*args, n_steps=n_steps, **options)
+
+    monkeypatch.setattr(at, "neuron_scores", recording)
+    try:
+        app = run_app({"method": "integrated_gradients", "compare": ""})
+        assert_clean(app)
+        said = [caption.value.replace("\\", "") for caption in app.caption  # escaped
+                if caption.value.startswith("Integrated gradients at ")]
+        assert len(said) == 1 and said[0].startswith("Integrated gradients at 8 steps, ")
+        assert "still over the 0 s budget (32 steps: " in said[0]
+        assert scored == [8]  # the page's scores; the plan's timings are path_steps' own
+    finally:
+        context._steps_plan.clear()

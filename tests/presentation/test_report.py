@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs
 
 import attribution as at
 from attribution.analyses import settings as analysis
-from attribution.presentation import plots
+from attribution.presentation import cells, plots
 from attribution.presentation import report
 from attribution.inputs.demo import load_demo
 from attribution.analyses.diagnose import Finding
@@ -265,7 +265,7 @@ def test_report_csvs_neutralise_cluster_names(demo):
     for name, text in report.report_csvs(content).items():
         for row in csv.reader(io.StringIO(text)):
             for cell in row:
-                assert not cell.startswith(report.FORMULA_STARTS) or \
+                assert not cell.startswith(cells.FORMULA_STARTS) or \
                     _is_number(cell), (name, cell)
     shown = pd.read_csv(io.StringIO(report.report_csvs(content)["cluster_scores.csv"]))
     assert set(shown["cluster"]) == {"'" + text for text in FORMULAS}

@@ -4,6 +4,7 @@ what went wrong in it, and the helpers the browser tests and benchmarks share
 (the fixtures `browser`, `server` and `app` are in tests/conftest.py)."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -281,5 +282,30 @@ def check_and_close(app: App, context) -> None:
     assert not app.problems, app.problems
 
 
+IDLE_FLOOR_S = 3.0
+"""`import torch` and loading the demo CNN's .pt2 in a new process on the idle machine the
+budgets were set on (2.6 to 3.05 s in the sessions that set them,
+`benchmarks/bench_layers_command.py`'s floor)."""
+
+
+@functools.cache
+def slower_machine() -> float:
+    """How much slower than the machine the budgets were set on this one is, idle: that
+    floor timed here (the faster of two runs, once per test session, before the first
+    browser starts), as a factor (at least 1). A slower machine stretches every budget by
+    it, as CONTENTION does for a busy one; an app slower than its machine is still
+    caught."""
+    from attribution.inputs.demo import DEMO_FILES
+
+    (program,) = [f.path for f in DEMO_FILES if f.path.name == "digits_cnn.pt2"]
+    floor = [sys.executable, "-c", f"import torch; torch.export.load({str(program)!r})"]
+    fastest = float("inf")
+    for _ in range(2):  # the faster of two: the first may read the files from disk
+        started = time.perf_counter()
+        subprocess.run(floor, check=True, capture_output=True)
+        fastest = min(fastest, time.perf_counter() - started)
+    return max(1.0, fastest / IDLE_FLOOR_S)
+
+
 def within_budget(seconds: float, budget: float) -> bool:
-    return seconds < budget * CONTENTION
+    return seconds < budget * CONTENTION * slower_machine()
