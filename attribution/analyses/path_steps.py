@@ -15,15 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 from torch import nn
 
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS
-from ..engine.model_io import n_rows, named, take
+from ..engine.model_io import n_rows, named
 from ..errors import AttributionError
 from ..methods.paths import sum_check
 from ..methods.registry import REGISTRY
 from ..methods.scores import Inputs, check_method, neuron_scores
-from .costs import SAMPLED_RUNS, fastest, seconds_words
+from .costs import SAMPLED_RUNS, fastest, seconds_words, take_rows
 
 PATH_SECONDS = 30.0
 """The time a path method's scores may take when its steps are not given (`plan_steps`)."""
@@ -95,8 +96,7 @@ def plan_steps(model: nn.Module, layer, inputs: Inputs, targets=None,
     budget = PATH_SECONDS if budget is None else budget
     total = n_rows(named(inputs))
     rows = min(total, batch_size, max(1, total // PROBE_SHARE))
-    probe = take(named(inputs), slice(0, rows))
-    probe_targets = targets if targets is None or isinstance(targets, str) else targets[:rows]
+    probe, probe_targets = (take_rows(value, np.arange(rows)) for value in (inputs, targets))
     refined: dict[int, float] = {}
 
     def seconds(steps: int) -> float:
@@ -112,9 +112,9 @@ def plan_steps(model: nn.Module, layer, inputs: Inputs, targets=None,
         return took
 
     fewest = min(FEWEST_STEPS, n_steps)
-    neuron_scores(model, layer, take(probe, slice(0, 1)), probe_targets if probe_targets is None
-                  or isinstance(probe_targets, str) else probe_targets[:1], method,
-                  n_steps=fewest, device=device)  # builds what is built once per model
+    first = np.arange(1)
+    neuron_scores(model, layer, take_rows(probe, first), take_rows(probe_targets, first),
+                  method, n_steps=fewest, device=device)  # builds what is built once per model
     timed = {fewest: seconds(fewest)}
     scale = total / rows
     chosen = n_steps  # a first guess from the fewest steps' time, refinement and all:
