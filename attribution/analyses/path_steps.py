@@ -8,7 +8,8 @@ FEWEST_STEPS), whose time fits the budget: each timed on a sample of the samples
 batch at most) and scaled to all of them. A path method integrates a sample that misses
 its sum again with more steps (`paths`), and fewer steps miss more often, so the time is
 not linear in the steps: the steps kept are timed themselves, refinement included (said),
-after a first guess from the fewest steps' time.
+after a first guess from the fewest steps' time; where the steps kept refined samples,
+twice as many are timed too, since they may refine fewer and fit.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def plan_steps(model: nn.Module, layer, inputs: Inputs, targets=None,
                device=None) -> StepsPlan:
     """The steps of path `method` on these inputs (in memory [N, ...]; targets as in
     `neuron_scores`) that fit `budget` seconds (None: PATH_SECONDS): `n_steps` where they
-    fit, else half as many until they do or FEWEST_STEPS (said either way). Each timed
+    fit, else half as many until they do or FEWEST_STEPS (said either way), then twice as
+many while they fit and the steps kept refined samples or fit twice over. Each timed
     on the first samples (one batch, at most 1/PROBE_SHARE of them), refinement included,
     the fastest of SAMPLED_RUNS runs, and scaled to every sample; the steps asked are
     timed where kept, else estimated in proportion to the steps kept."""
@@ -126,6 +128,15 @@ def plan_steps(model: nn.Module, layer, inputs: Inputs, targets=None,
         if timed[chosen] * scale <= budget or chosen <= fewest:
             break
         chosen = max(fewest, chosen // 2)
+    while timed[chosen] * scale <= budget and chosen * 2 <= n_steps:
+        larger = chosen * 2  # refinement makes fewer steps dearer than their share: timed
+        if not refined[chosen] and timed[chosen] * 2 * scale > budget:
+            break
+        if larger not in timed:
+            timed[larger] = seconds(larger)
+        if timed[larger] * scale > budget:
+            break
+        chosen = larger
     asked_seconds = timed.get(n_steps, timed[chosen] * n_steps / chosen) * scale
     return StepsPlan(method, chosen, n_steps, timed[chosen] * scale, asked_seconds,
                      refined[chosen], total, budget)

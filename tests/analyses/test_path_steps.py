@@ -23,7 +23,7 @@ def test_the_steps_asked_are_kept_where_they_fit():
 
 @pytest.mark.parametrize("budget, chosen, timed", [
     (1e9, 32, [8, 32]),  # the guess from 8 steps: 32 fit
-    (5.0, 8, [8]),  # 8 steps: 4 s; the guess: 16 would take 8 s
+    (5.0, 8, [8, 16]),  # 8 steps: 4 s, a quarter refined: 16 timed, 8 s
     (9.0, 16, [8, 16]),
     (1.0, 8, [8]),  # even the fewest pass the budget: the fewest, said at their time
 ])
@@ -58,6 +58,28 @@ def test_the_most_steps_that_fit_are_kept_each_timed_itself(budget, chosen, time
     assert ("the fewest it takes, and still over the 1 s budget (32 steps: about 16 s)"
             in words) == (budget == 1)
     assert ("25% of the samples missed their sum" in words) == (chosen == 8)
+
+
+def test_more_steps_are_timed_where_refinement_made_the_fewest_dear(monkeypatch):
+    """At 8 steps every sample misses its sum and takes twice the time (8 s over every
+    sample), at 16 none does (8 s): with a 10 s budget the guess and the halving stop at 8,
+    and 16, timed because 8 refined, fit; 32 (16 s) is not timed."""
+    clock, seen = [0.0], []
+
+    def fake(model, layer, x, targets, method, *, n_steps, about=None, **options):
+        seen.append(n_steps)
+        clock[0] += 0.0625 * n_steps * (2 if n_steps == 8 else 1)
+        if about is not None:
+            steps = torch.full((len(x),), n_steps * (2 if n_steps == 8 else 1))
+            about.update(sum_gap=torch.zeros(len(x)), sum_difference=torch.ones(len(x)),
+                         sum_steps=steps)
+
+    monkeypatch.setattr(path_steps, "neuron_scores", fake)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    plan = path_steps.plan_steps(None, "fc", torch.zeros(800, 3), None, "conductance",
+                                 budget=10.0, batch_size=256)
+    assert list(dict.fromkeys(seen[1:])) == [8, 16]
+    assert (plan.n_steps, plan.seconds, plan.refined) == (16, pytest.approx(8.0), 0.0)
 
 
 def test_a_method_without_steps_is_refused():
