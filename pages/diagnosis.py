@@ -1,11 +1,13 @@
 """Diagnosis page: the verdict on the current layer, cluster and method first (with the remedies
 the app can apply in one click), then the evidence: each check, the pruning curve it rests on,
-agreement with exact ablation and between methods, and a check of one's own gradient code."""
+agreement with exact ablation and between methods, and a check of one's own gradient code.
+Long checks can be stopped (`stoppable`): the checks that had run stay on the page."""
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 import attribution as at
+from attribution.progress import SAY_ABOVE_SECONDS
 from attribution.presentation import plots
 from attribution.analyses.settings import EVIDENCE_METRIC
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
@@ -23,6 +25,7 @@ ALERTS = {"ok": st.success, "warning": st.warning, "problem": st.error}
 ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
          "problem": ":material/error:"}
 BEFORE = "remedy_before"  # session state: the view before the last remedy, for the comparison
+STOP, CONTINUE = "Stop the checks", "Run the checks again"
 
 ctx = context()
 s = ctx.settings
@@ -86,19 +89,59 @@ if uploaded is not None:
             show_error(error, before="Your scores file could not be read: ",
                        after=f" Save one array of shape [{n_focus}, {ctx.n_neurons}] "
                              "(samples x neurons) with np.save.")
+
+
+def draw_findings(findings: list) -> None:
+    """One alert per finding: what it measured and, where it has one, what to do."""
+    for finding in findings:
+        message, hint = finding.words(screen=True)  # the sidebar's words, not the API's
+        text = f"**{check_name(finding)}** · {escape_markdown(message)}"
+        if hint:
+            text += f"  \n*What to do:* {escape_markdown(hint)}"
+        ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
+
+
+def checked(run, compute):
+    """The findings of `compute(run)`, with a Stop button while they take a while; a
+    stopped run's findings so far and a button to run the checks again, and no more."""
+    if run.stopped:
+        kept = run.kept or []
+        with verdict_box:
+            st.info(f"Stopped: the {len(kept)} checks that had run, and no verdict; the "
+                    "checks run again from the start." if kept else
+                    "Stopped before the first check had run.", icon=":material/stop_circle:")
+            st.button(CONTINUE, on_click=run.resume, icon=":material/play_circle:")
+            draw_findings(kept)
+        st.stop()
+    stop_slot = verdict_box.empty()
+    if not run.finished and (cost is None or cost.seconds > SAY_ABOVE_SECONDS):
+        stop_slot.button(STOP, on_click=run.stop, icon=":material/stop_circle:",
+                         help="Keeps the checks that have run, without a verdict.")
+    try:
+        found = compute(run)
+    finally:
+        stop_slot.empty()
+    if found is not None:
+        run.finish()
+    return found
+
+
+try:  # said before the checks run; a view that cannot run is the checks' own error
+    cost = ctx.findings_cost()
+except at.AttributionError:
+    cost = None
 findings = None
 if user_scores is not None:
     try:
-        findings = ctx.findings(user_scores, user_key)
+        findings = checked(ctx.findings_run(user_key),
+                           lambda run: ctx.findings(user_scores, user_key, run))
     except at.AttributionError as error:  # the file's shape: said next to the uploader
         with upload_message.container():
             show_error(error, before="Your scores were not checked: ")
 if findings is None:
-    try:  # said before the checks run; a view that cannot run is the checks' own error
-        verdict_box.caption(f"These checks take {escape_markdown(ctx.findings_cost().words())}.")
-    except at.AttributionError:
-        pass
-    findings = guarded(ctx.findings)
+    if cost is not None:
+        verdict_box.caption(f"These checks take {escape_markdown(cost.words())}.")
+    findings = checked(ctx.findings_run(), lambda run: guarded(lambda: ctx.findings(run=run)))
 if findings is None:
     st.stop()
 
@@ -189,12 +232,7 @@ with evidence:
         chart(plots.class_mix_bars(mix, cluster=focus_label), key="class_mix")
 
     st.subheader("Evidence")
-    for finding in findings:
-        message, hint = finding.words(screen=True)  # the sidebar's words, not the API's
-        text = f"**{check_name(finding)}** · {escape_markdown(message)}"
-        if hint:
-            text += f"  \n*What to do:* {escape_markdown(hint)}"
-        ALERTS.get(finding.severity, st.info)(text, icon=ICONS.get(finding.severity))
+    draw_findings(findings)
 
     evidence_curve = getattr(facts.get("not_better_than_random"), "curve", None)
     if evidence_curve is not None:  # the curve the check measured, drawn as it is

@@ -1,10 +1,12 @@
 """Which method to trust: every method on every layer against exact ablation (the scorecard):
 rank agreement with its bootstrap interval, the damage each ranking does, and whether the
 ranking survives re-initialising the layers above. Clicking a cell opens that layer and
-method on the Scores page."""
+method on the Scores page. A long scorecard can be stopped (`stoppable`): the layers measured
+so far stay on the page, and Continue measures the rest."""
 import streamlit as st
 
 import attribution as at
+from attribution.progress import SAY_ABOVE_SECONDS
 from attribution.analyses.settings import SCORECARD_METHODS, partition_words, target_label
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
@@ -16,6 +18,7 @@ from pages.shared.sidebar import apply_choice
 require_entrypoint()
 
 OPEN_VIEW = "open_scorecard_view"  # session state: a click asked for the Scores page
+STOP, CONTINUE = "Stop the scorecard", "Continue the scorecard"
 
 if st.session_state.pop(OPEN_VIEW, False):
     switch_page(SCORES_PAGE)
@@ -55,10 +58,31 @@ if sampled:
                       + ". On: every neuron, exactly.")
     ctx = ctx.with_exact_oracle(exact)
 try:  # said before the scorecard runs; a view that cannot run is the scorecard's own error
-    st.caption(f"The scorecard takes {escape_markdown(ctx.scorecard_cost(methods).words())}.")
+    cost = ctx.scorecard_cost(methods)
+    st.caption(f"The scorecard takes {escape_markdown(cost.words())}.")
 except at.AttributionError:
-    pass
-card = guarded(lambda: ctx.scorecard(methods))
+    cost = None
+run = ctx.scorecard_run(methods)
+if run.stopped:  # what was measured before the stop, and the way on
+    kept = run.kept
+    done = [] if kept is None else kept.attrs["layers_done"]
+    st.info(f"Stopped: the scorecard shows the {len(done)} of {len(ctx.ws.layers)} layers "
+            "measured before the stop." if done else
+            "Stopped before the first layer was measured.", icon=":material/stop_circle:")
+    st.button(CONTINUE, on_click=run.resume, icon=":material/play_circle:")
+    card = None if not done else kept[kept["layer"].isin(done)]
+    if card is not None:  # the refusals of the layers shown
+        card.attrs["refused"] = {key: reason for key, reason in kept.attrs["refused"].items()
+                                 if key.rsplit("/", 1)[0] in done}
+else:
+    stop_slot = st.empty()
+    if not run.finished and (cost is None or cost.seconds > SAY_ABOVE_SECONDS):
+        stop_slot.button(STOP, on_click=run.stop, icon=":material/stop_circle:",
+                         help="Keeps the layers measured so far; Continue measures the rest.")
+    card = guarded(lambda: ctx.scorecard(methods, run))
+    stop_slot.empty()
+    if card is not None:
+        run.finish()
 if card is None:
     st.stop()
 

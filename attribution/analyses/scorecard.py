@@ -80,7 +80,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                                     None] = None,
               batch_size: int = DEFAULT_BATCH_SIZE,
               n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
-              progress: TableProgress = None, device=None) -> pd.DataFrame:
+              progress: TableProgress = None, resume: Optional[pd.DataFrame] = None,
+              device=None) -> pd.DataFrame:
     """Every method's agreement with exact ablation on every layer (see the module's table).
 
     Args:
@@ -114,6 +115,11 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             neurons, the bootstrap, the random orders and the re-initialisation).
         progress: called as progress(fraction, partial_table) after each method's scores
             (on the model, then on its randomised copy with the method's row); may raise.
+            The partial table's attrs: "layers_done" (the layers whose every row is in it),
+            "refused", "reinitialised" and "ks" so far.
+        resume: a partial table that `progress` received from an interrupted call with the
+            same arguments: its layers done are taken as they are, not measured again
+            (the rest is measured as the uninterrupted call would, with the same draws).
     Returns:
         DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
         call order and methods in the order given; neurons: the m of the layer's n_neurons
@@ -147,21 +153,21 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     metric = model_default_metric(model, x, curve_targets, metric)  # said in the attrs
     curve_options = dict(ablation=ablation, metric=metric, batch_size=batch_size,
                          device=device)
-    table: list[dict] = []
-    refused: dict[str, str] = {}
-    reinitialised: dict[str, list[str]] = {}
-    ks_of: dict[str, list[int]] = {}
+    table, attrs = _resumed(resume, layers)
+    refused, reinitialised, ks_of = attrs["refused"], attrs["reinitialised"], attrs["ks"]
     draws = _bootstrap_draws(rows_of, n_boot, seed)
-    steps, done = 2 * len(methods) * len(layers), 0
+    steps, done = 2 * len(methods) * len(layers), 2 * len(methods) * len(attrs["layers_done"])
 
     def step() -> None:  # one method scored, on the model or on its randomised copy
         nonlocal done
         done += 1
         if progress is not None:
-            progress(done / steps, _frame(table))
+            progress(done / steps, _partial(table, attrs))
 
     every_sample = (x, targets, curve_targets, clusters, rows_of, draws)
     for position, layer in enumerate(layers):
+        if layer in attrs["layers_done"]:
+            continue
         x, targets, curve_targets, clusters, rows_of, draws = every_sample
         resolve_layer(model, layer)
         chosen = oracle_neurons.get(layer) if isinstance(oracle_neurons, Mapping) \
@@ -210,7 +216,11 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                           "after_randomization": after, "n_clusters": len(rows_of),
                           "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons,
                           "samples": model_io.n_rows(x), "n_samples": total})
+            if method == list(scored)[-1]:
+                attrs["layers_done"].append(layer)
             step()
+        if not scored:
+            attrs["layers_done"].append(layer)
     if not table:
         raise AttributionError("No method could score these layers: "
                                + "; ".join(f"{key}: {reason}" for key, reason in refused.items()))
@@ -238,6 +248,35 @@ def _checked(oracle: OracleSample, layer: str, total: int) -> OracleSample:
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
+
+
+def _partial(rows: list[dict], attrs: dict) -> pd.DataFrame:
+    """The table so far, with what a resumed call takes from it in its attrs."""
+    frame = _frame(rows)
+    frame.attrs.update({key: (list(value) if isinstance(value, list) else dict(value))
+                        for key, value in attrs.items()})
+    return frame
+
+
+def _resumed(partial: Optional[pd.DataFrame], layers: Sequence[str]) -> tuple[list[dict], dict]:
+    """The rows and attrs ("layers_done", "refused", "reinitialised", "ks") of the layers
+    `partial` (a `progress` table) finished; nothing where it is None."""
+    if partial is None:
+        return [], {"layers_done": [], "refused": {}, "reinitialised": {}, "ks": {}}
+    done = partial.attrs.get("layers_done")
+    if not isinstance(done, list) or not set(done) <= set(layers) or \
+            list(partial.columns) != list(SCORECARD_COLUMNS):
+        raise AttributionError("resume= is not a partial scorecard of these layers (the "
+                               "table progress received); measure from the start "
+                               "(resume=None).")
+    refused = partial.attrs.get("refused", {})  # "layer/method" -> reason
+    return (partial[partial["layer"].isin(done)].to_dict("records"),
+            {"layers_done": list(done),
+             "refused": {key: reason for key, reason in refused.items()
+                         if key.rsplit("/", 1)[0] in done},
+             "reinitialised": {k: v for k, v in partial.attrs.get("reinitialised", {}).items()
+                               if k in done},
+             "ks": {k: v for k, v in partial.attrs.get("ks", {}).items() if k in done}})
 
 
 def top_k_of(n_neurons: int) -> int:

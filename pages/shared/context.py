@@ -32,6 +32,7 @@ from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant
                                           try_remedies)
 from pages.shared import keys
 from pages.shared.progress import ProgressLine
+from pages.shared.stoppable import StoppableRun
 from pages.shared.workspace import Workspace, cluster_ids, predictions
 
 
@@ -56,6 +57,7 @@ def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: s
               reduce: str, batch_size: int, n_steps: int, user_key: str, plan_key: str,
               _plan: DiagnosePlan, _model, _inputs, _targets, _clusters, cluster, _user_scores,
               _progress) -> list:
+    """The checks (`diagnose`); `_progress` is told the findings so far."""
     with _progress:
         return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
                            cluster=cluster, reduce=reduce, user_scores=_user_scores,
@@ -91,12 +93,14 @@ def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
                methods: tuple, plans_key: str, _plans: dict, _model, _inputs, _targets,
-               _curve_targets, _clusters, _progress):
+               _curve_targets, _clusters, _progress, _resume):
+    """The scorecard, resumed from `_resume` (a partial card of the same key, or None):
+    the same card either way, so the resumed part is not in the key."""
     with _progress:
         return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
                             metric=metric, curve_targets=_curve_targets,
                             oracle_neurons=_plans, batch_size=batch_size,
-                            progress=_progress)
+                            progress=_progress, resume=_resume)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing exact ablation on every layer…")
@@ -223,16 +227,25 @@ class Context:
     def focus_inputs(self) -> torch.Tensor:
         return self.ws.data.inputs[torch.from_numpy(self.focus)]
 
-    def findings(self, user_scores: Optional[np.ndarray] = None,
-                 user_key: str = "") -> list:
-        """The degeneracy checks of the cluster in focus (cached)."""
+    def findings(self, user_scores: Optional[np.ndarray] = None, user_key: str = "",
+                 run: Optional[StoppableRun] = None) -> list:
+        """The degeneracy checks of the cluster in focus (cached); `run`
+        (`findings_run`) keeps the findings so far."""
         s = self.settings
         plan = self.diagnose_plan(s)
-        return _findings(self.ws.key, s.layer, s.method, self.target_key, self.cluster_key,
-                         s.reduce, s.batch_size, self.n_steps(s.method), user_key, repr(plan),
-                         plan,
-                         self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
-                         s.cluster, user_scores, ProgressLine("Running the degeneracy checks"))
+        return _findings(*self._findings_key(user_key), plan, self.ws.model,
+                         self.ws.data.inputs, self.targets, self.clusters, s.cluster,
+                         user_scores, ProgressLine("Running the degeneracy checks",
+                                                   keep=run and run.keep))
+
+    def findings_run(self, user_key: str = "") -> StoppableRun:
+        """The state of the checks' run (`findings`) in this session."""
+        return StoppableRun(st.session_state, ("findings",) + self._findings_key(user_key))
+
+    def _findings_key(self, user_key: str) -> tuple:
+        s = self.settings
+        return (self.ws.key, s.layer, s.method, self.target_key, self.cluster_key, s.reduce,
+                s.batch_size, self.n_steps(s.method), user_key, repr(self.diagnose_plan(s)))
 
     def findings_cost(self) -> SampledCost:
         """What `findings` will take, said before it runs (`diagnose_cost`: timed on a
@@ -336,16 +349,26 @@ class Context:
                        self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                        s.cluster, ProgressLine("Comparing every method with exact ablation"))
 
-    def scorecard(self, methods: Sequence[str] = SCORECARD_METHODS):
+    def scorecard(self, methods: Sequence[str] = SCORECARD_METHODS,
+                  run: Optional[StoppableRun] = None):
         """`methods` on every layer against exact ablation, on the clusters of the sidebar's
         partition (cached; `attribution.scorecard`; a method that refuses a layer leaves its
-        cell empty)."""
+        cell empty); `run` (`scorecard_run`) keeps the partial card, and a run cut off
+        resumes from its layers done."""
         s = self.settings
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
                           s.batch_size, tuple(methods), *self._scorecard_plans(),
                           self.ws.model, self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
-                          ProgressLine("Measuring every method on every layer"))
+                          ProgressLine("Measuring every method on every layer",
+                                       keep=run and run.keep), run and run.kept)
+
+    def scorecard_run(self, methods: Sequence[str] = SCORECARD_METHODS) -> StoppableRun:
+        """The state of the scorecard's run (`scorecard`) in this session."""
+        s = self.settings
+        return StoppableRun(st.session_state, (
+            "scorecard", self.ws.key, self.target_key, keys.partition_key(s), s.metric,
+            s.batch_size, tuple(methods), self._scorecard_plans()[0]))
 
     def _scorecard_plans(self) -> tuple[str, dict]:
         """(a key, {layer: the oracle its column measures}) for the scorecard and its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any, Callable, Optional
 
 import streamlit as st
 
@@ -20,10 +21,15 @@ class ProgressLine:
 
     REDRAW_SECONDS = 0.2  # at most this often: each draw is also kept for the cache's replay
 
-    def __init__(self, what: str):
-        self.what, self.time_left, self.bar, self.drawn_at = what, TimeLeft(), None, 0.0
+    def __init__(self, what: str, keep: Optional[Callable[[Any], None]] = None):
+        """`keep`: called first with each call's partial result (a `StoppableRun`'s), where
+        the work reports one."""
+        self.what, self.keep, self.time_left, self.bar, self.drawn_at = \
+            what, keep, TimeLeft(), None, 0.0
 
-    def __call__(self, fraction: float, *_) -> None:
+    def __call__(self, fraction: float, *partial) -> None:
+        if self.keep is not None and partial:
+            self.keep(partial[0])
         if not math.isfinite(fraction):  # work of unknown length: nothing to estimate
             return
         if fraction >= 1.0:

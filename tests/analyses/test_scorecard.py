@@ -225,6 +225,45 @@ def test_progress_reports_each_method_scored_twice_per_layer(demo):
                     (7 / 8, 1), (1.0, 2)]
 
 
+class Stopped(Exception):
+    """Raised by a progress callback: the caller's stop."""
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 10, 17])
+def test_a_stopped_card_resumes_from_its_layers_done_to_the_uninterrupted_card(card, demo,
+                                                                               stop_after):
+    """Ten calls a layer (five methods scored, then their rows with the randomised copy):
+    stopped at the 1st or 7th call (no layer done), the 10th (relu1 done) or the 17th ("out"
+    mid-way, two of its rows in): the resumed call measures only the layers not done, from
+    the fraction where they start, and gives the uninterrupted card, attrs and all; a table
+    that is not a progress table is refused."""
+    model, x, y, clusters = demo
+    kept, calls = [], []
+
+    def stop(fraction, table):
+        kept.append(table)
+        if len(kept) == stop_after:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        at.scorecard(model, x, y, clusters, layers=[LAYER, "out"], methods=METHODS,
+                     progress=stop)
+    partial = kept[-1]
+    done = partial.attrs["layers_done"]
+    assert done == ([] if stop_after < 10 else [LAYER])
+    assert set(partial["layer"]) >= set(done)
+    resumed = at.scorecard(model, x, y, clusters, layers=[LAYER, "out"], methods=METHODS,
+                           resume=partial,
+                           progress=lambda fraction, table: calls.append(fraction))
+    pd.testing.assert_frame_equal(resumed, card)
+    assert {key: resumed.attrs[key] for key in ("refused", "reinitialised", "ks")} == \
+        {key: card.attrs[key] for key in ("refused", "reinitialised", "ks")}
+    assert calls[0] == pytest.approx((len(done) * 2 * len(METHODS) + 1) / (4 * len(METHODS)))
+    with pytest.raises(at.AttributionError, match="not a partial scorecard"):
+        at.scorecard(model, x, y, clusters, layers=[LAYER, "out"], methods=METHODS,
+                     resume=card.iloc[:0])
+
+
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
 def test_the_callers_grad_mode_changes_nothing(demo, mode):
     """Under the caller's no_grad or inference_mode the card is the same: the randomised
