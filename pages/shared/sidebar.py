@@ -149,7 +149,7 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
             if last.title != ws.title:
                 old, new = f"{old} of {last.title}", f"{new} of {ws.title}"
             notice = (f"Cluster {last.label} of {old} does not exist in {new} "
-                      f"({len(ids)} clusters); showing cluster "
+                      f"({len(ids)} cluster{'s' if len(ids) != 1 else ''}); showing cluster "
                       f"{cluster_label(chosen, source, ws.class_names)}.")
             state["cluster_notice"] = (partition, chosen, page, notice)
             st.toast(escape_markdown(notice), icon=":material/swap_horiz:")

@@ -9,7 +9,7 @@ from torch import nn
 
 import attribution as at
 from attribution.engine.guards import eval_mode
-from attribution.engine.runners import FxRunner, runner_for
+from attribution.engine.runners import FxRunner, ablation, runner_for
 
 from tests.support import references
 from tests.support.models import randomize_batchnorm
@@ -110,3 +110,31 @@ def test_a_parameter_read_in_the_chain_and_after_it():
     chain, affine, _ = _runner(model, "fc1", x)._prefix
     assert [node.target for node in chain] == [operator.mul, torch.relu]
     assert affine.target == "fc2"
+
+
+def test_the_shortcuts_checks_hold_a_bounded_block_of_copies_on_a_wide_layer(monkeypatch):
+    """On a 4,096-wide layer (every copy at once: 4,096 x 2 x 4,096 values) the checks of the
+    per-neuron chain, of the affine op and its columns run on at most CHECK_ELEMENTS values
+    at a time, find the whole shortcut (BatchNorm and ReLU, then the Linear), and with every
+    neuron checked alone (a block of one) the same; the scores are exact ablation's."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(nn.Sequential(
+        nn.Linear(8, 4096), nn.BatchNorm1d(4096), nn.ReLU(), nn.Linear(4096, 3))).eval()
+    x, y = torch.randn(5, 8), torch.randint(0, 3, (5,))
+    held, original = [], ablation.run_nodes
+
+    def recording(owner, nodes, value):
+        held.append(value.numel())
+        return original(owner, nodes, value)
+
+    monkeypatch.setattr(ablation, "run_nodes", recording)
+    with torch.no_grad():
+        z = model[0](x[:2])
+    for elements in (ablation.CHECK_ELEMENTS, 1):
+        monkeypatch.setattr(ablation, "CHECK_ELEMENTS", elements)
+        held.clear()
+        chain, affine, _ = ablation.per_neuron_prefix(_runner(model, "0", x), z)
+        assert len(chain) == 2 and affine is not None
+        assert max(held) <= max(elements, 2 * 4096)  # one copy of the two samples at least
+    ours, expected = _ablation_and_reference(model, "0", x, y)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
