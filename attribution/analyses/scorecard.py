@@ -402,12 +402,13 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
     before it runs. The oracle's sizes are chosen first, on all the samples
     (`scorecard_oracle_plans`), and kept: the timing and the run ablate the same neurons.
-    Where every layer's oracle runs on every sample and the data is more than one timing's
-    sample, the scorecard itself is timed on samples that keep every cluster
-    (`costs.sampled_cost`) and extrapolated: every part grows with the samples. Where a
-    plan measures a share of the samples (a part that no longer grows with them), or one
-    sample would be all the data (the estimate would cost the work), each layer's exact
-    ablation, and the `ablation` method's scores on its randomised copy (the same
+    Where every layer's oracle is exact (every neuron on every sample) and the data is more
+    than one timing's sample, the scorecard itself is timed on samples that keep every
+    cluster (`costs.sampled_cost`) and extrapolated: every part grows with the samples.
+    Where a plan sized its oracle to the budget (a sample of the neurons, or of the samples:
+    its plan has timed it already, and timing it again would cost a share of the budget),
+    or one sample would be all the data (the estimate would cost the work), each layer's
+    exact ablation, and the `ablation` method's scores on its randomised copy (the same
     neurons and samples), are taken at the plan's seconds. Only the rest is timed, on an
     eighth and a quarter of the samples where they are one batch: the other methods'
     scores on the model and its copy, the bootstrap and the curves, with stand-in effects
@@ -425,7 +426,7 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     total = model_io.n_rows(model_io.named(inputs))
     planned = isinstance(plans, Mapping) and plans and all(
         isinstance(plan, OraclePlan) for plan in plans.values())
-    sampled = planned and any(plan.share < 1 for plan in plans.values())
+    sized = planned and any(not plan.exact for plan in plans.values())
     one_timing = probe_sizes(total, batch_size)[0] >= total
     codes = cluster_codes_of(clusters, total)
 
@@ -435,7 +436,7 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
             card["curve_targets"] = sample(card["curve_targets"])
         scorecard(model, sample(inputs), sample(targets), sample(clusters), **card)
 
-    if not planned or (not sampled and not one_timing):
+    if not planned or (not sized and not one_timing):
         return sampled_cost("scorecard", run, inputs, clusters, batch_size)
     methods = list(dict.fromkeys(chosen.get("methods", SCORECARD_METHODS)))
     rest_methods = [method for method in methods if method != ORACLE] or [BASELINE]

@@ -213,7 +213,7 @@ def test_a_diagnosis_of_one_batch_is_priced_without_running_it(monkeypatch):
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):
     """scorecard_cost times the scorecard itself on the same stratified samples, its
     per-sample curve targets taken at the same rows as the inputs, and every run ablates
-    the neurons chosen once, on every sample, per layer."""
+    every neuron on every sample, as planned once per layer."""
     from attribution.analyses import scorecard as card
 
     clock = [0.0]
@@ -222,13 +222,13 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     def fake(model, x, targets, clusters, **options):
         curve = options["curve_targets"]
         assert torch.equal(curve, x[:, 0].long()) and options["progress"] is None
-        assert options["oracle_neurons"] == {"fc": OraclePlan(64, 2048, 1.0)}
+        assert options["oracle_neurons"] == {"fc": OraclePlan(2048, 2048, 1.0)}
         seen.append(len(x))
         clock[0] += 0.2 + 0.002 * len(x)
 
     def sizes(model, x, targets, clusters, **options):
         assert len(x) == 5_000
-        return {"fc": OraclePlan(64, 2048, 1.0)}
+        return {"fc": OraclePlan(2048, 2048, 1.0)}
 
     monkeypatch.setattr(card, "scorecard", fake)
     monkeypatch.setattr(card, "scorecard_oracle_plans", sizes)
@@ -268,24 +268,30 @@ def test_the_curve_probe_adds_orders_until_their_passes_can_be_timed(per_mask, o
         per_mask * cost.masks * 1_000 / 256)
 
 
-def test_a_scorecard_whose_oracle_samples_the_samples_times_only_the_rest(monkeypatch):
-    """Where a layer's plan measures a share of the samples, its exact ablation (on the
-    model and on the randomised copy) is taken at the plan's seconds, never run, and the
-    rest of the scorecard is timed without the ablation method, on stand-in effects of the
-    plan's neurons over the same share of each timed sample."""
+@pytest.mark.parametrize("share, runs", [(0.25, [2, 256, 256, 512, 512]),
+                                         (1.0, [2, 256, 512])])  # 0.56 s and more: once
+def test_a_scorecard_whose_oracle_is_sized_to_its_budget_times_only_the_rest(monkeypatch,
+                                                                             share, runs):
+    """Where a layer's plan measures a sample of its neurons (on every sample, or on a
+    share of them), its exact ablation (on the model and on the randomised copy) is taken
+    at the plan's seconds, never run, and the rest of the scorecard is timed without the
+    ablation method, on stand-in effects of the plan's neurons over the same share of each
+    timed sample."""
     from attribution.analyses import scorecard as card
 
     clock, seen = [0.0], []
-    plan = OraclePlan(32, 3072, 0.5, 1.0, share=0.25, samples=2_500, n_samples=10_000)
+    plan = OraclePlan(32, 3072, 0.5, 1.0, share=share, samples=int(10_000 * share),
+                      n_samples=10_000)
 
     def fake(model, x, targets, clusters, **options):
         oracle = options["oracle_neurons"]["h"]
         assert isinstance(oracle, card.OracleSample) and len(oracle.neurons) == 32
-        assert oracle.n_neurons == 3072 and oracle.effects.shape == (len(oracle.samples), 32)
-        assert len(oracle.samples) == pytest.approx(len(x) / 4, abs=2)
+        rows = len(x) if oracle.samples is None else len(oracle.samples)
+        assert oracle.n_neurons == 3072 and oracle.effects.shape == (rows, 32)
+        assert rows == pytest.approx(len(x) * share, abs=2)
         assert options["methods"] == ["gradient", "random"]
         seen.append(len(x))
-        clock[0] += 0.3 + 0.001 * len(oracle.samples)
+        clock[0] += 0.3 + 0.001 * rows
 
     monkeypatch.setattr(card, "scorecard", fake)
     monkeypatch.setattr(card, "sample_oracle", None)  # never called
@@ -293,10 +299,10 @@ def test_a_scorecard_whose_oracle_samples_the_samples_times_only_the_rest(monkey
     x = torch.zeros(10_000, 3)
     cost = card.scorecard_cost(None, x, None, None, methods=["gradient", "ablation", "random"],
                                oracle_neurons={"h": plan})
-    assert seen == [2, 256, 256, 512, 512]  # runs under REPEAT_WHILE_SECONDS, twice
+    assert seen == runs  # runs under REPEAT_WHILE_SECONDS, twice
     assert cost.planned == (("exact ablation of h (twice: the model and its randomised "
                              "copy)", 2 * plan.seconds),)
-    assert cost.seconds == pytest.approx(0.3 + 0.001 * 2_500 + 2 * plan.seconds, rel=0.01)
+    assert cost.seconds == pytest.approx(0.3 + 10 * share + 2 * plan.seconds, rel=0.01)
     without = card.scorecard_cost(None, x, None, None, methods=["gradient", "random"],
                                   oracle_neurons={"h": plan})
     assert without.planned == (("exact ablation of h", plan.seconds),)
