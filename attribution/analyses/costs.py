@@ -360,6 +360,15 @@ def probe_sizes(total: int, batch_size: int) -> tuple[int, int]:
     return small, small
 
 
+def part_sizes(total: int, batch_size: int) -> Optional[tuple[int, int]]:
+    """The sizes `sampled_cost` times a work's part on when `probe_sizes` would time one
+    size twice (less than two batches: its time scaled up is an upper bound, the fixed part
+    scaled with it), so that the part is extrapolated: an eighth and a quarter of the
+    samples; None where `probe_sizes` has two sizes."""
+    small, large = probe_sizes(total, batch_size)
+    return None if large > small else (max(1, total // 8), max(2, total // 4))
+
+
 def sampled_cost(what: str, run: Callable[[Callable], Any], inputs, clusters=None,
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  sizes: Optional[tuple[int, int]] = None) -> SampledCost:

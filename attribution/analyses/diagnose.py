@@ -89,8 +89,8 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
                        EVIDENCE_CURVE_POINTS, EVIDENCE_METRIC, METRIC_LABELS,
                        REDUCTION_LABELS, metric_label)
-from .costs import (CurvePlan, SampledCost, draw_samples, plan_curve, probe_sizes,
-                    sampled_cost)
+from .costs import (CurvePlan, SampledCost, draw_samples, part_sizes, plan_curve,
+                    probe_sizes, sampled_cost)
 from .pruning_curves import curve_summary, pruning_curve
 from ..methods.scores import (Inputs, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
@@ -359,14 +359,16 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     **options)` will take, said before it runs. Its plan (`diagnose_plan`, made first on
     every sample unless given, and kept: the run ablates the same neurons on the same
     samples and draws the same curve) sizes its two long parts, exact ablation and the
-    evidence curve. Where both run on every sample and the data is more than one timing's
-    sample, diagnose itself is timed on samples that keep every cluster
-    (`costs.sampled_cost`) and extrapolated: every part grows with the samples. Where the
-    plan measures a share of the samples (a part that no longer grows with them), or one
-    sample would be all the data (the estimate would cost the work), those two parts are
-    taken at the plan's seconds and only the rest is timed (the scores, gradients,
-    activations and logits, the bootstrap and the agreement, on the scores in the
-    ablation's place). In-memory inputs only (a tensor, an array or named inputs)."""
+    evidence curve. Where exact ablation is exact (every neuron on every sample), the curve
+    runs on every sample and the data is more than one timing's sample, diagnose itself is
+    timed on samples that keep every cluster (`costs.sampled_cost`) and extrapolated:
+    every part grows with the samples. Where the plan sized exact ablation to its budget (a
+    sample of the neurons or of the samples: timed by the plan already) or measures a share
+    of the samples for the curve, or one sample would be all the data (the estimate would
+    cost the work), those two parts are taken at the plan's seconds and only the rest is
+    timed (the scores, gradients, activations and logits, the bootstrap and the agreement,
+    on the scores in the ablation's place), on an eighth and a quarter of the samples where
+    they are under two batches (`costs.part_sizes`). In-memory inputs only (a tensor, an array or named inputs)."""
     check_method(method)
     batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
     if options.get("plan") is None:
@@ -378,7 +380,7 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
             device=options.get("device"))
     plan = options["plan"]
     total = model_io.n_rows(model_io.named(inputs))
-    if plan.oracle.share >= 1 and plan.curve.share >= 1 and \
+    if plan.oracle.exact and plan.curve.share >= 1 and \
             probe_sizes(total, batch_size)[0] < total:
         def run(sample) -> None:
             diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
@@ -403,7 +405,8 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
         for position, group in enumerate(groups):
             _oracle(group, reduce, np.random.default_rng([seed, position]))
 
-    timed = sampled_cost("the scores", rest, inputs, clusters, batch_size)
+    timed = sampled_cost("the scores", rest, inputs, clusters, batch_size,
+                         sizes=part_sizes(total, batch_size))
     planned = [("exact ablation", plan.oracle.seconds)] if method != "ablation" else []
     return timed.with_planned(*planned, ("the evidence curve", plan.curve.seconds))
 

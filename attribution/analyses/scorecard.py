@@ -49,8 +49,8 @@ from .oracle_sample import (MEASURES, OraclePlan, OracleSample, Resamples, agree
                             draw_neurons, interval_of, plan_oracle, sample_counts_of,
                             sample_oracle)
 from .ranks import bootstrap_counts, row_ranks, row_spearman
-from .costs import (SampledCost, cluster_codes_of, probe_sizes, sampled_cost, stratified,
-                    take_rows)
+from .costs import (SampledCost, cluster_codes_of, part_sizes, probe_sizes, sampled_cost,
+                    stratified, take_rows)
 from .prune import copy_model
 from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
@@ -410,7 +410,8 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     or one sample would be all the data (the estimate would cost the work), each layer's
     exact ablation, and the `ablation` method's scores on its randomised copy (the same
     neurons and samples), are taken at the plan's seconds. Only the rest is timed, on an
-    eighth and a quarter of the samples where they are one batch: the other methods'
+    eighth and a quarter of the samples where they are under two batches
+    (`costs.part_sizes`): the other methods'
     scores on the model and its copy, the bootstrap and the curves, with stand-in effects
     in the oracle's place on as large a share of the samples as it measures. Per-sample
     `curve_targets` are sampled too. In-memory inputs only."""
@@ -447,8 +448,7 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
                             for layer, plan in plans.items()})
 
     timed = sampled_cost("the rest of the scorecard", rest, inputs, clusters, batch_size,
-                         sizes=(max(1, total // 8), max(2, total // 4)) if one_timing
-                         else None)
+                         sizes=part_sizes(total, batch_size))
     copies = 2 if ORACLE in methods else 1
     return timed.with_planned(*((f"exact ablation of {layer}" + " (twice: the model and its "
                                  "randomised copy)" * (copies > 1), copies * plan.seconds)

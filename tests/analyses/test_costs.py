@@ -85,8 +85,8 @@ def test_named_inputs_are_probed_and_scaled_by_their_rows():
 
 
 def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(monkeypatch):
-    """Where its plan ablates and draws its curve on every sample, diagnose_cost times
-    diagnose itself on one batch and on two (about 5% of the samples, in whole batches),
+    """Where its plan ablates every neuron and draws its curve on every sample, diagnose_cost
+    times diagnose itself on one batch and on two (about 5% of the samples, whole batches),
     each keeping every cluster in proportion, after an untimed run on two samples a
     cluster, and extrapolates the time linearly: a diagnosis costing 0.5 s + 1 ms a sample
     is priced at exactly that. The plan is made once, on every sample
@@ -104,7 +104,7 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
 
     def timing(model, layer, x, targets, **options):
         assert len(x) == 10_000 and len(targets) == 10_000
-        return 0.2, 0.01, 3072  # every sample: the curve fits, 32 neurons asked
+        return 0.2, 0.001, 3072  # every neuron on every sample fits, and the curve
 
     monkeypatch.setattr(diagnosis, "diagnose", fake)
     monkeypatch.setattr(diagnosis, "oracle_timing", timing)
@@ -112,11 +112,11 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
     cost = diagnosis.diagnose_cost(None, "fc", x, targets, "gradient", clusters,
-                                   n_random=4, oracle_neurons=32)
+                                   n_random=4)
     # each cluster in proportion (rounded), at least two; a timing over
     # REPEAT_WHILE_SECONDS is not repeated
     assert [rows for rows, _, _, _ in seen] == [8, 256, 511]
-    assert all(found == ["a", "b", "c", "d"] and n == rows and neurons == 32
+    assert all(found == ["a", "b", "c", "d"] and n == rows and neurons == 3072
                for rows, found, n, neurons in seen)
     assert cost.seconds == pytest.approx(0.5 + 0.001 * 10_000)
     assert cost.timed == (256, 511) and "timed on 256 and 511 of the 10000" in cost.words()
@@ -205,9 +205,9 @@ def test_a_diagnosis_of_one_batch_is_priced_without_running_it(monkeypatch):
     cost = diagnosis.diagnose_cost(model, "1", x, plan=plan)
     assert cost.planned == (("exact ablation", plan.oracle.seconds),
                             ("the evidence curve", plan.curve.seconds))
-    rows = costs.COST_PROBE_ROWS
-    assert cost.timed == (rows,) and f"the scores timed on {rows} of the {rows} samples" \
-        in cost.words()
+    rows = costs.COST_PROBE_ROWS  # timed on an eighth and a quarter, extrapolated
+    assert cost.timed == (rows // 8, rows // 4) and \
+        f"the scores timed on {rows // 8} and {rows // 4} of the {rows} samples" in cost.words()
 
 
 def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(monkeypatch):
