@@ -368,7 +368,8 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     cost the work), those two parts are taken at the plan's seconds and only the rest is
     timed (the scores, gradients, activations and logits, the bootstrap and the agreement,
     on the scores in the ablation's place), on an eighth and a quarter of the samples where
-    they are under two batches (`costs.part_sizes`). In-memory inputs only (a tensor, an array or named inputs)."""
+    they are under two batches (`costs.part_sizes`). In-memory inputs only (a tensor, an
+    array or named inputs)."""
     check_method(method)
     batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
     if options.get("plan") is None:
