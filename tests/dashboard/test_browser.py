@@ -149,11 +149,7 @@ def test_diagnosis_page(app):
 
 
 def test_upload_model_and_data_then_choose_and_see_every_chart(app):
-    app.open("/data")
-    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
-    app.upload("Model file", DEMO_DIR / "digits_cnn.pt2")
-    app.upload("Data file", DEMO_DIR / "digits_images.npz")
-    app.wait_for_upload("digits_cnn.pt2 + digits_images.npz")
+    app.open_with_files(DEMO_DIR / "digits_cnn.pt2", DEMO_DIR / "digits_images.npz")
     app.page.get_by_test_id("stMetricValue").get_by_text("719", exact=True).wait_for()  # samples
     app.screenshot("4-model-and-data")
     for label, option, parameter in (("Layer", "conv2 · Conv2d", "layer=conv2"),

@@ -220,11 +220,7 @@ def test_a_wide_layers_scores_page_redraws_in_time_and_its_cells_open_their_neur
     torch.export.save(program, tmp_path / "wide_mlp.pt2")
     np.savez(tmp_path / "wide_digits.npz", inputs=digits["inputs"], labels=digits["labels"],
              class_names=digits["class_names"])  # no clusters: one per label
-    app.open("/data")
-    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
-    app.upload("Model file", tmp_path / "wide_mlp.pt2")
-    app.upload("Data file", tmp_path / "wide_digits.npz")
-    app.wait_for_upload("wide_mlp.pt2 + wide_digits.npz")
+    app.open_with_files(tmp_path / "wide_mlp.pt2", tmp_path / "wide_digits.npz")
     app.choose("Layer", "fc1")
     app.page.wait_for_url(re.compile("[?&]layer=fc1(&|$)"), timeout=60_000)
     app.go_to("Neuron scores")
@@ -320,11 +316,7 @@ def test_an_image_model_with_long_layer_names_reads_in_full(app, tmp_path):
                                   dynamic_shapes=({0: torch.export.Dim("batch"), 2: height,
                                                    3: width},))
     torch.export.save(program, tmp_path / "deep_names.pt2")
-    app.open("/data")
-    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
-    app.upload("Model file", tmp_path / "deep_names.pt2")
-    app.upload("Data file", DEMO_DIR / "digits_images.npz")
-    app.wait_for_upload("deep_names.pt2 + digits_images.npz")
+    app.open_with_files(tmp_path / "deep_names.pt2", DEMO_DIR / "digits_images.npz")
     app.page.get_by_text("Layers that can be scored").wait_for()
     app.screenshot("edges-1-layer-table")
     app.choose("Layer", "encoder.layers.0.activation")

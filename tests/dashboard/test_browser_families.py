@@ -42,11 +42,7 @@ FILES = {"cnn1d": _cnn1d, "tabular": _tabular, "regression": _regression}
 @pytest.mark.parametrize("name", FILES)
 def test_an_uploaded_family_shows_every_page(app, name, tmp_path):
     FILES[name](tmp_path)
-    app.open("/data")
-    app.page.get_by_text("Sample files").wait_for(timeout=60_000)
-    app.upload("Model file", tmp_path / f"{name}.pt2")
-    app.upload("Data file", tmp_path / f"{name}.npz")
-    app.wait_for_upload(f"{name}.pt2 + {name}.npz")
+    app.open_with_files(tmp_path / f"{name}.pt2", tmp_path / f"{name}.npz")
     app.screenshot(f"families-{name}-1-data")
     app.go_to("Neuron scores")
     app.wait_for_chart("score per cluster", timeout_s=120)

@@ -49,11 +49,7 @@ def test_a_wide_layer_is_sampled_said_stoppable_and_blocks_no_other_visitor(
     its charts, and the checks then stop on the page's button, those that had run kept."""
     folder = wide_files
     try:
-        app.open("/data")
-        app.page.get_by_text("Sample files").wait_for(timeout=60_000)
-        app.upload("Model file", folder / "wide.pt2")
-        app.upload("Data file", folder / "wide.npz")
-        app.wait_for_upload("wide.pt2 + wide.npz")
+        app.open_with_files(folder / "wide.pt2", folder / "wide.npz")
         app.choose("Layer", "relu1 · ")
         app.page.locator(SCRIPT_IDLE).wait_for(timeout=120_000)
         app.choose("Clusters from", "correct vs misclassified")  # one cluster: all 300

@@ -124,6 +124,15 @@ class App:
         uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
         idle.wait_for(timeout=120_000)
 
+    def open_with_files(self, model: Path, data: Path) -> None:
+        """The Model & data page with `model` and `data` uploaded through its file inputs,
+        and in use (`wait_for_upload`)."""
+        self.open("/data")
+        self.page.get_by_text("Sample files").wait_for(timeout=60_000)
+        self.upload("Model file", model)
+        self.upload("Data file", data)
+        self.wait_for_upload(f"{model.name} + {data.name}")
+
     def wait_for_upload(self, title: str, timeout_s: float = 180) -> None:
         """Wait until the uploaded files are in use (the page names them as `title`); if the
         page refuses them instead, fail with its message and a screenshot. The jail reads
