@@ -46,7 +46,8 @@ from .model_command import (EXIT_OK, EXIT_PROBLEM, add_layers_command, file_size
                             say)
 from .analyses.diagnose import diagnose, diagnose_cost, diagnose_plan
 from .analyses.oracle_sample import ORACLE_SECONDS
-from .analyses.path_steps import FEWEST_STEPS, PATH_SECONDS, plan_steps, takes_steps
+from .analyses.path_steps import (FEWEST_STEPS, PATH_SECONDS, layer_steps_words,
+                                  plan_layer_steps, plan_steps, takes_steps)
 from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
                                  scorecard_oracle_plans)
 from .errors import AttributionError
@@ -724,6 +725,18 @@ def steps_of(args, problem: Problem, method: str, targets) -> int:
     return plan.n_steps
 
 
+def _layer_steps(args, problem: Problem, dataset, targets) -> dict:
+    """The scorecard's steps where --n-steps is not given: on each of --layers, those of
+    each path method of --methods that fit `path_steps.PATH_SECONDS` (`plan_layer_steps`),
+    said on stderr where they are fewer than the default."""
+    plans = plan_layer_steps(problem.model.module, dataset.inputs, targets,
+                             layers=args.layers, methods=args.methods,
+                             batch_size=args.batch_size)
+    if not args.quiet and (fewer := layer_steps_words(plans)):
+        say(fewer + " (--n-steps)")
+    return plans
+
+
 def _say_sums(args, method: str, n_steps: int, totals: torch.Tensor) -> None:
     """Print a path method's sum check (`SUM_COLUMNS` totals: checked, refined, missing) on
     stderr: its table's sum_missing column counts the samples that miss, per cluster."""
@@ -999,7 +1012,7 @@ def run_report(args) -> int:
     settings = report_settings(args, problem)
     with ProgressBar("report", args.quiet) as bar:
         content = collect_report(problem.model, dataset, settings, title=args.title,
-                                 progress=bar)
+                                 n_steps=args.n_steps, progress=bar)
     try:
         _prepare(args.out).write_text(render_report(content), encoding="utf-8")
         if args.csv_dir is not None:
@@ -1026,7 +1039,7 @@ def run_scorecard(args) -> int:
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
                    ablation=args.ablation, batch_size=args.batch_size,
-                   n_steps=args.n_steps or analysis.DEFAULT_N_STEPS,
+                   n_steps=args.n_steps or _layer_steps(args, problem, dataset, targets),
                    seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_plans(
                        problem.model.module, dataset.inputs, targets, clusters,
                        layers=args.layers, batch_size=args.batch_size,

@@ -6,6 +6,7 @@ so far stay on the page, and Continue measures the rest."""
 import streamlit as st
 
 import attribution as at
+from attribution.analyses.path_steps import layer_steps_words
 from attribution.progress import SAY_ABOVE_SECONDS
 from attribution.analyses.settings import SCORECARD_METHODS, partition_words, target_label
 from attribution.presentation import plots
@@ -60,6 +61,8 @@ if sampled:
 try:  # said before the scorecard runs; a view that cannot run is the scorecard's own error
     cost = ctx.scorecard_cost(methods)
     st.caption(f"The scorecard takes {escape_markdown(cost.words())}.")
+    if fewer := layer_steps_words(ctx.scorecard_steps(methods), plots.method_label):
+        st.caption(escape_markdown(f"{fewer[:1].upper()}{fewer[1:]}."))
 except at.AttributionError:
     cost = None
 run = ctx.scorecard_run(methods)

@@ -29,6 +29,7 @@ from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes,
                               n_samples, neuron_scores)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
+from .path_steps import StepsChoice, steps_in
 from .oracle_sample import (OraclePlan, OracleSample, Resamples, agreement_draws,
                             sample_counts_of, sample_oracle)
 from .settings import BOOTSTRAP_DRAWS
@@ -46,7 +47,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                      methods: Sequence[str] = METHODS, clusters=None, *, cluster=None,
                      reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
                      oracle_neurons: Union[int, OraclePlan, None] = None,
-                     batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
+                     batch_size: int = DEFAULT_BATCH_SIZE,
+                     n_steps: StepsChoice = DEFAULT_N_STEPS,
                      seed: int = DEFAULT_SEED, progress: TableProgress = None,
                      device=None) -> pd.DataFrame:
     """Rank correlation of each method's cluster scores with the exact ablation oracle, on
@@ -77,8 +79,10 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             share of each cluster's samples; every method is then compared on those
             samples); None = `oracle_sample.plan_oracle`'s, as fit
             `oracle_sample.ORACLE_SECONDS` (inputs in memory; an iterable: all).
-        batch_size, n_steps, seed, device: as in `cluster_scores`; seed also draws the
-            neurons and the bootstrap.
+        batch_size, seed, device: as in `cluster_scores`; seed also draws the neurons and
+            the bootstrap.
+        n_steps: a path method's steps, or {method: steps or its `path_steps.StepsPlan`}
+            (DEFAULT_N_STEPS for a method it leaves out).
         progress: called as progress(fraction, partial_table) as work advances; may raise.
     Returns:
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
@@ -163,7 +167,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                 scores = neuron_scores(model, layer, *(every_sample[:2] if fitted_here else
                                                        (inputs, targets)), method,
                                        clusters=every_sample[2] if fitted_here else clusters,
-                                       n_steps=n_steps, progress=report(index),
+                                       n_steps=steps_in(n_steps, method),
+                                       progress=report(index),
                                        neurons=neurons, **options).numpy()
                 scores = scores[kept] if fitted_here else scores
         except AttributionError as error:

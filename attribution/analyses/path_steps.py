@@ -14,13 +14,14 @@ twice as many are timed too, since they may refine fewer and fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 from torch import nn
 
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS
-from ..engine.model_io import n_rows, named
+from ..engine.layers import list_layers
+from ..engine.model_io import n_rows, named, take
 from ..errors import AttributionError
 from ..methods.paths import sum_check
 from ..methods.registry import REGISTRY
@@ -38,9 +39,17 @@ PROBE_SHARE = 8
 work it sizes."""
 
 
+StepsChoice = Union[int, Mapping[str, Union[int, "StepsPlan"]]]
+"""A path method's steps: one count for every method (and layer), or a count or a
+`StepsPlan` per key ("layer/method" in a scorecard, the method in one layer's table), the
+default steps where it has none (`steps_in`)."""
+
+
 def takes_steps(method: str) -> bool:
-    """Does `method` integrate along a path (its cost grows with `n_steps`)?"""
-    return REGISTRY[method].sums_to is not None and REGISTRY[method].refine_factor > 1
+    """Does `method` integrate along a path (its cost grows with `n_steps`)? (An unknown
+    name does not: the analysis that takes it says so.)"""
+    spec = REGISTRY.get(method)
+    return spec is not None and spec.sums_to is not None and spec.refine_factor > 1
 
 
 @dataclass(frozen=True)
@@ -140,3 +149,55 @@ many while they fit and the steps kept refined samples or fit twice over. Each t
     asked_seconds = timed.get(n_steps, timed[chosen] * n_steps / chosen) * scale
     return StepsPlan(method, chosen, n_steps, timed[chosen] * scale, asked_seconds,
                      refined[chosen], total, budget)
+
+
+def steps_in(n_steps: StepsChoice, key: str) -> int:
+    """The steps `n_steps` gives `key` ("layer/method" or "method"): itself where it is a
+    count, else its entry's (a `StepsPlan`'s n_steps), DEFAULT_N_STEPS where it has none."""
+    if not isinstance(n_steps, Mapping):
+        return int(n_steps)
+    chosen = n_steps.get(key, DEFAULT_N_STEPS)
+    return chosen.n_steps if isinstance(chosen, StepsPlan) else int(chosen)
+
+
+def plan_layer_steps(model: nn.Module, inputs: Inputs, targets=None, *,
+                     layers: Optional[Sequence[str]] = None, methods: Sequence[str],
+                     n_steps: int = DEFAULT_N_STEPS, budget: Optional[float] = None,
+                     batch_size: int = DEFAULT_BATCH_SIZE, device=None
+                     ) -> dict[str, StepsPlan]:
+    """{"layer/method": its `plan_steps`} for every path method of `methods` on every layer
+    of `layers` (None: every layer of `list_layers`) that takes it (one that refuses a layer,
+    conductance on token ids, has no entry: the analysis says why). A scorecard's `n_steps`
+    (`steps_in`): each layer's steps those of its scores on their own, in `budget` seconds
+    each. In-memory inputs only."""
+    if layers is None:
+        layers = [info.spec for info in list_layers(model, take(named(inputs), slice(0, 2)))]
+    plans = {}
+    for layer in layers:
+        for method in filter(takes_steps, dict.fromkeys(methods)):
+            try:
+                plans[f"{layer}/{method}"] = plan_steps(
+                    model, layer, inputs, targets, method, n_steps=n_steps, budget=budget,
+                    batch_size=batch_size, device=device)
+            except AttributionError:
+                continue
+    return plans
+
+
+def layer_steps_words(plans: Mapping[str, StepsPlan], label=str) -> str:
+    """"integrated_gradients at 8 steps on fc1 and 16 on fc2: as many as fit in 30 s on
+    each layer (32 asked)" for the plans of `plan_layer_steps` that reduced their steps,
+    one clause per method (`label`: its name in words); "" where none did."""
+    said = []
+    for method in dict.fromkeys(key.rsplit("/", 1)[1] for key in plans):
+        reduced = [(key.rsplit("/", 1)[0], plan) for key, plan in plans.items()
+                   if key.rsplit("/", 1)[1] == method and plan.reduced]
+        if reduced:
+            parts = [f"{plan.n_steps}{' steps' if not i else ''} on {layer}"
+                     for i, (layer, plan) in enumerate(reduced)]
+            listed = parts[0] if len(parts) == 1 else \
+                ", ".join(parts[:-1]) + " and " + parts[-1]
+            first = reduced[0][1]
+            said.append(f"{label(method)} at {listed}: as many as fit in "
+                        f"{first.budget:.0f} s on each layer ({first.asked} asked)")
+    return "; ".join(said)

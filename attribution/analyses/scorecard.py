@@ -49,6 +49,7 @@ from .oracle_sample import (MEASURES, OraclePlan, OracleSample, Resamples, agree
                             draw_neurons, interval_of, plan_oracle, sample_counts_of,
                             sample_oracle)
 from .ranks import bootstrap_counts, row_ranks, row_spearman
+from .path_steps import StepsChoice, steps_in, takes_steps
 from .costs import (SampledCost, cluster_codes_of, part_sizes, probe_sizes, sampled_cost,
                     stratified, take_rows)
 from .prune import copy_model
@@ -60,7 +61,7 @@ from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
 SCORECARD_COLUMNS = ("layer", "method", "spearman", "kendall", "spearman_low", "spearman_high",
                      "top_overlap", "curve_area", "after_randomization", "n_clusters",
                      "kendall_low", "kendall_high", "top_overlap_low", "top_overlap_high",
-                     "neurons", "n_neurons", "samples", "n_samples")
+                     "neurons", "n_neurons", "samples", "n_samples", "n_steps")
 ORACLE = "ablation"
 BASELINE = "random"
 """The method whose ranking is a random order: its curve_area is the random orders' own
@@ -79,7 +80,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
               oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan, OracleSample]],
                                     None] = None,
               batch_size: int = DEFAULT_BATCH_SIZE,
-              n_steps: int = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
+              n_steps: StepsChoice = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
               progress: TableProgress = None, resume: Optional[pd.DataFrame] = None,
               device=None) -> pd.DataFrame:
     """Every method's agreement with exact ablation on every layer (see the module's table).
@@ -111,8 +112,11 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             remove them only), its intervals over the samples and the neurons drawn; where
             the plan measures a share of each cluster's samples, the layer's every column
             is measured on those samples.
-        batch_size, n_steps, seed, device: as in `neuron_scores` (seed also draws the
-            neurons, the bootstrap, the random orders and the re-initialisation).
+        batch_size, seed, device: as in `neuron_scores` (seed also draws the neurons, the
+            bootstrap, the random orders and the re-initialisation).
+        n_steps: a path method's steps on every layer, or {"layer/method": steps or its
+            `path_steps.StepsPlan`} (`plan_layer_steps`: as many as fit a budget on each
+            layer; DEFAULT_N_STEPS where a key is missing).
         progress: called as progress(fraction, partial_table) after each method's scores
             (on the model, then on its randomised copy with the method's row); may raise.
             The partial table's attrs: "layers_done" (the layers whose every row is in it),
@@ -123,7 +127,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     Returns:
         DataFrame with columns `SCORECARD_COLUMNS`, one row per (layer, method), layers in
         call order and methods in the order given; neurons: the m of the layer's n_neurons
-        measured; samples: the samples measured of the n_samples. attrs: "refused"
+        measured; samples: the samples measured of the n_samples; n_steps: a path method's
+        steps on that layer (<NA> for the others). attrs: "refused"
         {"layer/method": reason}, "reinitialised" {layer: the modules re-initialised after
         it}, n_boot, n_random, metric, ablation, ks {layer: the k values of its curves}.
     """
@@ -149,7 +154,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
     rows_of = [np.flatnonzero(codes == code) for code in range(len(ids))]
     if layers is None:
         layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
-    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed, device=device)
+    options = dict(batch_size=batch_size, seed=seed, device=device)
     metric = model_default_metric(model, x, curve_targets, metric)  # said in the attrs
     curve_options = dict(ablation=ablation, metric=metric, batch_size=batch_size,
                          device=device)
@@ -191,11 +196,12 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                                pivot=oracle.samples is not None)
                      for counts, rows in zip(draws, rows_of)]
         scored: dict[str, np.ndarray] = {}
+        steps_of = {method: steps_in(n_steps, f"{layer}/{method}") for method in methods}
         for method in methods:
             try:
                 scored[method] = oracle.effects if method == ORACLE else neuron_scores(
                     model, layer, x, targets, method, clusters=clusters, neurons=subset,
-                    **options).numpy()
+                    n_steps=steps_of[method], **options).numpy()
             except AttributionError as error:
                 refused[f"{layer}/{method}"] = str(error)
                 step()  # no second pass either
@@ -209,13 +215,14 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             after = (np.nan if not reinitialised[layer] else _mean_correlation(
                 means[method], _cluster_means(neuron_scores(
                     randomized, layer, x, targets, method, clusters=clusters,
-                    neurons=subset, **options).numpy(), rows_of)))
+                    neurons=subset, n_steps=steps_of[method], **options).numpy(), rows_of)))
             table.append({"layer": layer, "method": method,
                           **_agreement(scores, rows_of, resamples, top_k_of(oracle.n_neurons)),
                           "curve_area": _nanmean(areas[method]),
                           "after_randomization": after, "n_clusters": len(rows_of),
                           "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons,
-                          "samples": model_io.n_rows(x), "n_samples": total})
+                          "samples": model_io.n_rows(x), "n_samples": total,
+                          "n_steps": steps_of[method] if takes_steps(method) else pd.NA})
             if method == list(scored)[-1]:
                 attrs["layers_done"].append(layer)
             step()
@@ -247,7 +254,8 @@ def _checked(oracle: OracleSample, layer: str, total: int) -> OracleSample:
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(SCORECARD_COLUMNS))
+    return frame.astype({"n_steps": "Int64"})
 
 
 def _partial(rows: list[dict], attrs: dict) -> pd.DataFrame:

@@ -921,12 +921,13 @@ SCORECARD_WORDS = {
     "top_overlap": "top-10% overlap", "top_overlap_low": "overlap 95% low",
     "top_overlap_high": "overlap 95% high", "curve_area": "pruning damage (oracle = 1)",
     "after_randomization": "ρ after randomising above", "n_clusters": "clusters",
-    "neurons": "neurons measured", "samples": "samples measured"}
+    "neurons": "neurons measured", "samples": "samples measured", "n_steps": "path steps"}
 
 
 def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
     """`attribution.scorecard`'s table in words: method labels, numbers to 2 decimals, the
-    overlap as a percentage, "n/a" where a value does not exist."""
+    overlap as a percentage, "n/a" where a value does not exist, a path method's steps
+    (blank for the others)."""
     shown = pd.DataFrame({"layer": card["layer"].astype(str),
                           "method": [method_label(m) for m in card["method"]]})
     for column in SCORECARD_WORDS:
@@ -934,6 +935,10 @@ def scorecard_table(card: pd.DataFrame) -> pd.DataFrame:
             continue
         if column == "neurons":
             shown[column] = [_of_neurons(row) for row in card.itertuples()]
+            continue
+        if column == "n_steps":  # shown where a path method is in the card
+            if card[column].notna().any():
+                shown[column] = ["" if pd.isna(v) else f"{int(v)}" for v in card[column]]
             continue
         if column == "samples":
             if (card["samples"] < card["n_samples"]).any():

@@ -25,7 +25,8 @@ from plotly.offline import get_plotlyjs
 
 from . import plots
 from .cells import inert_text
-from ..analyses.settings import AnalysisSettings, cluster_label, is_regression
+from ..analyses.settings import (DEFAULT_N_STEPS, SCORECARD_METHODS, AnalysisSettings,
+                                 cluster_label, is_regression)
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose,
@@ -38,6 +39,7 @@ from ..inputs.model_formats import LoadedModel
 from ..methods.registry import METHODS
 from ..analyses.oracle import oracle_agreement
 from ..analyses.scorecard import scorecard
+from ..analyses.path_steps import plan_layer_steps, plan_steps, takes_steps
 from ..analyses.pruning_curves import curve_summary
 from ..methods.scores import neuron_scores
 from ..analyses.neuron import neuron_examples
@@ -275,6 +277,7 @@ def image_examples(model, layer: str, dataset: Dataset, scores: np.ndarray,
 
 def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
                    title: Optional[str] = None, user_scores=None,
+                   n_steps: Optional[int] = None,
                    progress: Optional[Callable[[float, str], object]] = None) -> ReportContent:
     """Compute everything the report shows, with the same `attribution` calls as the app.
 
@@ -283,6 +286,8 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         dataset: its data, checked with `check_data`.
         user_scores: optional per-sample scores from one's own code for the focus cluster
             ([m, n]) for the gradient-capture check.
+        n_steps: a path method's steps everywhere; None = on each layer as many as fit
+            `path_steps.PATH_SECONDS` (`plan_steps`, as the app does).
         progress: called as progress(fraction, what) between steps.
     Returns:
         ReportContent; `settings.cluster` None becomes the first cluster id.
@@ -302,6 +307,9 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                              settings.k, settings.seed, batch_size=settings.batch_size)
     settings = settings.with_cluster_of(clusters)
     targets = settings.targets(dataset, loaded.n_classes)
+    steps = {method: n_steps or plan_steps(model, settings.layer, dataset.inputs, targets,
+                                           method, batch_size=settings.batch_size).n_steps
+             for method in filter(takes_steps, settings.methods)}
     per_sample, notes = {}, {}
     for index, method in enumerate(settings.methods):
         step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
@@ -309,6 +317,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
                                            method, batch_size=settings.batch_size,
                                            seed=settings.seed, clusters=clusters,
+                                           n_steps=steps.get(method, DEFAULT_N_STEPS),
                                            about=about).numpy()
         if "method_note" in about:
             notes[method] = about["method_note"]
@@ -323,17 +332,21 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
                         clusters, cluster=settings.cluster, reduce=settings.reduce,
                         user_scores=user_scores, seed=settings.seed,
-                        batch_size=settings.batch_size, plan=plan)
+                        batch_size=settings.batch_size,
+                        n_steps=steps.get(settings.method, DEFAULT_N_STEPS), plan=plan)
     step(0.7, "agreement with ablation")
     oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
                               methods=settings.methods, clusters=clusters,
                               cluster=settings.cluster, reduce=settings.reduce,
                               oracle_neurons=plan.oracle, batch_size=settings.batch_size,
-                              seed=settings.seed)
+                              n_steps=steps, seed=settings.seed)
     step(0.75, "which method to trust, every layer")
     card = scorecard(model, dataset.inputs, targets, clusters, metric=settings.metric,
                      curve_targets=settings.curve_targets(dataset.labels, targets),
                      batch_size=settings.batch_size, seed=settings.seed,
+                     n_steps=n_steps or plan_layer_steps(
+                         model, dataset.inputs, targets, methods=SCORECARD_METHODS,
+                         batch_size=settings.batch_size),
                      progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
                                                        "which method to trust, every layer"))
     predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
@@ -355,10 +368,12 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
 
 def build_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSettings, *,
                  title: Optional[str] = None, user_scores=None,
+                 n_steps: Optional[int] = None,
                  progress: Optional[Callable[[float, str], object]] = None) -> str:
     """`collect_report` then `render_report`: the HTML text of the report."""
     return render_report(collect_report(loaded, dataset, settings, title=title,
-                                        user_scores=user_scores, progress=progress))
+                                        user_scores=user_scores, n_steps=n_steps,
+                                        progress=progress))
 
 
 _STYLE = """

@@ -20,7 +20,8 @@ from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
                                           integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
-from attribution.analyses.path_steps import StepsPlan, plan_steps, takes_steps
+from attribution.analyses.path_steps import (StepsPlan, plan_layer_steps, plan_steps,
+                                             takes_steps)
 from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
@@ -78,28 +79,34 @@ def _diagnose_plan(key: str, layer: str, target_key: str, cluster_key: str, batc
                          batch_size=batch_size)
 
 
+@st.cache_data(max_entries=8, show_spinner="Timing the path methods on every layer…")
+def _layer_steps(key: str, target_key: str, batch_size: int, methods: tuple, _model, _inputs,
+                 _targets) -> dict[str, StepsPlan]:
+    return plan_layer_steps(_model, _inputs, _targets, methods=methods, batch_size=batch_size)
+
+
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
-            reduce: str, batch_size: int, plan_key: str, _plan: OraclePlan, _model, _inputs,
-            _targets, _clusters, cluster, _progress):
+            reduce: str, batch_size: int, steps: tuple, plan_key: str, _plan: OraclePlan,
+            _model, _inputs, _targets, _clusters, cluster, _progress):
     with _progress:
         table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
                                     clusters=_clusters, cluster=cluster, reduce=reduce,
                                     oracle_neurons=_plan, batch_size=batch_size,
-                                    progress=_progress)
+                                    n_steps=dict(steps), progress=_progress)
     return table.drop(columns="cluster")
 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
-               methods: tuple, plans_key: str, _plans: dict, _model, _inputs, _targets,
-               _curve_targets, _clusters, _progress, _resume):
+               methods: tuple, plans_key: str, _plans: dict, _steps: dict, _model, _inputs,
+               _targets, _curve_targets, _clusters, _progress, _resume):
     """The scorecard, resumed from `_resume` (a partial card of the same key, or None):
     the same card either way, so the resumed part is not in the key."""
     with _progress:
         return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
                             metric=metric, curve_targets=_curve_targets,
-                            oracle_neurons=_plans, batch_size=batch_size,
+                            oracle_neurons=_plans, batch_size=batch_size, n_steps=_steps,
                             progress=_progress, resume=_resume)
 
 
@@ -121,11 +128,12 @@ def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_k
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
 def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
-                    batch_size: int, methods: tuple, plans_key: str, _plans: dict, _model,
-                    _inputs, _targets, _curve_targets, _clusters) -> SampledCost:
+                    batch_size: int, methods: tuple, plans_key: str, _plans: dict,
+                    _steps: dict, _model, _inputs, _targets, _curve_targets,
+                    _clusters) -> SampledCost:
     return scorecard_cost(_model, _inputs, _targets, _clusters, methods=methods,
                           metric=metric, curve_targets=_curve_targets,
-                          oracle_neurons=_plans, batch_size=batch_size)
+                          oracle_neurons=_plans, batch_size=batch_size, n_steps=_steps)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -211,6 +219,17 @@ class Context:
         """The steps `method` takes here: its `steps_plan`'s, else DEFAULT_N_STEPS."""
         plan = self.steps_plan(method, settings)
         return DEFAULT_N_STEPS if plan is None else plan.n_steps
+
+    def method_steps(self, methods: Sequence[str]) -> tuple[tuple[str, int], ...]:
+        """((method, its `n_steps`), ...) for each path method of `methods` at this view's
+        layer; one that refuses the layer has none (the analysis says why)."""
+        steps = []
+        for method in filter(takes_steps, methods):
+            try:
+                steps.append((method, self.n_steps(method)))
+            except at.AttributionError:
+                continue
+        return tuple(steps)
 
     def _scored(self, method: str) -> tuple[np.ndarray, dict]:
         s = self.settings
@@ -345,7 +364,7 @@ class Context:
         s = self.settings
         plan = self.oracle_plan(s)
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
-                       s.reduce, s.batch_size, repr(plan), plan,
+                       s.reduce, s.batch_size, self.method_steps(methods), repr(plan), plan,
                        self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
                        s.cluster, ProgressLine("Comparing every method with exact ablation"))
 
@@ -357,7 +376,7 @@ class Context:
         resumes from its layers done."""
         s = self.settings
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                          s.batch_size, tuple(methods), *self._scorecard_plans(),
+                          s.batch_size, tuple(methods), *self._scorecard_plans(methods),
                           self.ws.model, self.ws.data.inputs, self.targets,
                           s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
                           ProgressLine("Measuring every method on every layer",
@@ -368,15 +387,26 @@ class Context:
         s = self.settings
         return StoppableRun(st.session_state, (
             "scorecard", self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-            s.batch_size, tuple(methods), self._scorecard_plans()[0]))
+            s.batch_size, tuple(methods), self._scorecard_plans(methods)[0]))
 
-    def _scorecard_plans(self) -> tuple[str, dict]:
-        """(a key, {layer: the oracle its column measures}) for the scorecard and its
-        estimate alike: every neuron on every sample with `exact_oracle`, else as many as
-        fit the budget."""
+    def _scorecard_plans(self, methods: Sequence[str]) -> tuple[str, dict, dict]:
+        """(a key, {layer: the oracle its column measures}, {"layer/method": a path
+        method's steps}) for the scorecard and its estimate alike: every neuron on every
+        sample with `exact_oracle`, else as many as fit the budget; the steps that fit
+        `path_steps.PATH_SECONDS` on each layer."""
         plans = {layer: plan.exactly() if self.exact_oracle else plan
                  for layer, plan in self.scorecard_oracle_plans().items()}
-        return repr(sorted(plans.items())), plans
+        steps = {key: plan.n_steps for key, plan in self.scorecard_steps(methods).items()}
+        return repr((sorted(plans.items()), sorted(steps.items()))), plans, steps
+
+    def scorecard_steps(self, methods: Sequence[str] = SCORECARD_METHODS
+                        ) -> dict[str, StepsPlan]:
+        """{"layer/method": the steps plan of each path method of `methods` on every layer}
+        (`plan_layer_steps`, timed once per data and cached)."""
+        s = self.settings
+        return _layer_steps(self.ws.key, self.target_key, s.batch_size,
+                            tuple(filter(takes_steps, methods)), self.ws.model,
+                            self.ws.data.inputs, self.targets)
 
     def scorecard_oracle_plans(self) -> dict[str, OraclePlan]:
         """{layer: its default oracle} (`scorecard_oracle_plans`, timed once per data and
@@ -391,7 +421,7 @@ class Context:
         on a sample that keeps every cluster; cached)."""
         s = self.settings
         return _scorecard_cost(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                               s.batch_size, tuple(methods), *self._scorecard_plans(),
+                               s.batch_size, tuple(methods), *self._scorecard_plans(methods),
                                self.ws.model, self.ws.data.inputs, self.targets,
                                s.curve_targets(self.ws.data.labels, self.targets),
                                self.clusters)

@@ -7,6 +7,7 @@ from torch import nn
 
 import attribution as at
 from attribution.analyses.oracle import ORACLE_COLUMNS
+from attribution.analyses.settings import DEFAULT_N_STEPS
 from attribution.analyses.oracle_sample import Resamples, agreement_draws
 from attribution.analyses.ranks import bootstrap_counts
 
@@ -137,3 +138,22 @@ def test_every_method_leaves_out_those_that_refuse_the_model_and_says_why():
     assert "runs more than once" in table.attrs["refused"]["deeplift"]
     with pytest.raises(at.AttributionError, match="runs more than once"):  # asked for by name
         at.oracle_agreement(model, "layer1.0.conv1", x, y, methods=["gradient", "deeplift"])
+
+
+def test_each_path_method_takes_the_steps_it_is_given():
+    """n_steps as {method: steps}: a method's rows are those of a table at its steps; a
+    path method it leaves out takes the default steps."""
+    model, x, y = build("residual_mlp")
+    clusters = np.array(["b", "a"] * 20)
+    methods = ["gradient", "integrated_gradients", "conductance"]
+
+    def table(n_steps):
+        return at.oracle_agreement(model, "fc2", x, y, methods=methods, clusters=clusters,
+                                   n_steps=n_steps).set_index(["cluster", "method"])
+
+    mixed = table({"integrated_gradients": 2})
+    fewer, default = table(2), table(DEFAULT_N_STEPS)
+    ig, conductance = (mixed.index.get_level_values("method") == m
+                       for m in ("integrated_gradients", "conductance"))
+    assert mixed[ig].equals(fewer[ig]) and mixed[~ig].equals(default[~ig])
+    assert not fewer[ig | conductance].equals(default[ig | conductance])  # steps tell

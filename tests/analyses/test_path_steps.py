@@ -108,3 +108,59 @@ def test_the_command_line_fits_the_steps_it_is_not_given_and_says_so(monkeypatch
     assert "as many as fit" not in given.err
     pd.testing.assert_frame_equal(pd.read_csv(io.StringIO(fitted.out)),
                                   pd.read_csv(io.StringIO(given.out)))
+
+
+def test_steps_in_reads_a_count_a_plan_or_the_default():
+    plan = path_steps.StepsPlan("integrated_gradients", 8, 32, 1.0, 4.0, 0.0, 10)
+    given = {"fc1/integrated_gradients": plan, "fc2/integrated_gradients": 16}
+    assert path_steps.steps_in(12, "anything") == 12
+    assert path_steps.steps_in(given, "fc1/integrated_gradients") == 8
+    assert path_steps.steps_in(given, "fc2/integrated_gradients") == 16
+    assert path_steps.steps_in(given, "fc2/conductance") == DEFAULT_N_STEPS
+
+
+def test_every_layer_is_planned_for_each_path_method_it_takes(monkeypatch):
+    """One plan per (layer, path method): none for a method without steps, none where the
+    method refuses the layer (conductance on token ids: the analysis says why), each that
+    layer's own `plan_steps`, and the reduced ones said in one sentence."""
+    model, x, y = build("residual_mlp")
+    layers = [info.spec for info in at.list_layers(model, x[:2])]
+    plans = path_steps.plan_layer_steps(model, x, y, methods=[
+        "gradient", "integrated_gradients", "conductance"], budget=60.0)
+    assert list(plans) == [f"{layer}/{method}" for layer in layers
+                           for method in ("integrated_gradients", "conductance")]
+    assert all(plan.n_steps == DEFAULT_N_STEPS and not plan.reduced for plan in plans.values())
+    assert path_steps.layer_steps_words(plans) == ""
+    tight = path_steps.plan_layer_steps(model, x, y, layers=layers[:2], budget=1e-9,
+                                        methods=["integrated_gradients"])
+    assert [plan.n_steps for plan in tight.values()] == [path_steps.FEWEST_STEPS] * 2
+    assert path_steps.layer_steps_words(tight, str.upper) == (
+        f"INTEGRATED_GRADIENTS at 8 steps on {layers[0]} and 8 on {layers[1]}: as many as fit "
+        f"in 0 s on each layer ({DEFAULT_N_STEPS} asked)")
+    from tests.support.models import TokenNet
+    tokens = TokenNet().eval()
+    ids = torch.randint(0, 20, (16, 5))
+    planned = path_steps.plan_layer_steps(tokens, ids, None, layers=["fc1"], methods=[
+        "integrated_gradients", "conductance"])
+    assert list(planned) == ["fc1/integrated_gradients"]
+
+
+def test_the_scorecard_command_fits_each_layers_steps_and_says_so(monkeypatch, capsys,
+                                                                   tmp_path):
+    """`scorecard` without --n-steps: each layer's path steps fit the budget, said on
+    stderr and in the table's n_steps column; with --n-steps: those everywhere."""
+    from tests.cli.test_cli import DATA, MODEL
+
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    common = ["scorecard", "--model", MODEL, "--data", DATA, "--methods", "gradient",
+              "integrated_gradients", "--n-boot", "20", "--n-random", "2", "--quiet"]
+    assert cli.main(list(map(str, common[:-1] + ["--out", tmp_path / "fitted.csv"]))) == 0
+    said = capsys.readouterr().err
+    assert "integrated_gradients at 8 steps on " in said and "(--n-steps)" in said
+    fitted = pd.read_csv(tmp_path / "fitted.csv")
+    assert set(fitted.loc[fitted["method"] == "integrated_gradients", "n_steps"]) == {8}
+    assert fitted.loc[fitted["method"] == "gradient", "n_steps"].isna().all()
+    assert cli.main(list(map(str, common + ["--n-steps", "16", "--out",
+                                            tmp_path / "given.csv"]))) == 0
+    given = pd.read_csv(tmp_path / "given.csv")
+    assert set(given.loc[given["method"] == "integrated_gradients", "n_steps"]) == {16}

@@ -15,6 +15,7 @@ import attribution as at
 from attribution.analyses.pruning_curves import curve_summary
 from attribution.analyses.ranks import interval
 from attribution.analyses.scorecard import SCORECARD_COLUMNS, randomized_after, top_k_of
+from attribution.analyses.settings import DEFAULT_N_STEPS
 from tests.support.families import trained_cnn1d
 from attribution.inputs.demo import load_demo
 from tests.support.models import ResidualMLP
@@ -330,3 +331,27 @@ def test_curve_area_is_nan_where_the_oracle_does_no_more_damage_than_random():
     card = at.scorecard(model, x, None, layers=["act"], methods=["gradient", "random"],
                         n_random=5, n_boot=50)
     assert card["curve_area"].isna().all()
+
+
+def test_each_layer_takes_the_path_steps_it_is_given(demo):
+    """n_steps as {"layer/method": steps}: that layer's rows are those of a card at those
+    steps, the others' those of the default steps, and the n_steps column says which (empty
+    for a method without steps)."""
+    model, x, y, clusters = demo
+    x, y, clusters = x[:120], y[:120], clusters[:120]
+    methods = ("gradient", "integrated_gradients")
+    options = dict(layers=[LAYER, "out"], methods=methods, n_boot=50, n_random=4)
+    mixed = at.scorecard(model, x, y, clusters, n_steps={f"{LAYER}/integrated_gradients": 4},
+                         **options)
+    fewer = at.scorecard(model, x, y, clusters, n_steps=4, **options)
+    default = at.scorecard(model, x, y, clusters, **options)
+    assert list(mixed["n_steps"].astype(object).where(mixed["n_steps"].notna(), None)) == \
+        [None, 4, None, DEFAULT_N_STEPS]
+    assert mixed["n_steps"].dtype == "Int64"
+    numbers = [c for c in SCORECARD_COLUMNS if c not in ("layer", "method", "n_steps")]
+    pd.testing.assert_frame_equal(mixed.iloc[:2][numbers], fewer.iloc[:2][numbers])
+    pd.testing.assert_frame_equal(mixed.iloc[2:][numbers], default.iloc[2:][numbers])
+    steps_matter = ~np.isclose(fewer.iloc[:2][numbers].to_numpy(float),
+                               default.iloc[:2][numbers].to_numpy(float), rtol=0, atol=0,
+                               equal_nan=True)
+    assert steps_matter.any()  # else the comparison above could not tell the steps apart

@@ -26,7 +26,9 @@ def test_the_page_draws_the_scorecard_of_the_clusters_in_view(monkeypatch):
     assert_clean(app)
     context = app.session_state["context"]
     data = context.ws.data
-    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy())
+    steps = {key: plan.n_steps for key, plan in context.scorecard_steps().items()}
+    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
+                        n_steps=steps)
     shown = figure(app, "Which method to trust")["data"]
     layers, methods = shown[0]["y"], shown[0]["x"]
     assert layers == [info.name for info in context.ws.layers]
@@ -89,3 +91,39 @@ def test_every_method_joins_the_scorecard_through_the_registry():
     weight_norm = list(shown["x"]).index(plots.method_label("weight_norm"))
     relu = list(shown["y"]).index("relu1")
     assert np.isnan(z[relu, weight_norm])  # a ReLU has no weights of its own
+
+
+def test_each_layer_takes_the_path_steps_that_fit_and_the_page_says_so(monkeypatch):
+    """With a budget no step count fits, every layer's path methods take the fewest steps:
+    said above the card, in the table's steps column, and the card is the scorecard at
+    those steps."""
+    from attribution.analyses import path_steps
+    from pages.shared import context as shared
+
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    st.cache_data.clear()
+    given = []
+    original = at.scorecard
+    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: given.append(
+        kwargs["n_steps"]) or original(*args, **kwargs))
+    try:
+        app = run_app()
+        app.switch_page(PAGE).run()
+        assert_clean(app)
+        layers = [info.spec for info in app.session_state["context"].ws.layers]
+        fewest = path_steps.FEWEST_STEPS
+        assert given == [{f"{layer}/{method}": fewest for layer in layers
+                          for method in ("integrated_gradients", "conductance")}]
+        said = [c.value.replace("\\", "") for c in app.caption
+                if c.value.startswith("Integrated gradients at ")]
+        assert len(said) == 1 and said[0].startswith(
+            f"Integrated gradients at {fewest} steps on {layers[0]} and "
+            if len(layers) == 2 else f"Integrated gradients at {fewest} steps on {layers[0]}, ")
+        assert f"({at.analyses.settings.DEFAULT_N_STEPS} asked)" in said[0]
+        table = app.dataframe[0].value
+        path = table["method"].isin([plots.method_label("integrated_gradients"),
+                                     plots.method_label("conductance")])
+        assert set(table.loc[path, "path steps"]) == {str(fewest)}
+        assert set(table.loc[~path, "path steps"]) == {""}
+    finally:
+        shared._layer_steps.clear()

@@ -38,6 +38,12 @@ def content(demo):
     return result
 
 
+def steps_of(card: pd.DataFrame) -> dict[str, int]:
+    """{"layer/method": steps} of a scorecard's path rows (planned to fit a budget)."""
+    return {f"{row.layer}/{row.method}": int(row.n_steps) for row in card.itertuples()
+            if not pd.isna(row.n_steps)}
+
+
 @pytest.fixture(scope="module")
 def page(content):
     return report.render_report(content)
@@ -74,7 +80,7 @@ def test_report_holds_the_scorecard_of_every_layer(demo, content, page):
     and tabled, and written as scorecard.csv."""
     loaded, dataset = demo
     expected = at.scorecard(loaded.module, dataset.inputs, dataset.labels,
-                            dataset.labels.numpy())
+                            dataset.labels.numpy(), n_steps=steps_of(content.scorecard))
     pd.testing.assert_frame_equal(content.scorecard, expected)
     assert "Which method to trust, layer by layer" in page
     assert "<th>Spearman ρ</th>" in page
@@ -382,3 +388,39 @@ def test_a_curve_that_never_leaves_the_random_band_is_not_said_to_beat_random():
                                            metric="accuracy", method="gradient", cluster="3",
                                            n_random=20))
     assert "carry real information" in text
+
+
+def test_the_steps_given_reach_every_path_method_of_the_report(demo, monkeypatch):
+    """collect_report(n_steps=4): the scores, the checks, the oracle table and every layer
+    of the scorecard take 4 steps; without it, each takes the steps that fit the budget
+    (`plan_steps`: the fewest where no step count fits)."""
+    from attribution.analyses import path_steps
+
+    loaded, dataset = demo
+    small = replace(dataset, inputs=dataset.inputs[:150], labels=dataset.labels[:150],
+                    clusters=None if dataset.clusters is None else dataset.clusters[:150])
+    settings = replace(SETTINGS, method="integrated_gradients", compare=(), n_random=2)
+    taken = []
+
+    def recording(name):
+        real = getattr(report, name)
+
+        def record(*args, **options):
+            taken.append((name, path_steps.steps_in(options.get("n_steps", 0),
+                                                    "integrated_gradients")))
+            return real(*args, **options)
+        monkeypatch.setattr(report, name, record)
+
+    for name in ("neuron_scores", "diagnose", "oracle_agreement"):
+        recording(name)
+    given = report.collect_report(loaded, small, settings, n_steps=4)
+    assert set(taken) - {("neuron_scores", 0)} == {  # 0: activations, without steps
+        ("neuron_scores", 4), ("diagnose", 4), ("oracle_agreement", 4)}
+    assert set(steps_of(given.scorecard).values()) == {4}
+    taken.clear()
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    planned = report.collect_report(loaded, small, settings)
+    fewest = path_steps.FEWEST_STEPS
+    assert set(taken) - {("neuron_scores", 0)} == {
+        ("neuron_scores", fewest), ("diagnose", fewest), ("oracle_agreement", fewest)}
+    assert set(steps_of(planned.scorecard).values()) == {fewest}
