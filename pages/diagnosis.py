@@ -7,7 +7,6 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
-from attribution.progress import SAY_ABOVE_SECONDS
 from attribution.presentation import plots
 from attribution.analyses.settings import EVIDENCE_METRIC
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
@@ -114,7 +113,7 @@ def checked(run, compute):
             draw_findings(kept)
         st.stop()
     stop_slot = verdict_box.empty()
-    if not run.finished and (cost is None or cost.seconds > SAY_ABOVE_SECONDS):
+    if run.offers_stop(None if cost is None else cost.seconds):
         stop_slot.button(STOP, on_click=run.stop, icon=":material/stop_circle:",
                          help="Keeps the checks that have run, without a verdict.")
     try:

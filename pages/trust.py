@@ -7,7 +7,6 @@ import streamlit as st
 
 import attribution as at
 from attribution.analyses.path_steps import layer_steps_words
-from attribution.progress import SAY_ABOVE_SECONDS
 from attribution.analyses.settings import SCORECARD_METHODS, partition_words, target_label
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
@@ -79,7 +78,7 @@ if run.stopped:  # what was measured before the stop, and the way on
                                  if key.rsplit("/", 1)[0] in done}
 else:
     stop_slot = st.empty()
-    if not run.finished and (cost is None or cost.seconds > SAY_ABOVE_SECONDS):
+    if run.offers_stop(None if cost is None else cost.seconds):
         stop_slot.button(STOP, on_click=run.stop, icon=":material/stop_circle:",
                          help="Keeps the layers measured so far; Continue measures the rest.")
     card = guarded(lambda: ctx.scorecard(methods, run))

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable, MutableMapping, Optional
 
+from attribution.progress import SAY_ABOVE_SECONDS
+
 MAX_KEPT_RUNS = 8  # partial results kept per session, the oldest dropped first
 KEPT, STOPPED, FINISHED = "kept_runs", "stopped_runs", "finished_runs"
 
@@ -55,6 +57,12 @@ class StoppableRun:
     def kept(self) -> Optional[Any]:
         """The partial result its progress last reported, or None."""
         return self._store(KEPT).get(self.key)
+
+    def offers_stop(self, estimate: Optional[float]) -> bool:
+        """Does the page draw the Stop button before the run: not where it finished in this
+        session (its cached result comes at once, no button flashes), nor where its
+        estimate (seconds; None: not known) is under the time worth a progress line?"""
+        return not self.finished and (estimate is None or estimate > SAY_ABOVE_SECONDS)
 
     def keep(self, partial: Any) -> None:
         """A progress call's partial result (kept before the page draws anything: a stop

@@ -2,6 +2,7 @@
 keeps, and the progress line that hands it each partial result before drawing."""
 import pytest
 
+from attribution.progress import SAY_ABOVE_SECONDS
 from pages.shared import progress, stoppable
 from pages.shared.stoppable import MAX_KEPT_RUNS, StoppableRun
 
@@ -40,6 +41,16 @@ def test_runs_of_other_keys_are_their_own(session):
     assert (other.kept, other.stopped) == (None, False)
     other.finish()
     assert one.stopped and not one.finished and other.finished
+
+
+def test_the_stop_button_is_offered_for_a_long_run_not_yet_finished(session):
+    """Offered where the estimate is over the time worth a progress line, or unknown; never
+    for a run finished in this session (its cached result comes at once)."""
+    run = StoppableRun(session, "scorecard")
+    long, short = SAY_ABOVE_SECONDS * 2, SAY_ABOVE_SECONDS / 2
+    assert run.offers_stop(long) and run.offers_stop(None) and not run.offers_stop(short)
+    run.finish()
+    assert not run.offers_stop(long) and not run.offers_stop(None)
 
 
 def test_the_oldest_partial_results_are_dropped_first(session):
