@@ -12,7 +12,10 @@ part's time as said against as taken; the agreement table of two methods with th
 each with its interval over the samples and the neurons drawn; diagnose itself at its
 defaults and the scorecard of the layer (its default seven methods on that oracle), each
 said (`diagnose_cost`, `scorecard_cost`) against taken; integrated gradients at the steps
-that fit `path_steps.PATH_SECONDS` (`plan_steps`), said against taken.
+that fit `path_steps.PATH_SECONDS` (`plan_steps`), said against taken; the scorecard takes
+each path method's steps so fitted (`plan_layer_steps`, as the front ends do); the Pruning
+page's curves at their defaults (`AnalysisSettings.curve_plan`, sized to
+`settings.PAGE_CURVE_SECONDS`), said against taken.
 """
 import argparse
 import time
@@ -22,7 +25,10 @@ from torch import nn
 
 import attribution as at
 from attribution.analyses.costs import CURVE_SECONDS, draw_samples, seconds_words
-from attribution.analyses.path_steps import PATH_SECONDS, plan_steps
+from attribution.analyses.path_steps import PATH_SECONDS, plan_layer_steps, plan_steps
+from attribution.analyses.settings import (PAGE_CURVE_SECONDS, SCORECARD_METHODS,
+                                           AnalysisSettings)
+from attribution.inputs.data import Dataset
 from attribution.analyses.oracle_sample import ORACLE_SECONDS
 from benchmarks.common import note, record, run
 
@@ -139,12 +145,21 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
     path_seconds, _ = timed(lambda: at.neuron_scores(model, layer, x, targets,
                                                      "integrated_gradients",
                                                      n_steps=steps.n_steps, **options))
+    page = AnalysisSettings(layer=layer, cluster=int(targets[0]))
+    dataset, clusters = Dataset(inputs=x, labels=targets), targets.numpy()
+    page_plan_seconds, page_plan = timed(lambda: page.curve_plan(
+        page.curve_cost(model, dataset, targets), clusters))
+    page_seconds, _ = timed(lambda: page.pruning_curves(model, dataset, clusters, targets,
+                                                        ranking, plan=page_plan))
     card_plans = {layer: plan}
     if with_scorecard:
+        card_steps_seconds, card_steps = timed(lambda: plan_layer_steps(
+            model, x, targets, layers=[layer], methods=SCORECARD_METHODS, **options))
+        card_options = dict(layers=[layer], oracle_neurons=card_plans, n_steps=card_steps,
+                            **options)
         card_cost_seconds, card_cost = timed(lambda: at.scorecard_cost(
-            model, x, targets, layers=[layer], oracle_neurons=card_plans, **options))
-        card_seconds, card = timed(lambda: at.scorecard(model, x, targets, layers=[layer],
-                                                        oracle_neurons=card_plans, **options))
+            model, x, targets, **card_options))
+        card_seconds, card = timed(lambda: at.scorecard(model, x, targets, **card_options))
     samples = f" on {plan.samples} of {plan.n_samples} samples" if plan.share < 1 else ""
     curve_words = (f"{len(curve.ks(n_neurons))} k x {curve.n_random + 2} orders on "
                    f"{curve.samples} of {curve.n_samples} samples")
@@ -169,13 +184,23 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
             (f"integrated gradients at {steps.n_steps} steps, fitted to {PATH_SECONDS:.0f} s "
              f"({steps.asked} steps: {seconds_words(steps.asked_seconds)})",
              f"{path_seconds:.1f} s", f"said/took {steps.seconds / path_seconds:.2f}"),
-            ("  its plan (plan_steps), computed in", f"{steps_seconds:.1f} s", "")]
+            ("  its plan (plan_steps), computed in", f"{steps_seconds:.1f} s", ""),
+            (f"Pruning page's curves at their defaults, {len(page_plan.ks(n_neurons))} k on "
+             f"{page_plan.samples} of {page_plan.n_samples} samples (budget "
+             f"{PAGE_CURVE_SECONDS:.0f} s)", f"{page_seconds:.1f} s",
+             f"said/took {page_plan.seconds / page_seconds:.2f}"),
+            ("  their plan (curve_cost, curve_plan), computed in",
+             f"{page_plan_seconds:.1f} s", "")]
     if with_scorecard:
         rows += [(f"scorecard of this layer, {card['method'].nunique()} methods, on the "
                   "oracle's sample", f"{card_seconds:.1f} s",
                   f"said/took {card_cost.seconds / card_seconds:.2f}"),
                  ("  its estimate (scorecard_cost), computed in", f"{card_cost_seconds:.1f} s",
-                  "")]
+                  ""),
+                 ("  its path steps (plan_layer_steps: " + ", ".join(
+                     f"{key.rsplit('/', 1)[1]} {steps_plan.n_steps}"
+                     for key, steps_plan in card_steps.items()) + "), computed in",
+                  f"{card_steps_seconds:.1f} s", "")]
     for row in table.itertuples():
         rows.append((f"  {row.method}: on {row.neurons:,} of {row.n_neurons:,} neurons, "
                      f"{row.samples} of {row.n} samples",

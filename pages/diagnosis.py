@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 import attribution as at
+from attribution.analyses.costs import seconds_words
 from attribution.presentation import plots
 from attribution.analyses.settings import EVIDENCE_METRIC
 from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_package,
@@ -25,6 +26,7 @@ ICONS = {"ok": ":material/check_circle:", "warning": ":material/warning:",
          "problem": ":material/error:"}
 BEFORE = "remedy_before"  # session state: the view before the last remedy, for the comparison
 STOP, CONTINUE = "Stop the checks", "Run the checks again"
+STOP_REMEDIES, MEASURE_REMEDIES = "Stop measuring the changes", "Measure the changes"
 
 ctx = context()
 s = ctx.settings
@@ -184,10 +186,39 @@ def undo(before: dict) -> None:
     st.session_state.pop(BEFORE, None)
 
 
+def measured_remedies() -> tuple:
+    """The verdict's remedies, each measured on the view it leads to (`tried_remedies`),
+    said before with what that takes, with a Stop button while they run; stopped: none
+    measured, and a button to measure them (the views measured before the stop are
+    cached)."""
+    run = ctx.remedies_run(answer)
+    if run.stopped:
+        st.caption("The changes this verdict suggests were not measured (stopped).")
+        st.button(MEASURE_REMEDIES, on_click=run.resume, icon=":material/play_circle:")
+        return ()
+    seconds = None if run.finished or cost is None else guarded(
+        lambda: ctx.remedies_cost(answer, cost.seconds))
+    said, stop_slot = st.empty(), st.empty()
+    if seconds is not None and run.offers_stop(seconds):  # long enough to say
+        said.caption(f"Measuring the {len(answer.remedies)} changes this verdict suggests on "
+                     f"the views they lead to takes {seconds_words(seconds)}.")
+    if run.offers_stop(seconds):
+        stop_slot.button(STOP_REMEDIES, on_click=run.stop, icon=":material/stop_circle:",
+                         help="Keeps the verdict; the changes are offered unmeasured.")
+    try:
+        tried = guarded(lambda: ctx.tried_remedies(answer, findings))
+    finally:
+        said.empty()
+        stop_slot.empty()
+    if tried is not None:
+        run.finish()
+    return tried or ()
+
+
 with verdict_box:
     ALERTS[answer.severity](f"**{answer.headline}.** {escape_markdown(answer.explanation)}",
                             icon=ICONS[answer.severity])
-    tried = guarded(lambda: ctx.tried_remedies(answer, findings)) if answer.remedies else ()
+    tried = measured_remedies() if answer.remedies else ()
     helpful = [t for t in tried or () if t.improves]
     if helpful:
         st.markdown(f"**What to do:** {escape_markdown(helpful[0].remedy.label)}. Each change "

@@ -16,6 +16,7 @@ import streamlit as st
 import torch
 
 import attribution as at
+import attribution.progress
 from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
                                           integral_finding)
@@ -266,15 +267,18 @@ class Context:
         return (self.ws.key, s.layer, s.method, self.target_key, self.cluster_key, s.reduce,
                 s.batch_size, self.n_steps(s.method), user_key, repr(self.diagnose_plan(s)))
 
-    def findings_cost(self) -> SampledCost:
-        """What `findings` will take, said before it runs (`diagnose_cost`: timed on a
-        sample that keeps every cluster; cached)."""
-        s = self.settings
-        plan = self.diagnose_plan(s)
-        return _findings_cost(self.ws.key, s.layer, s.method, self.target_key,
-                              self.cluster_key, s.reduce, s.batch_size,
-                              self.n_steps(s.method), repr(plan), plan,
-                              self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
+    def findings_cost(self, settings: Optional[AnalysisSettings] = None,
+                      clusters: Optional[np.ndarray] = None) -> SampledCost:
+        """What `findings` of `settings` on `clusters` (this view's when None) will take,
+        said before it runs (`diagnose_cost`: timed on a sample that keeps every cluster;
+        cached)."""
+        s = self.settings if settings is None else settings
+        clusters = self.clusters if clusters is None else clusters
+        plan = self.diagnose_plan(s, clusters)
+        return _findings_cost(self.ws.key, s.layer, s.method, keys.target_key(s),
+                              keys.cluster_key(s), s.reduce, s.batch_size,
+                              self.n_steps(s.method, s), repr(plan), plan,
+                              self.ws.model, self.ws.data.inputs, self.targets, clusters,
                               s.cluster)
 
     def with_exact_oracle(self, exact: bool) -> "Context":
@@ -319,12 +323,35 @@ class Context:
         return replace(remedy, cluster=dominant_class(self.clusters, classes,
                                                       self.settings.cluster))
 
+    def remedies_cost(self, answer: Verdict, checks_seconds: float) -> float:
+        """Seconds `tried_remedies(answer, ...)` will take, where this view's checks take
+        `checks_seconds`: the sum of each remedy's view's `findings_cost` (its plan timed
+        now, and kept for the work); where the checks take less than a progress line is
+        worth, that many seconds per remedy (pricing each view would cost more than
+        measuring it)."""
+        if checks_seconds <= attribution.progress.SAY_ABOVE_SECONDS:
+            return checks_seconds * len(answer.remedies)
+        views = (self._remedy_settings(self._placed(remedy)) for remedy in answer.remedies)
+        return sum(self.findings_cost(settings, clusters).seconds
+                   for settings, clusters, _ in views)
+
+    def remedies_run(self, answer: Verdict) -> StoppableRun:
+        """The state of the measuring of `answer`'s remedies (`tried_remedies`) in this
+        session."""
+        return StoppableRun(st.session_state, ("remedies",) + self._findings_key("") + tuple(
+            (remedy.choice, remedy.value) for remedy in answer.remedies))
+
     def _remedy_view(self, remedy: Remedy) -> tuple[list, str]:
         """(the findings of the view `remedy` leads to, "" or which samples it compares)."""
+        settings, clusters, samples = self._remedy_settings(remedy)
+        return self._findings_of(settings, clusters), samples
+
+    def _remedy_settings(self, remedy: Remedy) -> tuple[AnalysisSettings, np.ndarray, str]:
+        """(the settings `remedy` (placed) leads to, their clusters, "" or which samples
+        they compare)."""
         s = self.settings
         if remedy.choice != "cluster_source":
-            changed = replace(s, **{remedy.choice: remedy.value})
-            return self._findings_of(changed, self.clusters), ""
+            return replace(s, **{remedy.choice: remedy.value}), self.clusters, ""
         changed = replace(s, cluster_source=remedy.value, cluster=remedy.cluster)
         clusters = cluster_ids(self.ws.key, remedy.value, s.k, "", DEFAULT_BATCH_SIZE,
                                self.ws.loaded, self.ws.data,
@@ -333,7 +360,7 @@ class Context:
         samples = (f"compares the {after} samples of "
                    f"{cluster_label(remedy.cluster, remedy.value, self.ws.class_names)} (the "
                    f"most common class of this cluster), not these {int(self.focus.sum())}")
-        return self._findings_of(changed, clusters), samples
+        return changed, clusters, samples
 
     def _findings_of(self, settings: AnalysisSettings, clusters: np.ndarray) -> list:
         s = settings

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable, MutableMapping, Optional
 
-from attribution.progress import SAY_ABOVE_SECONDS
+import attribution.progress
 
 MAX_KEPT_RUNS = 8  # partial results kept per session, the oldest dropped first
 KEPT, STOPPED, FINISHED = "kept_runs", "stopped_runs", "finished_runs"
@@ -62,7 +62,8 @@ class StoppableRun:
         """Does the page draw the Stop button before the run: not where it finished in this
         session (its cached result comes at once, no button flashes), nor where its
         estimate (seconds; None: not known) is under the time worth a progress line?"""
-        return not self.finished and (estimate is None or estimate > SAY_ABOVE_SECONDS)
+        worth = attribution.progress.SAY_ABOVE_SECONDS  # read now: a test may lower it
+        return not self.finished and (estimate is None or estimate > worth)
 
     def keep(self, partial: Any) -> None:
         """A progress call's partial result (kept before the page draws anything: a stop

@@ -59,7 +59,9 @@ def test_a_stopped_scorecard_shows_its_layers_done_and_continues_with_the_rest(m
     assert not any(b.label.startswith(("Stop", "Continue")) for b in app.button)
     assert resumed[0] is None and resumed[1].attrs["layers_done"] == [first]
     data = context.ws.data
-    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy())
+    steps = {key: plan.n_steps for key, plan in context.scorecard_steps().items()}
+    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
+                        n_steps=steps)
     shown = figure(app, "Which method to trust")["data"][0]
     assert shown["y"] == [info.name for info in context.ws.layers]
     grid = expected.pivot(index="layer", columns="method", values="spearman")
@@ -83,3 +85,46 @@ def test_stopped_checks_show_those_that_ran_and_run_again_to_the_verdict(stop_wh
     assert_clean(app)
     assert not any(b.label in ("Stop the checks", "Run the checks again") for b in app.button)
     assert any(s.value == "Evidence" for s in app.subheader)
+
+
+def test_the_remedies_are_priced_before_they_are_measured_and_can_be_stopped(monkeypatch):
+    """A verdict with remedies (gradient on the correctly classified digits): their cost
+    is estimated before they are measured; a stop while they are measured keeps the
+    verdict, offers no unmeasured remedy, and "Measure the changes" measures them; once
+    measured, a rerun neither prices nor measures them again."""
+    from pages.shared import context as shared
+
+    monkeypatch.setattr(attribution.progress, "SAY_ABOVE_SECONDS", 0.0)
+    st.cache_data.clear()
+    calls = []
+    priced, measured = shared.Context.remedies_cost, shared.Context.tried_remedies
+
+    def pricing(ctx, answer, checks_seconds):
+        calls.append("priced")
+        return priced(ctx, answer, checks_seconds)
+
+    def measuring(ctx, answer, findings):
+        calls.append("measured")
+        if calls.count("measured") == 1:  # the Stop button's click while they are measured
+            ctx.remedies_run(answer).stop()
+            st.rerun()
+        return measured(ctx, answer, findings)
+
+    monkeypatch.setattr(shared.Context, "remedies_cost", pricing)
+    monkeypatch.setattr(shared.Context, "tried_remedies", measuring)
+    app = run_app({"cluster_by": "correctness", "method": "gradient"})
+    app.switch_page(DIAGNOSIS).run()
+    assert_clean(app)
+    assert calls == ["priced", "measured"]
+    assert "The signed mean cancels" in app.warning[0].value  # the verdict stays
+    assert not [b for b in app.button if b.key and b.key.startswith("remedy_")]
+    assert any(c.value.startswith("The changes this verdict suggests were not measured")
+               for c in app.caption)
+    button(app, "Measure the changes").click().run()
+    assert_clean(app)
+    assert calls == ["priced", "measured", "priced", "measured"]
+    assert [b.key for b in app.button if b.key and b.key.startswith("remedy_")] == [
+        "remedy_method_gradient_x_activation", "remedy_cluster_source_label"]
+    app.run()
+    assert_clean(app)
+    assert calls[4:] == ["measured"]  # cached and finished: not priced again
