@@ -33,6 +33,13 @@ MEASURABLE_SECONDS = 0.05
 (`curve_cost`'s masks, `oracle_sample.oracle_timing`'s neurons): four cheap neurons add a
 millisecond, which the noise of two runs outweighs (a curve planned at a twentieth of its
 time)."""
+PROBE_SECONDS = 8.0
+"""What `curve_cost`'s probe of several orders may take: where one masked pass of the first
+batch makes it longer, it runs on fewer of the batch's samples (an eighth at the least), so
+that sizing a curve costs a small part of its budget (a wide, deep tail: GPT-2 small's h.6
+MLP took over 3 min to price a 2 min curve on a whole batch)."""
+SMALLEST_PROBE_SHARE = 8
+"""`curve_cost`'s probe keeps at least 1/SMALLEST_PROBE_SHARE of the first batch."""
 MOST_PROBE_ORDERS = 128
 """The most random orders `curve_cost`'s probe grows to while their passes are too quick
 to time."""
@@ -116,8 +123,9 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
     n_neurons = layer_width(model, layer, probe, device)
     offer_ks = not callable(ks)
     ks = check_ks(ks(n_neurons) if callable(ks) else ks, n_neurons)
-    front, per_mask = _probe(model, layer, probe, probe_targets, batch_size, device,
-                             n_neurons, distinct_masks(n_neurons, n_random, ks, seed))
+    front, per_mask, probe_rows = _probe(model, layer, probe, probe_targets, batch_size,
+                                         device, n_neurons,
+                                         distinct_masks(n_neurons, n_random, ks, seed))
 
     def seconds(n_random: int, ks: list[int], rows: int) -> tuple[float, int]:
         masks = distinct_masks(n_neurons, n_random, ks, seed) + n_neurons * exact_ablation
@@ -234,13 +242,16 @@ def _count_masks(orders: torch.Tensor, ks: Sequence[int]) -> int:
 
 
 def _probe(model, layer, probe, targets, batch_size: int, device, n_neurons: int,
-           most_masks: int) -> tuple[float, float]:
-    """(seconds of the front, seconds per masked tail pass) on `probe`: a curve of one order
-    at k = 0 (the front and one pass), then of the ranked, bottom and two random orders at
-    eight k (the front and up to 32 passes), four times as many random orders until their
-    passes add MEASURABLE_SECONDS (or would pass a quarter of the `most_masks` of the curve
-    priced); the difference is the passes'. The fastest of up to PROBE_RUNS runs of each (`fastest`:
-    short timings are the noisy ones, and cheap to repeat)."""
+           most_masks: int) -> tuple[float, float, int]:
+    """(seconds of the front, seconds per masked tail pass, on how many samples) on `probe`
+    [rows, ...]: a curve of one order at k = 0 (the front and one pass), then of the ranked,
+    bottom and two random orders at eight k (the front and up to 32 passes), four times as
+    many random orders until their passes add MEASURABLE_SECONDS (or would pass a quarter of
+    the `most_masks` of the curve priced); the difference is the passes'. Where 32 passes
+    of the first curve's time would pass PROBE_SECONDS, both are timed on fewer of the
+    probe's samples (at least 1/SMALLEST_PROBE_SHARE of them). The fastest of up to
+    PROBE_RUNS runs of each (`fastest`: short timings are the noisy ones, and cheap to
+    repeat)."""
     def timed(orders_of, ks_of) -> tuple[float, int]:
         best = fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
                                              batch_size=batch_size, device=device),
@@ -249,6 +260,14 @@ def _probe(model, layer, probe, targets, batch_size: int, device, n_neurons: int
 
     ranked = torch.arange(n_neurons)
     one, one_masks = timed(ranked[None], [0])
+    rows = n_rows(probe)
+    fewer = max(-(-rows // SMALLEST_PROBE_SHARE),
+                math.floor(rows * PROBE_SECONDS / max(32 * one, 1e-9)))
+    if fewer < rows:  # a slow tail: every pass in proportion to the samples
+        rows = fewer
+        probe = take(probe, slice(0, rows))
+        targets = None if targets is None else targets[:rows]
+        one, one_masks = timed(ranked[None], [0])
     ks = sorted({min(n_neurons, k) for k in range(1, 9)})
     n_random = 2
     while True:
@@ -260,7 +279,7 @@ def _probe(model, layer, probe, targets, batch_size: int, device, n_neurons: int
             break
         n_random *= 4
     per_mask = max(several - one, 0.0) / max(masks - one_masks, 1)
-    return max(one - per_mask, 0.0), per_mask
+    return max(one - per_mask, 0.0), per_mask, rows
 
 
 def layer_width(model, layer, probe, device) -> int:
