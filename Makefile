@@ -46,7 +46,7 @@ lint: setup-dev
 
 test: setup-dev browser jail
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Every benchmark, one JSON file of figures each, then docs/speed.md written from them.
 bench: setup-dev browser
