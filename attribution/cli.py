@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from .inputs import data as data_module
+from .inputs import data_files
 from .analyses import clusters as clusters_module
 from .analyses import distributed
 from .presentation import plots
@@ -110,7 +111,7 @@ def _data_arguments(group, kmeans_flag: str) -> None:
                        help="draw each sample as an image of this shape in the report, e.g. "
                             "8x8 for a table of 64 pixels (or CxHxW); default: a .npz/.pt's "
                             "own image_shape array")
-    group.add_argument("--max-rows", type=positive, default=data_module.MAX_ROWS,
+    group.add_argument("--max-rows", type=positive, default=data_files.MAX_ROWS,
                        help="most samples loaded into memory (default %(default)s); larger "
                             "data: save the inputs as .npy")
     group.add_argument("--sample", type=positive, metavar="N",
@@ -374,7 +375,7 @@ def _first_rows(args) -> Optional[torch.Tensor]:
     if _is_npy(path):
         rows = NpyRows(path, batch_size=2, sandbox=not args.trust_code, limits=limits_from(args))
         return torch.from_numpy(next(iter(rows)))
-    dataset = data_module.load_data(path, features=_features(args), label=args.label_key,
+    dataset = data_files.load_data(path, features=_features(args), label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=file_size(path),
                                     limits=limits_from(args), sandbox=not args.trust_code)
     inputs = dataset.inputs
@@ -397,7 +398,7 @@ def load_problem(args) -> Problem:
             raise AttributionError("Give either --features (one inputs array or columns) or "
                                    "--input-names (several named inputs), not both.")
         features = [name.strip() for name in args.input_names.split(",") if name.strip()]
-    dataset = data_module.load_data(args.data, features=features, label=args.label_key,
+    dataset = data_files.load_data(args.data, features=features, label=args.label_key,
                                     cluster=args.cluster_key, max_bytes=file_size(args.data),
                                     max_rows=args.max_rows, tokenizer=model.tokenizer,
                                     limits=limits_from(args), image_shape=args.image_shape,

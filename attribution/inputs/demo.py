@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import Dataset, check_data, load_data
+from .data import Dataset, check_data
+from .data_files import load_data
 from ..errors import AttributionError
 from .loaded import LoadedModel
 from .model_formats import load_model

@@ -12,8 +12,8 @@ FIRST_RUN = jail.Task("attribution.inputs.model_formats:_load_in_child",
 own. The jail's server loads the demo's .pt2 first (torch.export's lazily imported
 deserializer); `model_formats.warm_up` adds the demo's Hugging Face folder (transformers, seconds
 to import), for a server that will check uploads for hours."""
-READ_DATA = jail.Task("attribution.inputs.data:_read_in_jail")
-"""An untrusted data file, read whole (`data.load_data`)."""
+READ_DATA = jail.Task("attribution.inputs.data_files:_read_in_jail")
+"""An untrusted data file, read whole (`data_files.load_data`)."""
 READ_LAYOUT = jail.Task("attribution.inputs.streaming:read_layout")
 """A .npy file's header, for streaming it (`streaming.NpyRows`)."""
 READ_SMALL = jail.Task("attribution.inputs.streaming:_read_small")

@@ -18,7 +18,8 @@ import torch
 import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.analyses import clusters
-from attribution.inputs.data import Dataset, check_data, load_data
+from attribution.inputs.data import Dataset, check_data
+from attribution.inputs.data_files import load_data
 from attribution.inputs import model_formats
 from attribution.inputs.demo import load_demo
 from attribution.inputs.loaded import LoadedModel

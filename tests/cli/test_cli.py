@@ -18,7 +18,8 @@ from attribution import cli, commands, model_command
 from attribution.analyses import costs, distributed
 from attribution.analyses import pruning_curves
 from attribution.analyses import settings
-from attribution.inputs.data import check_data, load_data
+from attribution.inputs.data import check_data
+from attribution.inputs.data_files import load_data
 from attribution.inputs.model_formats import GuessedExampleFailed, load_model
 
 from tests.support.models import token_files

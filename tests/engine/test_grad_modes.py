@@ -17,7 +17,8 @@ from attribution.analyses import distributed
 from attribution.analyses.neuron import neuron_view
 from attribution.engine.runners import select as runner_selection
 from attribution.analyses.clusters import predict_classes
-from attribution.inputs.data import check_data, load_data
+from attribution.inputs.data import check_data
+from attribution.inputs.data_files import load_data
 from attribution.inputs.model_formats import load_model
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import engine_modes, eval_mode

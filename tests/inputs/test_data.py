@@ -160,7 +160,7 @@ def test_size_and_row_limits_are_configurable(monkeypatch):
                     saved(torch.from_numpy(INPUTS))):
         with pytest.raises(at.AttributionError, match="in-memory limit"):
             at.load_data(limited, max_rows=2)
-    monkeypatch.setattr(at.inputs.data, "MAX_ROWS", 3)
+    monkeypatch.setattr(at.inputs.data_files, "MAX_ROWS", 3)
     with pytest.raises(at.AttributionError, match="limit of 3"):
         at.load_data(data)
     monkeypatch.setattr(at.inputs.untrusted.files, "MAX_UPLOAD_BYTES", 100)

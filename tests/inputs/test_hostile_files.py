@@ -319,7 +319,7 @@ def test_memory_exhaustion_becomes_a_message_with_the_size(monkeypatch):
     def exhausted(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000,)")
 
-    monkeypatch.setattr(at.inputs.data.np, "frombuffer", exhausted)
+    monkeypatch.setattr(at.inputs.data_files.np, "frombuffer", exhausted)
     with pytest.raises(at.AttributionError, match="ran out of memory.*7.45 GiB"):
         at.load_data(npz(inputs=np.zeros((3, 4), np.float32)), sandbox=False)
 

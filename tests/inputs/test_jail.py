@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attribution as at
-from attribution.inputs import data as data_module
+from attribution.inputs import data_files
 from attribution.inputs import huggingface, model_formats
 from attribution.inputs.shipped import DEMO_DIR
 from attribution.inputs import tasks
@@ -143,7 +143,7 @@ def test_the_servers_process_never_parses_an_unaccepted_file(monkeypatch):
             raise AssertionError(f"{name} ran in the server's process")
         return parse
 
-    for module, name in ((data_module, "_load_data"), (np, "load"), (pd, "read_csv"),
+    for module, name in ((data_files, "_load_data"), (np, "load"), (pd, "read_csv"),
                          (pd, "read_parquet"), (zipfile, "ZipFile"), (torch, "load"),
                          (huggingface.TextEncoder, "encode"), (model_formats, "_model_kind"),
                          (huggingface, "load_folder")):
@@ -227,7 +227,7 @@ def test_every_task_names_a_function_its_module_defines():
     so a renamed function would fail only in the server: each must resolve."""
     named = [task for task in vars(tasks).values() if isinstance(task, jail.Task)]
     assert {task.function.partition(":")[0] for task in named} == {
-        "attribution.inputs.model_formats", "attribution.inputs.data",
+        "attribution.inputs.model_formats", "attribution.inputs.data_files",
         "attribution.inputs.streaming"}
     for task in named:
         module, _, name = task.function.partition(":")

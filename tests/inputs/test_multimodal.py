@@ -9,7 +9,8 @@ from torch import nn
 import attribution as at
 from attribution import cli
 from attribution.engine.model_io import NamedInputs
-from attribution.inputs.data import check_data, load_data
+from attribution.inputs.data import check_data
+from attribution.inputs.data_files import load_data
 from tests.support.app import app_pages, assert_clean, run_app, upload
 
 OCTET = "application/octet-stream"

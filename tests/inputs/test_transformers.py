@@ -20,7 +20,8 @@ from attribution import cli
 from attribution.analyses import distributed
 from attribution.inputs import huggingface
 from attribution.inputs import demo as demo_module
-from attribution.inputs.data import check_data, load_data
+from attribution.inputs.data import check_data
+from attribution.inputs.data_files import load_data
 from attribution.methods.paths import gauss_legendre
 from attribution.engine.model_io import NamedInputs, logits_of, select_output
 

@@ -9,7 +9,8 @@ import torch
 import attribution as at
 from attribution import cli
 from attribution.analyses.settings import default_cluster_source
-from attribution.inputs.data import check_data, load_data
+from attribution.inputs.data import check_data
+from attribution.inputs.data_files import load_data
 from attribution.inputs.model_formats import load_model
 from attribution.methods.registry import REGISTRY, register
 

@@ -4,7 +4,7 @@ and nothing in it imports streamlit.
 Layers, low to high: core (errors, progress, defaults) < engine < inputs < methods < analyses <
 presentation < front ends (cli, __main__, the package's __init__). A module may import its own
 layer and the layers below; imports inside functions count too, and so does a function named
-by a string ("attribution.inputs.data:_read_in_jail": how the jail's tasks name what their
+by a string ("attribution.inputs.data_files:_read_in_jail": how the jail's tasks name what their
 child imports) for the layers, though not for import cycles.
 """
 import ast
@@ -105,7 +105,7 @@ def test_the_package_never_imports_streamlit():
 
 def test_a_function_named_by_a_string_is_an_import():
     """The jail's tasks name what their children import; the rule sees those edges."""
-    assert {"attribution.inputs.model_formats", "attribution.inputs.data",
+    assert {"attribution.inputs.model_formats", "attribution.inputs.data_files",
             "attribution.inputs.streaming"} <= GRAPH["attribution.inputs.tasks"]
 
 

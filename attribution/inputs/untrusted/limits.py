@@ -5,7 +5,7 @@ Parquet headers, pickled containers, CSV header lines and architecture descripti
 file over one is refused with an `AttributionError` naming the limit and how to raise it.
 The defaults are far above what a real model or data set for this tool needs. The file-size
 limit (`MAX_UPLOAD_BYTES`, applied by `files.read_source`) and the in-memory row limit
-(`data.MAX_ROWS`) keep their own `max_bytes=` / `max_rows=` arguments.
+(`data_files.MAX_ROWS`) keep their own `max_bytes=` / `max_rows=` arguments.
 """
 from __future__ import annotations
 
