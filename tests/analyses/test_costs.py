@@ -268,6 +268,30 @@ def test_the_curve_probe_adds_orders_until_their_passes_can_be_timed(per_mask, o
         per_mask * cost.masks * 1_000 / 256)
 
 
+@pytest.mark.parametrize("per_row_mask, rows", [
+    (1e-4, [256]),  # 32 passes of the batch: 1.6 s, within PROBE_SECONDS
+    (3e-3, [256, 80]),  # 25 s: timed again on 80 samples (8 s of passes)
+    (1.0, [256, 32]),  # hours: on an eighth of the batch, the fewest it takes
+])
+def test_a_slow_tail_is_probed_on_fewer_samples_and_scaled_to_all(per_row_mask, rows,
+                                                                  monkeypatch):
+    """Where 32 masked passes of the first batch would pass PROBE_SECONDS, the probe times
+    both its curves again on fewer of its samples (an eighth at the least), and the estimate
+    scales them to every sample: the same seconds as a probe of the whole batch gives."""
+    clock, seen = [0.0], []
+
+    def fake(model, layer, x, targets, order_of, ks, **options):
+        seen.append(len(x))
+        clock[0] += len(x) * (1e-4 + per_row_mask * costs._count_masks(order_of, ks))
+
+    monkeypatch.setattr(costs, "order_curves", fake)
+    monkeypatch.setattr(costs, "layer_width", lambda *args: 64)
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
+    cost = costs.curve_cost(None, "fc", torch.zeros(1_000, 3), n_random=20, batch_size=256)
+    assert list(dict.fromkeys(seen)) == rows
+    assert cost.seconds == pytest.approx(1_000 * (1e-4 + per_row_mask * cost.masks))
+
+
 @pytest.mark.parametrize("share, runs", [(0.25, [2, 256, 256, 512, 512]),
                                          (1.0, [2, 256, 512])])  # 0.56 s and more: once
 def test_a_scorecard_whose_oracle_is_sized_to_its_budget_times_only_the_rest(monkeypatch,
