@@ -72,6 +72,8 @@ class CurveCost:
             (with exact ablation, one more per neuron).
         front_share: the share of the time spent in the front (the model up to the layer).
         cheaper: settings that cost less (empty when the curve is quick anyway).
+        priced_in: the seconds this estimate took (a budget for the whole wait, as the
+            Pruning page's, takes them off).
     """
 
     seconds: float
@@ -82,6 +84,7 @@ class CurveCost:
     masks: int
     front_share: float
     cheaper: tuple[Cheaper, ...]
+    priced_in: float = 0.0
 
     def seconds_of_masks(self, count: int) -> float:
         """The estimated seconds of `count` masked passes of the tail over the samples (e.g.
@@ -115,6 +118,7 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
     neuron count (e.g. `settings.evidence_ks`: then coarser k is not offered);
     `exact_ablation` adds one masked pass per neuron (`diagnose` ablates every neuron beside
     its curve)."""
+    started = time.perf_counter()
     n_samples = n_rows(inputs)
     probe_rows = min(batch_size, n_samples)
     probe = take(inputs, slice(0, probe_rows))
@@ -149,7 +153,7 @@ def curve_cost(model: nn.Module, layer, inputs, targets=None, *,
     return CurveCost(seconds=total, n_samples=n_samples, n_neurons=n_neurons,
                      n_orders=2 + n_random, n_ks=len(ks), masks=masks,
                      front_share=front / max(front + masks * per_mask, 1e-12),
-                     cheaper=tuple(cheaper))
+                     cheaper=tuple(cheaper), priced_in=time.perf_counter() - started)
 
 
 CURVE_SECONDS = 30.0

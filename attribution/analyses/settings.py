@@ -483,14 +483,16 @@ class AnalysisSettings:
     def curve_plan(self, cost: CurveCost, clusters: Sequence,
                    full: bool = False) -> CurvePlan:
         """The pruning curves' size from their `curve_cost`: every one of `curve_ks` on
-        every sample where they fit PAGE_CURVE_SECONDS (always, with `full`); else fewer k,
-        then a share of the focus cluster's and of the rest's samples (`costs.plan_curve`,
-        the random orders kept)."""
+        every sample where they fit PAGE_CURVE_SECONDS less the seconds the estimate took
+        (the wait is the budget's; always, with `full`); else fewer k, then a share of the
+        focus cluster's and of the rest's samples (`costs.plan_curve`, the random orders
+        kept)."""
         fixed = cost.seconds * cost.front_share
         per_mask = cost.seconds * (1 - cost.front_share) / max(cost.masks, 1)
         return plan_curve(fixed, per_mask, cost.n_neurons,
                           self.cluster_rows(clusters).astype(np.int64), self.n_random,
-                          CURVE_K_STEPS, budget=math.inf if full else PAGE_CURVE_SECONDS,
+                          CURVE_K_STEPS, budget=math.inf if full else max(
+                              PAGE_CURVE_SECONDS - cost.priced_in, 0.0),
                           seed=self.seed)
 
     def curve_cost(self, model: nn.Module, dataset: Dataset,

@@ -417,3 +417,25 @@ def test_a_work_with_no_room_for_a_second_size_is_bounded_from_part_of_it(monkey
     assert seen == [2, 64] and cost.bound  # never all of it
     assert cost.seconds == pytest.approx((1.0 + 6.4) * 300 / 64)  # >= the 31 s it takes
     assert cost.words().startswith("at most 35 s (scorecard timed on 64 of the 300 samples")
+
+
+@pytest.mark.parametrize("priced_in", [0.0, 40.0, 500.0])
+def test_the_pruning_pages_budget_is_the_whole_wait_its_estimate_included(priced_in):
+    """The Pruning page's curves fit PAGE_CURVE_SECONDS less what their estimate took: a
+    curve whose full size (about 4 min here) passes the budget keeps fewer k the longer it
+    was priced, and none is planned over what is left."""
+    from attribution.analyses.settings import PAGE_CURVE_SECONDS, AnalysisSettings
+
+    clusters = np.repeat([0, 1], 200)
+    settings = AnalysisSettings(layer="fc", cluster=0)
+    masks = costs.distinct_masks(1024, settings.n_random, settings.curve_ks(1024),
+                                 settings.seed)
+    cost = costs.CurveCost(seconds=240.0, n_samples=400, n_neurons=1024,
+                           n_orders=settings.n_random + 2, n_ks=129, masks=masks,
+                           front_share=0.0, cheaper=(), priced_in=priced_in)
+    plan = settings.curve_plan(cost, clusters)
+    left = max(PAGE_CURVE_SECONDS - priced_in, 0.0)
+    assert plan.budget == left and plan.reduced
+    assert plan.seconds <= left or (plan.points == costs.FEWEST_CURVE_POINTS
+                                    and plan.samples < plan.n_samples)
+    assert settings.curve_plan(cost, clusters, full=True).points == plan.full_points
