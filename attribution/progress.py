@@ -10,6 +10,12 @@ from typing import Callable, Optional
 SAY_ABOVE_SECONDS = 3.0  # work that ends sooner than this is not worth an estimate
 
 
+def worth_saying(seconds: float) -> bool:
+    """Is work of `seconds` long enough for a progress line, a Stop button and its price?
+    (SAY_ABOVE_SECONDS read at the call: a test may lower it.)"""
+    return seconds > SAY_ABOVE_SECONDS
+
+
 class TimeLeft:
     """Seconds a piece of work still needs, from the fraction it gained since `restart`.
 

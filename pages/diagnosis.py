@@ -14,7 +14,7 @@ from attribution.analyses.verdict import (ONE_CLASS_SOURCES, check_name, check_p
                                           cluster_composition, expected_loop,
                                           measured_changes, verdict)
 from pages.shared.context import context
-from pages.shared.draw import chart, escape_markdown, guarded, show_error
+from pages.shared.draw import chart, escape_markdown, every_step_toggle, guarded, show_error
 from pages.shared.keys import digest
 from pages.shared.routing import require_entrypoint
 from pages.shared.sidebar import CHOICE_KEYS, apply_choice, apply_partition
@@ -40,6 +40,10 @@ st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{plots.REDUCTION_LABELS[s.reduce]}) on cluster "
            f"{escape_markdown(focus_label)} ({n_focus} samples), layer "
            f"{escape_markdown(s.layer)}.")
+try:  # the method's path steps fitted to their budget: every step asked on request
+    ctx = every_step_toggle(ctx, [ctx.steps_plan(s.method)], key="diagnosis_every_step")
+except at.AttributionError:  # a method that refuses the layer: the checks say why
+    pass
 try:  # a wide layer: exact ablation of a sample of its neurons, every neuron on request
     planned = ctx.diagnose_plan()
 except at.AttributionError:  # a view that cannot run: the checks' own error says why
@@ -199,10 +203,11 @@ def measured_remedies() -> tuple:
     seconds = None if run.finished or cost is None else guarded(
         lambda: ctx.remedies_cost(answer, cost.seconds))
     said, stop_slot = st.empty(), st.empty()
-    if seconds is not None and run.offers_stop(seconds):  # long enough to say
+    offered = run.offers_stop(seconds)
+    if offered and seconds is not None:  # long enough to say
         said.caption(f"Measuring the {len(answer.remedies)} changes this verdict suggests on "
                      f"the views they lead to takes {seconds_words(seconds)}.")
-    if run.offers_stop(seconds):
+    if offered:
         stop_slot.button(STOP_REMEDIES, on_click=run.stop, icon=":material/stop_circle:",
                          help="Keeps the verdict; the changes are offered unmeasured.")
     try:

@@ -5,12 +5,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+import attribution as at
 from attribution.analyses.costs import WORTH_SAYING_SECONDS
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
 from attribution.analyses.neuron import neuron_from_point
 from pages.shared.context import context
-from pages.shared.draw import chart, escape_markdown, guarded
+from pages.shared.draw import chart, escape_markdown, every_step_toggle, guarded
 from pages.shared.routing import NEURON_CHOICE, NEURON_PAGE, require_entrypoint, switch_page
 from pages.shared.sidebar import apply_choice
 
@@ -46,6 +47,10 @@ st.caption(f"{escape_markdown(ctx.ws.title)} · layer "
            f"{escape_markdown(s.layer)} · {plots.method_label(s.method)} · "
            f"{plots.REDUCTION_LABELS[s.reduce]} over each cluster")
 
+try:  # path steps fitted to their budget: every step asked on request, at its price
+    ctx = every_step_toggle(ctx, list(map(ctx.steps_plan, s.methods)), key="every_step")
+except at.AttributionError:  # a method that refuses the layer: its scores say why
+    pass
 per_sample = guarded(lambda: {m: ctx.scores(m) for m in s.methods})
 if per_sample is None:
     st.stop()

@@ -11,7 +11,7 @@ from attribution.analyses.settings import SCORECARD_METHODS, partition_words, ta
 from attribution.presentation import plots
 from attribution.presentation.report import csv_text
 from pages.shared.context import context
-from pages.shared.draw import chart, escape_markdown, guarded
+from pages.shared.draw import chart, escape_markdown, every_step_toggle, guarded
 from pages.shared.routing import SCORES_PAGE, require_entrypoint, switch_page
 from pages.shared.sidebar import apply_choice
 
@@ -57,6 +57,12 @@ if sampled:
                           for layer, plan in sampled.items())
                       + ". On: every neuron, exactly.")
     ctx = ctx.with_exact_oracle(exact)
+try:  # path steps fitted to their budget on each layer: every step asked on request,
+    ctx = every_step_toggle(ctx, list(ctx.scorecard_steps(methods).values()),  # priced for
+                            key="scorecard_every_step", copies=2,  # the model and its
+                            where=" on every layer")  # randomised copy
+except at.AttributionError:  # a view that cannot run: the scorecard's own error says why
+    pass
 try:  # said before the scorecard runs; a view that cannot run is the scorecard's own error
     cost = ctx.scorecard_cost(methods)
     st.caption(f"The scorecard takes {escape_markdown(cost.words())}.")

@@ -38,7 +38,9 @@ several clusters every check runs on each and reports the worst. Value measured;
   activation's 0.56 in Molchanov et al. 2017); problem if it is all < 0.3 (weight
   magnitude's 0.27 there; random is 0), if a random ranking agrees as well with p > 0.05
   (with 16 neurons, rho under about 0.43), or if the correlation does not exist; else
-  warning.
+  warning. On a sample of the neurons, a ranking a random one matches (p > 0.05) whose
+  interval still reaches 0.6 is a warning, not a problem: too few neurons drawn to tell
+  (the hint: ablate more).
 - incomplete_integral (integrated_gradients, conductance: `Method.sums_to`): the largest
   share by which a sample's scores, summed over the layer, miss the difference they
   integrate (F(z) - F(0) at the layer; F(x) - F(0) at the inputs), after the engine
@@ -170,6 +172,8 @@ def _term(setting: str, value: str, screen: bool) -> str:
     if not screen:
         if setting == "output_metric":
             return f"metric={value!r}"
+        if setting == "oracle_neurons":
+            return f"oracle_neurons={value}"
         return f"{setting}={value!r}" if setting in ("reduce", "metric") else value
     if setting == "reduce":
         return REDUCTION_LABELS.get(value, value)
@@ -179,6 +183,8 @@ def _term(setting: str, value: str, screen: bool) -> str:
         return metric_label(value, regression=True)
     if setting == "method":
         return method_label(value)
+    if setting == "oracle_neurons":  # the Diagnosis page's toggle
+        return f"“Ablate all {int(value):,} neurons exactly”"
     return value.replace("_", " ")  # a check's code
 
 
@@ -872,9 +878,16 @@ def _oracle(group: _Evidence, reduce: str, generator: np.random.Generator
         return replace(_finding(
             "disagrees_with_ablation", "problem", "The ranking or the ablation effects are "
             "constant, so they cannot agree.", rho, hint), **bounds), np.inf
+    undecided = not group.oracle.exact and chance > RANK_P and high >= ORACLE_OK
     if low >= ORACLE_OK:
         finding = Finding("disagrees_with_ablation", "ok",
                           f"The scores track ablation: {measured}.", rho)
+    elif undecided:  # too few neurons drawn for a weak agreement to tell anything
+        finding = _finding("disagrees_with_ablation", "warning",
+                           "Too few neurons were ablated to tell whether the scores track "
+                           f"what removing a neuron does: {measured}.", rho,
+                           "Ablate more of the neurons to tell: «oracle_neurons="
+                           f"{agreement.n_neurons}» measures every one.")
     elif high < ORACLE_WARNING or chance > RANK_P:
         finding = _finding("disagrees_with_ablation", "problem",
                            f"The scores barely track what removing a neuron does: {measured}.",

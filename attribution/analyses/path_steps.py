@@ -13,7 +13,8 @@ twice as many are timed too, since they may refine fewer and fit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -71,6 +72,12 @@ class StepsPlan:
     @property
     def reduced(self) -> bool:
         return self.n_steps < self.asked
+
+    def at_steps_asked(self) -> "StepsPlan":
+        """This plan at every step asked, whatever they cost (a user's choice): `n_steps` and
+        `seconds` those asked; `refined` 0, as the steps asked were timed for their
+        seconds alone where they were timed at all."""
+        return replace(self, n_steps=self.asked, seconds=self.asked_seconds, refined=0.0)
 
     def words(self, name: Optional[str] = None) -> str:
         """"integrated_gradients at 8 steps, about 24 s: as many as fit in 30 s (32 steps:
@@ -163,20 +170,27 @@ def steps_in(n_steps: StepsChoice, key: str) -> int:
 def plan_layer_steps(model: nn.Module, inputs: Inputs, targets=None, *,
                      layers: Optional[Sequence[str]] = None, methods: Sequence[str],
                      n_steps: int = DEFAULT_N_STEPS, budget: Optional[float] = None,
-                     batch_size: int = DEFAULT_BATCH_SIZE, device=None
+                     batch_size: int = DEFAULT_BATCH_SIZE, device=None,
+                     known: Mapping[str, StepsPlan] = MappingProxyType({})
                      ) -> dict[str, StepsPlan]:
     """{"layer/method": its `plan_steps`} for every path method of `methods` on every layer
     of `layers` (None: every layer of `list_layers`) that takes it (one that refuses a layer,
     conductance on token ids, has no entry: the analysis says why). A scorecard's `n_steps`
     (`steps_in`): each layer's steps those of its scores on their own, in `budget` seconds
-    each. In-memory inputs only."""
+    each. `known`: plans already made under the same steps and budget, kept rather than
+    timed again (the view's own layer, planned for its scores). In-memory inputs only."""
     if layers is None:
         layers = [info.spec for info in list_layers(model, take(named(inputs), slice(0, 2)))]
+    budget = PATH_SECONDS if budget is None else budget
     plans = {}
     for layer in layers:
         for method in filter(takes_steps, dict.fromkeys(methods)):
+            key = f"{layer}/{method}"
+            if key in known and (known[key].asked, known[key].budget) == (n_steps, budget):
+                plans[key] = known[key]
+                continue
             try:
-                plans[f"{layer}/{method}"] = plan_steps(
+                plans[key] = plan_steps(
                     model, layer, inputs, targets, method, n_steps=n_steps, budget=budget,
                     batch_size=batch_size, device=device)
             except AttributionError:

@@ -307,8 +307,11 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                              settings.k, settings.seed, batch_size=settings.batch_size)
     settings = settings.with_cluster_of(clusters)
     targets = settings.targets(dataset, loaded.n_classes)
-    steps = {method: n_steps or plan_steps(model, settings.layer, dataset.inputs, targets,
-                                           method, batch_size=settings.batch_size).n_steps
+    view_steps = {} if n_steps else {  # the view layer's, kept for the scorecard
+        f"{settings.layer}/{method}": plan_steps(model, settings.layer, dataset.inputs, targets,
+                                                 method, batch_size=settings.batch_size)
+        for method in filter(takes_steps, settings.methods)}
+    steps = {method: n_steps or view_steps[f"{settings.layer}/{method}"].n_steps
              for method in filter(takes_steps, settings.methods)}
     per_sample, notes = {}, {}
     for index, method in enumerate(settings.methods):
@@ -346,7 +349,7 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
                      batch_size=settings.batch_size, seed=settings.seed,
                      n_steps=n_steps or plan_layer_steps(
                          model, dataset.inputs, targets, methods=SCORECARD_METHODS,
-                         batch_size=settings.batch_size),
+                         batch_size=settings.batch_size, known=view_steps),
                      progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
                                                        "which method to trust, every layer"))
     predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()

@@ -21,8 +21,7 @@ from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
                                           integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
-from attribution.analyses.path_steps import (StepsPlan, plan_layer_steps, plan_steps,
-                                             takes_steps)
+from attribution.analyses.path_steps import StepsPlan, plan_steps, takes_steps
 from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
 from attribution.methods import REGISTRY
 from attribution.methods.paths import sum_check
@@ -67,7 +66,7 @@ def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: s
                            progress=_progress)
 
 
-@st.cache_data(max_entries=32, show_spinner="Timing the path method on a sample…")
+@st.cache_data(max_entries=256, show_spinner="Timing the path method on a sample…")
 def _steps_plan(key: str, layer: str, method: str, target_key: str, batch_size: int, _model,
                 _inputs, _targets) -> StepsPlan:
     return plan_steps(_model, layer, _inputs, _targets, method, batch_size=batch_size)
@@ -78,12 +77,6 @@ def _diagnose_plan(key: str, layer: str, target_key: str, cluster_key: str, batc
                    _model, _inputs, _targets, _clusters, cluster) -> DiagnosePlan:
     return diagnose_plan(_model, layer, _inputs, _targets, _clusters, cluster=cluster,
                          batch_size=batch_size)
-
-
-@st.cache_data(max_entries=8, show_spinner="Timing the path methods on every layer…")
-def _layer_steps(key: str, target_key: str, batch_size: int, methods: tuple, _model, _inputs,
-                 _targets) -> dict[str, StepsPlan]:
-    return plan_layer_steps(_model, _inputs, _targets, methods=methods, batch_size=batch_size)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
@@ -158,6 +151,8 @@ class Context:
     targets: Optional[torch.Tensor]
     exact_oracle: bool = False  # every neuron ablated exactly, whatever it costs
     full_curve: bool = False  # the pruning curves at their full size, whatever they cost
+    every_step: bool = False  # path methods at every step asked, whatever they cost
+
     @property
     def target_key(self) -> str:
         return keys.target_key(self.settings)
@@ -205,16 +200,30 @@ class Context:
         checked = sum_check(self._scored(method)[1], n_steps)
         return None if checked is None else integral_finding(checked, method, n_steps)
 
+    def with_every_step(self, every: bool) -> "Context":
+        """This context with path methods at every step asked (`every`) or as many as fit
+        `path_steps.PATH_SECONDS` (a page's choice: the Scores and Trust pages offer it)."""
+        return replace(self, every_step=every)
+
     def steps_plan(self, method: str, settings: Optional[AnalysisSettings] = None
                    ) -> Optional[StepsPlan]:
-        """The steps of path `method` that fit `path_steps.PATH_SECONDS` on every sample at
-        the layer of `settings` (this view's when None) (`plan_steps`: timed once per view
-        and cached); None for a method without steps."""
+        """The steps path `method` takes at the layer of `settings` (this view's when
+        None): `layer_steps_plan`'s; None for a method without steps."""
         if not takes_steps(method):
             return None
         s = self.settings if settings is None else settings
-        return _steps_plan(self.ws.key, s.layer, method, keys.target_key(s), s.batch_size,
+        return self.layer_steps_plan(s.layer, method, s)
+
+    def layer_steps_plan(self, layer: str, method: str,
+                         settings: Optional[AnalysisSettings] = None) -> StepsPlan:
+        """The steps of path `method` that fit `path_steps.PATH_SECONDS` on every sample at
+        `layer` for the targets of `settings` (this view's when None) (`plan_steps`: timed
+        once per data, layer and method, and cached: the Scores page's plan is the
+        scorecard's), at the steps asked where `every_step`; may raise."""
+        s = self.settings if settings is None else settings
+        plan = _steps_plan(self.ws.key, layer, method, keys.target_key(s), s.batch_size,
                            self.ws.model, self.ws.data.inputs, self.targets)
+        return plan.at_steps_asked() if self.every_step else plan
 
     def n_steps(self, method: str, settings: Optional[AnalysisSettings] = None) -> int:
         """The steps `method` takes here: its `steps_plan`'s, else DEFAULT_N_STEPS."""
@@ -329,7 +338,7 @@ class Context:
         now, and kept for the work); where the checks take less than a progress line is
         worth, that many seconds per remedy (pricing each view would cost more than
         measuring it)."""
-        if checks_seconds <= attribution.progress.SAY_ABOVE_SECONDS:
+        if not attribution.progress.worth_saying(checks_seconds):
             return checks_seconds * len(answer.remedies)
         views = (self._remedy_settings(self._placed(remedy)) for remedy in answer.remedies)
         return sum(self.findings_cost(settings, clusters).seconds
@@ -419,8 +428,8 @@ class Context:
     def _scorecard_plans(self, methods: Sequence[str]) -> tuple[str, dict, dict]:
         """(a key, {layer: the oracle its column measures}, {"layer/method": a path
         method's steps}) for the scorecard and its estimate alike: every neuron on every
-        sample with `exact_oracle`, else as many as fit the budget; the steps that fit
-        `path_steps.PATH_SECONDS` on each layer."""
+        sample with `exact_oracle`, else as many as fit the budget; the steps of
+        `scorecard_steps` (every step asked with `every_step`)."""
         plans = {layer: plan.exactly() if self.exact_oracle else plan
                  for layer, plan in self.scorecard_oracle_plans().items()}
         steps = {key: plan.n_steps for key, plan in self.scorecard_steps(methods).items()}
@@ -428,12 +437,16 @@ class Context:
 
     def scorecard_steps(self, methods: Sequence[str] = SCORECARD_METHODS
                         ) -> dict[str, StepsPlan]:
-        """{"layer/method": the steps plan of each path method of `methods` on every layer}
-        (`plan_layer_steps`, timed once per data and cached)."""
-        s = self.settings
-        return _layer_steps(self.ws.key, self.target_key, s.batch_size,
-                            tuple(filter(takes_steps, methods)), self.ws.model,
-                            self.ws.data.inputs, self.targets)
+        """{"layer/method": `layer_steps_plan` of each path method of `methods` on every
+        layer that takes it} (as `path_steps.plan_layer_steps`, each plan cached alone)."""
+        plans = {}
+        for layer in (info.spec for info in self.ws.layers):
+            for method in filter(takes_steps, dict.fromkeys(methods)):
+                try:
+                    plans[f"{layer}/{method}"] = self.layer_steps_plan(layer, method)
+                except at.AttributionError:  # conductance on token ids: the card says why
+                    continue
+        return plans
 
     def scorecard_oracle_plans(self) -> dict[str, OraclePlan]:
         """{layer: its default oracle} (`scorecard_oracle_plans`, timed once per data and

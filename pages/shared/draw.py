@@ -1,14 +1,17 @@
 """Small drawing helpers every page uses: a plotly chart drawn the same way everywhere, user
-text made inert for markdown, and a user mistake shown as a message instead of a crash."""
+text made inert for markdown, a user mistake shown as a message instead of a crash, and the
+choice of every path step asked."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import plotly.graph_objects as go
 import streamlit as st
 
 import attribution as at
+from attribution.analyses.costs import seconds_words
+from attribution.analyses.path_steps import StepsPlan
 from pages.shared.figures import drawn_once
 
 
@@ -43,3 +46,20 @@ def guarded(action: Callable[[], Any]) -> Any:
     except at.AttributionError as error:
         show_error(error)
         return None
+
+
+def every_step_toggle(ctx, plans: Sequence[StepsPlan], key: str, copies: int = 1,
+                      where: str = ""):
+    """`ctx` (a page's `Context`) with path methods at every step asked where the user turns
+    it on: a toggle, priced at `copies` scorings of each plan at its steps asked, drawn
+    where some of `plans` took fewer to fit their budget; `ctx` itself where none did.
+    `where`: which layers, in words (" on every layer")."""
+    reduced = [plan for plan in plans if plan is not None and plan.reduced]
+    if not reduced:
+        return ctx
+    seconds = copies * sum(plan.asked_seconds for plan in reduced)
+    every = st.toggle(f"Integrate with every step asked{where} ({seconds_words(seconds)})",
+                      key=key, help=f"Path methods take as many steps as fit "
+                                    f"{reduced[0].budget:.0f} s{where}; on, the "
+                                    f"{reduced[0].asked} asked, whatever they cost.")
+    return ctx.with_every_step(every)

@@ -62,8 +62,8 @@ class StoppableRun:
         """Does the page draw the Stop button before the run: not where it finished in this
         session (its cached result comes at once, no button flashes), nor where its
         estimate (seconds; None: not known) is under the time worth a progress line?"""
-        worth = attribution.progress.SAY_ABOVE_SECONDS  # read now: a test may lower it
-        return not self.finished and (estimate is None or estimate > worth)
+        return not self.finished and (estimate is None
+                                      or attribution.progress.worth_saying(estimate))
 
     def keep(self, partial: Any) -> None:
         """A progress call's partial result (kept before the page draws anything: a stop

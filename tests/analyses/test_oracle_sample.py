@@ -155,6 +155,27 @@ def test_diagnose_says_how_many_neurons_its_oracle_rests_on():
                                        oracle_neurons=96)}["disagrees_with_ablation"]
 
 
+def test_a_weak_agreement_on_too_few_neurons_is_a_warning_to_ablate_more():
+    """A random ranking on 16 of 96 neurons: rho 0.19 [-0.38, 0.72], p = 0.24.
+    Too few neurons to tell: a warning whose hint asks for more (every one: 96), in the
+    API's words and the page's toggle. On all 96 the same ranking is a problem."""
+    model, x = _model(), torch.randn(120, 12)
+    targets = model(x).argmax(1)
+
+    def agreement(**options):
+        return {f.code: f for f in at.diagnose(model, "1", x, targets, "random", seed=2,
+                                               **options)}["disagrees_with_ablation"]
+
+    sampled = agreement(oracle_neurons=16)
+    assert sampled.p_value > 0.05 and sampled.high >= 0.6 and sampled.low < 0.3
+    assert sampled.severity == "warning"
+    assert sampled.message.startswith("Too few neurons were ablated to tell")
+    assert sampled.hint.endswith("oracle_neurons=96 measures every one.")
+    assert "“Ablate all 96 neurons exactly”" in sampled.words(screen=True)[1]
+    exact = agreement()
+    assert exact.high < 0.3 and exact.severity == "problem"
+
+
 def test_the_oracle_table_on_a_sample_is_the_exact_table_of_those_neurons():
     """oracle_agreement on m of n neurons: each measure equals the same measure computed by
     hand on the m columns of the exact per-sample effects and scores; Spearman's interval

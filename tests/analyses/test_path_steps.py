@@ -145,6 +145,37 @@ def test_every_layer_is_planned_for_each_path_method_it_takes(monkeypatch):
     assert list(planned) == ["fc1/integrated_gradients"]
 
 
+def test_plans_already_made_are_kept_not_timed_again(monkeypatch):
+    """`known` plans of the same steps and budget stand for their layer and method (the
+    view layer's, planned for its scores); one made under other steps or budget does not."""
+    model, x, y = build("residual_mlp")
+    layers = [info.spec for info in at.list_layers(model, x[:2])][:2]
+    timed = []
+    real = path_steps.plan_steps
+    monkeypatch.setattr(path_steps, "plan_steps", lambda m, layer, *a, **k: (
+        timed.append(layer), real(m, layer, *a, **k))[1])
+    mine = path_steps.StepsPlan("integrated_gradients", 8, DEFAULT_N_STEPS, 1.0, 4.0, 0.0,
+                                len(x), path_steps.PATH_SECONDS)
+    key = f"{layers[0]}/integrated_gradients"
+    plans = path_steps.plan_layer_steps(model, x, y, layers=layers, known={key: mine},
+                                        methods=["integrated_gradients"])
+    assert plans[key] is mine and timed == [layers[1]]
+    timed.clear()
+    again = path_steps.plan_layer_steps(model, x, y, layers=layers, known={key: mine},
+                                        methods=["integrated_gradients"], budget=60.0)
+    assert again[key] is not mine and timed == layers
+
+
+def test_a_plan_at_its_steps_asked_takes_them_and_says_their_time():
+    """`at_steps_asked`: the user's choice of every step asked, at the time they were said
+    to take, no longer reduced (so no "as many as fit" clause)."""
+    plan = path_steps.StepsPlan("conductance", 8, 32, 7.5, 30.0, 0.25, 100, 5.0)
+    asked = plan.at_steps_asked()
+    assert (asked.n_steps, asked.seconds, asked.reduced) == (32, 30.0, False)
+    assert "as many as fit" not in asked.words() and "at 32 steps, about 30 s" in asked.words()
+    assert path_steps.layer_steps_words({"fc1/conductance": asked}) == ""
+
+
 def test_the_scorecard_command_fits_each_layers_steps_and_says_so(monkeypatch, capsys,
                                                                    tmp_path):
     """`scorecard` without --n-steps: each layer's path steps fit the budget, said on

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses import settings as analysis
+from attribution.analyses import costs, settings as analysis
 from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
 from pages.shared import context
 from tests.support.app import (ESTIMATE, assert_clean, assert_no_line_left, run_app,
@@ -235,7 +235,7 @@ def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatc
 def test_a_path_method_takes_the_steps_that_fit_and_says_so(monkeypatch, cold):
     """With a budget no step count fits, integrated gradients on the Scores page takes the
     fewest steps, says so and what the steps asked would take, and its scores are those
-    of that many steps."""
+    of that many steps; the toggle of every step asked, priced as said, takes them all."""
     from attribution.analyses import path_steps
 
     monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
@@ -256,5 +256,41 @@ def test_a_path_method_takes_the_steps_that_fit_and_says_so(monkeypatch, cold):
         assert len(said) == 1 and said[0].startswith("Integrated gradients at 8 steps, ")
         assert "still over the 0 s budget (32 steps: " in said[0]
         assert scored == [8]  # the page's scores; the plan's timings are path_steps' own
+        every = app.toggle(key="every_step")  # every step asked, at the price said
+        price = said[0].split("(32 steps: ")[1].split(")")[0]
+        assert every.label == f"Integrate with every step asked ({price})"
+        monkeypatch.setattr(costs, "WORTH_SAYING_SECONDS", -1.0)  # its time always said
+        every.set_value(True).run()
+        assert_clean(app)
+        said = [caption.value.replace("\\", "") for caption in app.caption
+                if caption.value.startswith("Integrated gradients at ")]
+        assert scored == [8, 32] and len(said) == 1
+        assert said[0].startswith(f"Integrated gradients at 32 steps, {price}")
+        assert "budget" not in said[0]
+    finally:
+        context._steps_plan.clear()
+
+
+def test_the_diagnosis_page_offers_every_step_asked_of_its_path_method(monkeypatch, cold):
+    """The Diagnosis page of a path method whose steps were cut to the budget offers every
+    step asked (priced); on, its checks score the method at those steps."""
+    from attribution.analyses import path_steps
+
+    monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
+    context._steps_plan.clear()
+    checked = []
+    real = at.diagnose
+    monkeypatch.setattr(at, "diagnose", lambda *args, n_steps, **options: (
+        checked.append(n_steps), real(*args, n_steps=n_steps, **options))[1])
+    try:
+        app = run_app({"method": "integrated_gradients", "compare": ""})
+        app.switch_page("pages/diagnosis.py").run()
+        assert_clean(app)
+        every = app.toggle(key="diagnosis_every_step")
+        assert every.label.startswith("Integrate with every step asked (")
+        assert checked == [path_steps.FEWEST_STEPS]
+        every.set_value(True).run()
+        assert_clean(app)
+        assert checked == [path_steps.FEWEST_STEPS, analysis.DEFAULT_N_STEPS]
     finally:
         context._steps_plan.clear()

@@ -96,7 +96,7 @@ def test_every_method_joins_the_scorecard_through_the_registry():
 def test_each_layer_takes_the_path_steps_that_fit_and_the_page_says_so(monkeypatch):
     """With a budget no step count fits, every layer's path methods take the fewest steps:
     said above the card, in the table's steps column, and the card is the scorecard at
-    those steps."""
+    those steps; the toggle of every step asked gives the card at those."""
     from attribution.analyses import path_steps
     from pages.shared import context as shared
 
@@ -125,5 +125,14 @@ def test_each_layer_takes_the_path_steps_that_fit_and_the_page_says_so(monkeypat
                                      plots.method_label("conductance")])
         assert set(table.loc[path, "path steps"]) == {str(fewest)}
         assert set(table.loc[~path, "path steps"]) == {""}
+        every = app.toggle(key="scorecard_every_step")  # every step asked, priced for the
+        assert every.label.startswith("Integrate with every step asked on every layer (about ")
+        every.set_value(True).run()  # model and its randomised copy
+        assert_clean(app)
+        asked = at.analyses.settings.DEFAULT_N_STEPS
+        assert given[-1] == {key: asked for key in given[0]}
+        assert not [c for c in app.caption if c.value.startswith("Integrated gradients at ")]
+        table = app.dataframe[0].value
+        assert set(table.loc[path, "path steps"]) == {str(asked)}
     finally:
-        shared._layer_steps.clear()
+        shared._steps_plan.clear()
