@@ -16,7 +16,7 @@ import importlib
 _HOMES = {
     ".errors": ("AttributionError",),
     ".engine.layers": ("LayerInfo", "list_layers"),
-    ".methods.registry": ("METHODS", "methods_for"),
+    ".methods.registry": ("method_names", "methods_for"),
     ".methods.scores": ("REDUCTIONS", "cluster_scores", "neuron_scores", "reduce_scores"),
     ".methods.probe": ("Probe", "probe"),
     ".analyses.pruning_curves": ("cluster_pruning_curves", "curve_summary", "model_metric",
@@ -36,7 +36,7 @@ _HOMES = {
     ".analyses.clusters": ("CLUSTER_SOURCES", "make_clusters", "predict_classes"),
     ".inputs.demo": ("DEMOS", "demo_files", "load_demo"),
     ".engine.model_io": ("NamedInputs", "select_output"),
-    ".methods.tokens": ("TOKEN_METHODS", "token_scores"),
+    ".methods.tokens": ("token_methods", "token_scores"),
     ".inputs.streaming": ("NpyRows",),
 }
 _SUBMODULES = {"distributed": ".analyses.distributed"}

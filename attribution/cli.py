@@ -28,7 +28,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -58,7 +58,7 @@ from .engine.layers import resolve_layer
 from .inputs.loaded import LoadedModel
 from .inputs.untrusted.files import open_regular, sniff
 from .methods.paths import SUM_TOLERANCE
-from .methods.registry import METHODS, REGISTRY
+from .methods.registry import REGISTRY, method_names
 from .analyses.prune import REMOVALS, prune, prune_check, save_folder, save_pt2
 from .analyses.pruning_curves import ABLATIONS, METRICS, curve_summary
 from .analyses import settings as analysis
@@ -142,6 +142,18 @@ def _run_arguments(group, seeded: str) -> None:
     group.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _method_argument(parser, what: str,
+                     default: Union[str, Sequence[str]] = analysis.DEFAULT_METHOD,
+                     flag: str = "--method") -> None:
+    """`flag`: one of the registered methods, or one or more where `default` is a list;
+    `what` they are for, in words."""
+    names, many = method_names(), not isinstance(default, str)
+    parser.add_argument(flag, nargs="+" if many else None, choices=names, metavar="METHOD",
+                        default=list(default) if many else default,
+                        help=f"{what} ({', '.join(names)}; default "
+                             f"{' '.join(default) if many else default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its seven commands."""
     parser, commands = overview_parser()
@@ -192,10 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_layers_command(commands, model)
 
     command = add_command(commands, "score", [model, data, compute, written])
-    command.add_argument("--method", nargs="+", choices=METHODS,
-                         default=[analysis.DEFAULT_METHOD], metavar="METHOD",
-                         help=f"one or more of {', '.join(METHODS)} (default "
-                              f"{analysis.DEFAULT_METHOD})")
+    _method_argument(command, "one or more methods", [analysis.DEFAULT_METHOD])
     command.add_argument("--out", required=True,
                          help="table (.csv or .parquet; '-' = CSV on stdout) with columns "
                               "cluster, neuron, method, score, n (and class for --targets all)")
@@ -208,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                           [model, data, compute, band(None), ablation, written])
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
-    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
-                         metavar="METHOD", help="the scores that rank the neurons: "
-                                                f"{', '.join(METHODS)} (default %(default)s)")
+    _method_argument(command, "the scores that rank the neurons")
     command.add_argument("--cluster", help="rank by this cluster's scores and measure it "
                                            "against the rest (default: all the data)")
     command.add_argument("--out", required=True, help="curve table (.csv, .parquet or '-')")
@@ -233,9 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--remove", choices=REMOVALS, default="bottom",
                          help="the K lowest-ranked neurons (bottom, the default) or the K "
                               "highest (top)")
-    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
-                         metavar="METHOD", help="the scores that rank the neurons: "
-                                                f"{', '.join(METHODS)} (default %(default)s)")
+    _method_argument(command, "the scores that rank the neurons")
     command.add_argument("--cluster", help="rank by this cluster's scores (default: all the "
                                            "data)")
     command.add_argument("--metric", choices=METRICS,
@@ -251,9 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     command = add_command(commands, "diagnose",
                           [model, data, compute, band(analysis.EVIDENCE_METRIC), ablation,
                            written])
-    command.add_argument("--method", choices=METHODS, default=analysis.DEFAULT_METHOD,
-                         metavar="METHOD", help=f"the method under test: {', '.join(METHODS)} "
-                                                "(default %(default)s)")
+    _method_argument(command, "the method under test")
     command.add_argument("--cluster", help="check only this cluster (default: every cluster)")
     command.add_argument("--user-scores", type=Path,
                          help="your own per-sample scores (.npy) to check your hook code: "
@@ -266,11 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(run=run_diagnose)
 
     command = add_command(commands, "report", [model, data, compute, band(None), written])
-    report_methods = [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE]
-    command.add_argument("--method", nargs="+", choices=METHODS, default=report_methods,
-                         metavar="METHOD", help="methods to show; the first ranks the pruning "
-                                                f"curves ({', '.join(METHODS)}; default "
-                                                f"{' '.join(report_methods)}, as the dashboard)")
+    _method_argument(command, "methods to show, as the dashboard's; the first ranks the "
+                              "pruning curves",
+                     [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE])
     command.add_argument("--cluster", help="the cluster in focus (default: the first)")
     command.add_argument("--title", help="the report's heading")
     command.add_argument("--out", required=True, type=Path, help="report (.html)")
@@ -281,10 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = command.add_argument_group("scorecard")
     group.add_argument("--layers", nargs="+", metavar="LAYER",
                        help="layer names (default: every layer of `layers`)")
-    group.add_argument("--methods", nargs="+", choices=METHODS, metavar="METHOD",
-                       default=list(analysis.SCORECARD_METHODS),
-                       help=f"one or more of {', '.join(METHODS)} (default "
-                            f"{' '.join(analysis.SCORECARD_METHODS)})")
+    _method_argument(group, "one or more methods", analysis.SCORECARD_METHODS, "--methods")
     group.add_argument("--n-boot", type=positive, default=analysis.BOOTSTRAP_DRAWS,
                        help="bootstrap draws of the spearman interval (default %(default)s)")
     group.add_argument("--n-random", type=positive, default=analysis.SCORECARD_N_RANDOM,

@@ -115,7 +115,7 @@ def main():
     note(f"First progress update of the demo's curve after {seconds * 1000:.0f} ms (median of "
          f"5): {count} points covering k = {k_low}..{k_high}.")
 
-    report(f"oracle agreement, all {len(at.METHODS)} methods, 10 clusters; diagnose",
+    report(f"oracle agreement, all {len(at.method_names())} methods, 10 clusters; diagnose",
            interleaved_medians({
                "at.oracle_agreement": lambda: at.oracle_agreement(model, "fc2", x, y,
                                                                    clusters=clusters),

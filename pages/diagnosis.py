@@ -288,7 +288,7 @@ st.caption(f"The oracle removes each neuron alone and measures the drop of the {
            "A useful score ranks neurons like the oracle (Spearman ρ near 1; random is 0). "
            "Molchanov et al. (ICLR 2017) report ρ ≈ 0.73 for Taylor (gradient × activation) "
            "and 0.56 for mean activation on VGG-16.")
-oracle = guarded(lambda: ctx.oracle(at.METHODS))  # every method that scores this layer
+oracle = guarded(lambda: ctx.oracle(at.method_names()))  # every method that scores this layer
 refused = {} if oracle is None else oracle.attrs.get("refused", {})
 if oracle is not None:
     st.dataframe(plots.oracle_table(oracle), hide_index=True, width="stretch")

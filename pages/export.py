@@ -62,7 +62,7 @@ if st.button("Build report", type="primary", icon=":material/description:"):
         progress.progress(0.6, text="Degeneracy checks…")
         findings = ctx.findings()
         progress.progress(0.7, text="Agreement with ablation…")
-        oracle = ctx.oracle(at.METHODS)
+        oracle = ctx.oracle(at.method_names())
         progress.progress(0.8, text="Which method to trust, every layer…")
         card = ctx.scorecard()
         content = assemble(

@@ -44,7 +44,7 @@ every = st.toggle("Every method the layers take", key="scorecard_every",
                   help="The seven default methods, or every method (the pruning criteria, "
                        "DeepLift, LRP, the probe), which takes longer. A method that cannot "
                        "score a layer leaves its cell empty.")
-methods = at.METHODS if every else SCORECARD_METHODS
+methods = at.method_names() if every else SCORECARD_METHODS
 try:  # wide layers: exact ablation of a sample of their neurons, every neuron on request
     sampled = {layer: plan for layer, plan in ctx.scorecard_oracle_plans().items()
                if not plan.exact}

@@ -255,7 +255,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         layer: dotted module name or the module itself.
         inputs: [N, ...] tensor or array, or an iterable of batches (held in memory here).
         targets: LongTensor [N], None (the predicted class) or "labels" (y of (x, y) batches).
-        method: the scoring method under test (one of `METHODS`).
+        method: the scoring method under test (one of `method_names()`).
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster. A
             method fitted to the clusters (`probe`) needs them, and is fitted on all samples.
         cluster: check only this cluster; None = check every cluster, report the worst.

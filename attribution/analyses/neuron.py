@@ -9,7 +9,7 @@ The samples that "drive" a neuron are those with its highest and lowest activati
 output, averaged over positions for conv channels and sequences), over all samples. For a
 layer with positions (a conv channel [H', W'], a sequence [T]) each example also carries the
 neuron's output at every position: the map drawn over an image, the per-token values of a
-token sequence; for token ids and a method with a value per token (`TOKEN_METHODS`), each
+token sequence; for token ids and a method with a value per token (`token_methods()`), each
 example carries its tokens and their scores (`attribution.methods.tokens.token_scores`).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..defaults import DEFAULT_BATCH_SIZE
 from ..engine.layers import resolve_layer
 from ..engine.model_io import NamedInputs, sample_values
 from ..methods.passes import LayerBatch, LayerPass, Progress
-from ..methods.tokens import TOKEN_METHODS, token_scores
+from ..methods.tokens import token_methods, token_scores
 from .pruning_curves import metric_values
 from .ranks import CONFIDENCE
 
@@ -148,7 +148,7 @@ def neuron_view(model: nn.Module, layer, inputs: torch.Tensor, targets: Optional
     examples = neuron_examples(model, name, inputs, samples, neuron, labels=labels,
                                n_examples=n_examples, image_shape=image_shape)
     kind = input_kind(inputs, image_shape)
-    if kind == "tokens" and method in TOKEN_METHODS and examples["positions"].notna().all():
+    if kind == "tokens" and method in token_methods() and examples["positions"].notna().all():
         _add_token_scores(examples, model, name, inputs, targets, neuron, method, tokens)
     if progress is not None:
         progress(1.0)

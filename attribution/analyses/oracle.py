@@ -23,7 +23,7 @@ from torch import nn
 from ..engine import model_io
 from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
-from ..methods.registry import METHODS, REGISTRY, methods_for
+from ..methods.registry import REGISTRY, method_names, methods_for
 from ..methods.passes import check_targets
 from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
                               n_samples, neuron_scores)
@@ -44,7 +44,7 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
 
 def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
-                     methods: Sequence[str] = METHODS, clusters=None, *, cluster=None,
+                     methods: Optional[Sequence[str]] = None, clusters=None, *, cluster=None,
                      reduce: str = DEFAULT_REDUCE, top_k: Optional[int] = None,
                      oracle_neurons: Union[int, OraclePlan, None] = None,
                      batch_size: int = DEFAULT_BATCH_SIZE,
@@ -60,12 +60,12 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         inputs: [N, ...] tensor or array, or a re-iterable of batches (a DataLoader, a
             list: it is read once per method; a one-shot iterator is refused).
         targets: LongTensor [N] of class ids, or None (the predicted class).
-        methods: method names from `METHODS` (the oracle itself, "ablation", scores 1.0);
-            all of `METHODS` (as registered now) leaves out those that cannot score integer
-            inputs (`Method.needs_float_inputs`: conductance) or this kind of layer
-            (`Method.layer_kinds`: bn_scale, weight_norm), and those that refuse this model
-            (deeplift where a ReLU module runs twice): `attrs["refused"]` says why. A method
-            named in a list of your own that refuses raises its AttributionError.
+        methods: method names of `method_names()` (the oracle itself, "ablation", scores
+            1.0); None, or all of them (as registered now), leaves out those that cannot
+            score integer inputs (`Method.needs_float_inputs`: conductance) or this kind of
+            layer (`Method.layer_kinds`: bn_scale, weight_norm), and those that refuse this
+            model (deeplift where a ReLU module runs twice): `attrs["refused"]` says why. A
+            method named in a list of your own that refuses raises its AttributionError.
         clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
         cluster: compare on this cluster alone (one row per method), scoring its samples
             only; a method fitted to the clusters (`probe`) is fitted on every sample's.
@@ -94,8 +94,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         `attrs`: the layer's neuron axis (`runners.layer_attrs`) and "refused": {method: the
         reason} for the methods left out.
     """
-    methods = list(dict.fromkeys(methods))
-    every = tuple(methods) == tuple(METHODS)
+    methods = list(dict.fromkeys(method_names() if methods is None else methods))
+    every = tuple(methods) == method_names()
     if every:
         name, module = resolve_layer(model, layer)
         methods = list(methods_for(_input_dtype(inputs), module_kind(name, module)))

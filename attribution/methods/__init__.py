@@ -12,7 +12,7 @@ in the import below. `shared` holds what the families share (targets' logits, th
 gradients, per-neuron reduction); `scores` runs a method over a dataset (`neuron_scores`,
 `cluster_scores`); `tokens` scores each token of a sequence.
 """
-from .registry import METHODS, REGISTRY, Batch, Method, MethodNames, methods_for, register
+from .registry import REGISTRY, Batch, Method, method_names, methods_for, register
 from . import gradients, criteria, paths, ablation, propagation, probe  # noqa: F401
 
-__all__ = ["METHODS", "REGISTRY", "Batch", "Method", "MethodNames", "methods_for", "register"]
+__all__ = ["REGISTRY", "Batch", "Method", "method_names", "methods_for", "register"]

@@ -93,7 +93,7 @@ class Method:
         uses_gradients: it differentiates the logits with respect to the layer's output.
         token_value: its value at each token, from z [B, n, T] and grad = dF/dz (None
             unless `uses_gradients`), [B, n, T], whose sum (activation: mean) over a
-            sample's real tokens is its score; None when it has none (`tokens.TOKEN_METHODS`).
+            sample's real tokens is its score; None when it has none (`tokens.token_methods`).
         logit_effect: how a neuron's score becomes its effect in logits (the tiny_scores
             check of `diagnose`): "score" (the score is one), "times_activation" (|score| x
             mean |activation|: logits per unit activation), None (no logit units; checked
@@ -174,44 +174,10 @@ def register(name: str, summary: str, *, label: Optional[str] = None,
     return add
 
 
-class MethodNames(Sequence):
+def method_names(where: Optional[Callable[[Method], bool]] = None) -> tuple[str, ...]:
     """The names of the registered methods (those `where` accepts), in registration order,
-    read from the registry at every use: a method registered after import is in it.
-    `tuple(names)` takes a snapshot."""
-
-    def __init__(self, where: Optional[Callable[[Method], bool]] = None):
-        self._where = where
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(name for name, entry in REGISTRY.items()
-                     if self._where is None or self._where(entry))
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __getitem__(self, index):
-        return self._names()[index]
-
-    def __iter__(self):
-        return iter(self._names())
-
-    def __contains__(self, name) -> bool:
-        entry = REGISTRY.get(name) if isinstance(name, str) else None
-        return entry is not None and (self._where is None or self._where(entry))
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, (MethodNames, tuple, list)):
-            return self._names() == tuple(other)
-        return NotImplemented
-
-    __hash__ = None  # its contents change as methods are registered
-
-    def __repr__(self) -> str:
-        return repr(self._names())
-
-
-METHODS: Sequence[str] = MethodNames()
-"""Every registered method's name (a live view of `REGISTRY`)."""
+    read from the registry now: a method registered later is in the next call's."""
+    return tuple(name for name, entry in REGISTRY.items() if where is None or where(entry))
 
 
 def method_label(method: str) -> str:

@@ -18,7 +18,7 @@ from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEF
 from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
 from .paths import SUM_KEYS, SUM_TOLERANCE, sum_shares
-from .registry import METHODS, REGISTRY, Batch, Targets
+from .registry import REGISTRY, Batch, Targets, method_names
 from .shared import check_neurons
 from ..engine.runners import layer_attrs
 
@@ -36,7 +36,7 @@ _LAYER_ELEMENTS_PER_CHUNK = 1 << 19
 def check_method(method: str) -> None:
     """AttributionError unless `method` is a registered scoring method."""
     if method not in REGISTRY:
-        raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
+        raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(method_names())}.")
 
 
 def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
@@ -189,7 +189,7 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
         targets: LongTensor [N] of class ids (in iteration order), None (predicted class),
             "all", or "labels": the y [B] of each (x, y) batch of an iterable, so a
             DataLoader's labels need not be gathered first.
-        method: one of `METHODS`.
+        method: one of `method_names()`.
         batch_size: samples per pass for array inputs (an iterable keeps its own batches);
             results do not depend on it.
         n_steps: integration steps for integrated_gradients and conductance.

@@ -14,14 +14,16 @@ from torch import nn
 
 from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_METHOD
-from .registry import REGISTRY, MethodNames
+from .registry import REGISTRY, method_names
 from ..engine.model_io import TEXT_INPUT, NamedInputs, attention_mask
 from .passes import Inputs, LayerBatch, LayerPass
 
-TOKEN_METHODS = MethodNames(lambda entry: entry.token_value is not None)
-"""Methods with a value at each token (`Method.token_value`, e.g. z, dF/dz and z * dF/dz,
-whose sum over a sample's real tokens is the sample's `gradient_x_activation` score); a
-live view of the registry."""
+
+def token_methods() -> tuple[str, ...]:
+    """The registered methods with a value at each token (`Method.token_value`, e.g. z,
+    dF/dz and z * dF/dz, whose sum over a sample's real tokens is the sample's
+    `gradient_x_activation` score), as registered now."""
+    return method_names(lambda entry: entry.token_value is not None)
 
 
 def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
@@ -36,15 +38,15 @@ def token_scores(model: nn.Module, layer, inputs: Inputs, neuron: int,
         inputs: ids [N, T], or named inputs with an attention mask (padding is dropped).
         neuron: index along the layer's neuron axis (see `list_layers`).
         targets: LongTensor [N] of classes, or None (the predicted class).
-        method: one of TOKEN_METHODS.
+        method: one of `token_methods()`.
         tokens: str [N, T], the token text at each position (`Dataset.tokens`); None = ids.
         batch_size: samples per pass.
     Returns:
         DataFrame with columns sample, position, token, score: one row per real token,
         samples in order.
     """
-    if method not in TOKEN_METHODS:
-        raise AttributionError(f"Per-token scores exist for {', '.join(TOKEN_METHODS)}; "
+    if method not in token_methods():
+        raise AttributionError(f"Per-token scores exist for {', '.join(token_methods())}; "
                                f"got {method!r}.")
     layer_pass = LayerPass(model, layer, inputs, targets, batch_size=batch_size, accepts=(),
                            need="Per-token scores are for one target per sample")

@@ -36,7 +36,7 @@ from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
 from ..inputs.model_formats import LoadedModel
-from ..methods.registry import METHODS
+from ..methods.registry import method_names
 from ..analyses.oracle import oracle_agreement
 from ..analyses.scorecard import scorecard
 from ..analyses.path_steps import plan_layer_steps, plan_steps, takes_steps
@@ -297,8 +297,9 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
             progress(fraction, what)
 
     for method in settings.methods:
-        if method not in METHODS:
-            raise AttributionError(f"Unknown method {method!r}. Methods: {', '.join(METHODS)}.")
+        if method not in method_names():
+            raise AttributionError(f"Unknown method {method!r}. Methods: "
+                                   f"{', '.join(method_names())}.")
     model = loaded.module
     layers = loaded.layers(dataset.inputs[:2])  # positions as the data has them
     settings.layer_info(layers)  # an unknown layer or axis fails here, before any work

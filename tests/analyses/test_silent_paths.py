@@ -15,7 +15,7 @@ from attribution.methods.registry import REGISTRY
 
 from tests.support.models import ResidualMLP, build, groups, methods_scoring
 
-GRADIENT_METHODS = tuple(name for name in at.METHODS if REGISTRY[name].uses_gradients)
+GRADIENT_METHODS = tuple(name for name in at.method_names() if REGISTRY[name].uses_gradients)
 with torch.device("meta"):  # its modules, not weights: which methods score it
     LINEAR_METHODS = methods_scoring("Linear", model=ResidualMLP())  # the layers here: Linear
 MLP_GRADIENT_METHODS = tuple(name for name in LINEAR_METHODS if REGISTRY[name].uses_gradients)

@@ -21,7 +21,7 @@ from attribution.methods.registry import REGISTRY
 from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                                      seed_000_stale_gradient_loop, seed_002_whole_batch_loop)
 
-LOOPED = [name for name in at.METHODS if REGISTRY[name].score_line]  # a slow-loop line each
+LOOPED = [name for name in at.method_names() if REGISTRY[name].score_line]  # a slow-loop line each
 
 
 def findings_of(method="gradient", reduce="mean", one_class=True, **kwargs):

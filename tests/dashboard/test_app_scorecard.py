@@ -82,8 +82,8 @@ def test_every_method_joins_the_scorecard_through_the_registry():
     app.toggle(key="scorecard_every").set_value(True).run()
     assert_clean(app)
     shown = figure(app, "Which method to trust")["data"][0]
-    labels = {plots.method_label(m): m for m in at.METHODS}
-    assert {labels[label] for label in shown["x"]} == set(at.METHODS) - {"bn_scale"}
+    labels = {plots.method_label(m): m for m in at.method_names()}
+    assert {labels[label] for label in shown["x"]} == set(at.method_names()) - {"bn_scale"}
     left_out = [c.value for c in app.caption
                 if c.value.startswith(f"{plots.method_label('bn_scale')} on ")]
     assert len(left_out) == len(shown["y"]) and all("is left out" in c for c in left_out)

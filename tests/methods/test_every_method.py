@@ -446,7 +446,7 @@ def test_a_model_autograd_cannot_differentiate_gets_a_clear_message_not_a_traceb
     with pytest.raises(RuntimeError, match="inplace operation"):  # plain autograd fails too
         model(x.requires_grad_(True)).sum().backward()
     x = x.detach()
-    for name in (m for m in at.METHODS if REGISTRY[m].uses_gradients):
+    for name in (m for m in at.method_names() if REGISTRY[m].uses_gradients):
         with pytest.raises(at.AttributionError, match="in-place operation.*ablation"):
             at.neuron_scores(model, "fc1", x, y, name, batch_size=3)
     with torch.no_grad():  # gradient-free methods are exact, in-place ops and all
@@ -529,7 +529,7 @@ def test_integer_inputs_score_with_every_method_but_those_from_a_zero_input_whic
         else:
             assert at.neuron_scores(model, "fc1", ids, labels, name,
                                     clusters=groups(ids)).shape == (16, 6)
-    assert [m for m in at.METHODS if REGISTRY[m].needs_float_inputs] == ["conductance",
+    assert [m for m in at.method_names() if REGISTRY[m].needs_float_inputs] == ["conductance",
                                                                          "deeplift"]
     table = at.oracle_agreement(model, "fc1", ids, labels)  # all methods: those that apply
     refused = table.attrs["refused"]

@@ -324,7 +324,7 @@ def methods_scoring(*kinds: str, model: nn.Module | None = None) -> list[str]:
     they apply), in registration order."""
     import attribution as at
 
-    return [method for method in at.METHODS
+    return [method for method in at.method_names()
             if all(method in at.methods_for(torch.float32, kind, model) for kind in kinds)]
 
 
