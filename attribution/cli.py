@@ -782,11 +782,11 @@ def _ranking(args, problem: Problem, targets) -> tuple[np.ndarray, object, pd.Da
     return clusters, focus, table.loc[[focus]]
 
 
-def _say_fit(args, method: str, about: dict) -> None:
+def _say_fit(args, method: str, attrs: dict) -> None:
     """Print what a method fitted to the clusters says of its fit (a probe's held-out
     accuracy) on stderr, beside the scores it ranks by."""
-    if "method_note" in about and not args.quiet and is_writer():
-        print(f"{method}: {about['method_note']}", file=sys.stderr)
+    if "method_note" in attrs and not args.quiet and is_writer():
+        print(f"{method}: {attrs['method_note']}", file=sys.stderr)
 
 
 def _curve_targets(args, problem: Problem):

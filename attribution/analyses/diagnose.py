@@ -85,7 +85,7 @@ from .ranks import bootstrap_counts, interval
 from .oracle_sample import (OraclePlan, OracleSample, oracle_timing, plan_of_timing,
                             sample_oracle, sampled_spearman)
 from ..methods.passes import LayerPass, check_targets, on_device
-from ..methods.paths import SUM_TOLERANCE, SumCheck, sum_check
+from ..methods.paths import SUM_TOLERANCE, PathSums, SumCheck, sum_check
 from ..methods.registry import REGISTRY, method_label
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
                        DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED,
@@ -94,7 +94,7 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
 from .costs import (CurvePlan, SampledCost, draw_samples, part_sizes, plan_curve,
                     probe_sizes, sampled_cost)
 from .pruning_curves import curve_summary, pruning_curve
-from ..methods.scores import (Inputs, check_method, check_reduce,
+from ..methods.scores import (Inputs, ScoreFacts, check_method, check_reduce,
                               cluster_codes, find_cluster, neuron_scores, reduce_scores,
                               score_batches)
 
@@ -306,7 +306,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             user_scores = np.asarray(user_scores)[codes >= 0]  # every sample's rows given
         codes = codes[codes >= 0]
     x, targets, scores, logits = measured.x, measured.targets, measured.scores, measured.logits
-    gradients, activations, about = measured.gradients, measured.activations, measured.about
+    gradients, activations = measured.gradients, measured.activations
     report(0.2, [])
     if not (np.isfinite(scores).all() and torch.isfinite(logits).all()):
         finding = _non_finite(scores, logits.numpy(), sample_ids)
@@ -349,7 +349,7 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
                             for g, curve in zip(groups, curves)], groups, labelled))
     findings.append(_worst([_oracle(g, reduce, np.random.default_rng([seed, position]))
                             for position, g in enumerate(groups)], groups, labelled))
-    checked = sum_check(about, n_steps)
+    checked = sum_check(measured.sums, n_steps)
     if checked is not None:
         findings.append(integral_finding(checked, method, n_steps))
     if user_scores is not None:
@@ -458,7 +458,7 @@ class _Measured:
     """What diagnose measures before exact ablation and the evidence curve, on the analysed
     samples (m of them): their inputs `x` [m, ...] and `targets` [m] (or None), `method`'s
     `scores`, the `gradients` and `activations` [m, n] each, the `logits` [m, classes], and
-    the method's side results (`about`: a path method's sum check)."""
+    a path method's `sums` per sample (else None)."""
 
     x: torch.Tensor
     targets: Optional[torch.Tensor]
@@ -466,7 +466,7 @@ class _Measured:
     logits: torch.Tensor
     gradients: np.ndarray
     activations: np.ndarray
-    about: dict
+    sums: Optional[PathSums]
 
 
 def _measure(model, layer, x: torch.Tensor, targets, method: str, clusters, codes: np.ndarray,
@@ -482,15 +482,15 @@ def _measure(model, layer, x: torch.Tensor, targets, method: str, clusters, code
     if not analysed.all():
         keep = torch.from_numpy(analysed)
         x, targets = x[keep], (targets[keep] if targets is not None else None)
-    about: dict = {}
+    facts = ScoreFacts()
     if scores is None:
         scores = neuron_scores(model, layer, x, targets, method, progress=progress,
-                               about=about, **options).numpy()
+                               facts=facts, **options).numpy()
     logits = _logits(model, x, options["batch_size"])
     gradients = (scores if method == "gradient"
                  else neuron_scores(model, layer, x, targets, "gradient", **options).numpy())
     activations = neuron_scores(model, layer, x, targets, "activation", **options).numpy()
-    return _Measured(x, targets, scores, logits, gradients, activations, about)
+    return _Measured(x, targets, scores, logits, gradients, activations, facts.sums)
 
 
 def _groups(names: list, codes: np.ndarray, measured: _Measured, oracle: OracleSample,
@@ -933,7 +933,7 @@ def _worst(results: list[tuple[Finding, float]], groups: list[_Evidence],
 def integral_finding(checked: SumCheck, method: str, n_steps: int) -> Finding:
     """incomplete_integral: do the path method's scores of each sample sum to the difference
     they integrate (`Method.sums_to`), after the engine took more steps where they did not
-    (`paths.sum_check` of the scores' `about`)? Value: the largest miss, as a share of
+    (`paths.sum_check` of the scores' sums)? Value: the largest miss, as a share of
     that difference. Also what the scores page says under a path method's scores."""
     target = REGISTRY[method].sums_to
     tolerance = f"{SUM_TOLERANCE:.0%}"

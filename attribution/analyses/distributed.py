@@ -340,7 +340,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                                "or use ablation='zero'.")
     n_groups = 1 if in_cluster is None else 2
     sums, counts, n_neurons, ks, error = None, np.zeros(n_groups), None, None, None
-    about_layer: dict = {}  # `runners.layer_attrs`, from this rank's shards (none: empty)
+    layer_attrs: dict = {}  # `runners.layer_attrs`, from this rank's shards (none: empty)
     metric = options["metric"] or DEFAULT_METRIC  # a rank without shards cannot tell
     try:
         model = on_device(model, device)
@@ -351,7 +351,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
                     sums = np.zeros((n_groups,) + piece.sums.shape)
                 sums[piece.group] += piece.sums
                 counts[piece.group] += piece.n
-                n_neurons, ks, about_layer = piece.n_neurons, piece.ks, piece.layer
+                n_neurons, ks, layer_attrs = piece.n_neurons, piece.ks, piece.layer
                 metric = piece.metric
     except Exception as caught:  # every rank must learn of it, or the others wait forever
         error = caught
@@ -368,7 +368,7 @@ def _pooled_curves(model, layer, inputs, targets, scores, in_cluster, options, d
     return pruning_curves.curve_frame(  # the frame one process builds, from the pooled sums
         sums.permute(1, 2, 0), counts.numpy().astype(np.int64), ks, list(range(n_ks)),
         None if in_cluster is None else _SUBSETS, orders, metric,
-        options["ablation"], options["n_random"], options["seed"], about_layer)
+        options["ablation"], options["n_random"], options["seed"], layer_attrs)
 
 
 @dataclass

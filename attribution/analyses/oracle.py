@@ -25,8 +25,8 @@ from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
 from ..methods.registry import REGISTRY, method_names, methods_for
 from ..methods.passes import check_targets
-from ..methods.scores import (Inputs, check_method, check_reduce, cluster_codes, find_cluster,
-                              n_samples, neuron_scores)
+from ..methods.scores import (Inputs, ScoreFacts, check_method, check_reduce, cluster_codes,
+                              find_cluster, n_samples, neuron_scores)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
 from .path_steps import StepsChoice, steps_in
@@ -208,10 +208,10 @@ def _oracle_of(model, layer, inputs: Inputs, targets, codes: np.ndarray,
                                "an array); an iterable of batches is ablated on every neuron.")
     options = dict(options)
     options.pop("seed")
-    about: dict = {}
+    facts = ScoreFacts()
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
-                            about=about, **options).numpy()
-    return OracleSample(np.arange(effects.shape[1]), effects.shape[1], effects, about)
+                            facts=facts, **options).numpy()
+    return OracleSample(np.arange(effects.shape[1]), effects.shape[1], effects, facts.layer)
 
 
 def _input_dtype(inputs: Inputs) -> torch.dtype:

@@ -36,7 +36,8 @@ from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from ..engine.model_io import n_rows, take
 from ..errors import AttributionError
 from ..methods.passes import Progress
-from ..methods.scores import ClusterStatistics, Inputs, neuron_scores, reduce_scores
+from ..methods.scores import (ClusterStatistics, Inputs, ScoreFacts, neuron_scores,
+                              reduce_scores)
 from .costs import (MEASURABLE_SECONDS, cluster_codes_of, draw_samples, fastest,
                     fitting_share, layer_width, seconds_words)
 from .ranks import (bootstrap_counts, interval, pivot_interval, rank_correlation,
@@ -263,11 +264,11 @@ def sample_oracle(model: nn.Module, layer, inputs: Inputs, targets=None,
         samples = draw_samples(cluster_codes_of(clusters, n_rows(inputs)), share, seed)
         inputs = take(inputs, torch.from_numpy(samples))
         targets = None if targets is None else targets[samples]
-    about: dict = {}
+    facts = ScoreFacts()
     effects = neuron_scores(model, layer, inputs, targets, "ablation", progress=progress,
                             neurons=None if len(chosen) == n_neurons else chosen,
-                            about=about, **options).numpy()
-    return OracleSample(chosen, n_neurons, effects, about, samples)
+                            facts=facts, **options).numpy()
+    return OracleSample(chosen, n_neurons, effects, facts.layer, samples)
 
 
 def neuron_draws(n_sampled: int, n_neurons: int, n_draws: int,

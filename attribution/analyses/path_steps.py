@@ -26,7 +26,7 @@ from ..engine.model_io import n_rows, named, take
 from ..errors import AttributionError
 from ..methods.paths import sum_check
 from ..methods.registry import REGISTRY
-from ..methods.scores import Inputs, check_method, neuron_scores
+from ..methods.scores import Inputs, ScoreFacts, check_method, neuron_scores
 from .costs import SAMPLED_RUNS, fastest, seconds_words, take_rows
 
 PATH_SECONDS = 30.0
@@ -118,14 +118,13 @@ many while they fit and the steps kept refined samples or fit twice over. Each t
     refined: dict[int, float] = {}
 
     def seconds(steps: int) -> float:
-        about: dict = {}
+        facts = ScoreFacts()
 
         def score() -> None:
-            about.clear()
             neuron_scores(model, layer, probe, probe_targets, method, batch_size=batch_size,
-                          n_steps=steps, device=device, about=about)
+                          n_steps=steps, device=device, facts=facts)
         took = fastest(score, SAMPLED_RUNS)
-        checked = sum_check(about, steps)
+        checked = sum_check(facts.sums, steps)
         refined[steps] = checked.n_refined / max(checked.n_samples, 1) if checked else 0.0
         return took
 

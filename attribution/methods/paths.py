@@ -1,6 +1,6 @@
 """Path methods: `integrated_gradients` and `conductance`, their quadrature
 (Gauss-Legendre), the check that a sample's scores sum to the difference they integrate
-(`sum_check`, `SUM_KEYS`), and the refinement of a sample that misses it (twice the steps
+(`PathSums`, `sum_check`), and the refinement of a sample that misses it (twice the steps
 for integrated gradients, bisection of the path for conductance)."""
 from __future__ import annotations
 
@@ -43,9 +43,6 @@ SUM_TOLERANCE = 0.01
 they integrate (`Method.sums_to`), as a share of that difference; a sample that misses it
 is integrated again where the method refines (`Method.refine_factor`: integrated gradients
 with twice the steps, conductance by bisection), and counted where it still misses."""
-SUM_KEYS = ("sum_gap", "sum_difference", "sum_steps")
-"""What a path method reports per sample (`Batch.notes`): the difference minus the scores'
-sum, the difference (logits; [B] or [B, C] for every class), the steps it took [B]."""
 SUM_FLOOR = 1e-3
 """Logits: a difference smaller than this is held to SUM_TOLERANCE of it (float rounding)."""
 MAX_STEPS_FACTOR = 16
@@ -57,6 +54,28 @@ def sum_misses(gap: torch.Tensor, difference: torch.Tensor) -> torch.Tensor:
     SUM_FLOOR); [B] from [B] or [B, C] (any class), False where the logit is not finite."""
     misses = gap.abs() > SUM_TOLERANCE * difference.abs().clamp_min(SUM_FLOOR)
     return misses if misses.dim() == 1 else misses.any(1)
+
+
+@dataclass(frozen=True)
+class PathSums:
+    """What a path method reports per sample beside its scores: `gap`, the difference minus
+    the scores' sum over the layer (NaN where the sum does not apply); `difference`, what
+    they integrate (logits), each [N] or [N, C] for every class; `steps`, the steps each
+    sample took [N]. Tensors of one batch (`Batch.report_sums`), NumPy arrays over a
+    computation (`scores.ScoreFacts.sums`)."""
+
+    gap: Any
+    difference: Any
+    steps: Any
+
+    def shares(self) -> np.ndarray:
+        """float64 [N]: by how much each sample's scores miss their sum, as a share of the
+        difference on `sum_misses`' scale (every class: the largest); NaN where the sum
+        does not apply."""
+        gap, difference = (np.asarray(value, dtype=np.float64)
+                           for value in (self.gap, self.difference))
+        share = np.abs(gap) / np.maximum(np.abs(difference), SUM_FLOOR)
+        return np.max(share, axis=1) if share.ndim > 1 else share
 
 
 @dataclass(frozen=True)
@@ -81,29 +100,19 @@ class SumCheck:
     worst: float
 
 
-def sum_check(about: dict, n_steps: int) -> Optional[SumCheck]:
-    """The sum check of a computation whose `about` dict received `SUM_KEYS` (None when it
-    did not: a method without a sum)."""
-    if not all(key in about for key in SUM_KEYS):
+def sum_check(sums: Optional[PathSums], n_steps: int) -> Optional[SumCheck]:
+    """The sum check of a computation at `n_steps` from its `sums` (`ScoreFacts.sums`); None
+    without them (a method without a sum)."""
+    if sums is None:
         return None
-    share = sum_shares(about)
+    share = sums.shares()
     bypassed = np.isnan(share)
-    steps = np.asarray(about["sum_steps"])
+    steps = np.asarray(sums.steps)
     checked = share[~bypassed]
     return SumCheck(int(checked.size), int(bypassed.sum()), int((steps > n_steps).sum()),
                     int(steps.max()) if steps.size else n_steps,
                     int((checked > SUM_TOLERANCE).sum()),
                     float(checked.max()) if checked.size else 0.0)
-
-
-def sum_shares(about: dict) -> np.ndarray:
-    """float64 [N]: by how much each sample's scores miss their sum (`SUM_KEYS` in `about`),
-    as a share of the difference on `sum_misses`' scale (every class: the largest); NaN
-    where the sum does not apply."""
-    gap, difference = (np.asarray(about[key], dtype=np.float64)
-                       for key in ("sum_gap", "sum_difference"))
-    share = np.abs(gap) / np.maximum(np.abs(difference), SUM_FLOOR)
-    return np.max(share, axis=1) if share.ndim > 1 else share
 
 
 def _checked_sum(batch: Batch, attribution: torch.Tensor, difference: torch.Tensor,
@@ -112,12 +121,13 @@ def _checked_sum(batch: Batch, attribution: torch.Tensor, difference: torch.Tens
     of the target logit, from its scores at every position [B, (C,) n, ...], that
     difference [B] or [B, C], the resolved targets, the steps each sample took [B] and where
     the sum applies [B] (bool, False for a sample with a path around the layer). What the
-    scores miss of it goes to `batch.notes` (its gap NaN where the sum does not apply)."""
-    if batch.notes is not None:
+    scores miss of it goes to `batch.report_sums` (its gap NaN where the sum does not
+    apply)."""
+    if batch.report_sums is not None:
         gap = difference - _layer_sum(attribution, targets)
         where = applies if gap.dim() == 1 else applies.unsqueeze(1)
-        batch.notes.update(sum_gap=gap.where(where, gap.new_tensor(float("nan"))),
-                           sum_difference=difference, sum_steps=steps)
+        batch.report_sums(PathSums(gap.where(where, gap.new_tensor(float("nan"))),
+                                   difference, steps))
     return reduce_spatial(attribution, neuron_dim(targets), "sum", batch_mask(batch))
 
 
@@ -141,7 +151,7 @@ def _refined(batch: Batch, positions: Callable[[Batch], tuple], max_steps: int,
     rows = again.nonzero()[:, 0]
     fewer = replace(batch, x=model_io.take(batch.x, rows), n_steps=batch.n_steps * 2,
                     targets=targets if isinstance(targets, str) else targets[rows],
-                    codes=None, notes=None)
+                    codes=None, report_sums=None)
     better, _, _, more_steps, _ = _refined(fewer, positions, max_steps, gap[rows])
     attribution[rows] = better
     steps[rows] = more_steps

@@ -45,8 +45,8 @@ class Batch:
         codes: for a method fitted to clusters (`Method.fit`), the cluster index of each
             sample [B] (int64, on the CPU) among the ids it was fitted to; else None.
         fitted: what that method's `fit` returned; else None.
-        notes: a dict the method fills with per-sample facts about its scores, if given:
-            a path method's sum check (`paths.SUM_KEYS`).
+        report_sums: where a path method's sums of the batch go (`paths.PathSums` of
+            tensors), if its caller wants them; else None.
         neurons: the neurons wanted, int64 [m] sorted, on the device; None = all. A method
             may score only these ([B, m]: `ablation` does, whose cost grows with them) or
             every neuron, of which the engine keeps these.
@@ -61,7 +61,7 @@ class Batch:
     max_rows: int
     codes: Optional[torch.Tensor] = None
     fitted: Any = None
-    notes: Optional[dict] = None
+    report_sums: Optional[Callable[[Any], None]] = None
     neurons: Optional[torch.Tensor] = None
 
 
@@ -112,7 +112,7 @@ class Method:
             sample's score depends on that sample alone.
         sums_to: for a path method, the difference its scores of a sample sum to over the
             layer, in words ("F(z) - F(0) at the layer"); it checks that sum on every batch
-            (`paths.sum_misses`) and reports what remains (`paths.SUM_KEYS`). None: no such
+            (`paths.sum_misses`) and reports what remains (`paths.PathSums`). None: no such
             property.
         refine_factor: for a path method, how far it integrates a sample that misses its
             sum again, as a factor of `n_steps` (up to `paths.MAX_STEPS_FACTOR`, per sample,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,7 @@ from ..defaults import (DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_N_STEPS, DEF
                         DEFAULT_SEED)
 from .passes import Inputs, LayerBatch, LayerPass, Progress, n_samples
 from .passes import model_device, on_device  # noqa: F401 - imported from here elsewhere
-from .paths import SUM_KEYS, SUM_TOLERANCE, sum_shares
+from .paths import SUM_TOLERANCE, PathSums
 from .registry import REGISTRY, Batch, Targets, method_names
 from .shared import check_neurons
 from ..engine.runners import layer_attrs
@@ -33,6 +33,31 @@ _LAYER_ELEMENTS_PER_CHUNK = 1 << 19
 (faster than whole batches on wide and conv layers; a small layer is one chunk)."""
 
 
+@dataclass
+class ScoreFacts:
+    """What a scoring learns beside its scores (`neuron_scores(facts=...)`), filled in as
+    it runs.
+
+    Attributes:
+        layer: `runners.layer_attrs` of the layer scored (its neuron axis).
+        fit: a method fitted to the clusters: its fit, with a `note` (one sentence on how
+            well it went, e.g. a probe's accuracy) and `usable` (False: its scores rank
+            nothing); else None.
+        sums: a path method's sums per sample (`paths.PathSums` of NumPy arrays [N], `sum_check`
+            reads them), once every batch is scored; else None.
+    """
+
+    layer: dict = field(default_factory=dict)
+    fit: Any = None
+    sums: Optional[PathSums] = None
+
+    def fit_attrs(self) -> dict:
+        """The fit as a result's `attrs` hold it: "method_note" and "method_usable" (none
+        for a method not fitted)."""
+        return {} if self.fit is None else {"method_note": self.fit.note,
+                                            "method_usable": self.fit.usable}
+
+
 def check_method(method: str) -> None:
     """AttributionError unless `method` is a registered scoring method."""
     if method not in REGISTRY:
@@ -43,7 +68,7 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
                   seed: int = DEFAULT_SEED, device=None, first_index: int = 0,
-                  about_layer: Optional[dict] = None, on_host: bool = True,
+                  facts: Optional[ScoreFacts] = None, on_host: bool = True,
                   codes: Optional[np.ndarray] = None, ids: Optional[pd.Index] = None,
                   fitted=None, neurons: Optional[np.ndarray] = None
                   ) -> Iterator[tuple[int, torch.Tensor]]:
@@ -56,11 +81,8 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     while the generator runs and restored when it finishes or is closed. `device` as in
     `neuron_scores`; `first_index` is the dataset index of the first input (a shard's
     offset), so the seeded `random` method gives every sample the same score in any shard.
-    `about_layer`, a dict, receives `runners.layer_attrs` of the layer scored (its neuron axis);
-    for a method fitted to clusters, its fit's note ("method_note") and whether its scores
-    rank anything ("method_usable"); for a path method, once every batch is scored, its sum
-    check per sample (`SUM_KEYS`: numpy arrays [N] or [N, C] in logits, and the steps each
-    sample took; `paths.sum_misses` says which miss).
+    `facts` (a `ScoreFacts`) receives the layer's neuron axis, a fitted method's fit and a
+    path method's sums per sample.
 
     A method fitted to clusters (`Method.fit`) needs `codes` (int64 [N], each input's index
     among the cluster `ids`, as `cluster_codes` gives them) and is fitted here on all the
@@ -74,8 +96,8 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     if scoring.fit is not None and fitted is None:
         fitted = fit_method(method, model, layer, inputs, codes, ids, batch_size=batch_size,
                             seed=seed, device=device)
-    if fitted is not None and about_layer is not None:
-        about_layer.update(method_note=fitted.note, method_usable=fitted.usable)
+    if facts is not None:
+        facts.fit = fitted
 
     def floating(x) -> None:
         if not model_io.is_floating(x):
@@ -85,22 +107,19 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                 "which starts from zero at the layer's output instead.")
 
     def score(batch: LayerBatch) -> torch.Tensor:
-        if about_layer is not None and batch.start == 0:
-            about_layer.update(layer_attrs(batch.runner))
+        if facts is not None and batch.start == 0:
+            facts.layer.update(layer_attrs(batch.runner))
         per_row = max(1, model_io.row_size(batch.x), batch.runner.layer_size)  # a variant
         batch_codes = (None if fitted is None else
                        torch.from_numpy(codes[batch.start:batch.start + batch.rows]))
-        notes = None if about_layer is None else {}
         subset = None if wanted is None else wanted.to(layer_pass.device)
         scores = scoring.function(Batch(batch.runner, batch.x, batch.targets, n_steps,
                                         first_index + batch.start, seed,
                                         max(batch.rows, per_pass // per_row), batch_codes,
-                                        fitted, notes, subset))
+                                        fitted, None if facts is None else keep_sums, subset))
         if subset is not None and scores.shape[-1] != len(subset):  # it scored every neuron
             check_neurons(wanted, scores.shape[-1])
             scores = scores.index_select(-1, subset.to(scores.device))
-        for key, value in (notes or {}).items():  # read once, at the end
-            sums.setdefault(key, []).append(value.detach())
         scores = scores.detach()
         if scores.dtype != torch.float32 or (on_host and scores.device.type != "cpu"):
             scores = scores.to("cpu" if on_host else scores.device, torch.float32)
@@ -111,12 +130,17 @@ def score_batches(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
                            check=floating if scoring.needs_float_inputs else None,
                            cpu_layer_elements=_LAYER_ELEMENTS_PER_CHUNK)
     per_pass = _MAX_ELEMENTS_PER_PASS["cpu" if layer_pass.device.type == "cpu" else "other"]
-    sums: dict[str, list[torch.Tensor]] = {}
+    sums: list[PathSums] = []  # of each batch, read once, at the end
+
+    def keep_sums(part: PathSums) -> None:
+        sums.append(PathSums(part.gap.detach(), part.difference.detach(), part.steps.detach()))
+
     with contextlib.closing(layer_pass.run(score, progress)) as batches:
         for batch, scores in batches:
             yield batch.start, scores
-    if about_layer is not None:
-        about_layer.update({key: _as_numpy(torch.cat(parts)) for key, parts in sums.items()})
+    if facts is not None and sums:
+        facts.sums = PathSums(*(_as_numpy(torch.cat([getattr(part, name) for part in sums]))
+                                for name in ("gap", "difference", "steps")))
 
 
 def _neuron_indices(neurons) -> torch.Tensor:
@@ -165,19 +189,20 @@ def scored_layer(model: nn.Module, layer, inputs: Inputs, device=None) -> dict[s
     """`runners.layer_attrs` of `layer` as every score of it on `inputs` sees it (its neuron
     axis), from the first sample (runners are cached: free after a computation). Reads
     one sample, so a one-shot iterator loses it."""
-    about_layer: dict = {}
+    facts = ScoreFacts()
     batches = score_batches(model, layer, inputs, None, "activation", batch_size=1,
-                            device=device, about_layer=about_layer)
+                            device=device, facts=facts)
     next(batches, None)
     batches.close()
-    return about_layer
+    return facts.layer
 
 
 def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = None,
                   method: str = DEFAULT_METHOD, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   n_steps: int = DEFAULT_N_STEPS, progress: Progress = None,
                   seed: int = DEFAULT_SEED, device=None, clusters: Optional[Sequence] = None,
-                  about: Optional[dict] = None, neurons: Optional[Sequence[int]] = None
+                  facts: Optional[ScoreFacts] = None,
+                  neurons: Optional[Sequence[int]] = None
                   ) -> torch.Tensor:
     """Per-sample neuron scores for one layer.
 
@@ -199,9 +224,10 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
             elsewhere is copied there for the call, never moved.
         clusters: one id per sample [N]; needed by a method fitted to clusters (`probe`),
             whose score of a sample is then its cluster's. Other methods ignore it.
-        about: a dict that receives the layer's neuron axis (`runners.layer_attrs`) and a
-            fitted method's note on its fit ("method_note", e.g. a probe's accuracy) and
-            whether its scores rank anything ("method_usable").
+        facts: a `ScoreFacts` that receives what the scoring learns beside its scores:
+            the layer's neuron axis, a fitted method's fit (its note, e.g. a probe's
+            accuracy, and whether its scores rank anything), a path method's sums per
+            sample (`paths.sum_check` reads them).
         neurons: indices of the layer's neurons to score (sorted, no repeats); None = all.
             Exact ablation then runs one masked pass per neuron given, not per neuron.
     Returns:
@@ -214,7 +240,7 @@ def neuron_scores(model: nn.Module, layer, inputs: Inputs, targets: Targets = No
     batches = score_batches(model, layer, inputs, targets, method, batch_size=batch_size,
                             n_steps=n_steps, progress=progress, seed=seed, device=device,
                             on_host=False,  # a GPU's scores come back once, at the end
-                            about_layer=about, codes=codes, ids=ids, neurons=neurons)
+                            facts=facts, codes=codes, ids=ids, neurons=neurons)
     with contextlib.closing(batches):  # a failure here still restores the model at once
         if not model_io.is_batch(model_io.named(inputs)):  # an iterable: N known at the end
             return torch.cat([scores for _, scores in batches]).cpu()
@@ -322,7 +348,7 @@ class ClusterStatistics:
         counts: float64 [G], samples seen per cluster.
         sums, sums_abs, sums_sq: float64 [G, n] (or [G, n_classes, n]) sums of s, |s|, s*s.
         layer: `runners.layer_attrs` of the layer scored (and a fitted method's
-            "method_note" and "method_usable"), copied to the frame's attrs.
+            `ScoreFacts.fit_attrs`), copied to the frame's attrs.
         sum_counts: for a path method (`Method.sums_to`), float64 [G, 3]: per cluster, the
             samples whose sum was checked, those that took more steps than asked, and those
             whose scores still miss it (`SUM_COLUMNS`); None for other methods. Shards add up.
@@ -369,11 +395,11 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
     """
     counts = torch.zeros(len(ids), dtype=torch.float64)
     sums = sums_abs = sums_sq = None
-    about_layer: dict = {}
+    facts = ScoreFacts()
     for start, scores in score_batches(model, layer, inputs, targets, method,
                                        batch_size=batch_size, n_steps=n_steps,
                                        progress=progress, seed=seed, device=device,
-                                       first_index=first_index, about_layer=about_layer,
+                                       first_index=first_index, facts=facts,
                                        codes=codes, ids=ids, fitted=fitted):
         if start + scores.shape[0] > len(codes):
             raise AttributionError("There are more samples than cluster ids.")
@@ -389,24 +415,23 @@ def cluster_statistics(model: nn.Module, layer, inputs: Inputs, targets: Targets
         sums_sq.index_put_((index,), values * values, accumulate=True)
         if on_batch is not None:
             on_batch(start, scores)
-    sum_counts = None
-    if all(key in about_layer for key in SUM_KEYS):
-        sum_counts = _sum_counts(about_layer, codes, len(ids), n_steps)
-        for key in SUM_KEYS:  # per sample, of this call's samples only: counted instead
-            del about_layer[key]
-    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq, about_layer, sum_counts)
+    sum_counts = None if facts.sums is None else \
+        _sum_counts(facts.sums, codes, len(ids), n_steps)  # per sample: counted instead
+    return ClusterStatistics(ids, counts, sums, sums_abs, sums_sq,
+                             {**facts.layer, **facts.fit_attrs()}, sum_counts)
 
 
 SUM_COLUMNS = ("sum_checked", "sum_refined", "sum_missing")
 """The columns of `ClusterStatistics.sum_counts`."""
 
 
-def _sum_counts(about: dict, codes: np.ndarray, n_clusters: int, n_steps: int) -> torch.Tensor:
-    """float64 [G, 3] (`SUM_COLUMNS`) from the per-sample sum check of the first len(...)
+def _sum_counts(sums: PathSums, codes: np.ndarray, n_clusters: int, n_steps: int
+                ) -> torch.Tensor:
+    """float64 [G, 3] (`SUM_COLUMNS`) from the per-sample `sums` of the first len(...)
     samples, whose cluster indices are `codes`."""
-    share = sum_shares(about)
+    share = sums.shares()
     index = codes[:len(share)]
-    columns = (~np.isnan(share), np.asarray(about["sum_steps"]) > n_steps,
+    columns = (~np.isnan(share), np.asarray(sums.steps) > n_steps,
                np.nan_to_num(share) > SUM_TOLERANCE)
     return torch.from_numpy(np.stack([np.bincount(index, weights=column.astype(np.float64),
                                                    minlength=n_clusters)

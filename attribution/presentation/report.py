@@ -41,7 +41,7 @@ from ..analyses.oracle import oracle_agreement
 from ..analyses.scorecard import scorecard
 from ..analyses.path_steps import plan_layer_steps, plan_steps, takes_steps
 from ..analyses.pruning_curves import curve_summary
-from ..methods.scores import neuron_scores
+from ..methods.scores import ScoreFacts, neuron_scores
 from ..analyses.neuron import neuron_examples
 
 
@@ -317,14 +317,14 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     per_sample, notes = {}, {}
     for index, method in enumerate(settings.methods):
         step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
-        about: dict = {}
+        facts = ScoreFacts()
         per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
                                            method, batch_size=settings.batch_size,
                                            seed=settings.seed, clusters=clusters,
                                            n_steps=steps.get(method, DEFAULT_N_STEPS),
-                                           about=about).numpy()
-        if "method_note" in about:
-            notes[method] = about["method_note"]
+                                           facts=facts).numpy()
+        if facts.fit is not None:
+            notes[method] = facts.fit.note
     focus = settings.cluster_rows(clusters)
     step(0.4, "pruning curves")
     curves = settings.pruning_curves(model, dataset, clusters, targets,

@@ -24,7 +24,8 @@ from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses.path_steps import StepsPlan, plan_steps, takes_steps
 from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
 from attribution.methods import REGISTRY
-from attribution.methods.paths import sum_check
+from attribution.methods.paths import PathSums, sum_check
+from attribution.methods.scores import ScoreFacts
 from attribution.presentation import plots
 from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
                                            DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, cluster_label,
@@ -41,16 +42,17 @@ from pages.shared.workspace import Workspace, cluster_ids, predictions
 def _per_sample(key: str, layer: str, method: str, target_key: str, partition_key: str,
                 batch_size: int, n_steps: int, _model, _inputs: torch.Tensor,
                 _targets: Optional[torch.Tensor], _clusters: Optional[np.ndarray],
-                _progress) -> tuple[np.ndarray, dict]:
-    """(scores [N, n], what `neuron_scores` said about them: a fitted method's
-    "method_note" and "method_usable"); `_clusters` (with its `partition_key`) only for a
-    method fitted to them."""
-    about: dict = {}
+                _progress) -> tuple[np.ndarray, Optional[tuple[str, bool]], Optional[PathSums]]:
+    """(scores [N, n], a fitted method's (note, usable) else None, a path method's sums per
+    sample else None): what `neuron_scores` learns (`ScoreFacts`), the fit kept as words;
+    `_clusters` (with its `partition_key`) only for a method fitted to them."""
+    facts = ScoreFacts()
     with _progress:
         scores = at.neuron_scores(_model, layer, _inputs, _targets, method,
                                   batch_size=batch_size, n_steps=n_steps, progress=_progress,
-                                  clusters=_clusters, about=about).numpy()
-    return scores, about
+                                  clusters=_clusters, facts=facts).numpy()
+    fit = None if facts.fit is None else (facts.fit.note, facts.fit.usable)
+    return scores, fit, facts.sums
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
@@ -189,15 +191,13 @@ class Context:
     def fit_note(self, method: str) -> Optional[tuple[str, bool]]:
         """(what `method` says of its fit to the clusters, e.g. a probe's accuracy; whether
         its scores rank anything), or None for a method not fitted to them."""
-        about = self._scored(method)[1]
-        return (about["method_note"], about["method_usable"]) if "method_note" in about \
-            else None
+        return self._scored(method)[1]
 
     def sum_finding(self, method: str) -> Optional[Finding]:
         """Whether `method`'s scores of each sample sum to what they integrate (a path
         method: `Method.sums_to`), or None for a method without such a sum."""
         n_steps = self.n_steps(method)
-        checked = sum_check(self._scored(method)[1], n_steps)
+        checked = sum_check(self._scored(method)[2], n_steps)
         return None if checked is None else integral_finding(checked, method, n_steps)
 
     def with_every_step(self, every: bool) -> "Context":
@@ -241,7 +241,8 @@ class Context:
                 continue
         return tuple(steps)
 
-    def _scored(self, method: str) -> tuple[np.ndarray, dict]:
+    def _scored(self, method: str
+                ) -> tuple[np.ndarray, Optional[tuple[str, bool]], Optional[PathSums]]:
         s = self.settings
         fitted = REGISTRY[method].fit is not None
         return _per_sample(self.ws.key, s.layer, method, self.target_key,

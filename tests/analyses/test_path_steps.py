@@ -10,6 +10,7 @@ import attribution as at
 from attribution import cli
 from attribution.analyses import costs, path_steps
 from attribution.analyses.settings import DEFAULT_N_STEPS
+from attribution.methods.paths import PathSums
 from tests.support.models import build
 
 
@@ -34,14 +35,13 @@ def test_the_most_steps_that_fit_are_kept_each_timed_itself(budget, chosen, time
     warm-up of one sample; the steps asked, where not kept, are estimated in proportion."""
     clock, seen = [0.0], []
 
-    def fake(model, layer, x, targets, method, *, n_steps, about=None, **options):
+    def fake(model, layer, x, targets, method, *, n_steps, facts=None, **options):
         seen.append((len(x), n_steps))
         clock[0] += 0.0625 * n_steps
-        if about is not None:  # a quarter of the samples integrated again at 8 steps
+        if facts is not None:  # a quarter of the samples integrated again at 8 steps
             refined = n_steps * torch.ones(len(x), dtype=torch.int32)
             refined[: len(x) // 4 if n_steps == 8 else 0] = 2 * n_steps
-            about.update(sum_gap=torch.zeros(len(x)), sum_difference=torch.ones(len(x)),
-                         sum_steps=refined)
+            facts.sums = PathSums(torch.zeros(len(x)), torch.ones(len(x)), refined)
 
     monkeypatch.setattr(path_steps, "neuron_scores", fake)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
@@ -66,13 +66,12 @@ def test_more_steps_are_timed_where_refinement_made_the_fewest_dear(monkeypatch)
     and 16, timed because 8 refined, fit; 32 (16 s) is not timed."""
     clock, seen = [0.0], []
 
-    def fake(model, layer, x, targets, method, *, n_steps, about=None, **options):
+    def fake(model, layer, x, targets, method, *, n_steps, facts=None, **options):
         seen.append(n_steps)
         clock[0] += 0.0625 * n_steps * (2 if n_steps == 8 else 1)
-        if about is not None:
+        if facts is not None:
             steps = torch.full((len(x),), n_steps * (2 if n_steps == 8 else 1))
-            about.update(sum_gap=torch.zeros(len(x)), sum_difference=torch.ones(len(x)),
-                         sum_steps=steps)
+            facts.sums = PathSums(torch.zeros(len(x)), torch.ones(len(x)), steps)
 
     monkeypatch.setattr(path_steps, "neuron_scores", fake)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])

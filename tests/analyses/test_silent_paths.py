@@ -8,6 +8,7 @@ from captum.testing.helpers.basic_models import BasicModel_MultiLayer
 from torch import nn
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution.engine.runners import select as runner_selection
 from attribution.engine.guards import eval_mode
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
@@ -197,19 +198,19 @@ def test_every_method_runs_a_model_of_another_float_dtype(dtype):
     take the model's dtype), scores float64, float16 and bfloat16 models as float32. Enough
     steps that the path methods' sums hold in every dtype: near 1% a rounding could send one
     dtype's sample to more steps than the other's. Their sum checks come back as NumPy
-    floats (bfloat16 has no NumPy dtype: it crashed `about=` there)."""
+    floats (bfloat16 has no NumPy dtype: it crashed the sums there)."""
     model, x, y = build("residual_mlp")
     tolerance = {torch.float64: 1e-5, torch.float16: 2e-2, torch.bfloat16: 0.15}[dtype]
     cast = build("residual_mlp")[0].to(dtype)
     for method in LINEAR_METHODS:
         expected = at.neuron_scores(model, "fc1", x, y, method, n_steps=32,
                                  clusters=groups(x))
-        about = {}
+        facts = ScoreFacts()
         scores = at.neuron_scores(cast, "fc1", x, y, method, n_steps=32,
-                                 clusters=groups(x), about=about)
+                                 clusters=groups(x), facts=facts)
         assert scores.dtype == torch.float32
         if REGISTRY[method].sums_to is not None:
-            assert about["sum_gap"].dtype in (np.float32, np.float64)
+            assert facts.sums.gap.dtype in (np.float32, np.float64)
         if method == "active_fraction":  # a step at z = 0: a value near it may round across
             assert (scores != expected).float().mean() <= 0.05
             continue

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution.methods import registry, shared
 
 from tests.support.models import ResidualMLP, build, groups, methods_scoring
@@ -42,11 +43,11 @@ def test_where_reads_stall_the_device_no_method_reads_a_value_per_batch(method, 
     y = y.repeat(4)
     summing = registry.REGISTRY[method].sums_to is not None
     n_steps = 64 if summing else 4  # every sample meets its sum: no batch is refined
-    about = {}
+    facts = ScoreFacts()
     on_cpu = at.neuron_scores(model, "fc2", x, y, method, batch_size=8, n_steps=n_steps,
-                              clusters=groups(x), about=about)
+                              clusters=groups(x), facts=facts)
     assert on_cpu[5].isnan().all() or not registry.REGISTRY[method].uses_gradients
-    assert not summing or (about["sum_steps"] == n_steps).all()
+    assert not summing or (facts.sums.steps == n_steps).all()
     monkeypatch.setattr(shared, "syncs_are_free", lambda device: False)
     reads = []
     for batch_size in (80, 8):  # 2 batches, then 20

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution import cli
 from attribution.analyses import distributed
 from attribution.inputs import huggingface
@@ -215,10 +216,11 @@ def test_select_output_chooses_the_logits_for_every_function():
 def test_scores_of_padded_batches_match_per_sample_loops_without_padding(case, method):
     kind, model, batch, targets = case
     for layer in LAYERS[kind]:
-        about = {}
+        facts = ScoreFacts()
         scores = at.neuron_scores(model, layer, batch, targets, method=method, batch_size=4,
-                                  n_steps=N_STEPS, about=about)
-        reference = slow_scores(model, layer, batch, targets, method, about.get("sum_steps"))
+                                  n_steps=N_STEPS, facts=facts)
+        reference = slow_scores(model, layer, batch, targets, method,
+                                facts.sums.steps if facts.sums else None)
         torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-5)
         assert scores.abs().max() > 1e-3
 

@@ -9,6 +9,7 @@ from captum.attr import LayerActivation, LayerConductance, LayerGradientXActivat
 from torch import nn
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution.engine.runners import FxRunner, HookRunner, runner_for
 from attribution.engine.guards import eval_mode
 from attribution.methods import paths
@@ -65,9 +66,9 @@ def test_matches_captum(arch, layer, name):
     bisecting its path (`references.assert_conductance_matches`)."""
     model, x, y = build(arch)
     module = dict(model.named_modules())[layer]
-    about = {}
-    ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16, about=about)
-    steps = about.get("sum_steps", np.full(len(x), 16))
+    facts = ScoreFacts()
+    ours = at.neuron_scores(model, layer, x, y, name, n_steps=16, batch_size=16, facts=facts)
+    steps = facts.sums.steps if facts.sums else np.full(len(x), 16)
     if name == "conductance":
         references.assert_conductance_matches(ours, steps, 16, lambda rows, n_steps: (
             captum_scores(model, module, x[rows], y[rows], name, n_steps=n_steps)))
@@ -85,10 +86,10 @@ def test_integrated_gradients_matches_per_sample_loop(arch, layer):
     model, x, y = build(arch)
     x, y = x[:6], y[:6]
     module = dict(model.named_modules())[layer]
-    about = {}
+    facts = ScoreFacts()
     ours = at.neuron_scores(model, layer, x, y, "integrated_gradients", n_steps=8, batch_size=4,
-                            about=about)
-    expected = references.integrated_gradients(model, module, x, y, about["sum_steps"])
+                            facts=facts)
+    expected = references.integrated_gradients(model, module, x, y, facts.sums.steps)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -560,10 +561,10 @@ def test_layers_on_a_sequence_have_their_features_as_neurons(network):
         for name, expected in per_position.items():
             scores = at.neuron_scores(model, layer, x, y, name, n_steps=8)
             torch.testing.assert_close(scores, expected.detach(), rtol=1e-4, atol=1e-5)
-        about = {}
-        scores = at.neuron_scores(model, layer, x, y, "conductance", n_steps=8, about=about)
+        facts = ScoreFacts()
+        scores = at.neuron_scores(model, layer, x, y, "conductance", n_steps=8, facts=facts)
         references.assert_conductance_matches(
-            scores, about["sum_steps"], 8, lambda rows, n_steps, module=module: (
+            scores, facts.sums.steps, 8, lambda rows, n_steps, module=module: (
                 LayerConductance(model, module).attribute(x[rows], target=y[rows],
                                                           n_steps=n_steps).detach().sum(1)))
         with torch.no_grad():  # ablation: feature j zeroed at every position

@@ -1,8 +1,8 @@
 """Path methods check their own sum: a sample's integrated gradients sum over the layer to
 F(z) - F(0), its conductance to F(x) - F(0) where the layer carries every path. Samples that
 miss by more than 1% are integrated again (integrated gradients with more steps, conductance
-by bisecting its path); what still misses is reported, by the API (`about`), `diagnose`, the
-command line and the dashboard."""
+by bisecting its path); what still misses is reported, by the API (`ScoreFacts.sums`),
+`diagnose`, the command line and the dashboard."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +11,7 @@ from captum.attr import LayerConductance
 from torch import nn
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution import cli
 from attribution.methods.paths import (MAX_STEPS_FACTOR, SUM_FLOOR, SUM_TOLERANCE,
                                           sum_check)
@@ -74,19 +75,19 @@ def test_integrated_gradients_before_a_layernorm_meet_their_sum(layer_norm_case)
     model, x, targets, difference = layer_norm_case
     plain = references.integrated_gradients(model, model.fc1, x, targets, 64)
     assert share(plain, difference).max() > 0.10
-    about = {}
+    facts = ScoreFacts()
     ours = at.neuron_scores(model, "fc1", x, targets, "integrated_gradients", n_steps=64,
-                            about=about)
+                            facts=facts)
     assert share(ours, difference).max() <= SUM_TOLERANCE
-    steps = about["sum_steps"]
+    steps = facts.sums.steps
     assert (steps == 64).any() and steps.max() > 64
     torch.testing.assert_close(
         ours, references.integrated_gradients(model, model.fc1, x, targets, steps),
         rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(about["sum_gap"], (difference - ours.sum(1)).numpy(),
+    np.testing.assert_allclose(facts.sums.gap, (difference - ours.sum(1)).numpy(),
                                atol=1e-5)
-    np.testing.assert_allclose(about["sum_difference"], difference.numpy(), rtol=1e-5)
-    checked = sum_check(about, 64)
+    np.testing.assert_allclose(facts.sums.difference, difference.numpy(), rtol=1e-5)
+    checked = sum_check(facts.sums, 64)
     assert checked.n_missing == 0 and checked.n_refined == int((steps > 64).sum())
     finding = next(f for f in at.diagnose(model, "fc1", x, targets, "integrated_gradients",
                                           n_steps=64) if f.code == "incomplete_integral")
@@ -97,12 +98,12 @@ def test_a_sum_the_step_budget_cannot_meet_is_reported(layer_norm_case):
     """One step, so at most MAX_STEPS_FACTOR: the samples that still miss are counted and
     their gaps handed back; diagnose warns and says to raise n_steps."""
     model, x, targets, difference = layer_norm_case
-    about = {}
+    facts = ScoreFacts()
     ours = at.neuron_scores(model, "fc1", x, targets, "integrated_gradients", n_steps=1,
-                            about=about)
+                            facts=facts)
     missing = share(ours, difference) > SUM_TOLERANCE
-    assert missing.any() and about["sum_steps"].max() <= MAX_STEPS_FACTOR
-    checked = sum_check(about, 1)
+    assert missing.any() and facts.sums.steps.max() <= MAX_STEPS_FACTOR
+    checked = sum_check(facts.sums, 1)
     assert checked.n_missing == int(missing.sum())
     assert checked.worst == pytest.approx(float(share(ours, difference).max()), rel=1e-4)
     finding = next(f for f in at.diagnose(model, "fc1", x, targets, "integrated_gradients",
@@ -114,11 +115,11 @@ def test_a_sum_the_step_budget_cannot_meet_is_reported(layer_norm_case):
 
 def test_every_class_is_checked(layer_norm_case):
     model, x, _, _ = layer_norm_case
-    about = {}
+    facts = ScoreFacts()
     scores = at.neuron_scores(model, "fc1", x, "all", "integrated_gradients", n_steps=16,
-                              about=about)
-    assert about["sum_gap"].shape == (24, 4) and scores.shape == (24, 4, 32)
-    assert about["sum_steps"].max() > 16
+                              facts=facts)
+    assert facts.sums.gap.shape == (24, 4) and scores.shape == (24, 4, 32)
+    assert facts.sums.steps.max() > 16
     with torch.no_grad():
         difference = model(x) - model.tail(torch.zeros_like(model.fc1(x)))
     shares = (scores.sum(2) - difference).abs() / difference.abs().clamp_min(SUM_FLOOR)
@@ -131,12 +132,12 @@ def test_conductance_where_a_path_bypasses_the_layer_is_not_refined():
     torch.manual_seed(1)
     model, x = Bypass().eval(), torch.randn(20, 6)
     targets = model(x).argmax(1)
-    about = {}
-    ours = at.neuron_scores(model, "fc1", x, targets, "conductance", n_steps=8, about=about)
-    assert np.isnan(about["sum_gap"]).all() and (about["sum_steps"] == 8).all()
+    facts = ScoreFacts()
+    ours = at.neuron_scores(model, "fc1", x, targets, "conductance", n_steps=8, facts=facts)
+    assert np.isnan(facts.sums.gap).all() and (facts.sums.steps == 8).all()
     expected = LayerConductance(model, model.fc1).attribute(x, target=targets, n_steps=8)
     torch.testing.assert_close(ours, expected.detach().float(), rtol=1e-4, atol=1e-5)
-    checked = sum_check(about, 8)
+    checked = sum_check(facts.sums, 8)
     assert checked.n_bypassed == 20 and checked.n_samples == 0
 
 
@@ -153,19 +154,19 @@ def test_conductance_integrates_the_samples_that_miss_their_sum_again():
         difference = (model(x) - model(torch.zeros_like(x))).gather(1, targets[:, None])[:, 0]
     captum = {steps: LayerConductance(model, model[0]).attribute(
         x, target=targets, n_steps=steps).detach().float() for steps in (32, 4096)}
-    about = {}
-    ours = at.neuron_scores(model, "0", x, targets, "conductance", n_steps=32, about=about)
-    refined = torch.from_numpy(np.asarray(about["sum_steps"]) > 32)
+    facts = ScoreFacts()
+    ours = at.neuron_scores(model, "0", x, targets, "conductance", n_steps=32, facts=facts)
+    refined = torch.from_numpy(np.asarray(facts.sums.steps) > 32)
     assert (share(captum[32], difference) > SUM_TOLERANCE).equal(refined)
     assert refined.any() and not refined.all()
     torch.testing.assert_close(ours[~refined], captum[32][~refined], rtol=1e-4, atol=1e-5)
     assert share(ours, difference).max() <= SUM_TOLERANCE
-    assert sum_check(about, 32).n_missing == 0
+    assert sum_check(facts.sums, 32).n_missing == 0
     error = (ours - captum[4096])[refined].abs().amax(1)
     assert (error < (captum[32] - captum[4096])[refined].abs().amax(1)).all()
     scale = float(captum[4096].abs().max())
     torch.testing.assert_close(ours[refined], captum[4096][refined], rtol=0, atol=0.01 * scale)
-    np.testing.assert_allclose(about["sum_gap"], (difference - ours.sum(1)).numpy(), atol=1e-5)
+    np.testing.assert_allclose(facts.sums.gap, (difference - ours.sum(1)).numpy(), atol=1e-5)
 
 
 class ReluNet(nn.Module):
@@ -193,10 +194,10 @@ def test_conductance_bisects_the_path_where_relus_switch(targets):
     targets = torch.arange(40) % 5 if targets == "labels" else "all"
     rows = []
     model.conv1.register_forward_hook(lambda module, args, out: rows.append(len(out)))
-    about = {}
-    at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, about=about,
+    facts = ScoreFacts()
+    at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, facts=facts,
                      batch_size=40)
-    checked = sum_check(about, 16)
+    checked = sum_check(facts.sums, 16)
     assert checked.n_refined > 20 and checked.n_missing == 0
     assert sum(rows) < (8 if isinstance(targets, str) else 3) * 40 * 17
     if not isinstance(targets, str):
@@ -205,7 +206,7 @@ def test_conductance_bisects_the_path_where_relus_switch(targets):
                 1, targets[:, None])[:, 0]
         captum = LayerConductance(model, model.conv2).attribute(x, target=targets, n_steps=128)
         assert (share(captum.detach().flatten(2).sum(-1), difference) > SUM_TOLERANCE).sum() >= 5
-    assert (np.asarray(about["sum_steps"]) <= 16 * MAX_STEPS_FACTOR).all()
+    assert (np.asarray(facts.sums.steps) <= 16 * MAX_STEPS_FACTOR).all()
 
 
 def test_conductance_reports_what_its_step_budget_cannot_meet():
@@ -214,15 +215,15 @@ def test_conductance_reports_what_its_step_budget_cannot_meet():
     torch.manual_seed(3)
     model, x = ReluNet().eval(), torch.randn(40, 1, 8, 8) * 3
     targets = torch.arange(40) % 5
-    about = {}
-    ours = at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=2, about=about)
+    facts = ScoreFacts()
+    ours = at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=2, facts=facts)
     with torch.no_grad():
         difference = (model(x) - model(torch.zeros_like(x))).gather(1, targets[:, None])[:, 0]
     missing = share(ours, difference) > SUM_TOLERANCE
-    checked = sum_check(about, 2)
+    checked = sum_check(facts.sums, 2)
     assert missing.any() and checked.n_missing == int(missing.sum())
-    assert np.asarray(about["sum_steps"]).max() <= 2 * MAX_STEPS_FACTOR
-    np.testing.assert_allclose(about["sum_gap"], (difference - ours.sum(1)).numpy(), atol=1e-4)
+    assert np.asarray(facts.sums.steps).max() <= 2 * MAX_STEPS_FACTOR
+    np.testing.assert_allclose(facts.sums.gap, (difference - ours.sum(1)).numpy(), atol=1e-4)
 
 
 def test_the_command_line_counts_the_samples_that_miss_per_cluster(layer_norm_case, tmp_path,
@@ -278,19 +279,19 @@ def test_conductance_holds_at_most_its_intervals_budget(monkeypatch):
         held.append(self.size)
 
     monkeypatch.setattr(paths._Intervals, "append", counted)
-    free_about = {}
-    at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, about=free_about,
+    free_facts = ScoreFacts()
+    at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16, facts=free_facts,
                      batch_size=40)
     assert max(held) > 2 * 17 * 40  # INTERVALS_MEMORY holds more than 2 per node here
     monkeypatch.setattr(paths, "MAX_INTERVALS_FACTOR", 1.1)
     monkeypatch.setattr(paths, "INTERVALS_MEMORY", 0)
     held.clear()
-    about = {}
+    facts = ScoreFacts()
     ours = at.neuron_scores(model, "conv2", x, targets, "conductance", n_steps=16,
-                            about=about, batch_size=40)
+                            facts=facts, batch_size=40)
     assert max(held) <= 1.1 * 17 * 40
     with torch.no_grad():
         difference = (model(x) - model(torch.zeros_like(x))).gather(1, targets[:, None])[:, 0]
-    checked = sum_check(about, 16)
+    checked = sum_check(facts.sums, 16)
     assert checked.n_missing == int((share(ours, difference) > SUM_TOLERANCE).sum())
-    assert checked.n_missing >= sum_check(free_about, 16).n_missing
+    assert checked.n_missing >= sum_check(free_facts.sums, 16).n_missing

@@ -14,6 +14,7 @@ from sklearn.linear_model import LogisticRegression
 from torch import nn
 
 import attribution as at
+from attribution.methods.scores import ScoreFacts
 from attribution.analyses import distributed
 from attribution.methods.probe import L1, L2, fit_logistic, held_out_rows
 
@@ -152,9 +153,9 @@ def test_the_probe_reports_a_layer_that_cannot_tell_the_clusters_apart():
     assert not probe.usable and (probe.scores == 0).all()
     assert "not significantly better than chance (p >= 0.05), so its weights rank nothing" \
         in probe.note
-    about: dict = {}
-    at.neuron_scores(model, "1", x, None, "probe", clusters=clusters, about=about)
-    assert about["method_usable"] is False and about["method_note"] == probe.note
+    facts = ScoreFacts()
+    at.neuron_scores(model, "1", x, None, "probe", clusters=clusters, facts=facts)
+    assert facts.fit.usable is False and facts.fit.note == probe.note
 
 
 def test_the_probe_refuses_without_clusters_with_one_cluster_and_for_every_class():

@@ -36,7 +36,7 @@ def _per_neuron(t):
 
 def integrated_gradients(model, module, x, targets, n_steps):
     """z * sum_k w_k dF/dz(alpha_k z), one sample and one step at a time. [N, n_neurons];
-    `n_steps` an int, or one per sample (the steps the engine took: `SUM_KEYS`)."""
+    `n_steps` an int, or one per sample (the steps the engine took: `ScoreFacts.sums.steps`)."""
     rows = []
     for i in range(x.shape[0]):
         weights, alphas = gauss_legendre(int(n_steps if np.ndim(n_steps) == 0 else n_steps[i]))
