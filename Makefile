@@ -1,7 +1,7 @@
 # Two entry points for a fresh machine:
 #   make run   - set up .venv and start the dashboard on the built-in demo
 #   make test  - set up .venv (plus headless Chromium and bubblewrap), lint with ruff, run the
-#                whole test suite
+#                whole test suite (in parallel, then the timed tests alone)
 #   make bench - run every benchmark and write docs/speed.md (long: tens of minutes), beside
 #                the runs kept in benchmarks/kept/ from machines it cannot run on (a GPU's)
 VENV ?= .venv
@@ -44,9 +44,15 @@ run: setup
 lint: setup-dev
 	$(PY) -m ruff check .
 
+# The tests that measure no time share the cores (TEST_WORKERS processes of one torch thread
+# each); then those that do (marker `serial`: the browser's, time and memory budgets) run
+# alone.
+TEST_WORKERS ?= 2
+
 test: setup-dev browser jail
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=15
+	$(PY) -m pytest -q -m serial --durations=10
 
 # Every benchmark, one JSON file of figures each, then docs/speed.md written from them.
 bench: setup-dev browser

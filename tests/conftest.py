@@ -1,9 +1,23 @@
 """Fixtures shared by several test files; the helpers behind them are in tests/support/."""
+import os
+
 import pytest
 import torch
 
 from tests.support.browser import (BROWSER_TIMINGS, CHROMIUM, CHROMIUM_ARGS, CONTENTION,
                                    check_and_close, open_tab, slower_machine, streamlit_server)
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one of the workers sharing the cores
+        torch.set_num_threads(1)  # (`make test`): two torch threads each oversubscribe them
+
+
+def pytest_collection_modifyitems(items):
+    """A browser test measures the dashboard's time: it runs alone, as `serial` tests do."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)

@@ -702,6 +702,7 @@ def test_scorecard_refuses_a_layer_it_does_not_know(tmp_path, capsys):
     assert code == 2 and "Unknown layer 'nope'" in err
 
 
+@pytest.mark.serial  # the jail's refusal is held to a time budget
 def test_files_given_by_path_go_through_the_jail_and_trust_code_opts_out(tmp_path, capsys):
     """A collaborator's file arrives by path: a .pt2 whose cost grows with the batch and a
     tokenizer that aborts are refused by the jail with exit 2 and its message; a data bomb

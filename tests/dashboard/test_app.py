@@ -19,7 +19,7 @@ from pages.shared import url, workspace
 from tests.support.app import (APP, GOOD_DATA, GOOD_MODEL, OCTET, app_pages, assert_clean,
                                demo_bytes,
                                figure, figures, run_app, sidebar_widget,
-                               stall_after_first_points, upload, values)
+                               stop_at_first_points, upload, values)
 from tests.support.models import token_files
 
 PAGES = ("pages/pruning.py", "pages/diagnosis.py", "pages/data.py", "pages/export.py")
@@ -479,9 +479,8 @@ def test_stop_mid_computation_leaves_the_cached_model_untouched(monkeypatch):
         app = run_app({"source": "digits_cnn", "layer": "relu3", "random": "100"})
         app.switch_page("pages/pruning.py")
         with monkeypatch.context() as patch:
-            stall_after_first_points(patch)
-            with pytest.raises(RuntimeError, match="timed out"):
-                app.run(timeout=3)  # the stop is raised inside the engine's progress call
+            stop_at_first_points(patch)
+            app.run(timeout=120)  # the stop is raised inside the engine's progress call
         key = app.session_state["context"].curve_key()
         assert key in app.session_state["partial_curves"]  # some points were computed
         assert key not in app.session_state["curves"]  # but not the whole curve

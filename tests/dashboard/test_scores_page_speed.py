@@ -14,6 +14,8 @@ from pages.shared import context, sidebar
 from tests.support import fresh_python
 from tests.support.app import run_app, sidebar_widget
 
+pytestmark = pytest.mark.serial  # it times the page's parts against each other
+
 EVERY_CLUSTER = "Download every cluster (CSV)"
 
 

@@ -30,6 +30,8 @@ from attribution.inputs.untrusted.limits import Limits
 from tests.support import ROOT
 from tests.support.hostile import NonzeroSquare, program_edit, rebuilt
 
+pytestmark = pytest.mark.serial  # each refusal is held to a time budget
+
 B = torch.export.Dim("batch")
 
 

@@ -43,6 +43,8 @@ from tests.support.hostile import (TINY, TINY_ARCHITECTURE, BatchSquareBomb, Con
                                    state_dict_with, storage_declared_larger, stride_zero_tensor,
                                    wide_csv, yaml_laughs, zip_with_names)
 
+pytestmark = pytest.mark.serial  # each refusal is held to a time and memory budget
+
 GiB = 2 ** 30
 SECONDS = 10.0
 

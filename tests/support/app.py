@@ -7,6 +7,7 @@ import re
 import time
 
 import numpy as np
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.testing.v1 import AppTest
 
 from attribution.analyses import settings as analysis
@@ -87,19 +88,20 @@ def upload(app: AppTest, model: tuple, data: tuple, architecture: tuple | None =
 
 # ------------------------------------------------------------------ slowed work
 
-def stall_after_first_points(monkeypatch) -> None:
-    """Make the pruning page's curve stall after its first progress update, re-sending that
-    update until Streamlit stops the script: the stop lands mid-curve however fast the machine."""
+def stop_at_first_points(monkeypatch) -> None:
+    """Make the pruning page's run stop at its curve's first progress update, as a stop
+    reaches a script (a request of its run, raised at its next Streamlit call: inside that
+    update): the stop lands mid-curve however fast or loaded the machine, without a clock."""
     real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
 
-    def stalling(*args, progress, **kwargs):
-        def stall(fraction, partial):
-            while True:  # each update is a Streamlit call, where a requested stop is raised
-                progress(fraction, partial)
-                time.sleep(0.02)
-        return real(*args, progress=stall, **kwargs)
+    def stopping(*args, progress, **kwargs):
+        def stop(fraction, partial):
+            get_script_run_ctx().script_requests.request_stop()
+            progress(fraction, partial)
+            raise AssertionError("the progress update did not raise the stop requested")
+        return real(*args, progress=stop, **kwargs)
 
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", stalling)
+    monkeypatch.setattr(analysis, "cluster_pruning_curves", stopping)
 
 
 ESTIMATE = re.compile(r"about \d+ (s|min) left")
