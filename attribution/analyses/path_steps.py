@@ -75,8 +75,7 @@ class StepsPlan:
 
     def at_steps_asked(self) -> "StepsPlan":
         """This plan at every step asked, whatever they cost (a user's choice): `n_steps` and
-        `seconds` those asked; `refined` 0, as the steps asked were timed for their
-        seconds alone where they were timed at all."""
+        `seconds` those asked; `refined` 0, as no share refined at them was measured."""
         return replace(self, n_steps=self.asked, seconds=self.asked_seconds, refined=0.0)
 
     def words(self, name: Optional[str] = None) -> str:

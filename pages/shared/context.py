@@ -202,7 +202,8 @@ class Context:
 
     def with_every_step(self, every: bool) -> "Context":
         """This context with path methods at every step asked (`every`) or as many as fit
-        `path_steps.PATH_SECONDS` (a page's choice: the Scores and Trust pages offer it)."""
+        `path_steps.PATH_SECONDS` (a page's choice: the Scores, Diagnosis and Trust pages
+        offer it)."""
         return replace(self, every_step=every)
 
     def steps_plan(self, method: str, settings: Optional[AnalysisSettings] = None
