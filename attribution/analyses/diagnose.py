@@ -113,6 +113,7 @@ SIGNAL_P, NO_SIGNAL_P = 0.1, 0.5  # permutation p-values of not_better_than_rand
 FEWEST_RANDOM_ORDERS = math.ceil(1 / SIGNAL_P) - 1  # 9: fewer cannot reach p <= SIGNAL_P
 ORACLE_OK, ORACLE_WARNING = 0.6, 0.3
 RANK_P = 0.05  # a Spearman a random ranking reaches more often than this shows nothing
+TOO_FEW_NEURONS = "too_few_neurons"  # disagrees_with_ablation's pattern: a sample cannot tell
 CAPTURE_TOLERANCE = 1e-3
 CAPTURE_PATTERNS = ("whole_batch", "stale_hooks", "accumulating", "scaled", "non_finite",
                     "unknown")
@@ -132,7 +133,8 @@ class Finding:
         value: the measured number (see the module's table).
         hint: what to do instead ("" when nothing needs doing).
         pattern: for a failed suspicious_gradient_capture, the bug its signature fits (one
-            of `CAPTURE_PATTERNS`); "" otherwise.
+            of `CAPTURE_PATTERNS`); for disagrees_with_ablation on a sample of the neurons
+            too small to tell, TOO_FEW_NEURONS; "" otherwise.
         curve: for not_better_than_random, the evidence: the pruning curve the check
             measured (a `pruning_curve` frame: k, ranked, bottom, random_mean, random_lo,
             random_hi; its attrs as there), of the cluster it reports (the worst one among
@@ -887,7 +889,7 @@ def _oracle(group: _Evidence, reduce: str, generator: np.random.Generator
                            "Too few neurons were ablated to tell whether the scores track "
                            f"what removing a neuron does: {measured}.", rho,
                            "Ablate more of the neurons to tell: «oracle_neurons="
-                           f"{agreement.n_neurons}» measures every one.")
+                           f"{agreement.n_neurons}» measures every one.", TOO_FEW_NEURONS)
     elif high < ORACLE_WARNING or chance > RANK_P:
         finding = _finding("disagrees_with_ablation", "problem",
                            f"The scores barely track what removing a neuron does: {measured}.",

@@ -16,8 +16,10 @@ The headline is a rules table over the checks' outcomes (`outcomes`), which test
 2. Otherwise two checks measure whether the ranking carries signal, each with its
    uncertainty: the permutation test against random orders ("beats" when p <= 0.1, "unclear",
    "no_better" when p > 0.5) and the rank agreement with exact ablation ("agrees" when its 95%
-   interval lies above 0.6, "loosely", "disagrees" when it lies below 0.3). `SIGNAL` maps the
-   pair to strong, some or none signal, and says it in words.
+   interval lies above 0.6, "loosely", "disagrees" when it lies below 0.3; "untold" where a
+   sample of the neurons was too small to tell, and the action is then to ablate more of
+   them, not to change the method). `SIGNAL` maps the pair to strong, some or none signal,
+   and says it in words.
 3. The reason the scores look degenerate, if one is flagged (`REASONS`, first flagged):
    rounding-level scores, most neurons dead, signs cancelling in the signed mean.
    `HEADLINES[reason][signal]` is the headline: a reason never makes it claim noise while a
@@ -37,7 +39,7 @@ import pandas as pd
 import torch
 
 from ..engine import model_io
-from .diagnose import Finding
+from .diagnose import TOO_FEW_NEURONS, Finding
 from ..engine.layers import LayerInfo
 from ..methods.registry import REGISTRY
 
@@ -61,18 +63,26 @@ SIGNAL = {  # (random, ablation) -> (signal, what the two checks say together)
                                    "exact ablation"),
     ("beats", "disagrees"): ("some", "the ranking beats random removal but does not track "
                                      "exact ablation"),
+    ("beats", "untold"): ("some", "the ranking beats random removal; too few neurons were "
+                                  "ablated to tell whether it tracks exact ablation"),
     ("unclear", "agrees"): ("some", "the ranking tracks exact ablation, though its pruning "
                                     "curve is not clearly better than random"),
     ("unclear", "loosely"): ("some", "the ranking carries some signal, but neither check is "
                                      "conclusive"),
     ("unclear", "disagrees"): ("none", "the ranking neither tracks exact ablation nor clearly "
                                        "beats random removal"),
+    ("unclear", "untold"): ("some", "neither check is conclusive: the pruning curve is not "
+                                    "clearly better than random, and too few neurons were "
+                                    "ablated to tell whether it tracks exact ablation"),
     ("no_better", "agrees"): ("some", "the ranking tracks exact ablation, yet removing its top "
                                       "neurons does no more damage than random removal"),
     ("no_better", "loosely"): ("some", "the ranking only loosely tracks exact ablation and does "
                                        "no better than random removal"),
     ("no_better", "disagrees"): ("none", "the ranking is noise: no better than random removal "
                                          "and unlike exact ablation"),
+    ("no_better", "untold"): ("none", "removing the top-ranked neurons does no more damage "
+                                      "than random removal, and too few neurons were ablated "
+                                      "to tell whether the ranking tracks exact ablation"),
 }
 REASONS = {  # reason -> (its check, the severities that flag it), first flagged decides
     "rounding": ("tiny_scores", ("problem",)),
@@ -187,19 +197,21 @@ def check_name(finding: Finding) -> str:
 
 def outcomes(findings: Sequence[Finding]) -> dict[str, str]:
     """The outcome of each check the rules read: "broken" (the first flagged of `BROKEN`, or
-    ""), "random" and "ablation" (`OUTCOMES`; "" when not measured) and "reason" (the first
-    flagged of `REASONS`, else "none")."""
+    ""), "random" and "ablation" (`OUTCOMES`; "" when not measured; "untold" where a sample of
+    the neurons was too small to tell) and "reason" (the first flagged of `REASONS`, else
+    "none")."""
     by_code = {finding.code: finding for finding in findings}
     flagged = {code for code, finding in by_code.items() if finding.severity != "ok"}
     broken = next((code for code in BROKEN
                    if code in flagged and by_code[code].severity == "problem"), "")
     reason = next((name for name, (code, severities) in REASONS.items()
                    if code in by_code and by_code[code].severity in severities), "none")
+    ablation = by_code.get("disagrees_with_ablation")
     return {"broken": broken, "reason": reason,
             "random": OUTCOMES["not_better_than_random"].get(
                 getattr(by_code.get("not_better_than_random"), "severity", ""), ""),
-            "ablation": OUTCOMES["disagrees_with_ablation"].get(
-                getattr(by_code.get("disagrees_with_ablation"), "severity", ""), "")}
+            "ablation": "untold" if getattr(ablation, "pattern", "") == TOO_FEW_NEURONS
+            else OUTCOMES["disagrees_with_ablation"].get(getattr(ablation, "severity", ""), "")}
 
 
 def headline(reason: str, random: str, ablation: str) -> tuple[str, str, str]:
@@ -249,7 +261,8 @@ def verdict(findings: Sequence[Finding], *, method: str, reduce: str,
         explanation = (f"{counted} checks passed: " + "; ".join(
             check_name(by_code[code]).lower() for code in passed) + ". " + explanation)
         return Verdict("ok", text, explanation, "", (), "", _notes(findings, used), signal)
-    remedies = _remedies(cause.code, method, reduce, cluster_source, has_labels)
+    remedies = () if cause.pattern == TOO_FEW_NEURONS else \
+        _remedies(cause.code, method, reduce, cluster_source, has_labels)  # first: measure
     action = remedies[0].label + "." if remedies else cause.words(screen=True)[1]
     return Verdict(severity, text, explanation, action, remedies, cause.code,
                    _notes(findings, used), signal)

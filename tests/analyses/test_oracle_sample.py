@@ -168,7 +168,7 @@ def test_a_weak_agreement_on_too_few_neurons_is_a_warning_to_ablate_more():
 
     sampled = agreement(oracle_neurons=16)
     assert sampled.p_value > 0.05 and sampled.high >= 0.6 and sampled.low < 0.3
-    assert sampled.severity == "warning"
+    assert sampled.severity == "warning" and sampled.pattern == "too_few_neurons"
     assert sampled.message.startswith("Too few neurons were ablated to tell")
     assert sampled.hint.endswith("oracle_neurons=96 measures every one.")
     assert "“Ablate all 96 neurons exactly”" in sampled.words(screen=True)[1]

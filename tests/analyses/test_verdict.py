@@ -294,14 +294,15 @@ def test_the_loop_on_a_transformers_layer_with_named_inputs_and_padding(
 # ------------------------------------------------- the rules table: never against a check
 
 RANDOM_OUTCOMES, ABLATION_OUTCOMES = ("beats", "unclear", "no_better"), (
-    "agrees", "loosely", "disagrees")
+    "agrees", "loosely", "disagrees", "untold")
 
 
 def refuted_claims(text: str, random: str, ablation: str, reason: str) -> list[str]:
     """What `text` asserts that the checks with these outcomes refute."""
     said = text.lower()
     claims_random = re.search(r"(?<!clearly )beats random", said) or "usable" in said
-    claims_ablation = re.search(r"(?<!loosely )(?<!neither )tracks (exact )?ablation",
+    claims_ablation = re.search(r"(?<!loosely )(?<!neither )(?<!whether it )(?<!whether the "
+                                r"ranking )tracks (exact )?ablation",
                                 said) or "usable" in said or "as ablation ranks" in said
     wrong = []
     if random == "beats" and re.search(r"noise|no better than random|no more damage than "
@@ -332,12 +333,34 @@ def test_every_combination_of_outcomes_has_one_headline_no_shown_check_refutes()
                 assert (severity == "problem") == (signal == "none")
                 assert (severity == "ok") == (signal == "strong" and reason == "none")
                 table[(reason, random, ablation)] = text
-    assert len(table) == len(HEADLINES) * 9 and set(SIGNAL) == {
+    assert len(table) == len(HEADLINES) * 12 and set(SIGNAL) == {
         (r, a) for r in RANDOM_OUTCOMES for a in ABLATION_OUTCOMES}
     assert table[("cancels", "beats", "loosely")] == (
         "The signed mean cancels, yet the ranking still carries signal")
     assert table[("cancels", "no_better", "disagrees")] == (
         "Averaging cancels: the ranking is mostly noise")
+
+
+def test_an_agreement_too_few_neurons_can_tell_asks_to_ablate_more_not_to_change_method():
+    """disagrees_with_ablation on a sample too small to tell (`TOO_FEW_NEURONS`): the ranking
+    is "untold", not "loosely" tracking ablation; the action is its hint (ablate more), no
+    method is offered in its place, and the headline says what the curve showed."""
+    from attribution.analyses.diagnose import TOO_FEW_NEURONS
+
+    severities = {code: "ok" for code in CHECKS if code != "suspicious_gradient_capture"}
+    findings = [Finding(code, severity, f"{code} measured.", 0.5) for code, severity
+                in severities.items() if code != "disagrees_with_ablation"]
+    untold = Finding("disagrees_with_ablation", "warning", "Too few neurons were ablated.",
+                     0.16, "Ablate more of the neurons to tell.", TOO_FEW_NEURONS)
+    answer = verdict(findings + [untold], method="gradient", reduce="mean",
+                     cluster_source="kmeans_inputs")
+    assert outcomes(findings + [untold])["ablation"] == "untold"
+    assert answer.severity == "warning" and answer.cause == "disagrees_with_ablation"
+    assert answer.headline.startswith("The ranking beats random removal; too few neurons")
+    assert answer.remedies == () and answer.action == "Ablate more of the neurons to tell."
+    loosely = verdict(findings + [replace(untold, pattern="")], method="gradient",
+                      reduce="mean", cluster_source="kmeans_inputs")
+    assert "loosely" in loosely.headline and loosely.remedies  # the same severity, measured
 
 
 REASON_FINDINGS = {"none": {}, "cancels": {"sign_cancellation": "problem"},
