@@ -40,8 +40,12 @@ st.caption(f"Checks of the {plots.method_label(s.method)} scores ("
            f"{plots.REDUCTION_LABELS[s.reduce]}) on cluster "
            f"{escape_markdown(focus_label)} ({n_focus} samples), layer "
            f"{escape_markdown(s.layer)}.")
-try:  # the method's path steps fitted to their budget: every step asked on request
-    ctx = every_step_toggle(ctx, [ctx.steps_plan(s.method)], key="diagnosis_every_step")
+try:  # the method's path steps fitted to their budget: said, every step asked on request
+    steps = ctx.steps_plan(s.method)
+    ctx = every_step_toggle(ctx, [steps], key="diagnosis_every_step")
+    if steps is not None and steps.reduced and not ctx.every_step:
+        said = steps.words(plots.method_label(s.method))
+        st.caption(escape_markdown(f"{said[:1].upper()}{said[1:]}."))
 except at.AttributionError:  # a method that refuses the layer: the checks say why
     pass
 try:  # a wide layer: exact ablation of a sample of its neurons, every neuron on request

@@ -272,8 +272,8 @@ def test_a_path_method_takes_the_steps_that_fit_and_says_so(monkeypatch, cold):
 
 
 def test_the_diagnosis_page_offers_every_step_asked_of_its_path_method(monkeypatch, cold):
-    """The Diagnosis page of a path method whose steps were cut to the budget offers every
-    step asked (priced); on, its checks score the method at those steps."""
+    """The Diagnosis page of a path method whose steps were cut to the budget says so and
+    offers every step asked (priced); on, its checks score the method at those steps."""
     from attribution.analyses import path_steps
 
     monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
@@ -289,8 +289,13 @@ def test_the_diagnosis_page_offers_every_step_asked_of_its_path_method(monkeypat
         every = app.toggle(key="diagnosis_every_step")
         assert every.label.startswith("Integrate with every step asked (")
         assert checked == [path_steps.FEWEST_STEPS]
+
+        def said() -> list[str]:
+            return [caption.value.replace("\\", "") for caption in app.caption
+                    if caption.value.startswith("Integrated gradients at ")]
+        assert len(said()) == 1 and said()[0].startswith("Integrated gradients at 8 steps, ")
         every.set_value(True).run()
         assert_clean(app)
-        assert checked == [path_steps.FEWEST_STEPS, analysis.DEFAULT_N_STEPS]
+        assert checked == [path_steps.FEWEST_STEPS, analysis.DEFAULT_N_STEPS] and not said()
     finally:
         context._steps_plan.clear()
