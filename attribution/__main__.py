@@ -8,6 +8,7 @@ imports torch and loads the file); then `cli.main` runs the command, or for `lay
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -42,8 +43,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if reads_a_model_in_the_jail(arguments):  # its server imports torch beside this process
         from .inputs.untrusted import jail
-        from .inputs.tasks import FIRST_RUN
-        jail.warm_up(FIRST_RUN)
+        from .inputs.tasks import first_run_task
+        jail.warm_up(first_run_task(names_a_folder(arguments)))
     if command_of(arguments) == "layers":  # the model loaders alone: no analysis imported
         from .model_command import main_layers
         return main_layers(arguments)
@@ -54,6 +55,16 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 def command_of(arguments: Sequence[str]) -> Optional[str]:
     """The command a command line names (its first argument but --traceback), if any."""
     return next((argument for argument in arguments if argument != "--traceback"), None)
+
+
+def names_a_folder(arguments: Sequence[str]) -> bool:
+    """Does the command line's --model name a folder (a Hugging Face save_pretrained one)?"""
+    for index, argument in enumerate(arguments):
+        if argument.startswith("--model="):
+            return os.path.isdir(argument.partition("=")[2])
+        if argument == "--model" and index + 1 < len(arguments):
+            return os.path.isdir(arguments[index + 1])
+    return False
 
 
 def reads_a_model_in_the_jail(arguments: Sequence[str]) -> bool:

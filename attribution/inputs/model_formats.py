@@ -16,7 +16,7 @@ weights-only unpickler (`untrusted.pickles`), which rebuilds tensors and plain c
 only; safetensors and JSON/YAML (`yaml.safe_load`) are data formats; uploaded Python is
 never executed. A `.pt2` is checked by `untrusted.export_guard` before `torch.export.load`
 reads it, and an untrusted model's first load and run happen in the jail
-(`untrusted.jail`, running `FIRST_RUN`) before this process reads a byte of it.
+(`untrusted.jail`, running `first_run_task`) before this process reads a byte of it.
 """
 from __future__ import annotations
 
@@ -45,13 +45,12 @@ from ..errors import AttributionError, out_of_memory, reading, reads_input
 from ..engine.model_io import NamedInputs, OutputKey, shape_text
 from . import huggingface
 from .loaded import LoadedModel, checked_model
-from .shipped import DEMO_DIR
 from .untrusted import jail
 from .untrusted.export_guard import EXPORT_RECIPE, check_export_archive
 from .untrusted.files import Source, describe_kind, open_zip, read_source, sniff, zip_kind
 from .untrusted.limits import DEFAULT_LIMITS, MB, Limits
 from .untrusted.pickles import unpickle
-from .tasks import FIRST_RUN
+from .tasks import FIRST_RUN, FIRST_RUN_OF_A_FOLDER, first_run_task
 from .untrusted.tensors import checked_state, load_safetensors
 
 FLOPS_PER_SECOND = 200e9
@@ -113,13 +112,14 @@ def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
                          work=f"Loading the model and running a batch of "
                               f"{DEFAULT_BATCH_SIZE} samples",
                          name="a first run")
-    return jail.run(FIRST_RUN, {"source": source, "limits": limits, **options}, budget)
+    return jail.run(first_run_task(huggingface.is_folder(source)),
+                    {"source": source, "limits": limits, **options}, budget)
 
 
 def warm_up() -> None:
-    """Start the jail's server for uploads now (it imports torch and the loaders in the
-    background), e.g. while a visitor chooses files."""
-    jail.warm_up(FIRST_RUN, str(DEMO_DIR / "text_classifier"))
+    """Start the jail's server for uploads now (it imports torch and the loaders of model
+    files and folders in the background), e.g. while a visitor chooses files."""
+    jail.warm_up(FIRST_RUN, *FIRST_RUN_OF_A_FOLDER.warm_files)
 
 
 # ---------------------------------------------------------------- torch.export archives

@@ -850,3 +850,14 @@ def test_the_jail_starts_before_torch_is_imported_only_for_a_model_it_will_read(
     import of torch runs beside the command line's own; help, --trust-code and mistakes
     start nothing."""
     assert entry.reads_a_model_in_the_jail(arguments) is starts
+
+
+def test_the_jail_warms_up_for_the_kind_of_model_the_command_line_names(tmp_path):
+    """A folder given as --model (either spelling) warms the jail up with the loaders of
+    Hugging Face folders; a file, a missing path or no --model with a model file's."""
+    folder = str(tmp_path)
+    assert entry.names_a_folder(["score", "--model", folder, "--data", "d.npz"])
+    assert entry.names_a_folder(["score", f"--model={folder}"])
+    assert not entry.names_a_folder(["score", "--model", str(tmp_path / "m.pt2")])
+    assert not entry.names_a_folder(["score", "--data", folder])
+    assert not entry.names_a_folder(["score", "--model"])

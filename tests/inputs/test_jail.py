@@ -218,8 +218,30 @@ def test_the_servers_warm_up_loads_each_file_as_the_server_calls_it():
     """The server loads a task's warm-up files with `function(source=path)` and ignores a
     failure (a warm-up only saves time), so a signature that needs more would silently leave
     every child to import torch.export's deserializer inside its own time budget."""
-    for path in (*model_formats.FIRST_RUN.warm_files, str(DEMO_DIR / "text_classifier")):
+    for path in (*tasks.FIRST_RUN.warm_files, *tasks.FIRST_RUN_OF_A_FOLDER.warm_files):
         assert model_formats._load_in_child(source=path)["n_classes"] in (2, 10)
+
+
+def test_each_warm_up_file_is_loaded_once_before_the_first_child_that_names_it(isolation):
+    """Two tasks of one function with their own warm-up files: a child sees the files of
+    every task asked so far loaded in the server, each once."""
+    first = jail.Task("tests.support.jail_tasks:warmed", warm_files=("a",))
+    second = jail.Task(first.function, warm_files=("b", "a"))
+    assert jail.check(first, {}, BUDGET).facts == {"warmed": ["a"]}
+    assert jail.check(second, {}, BUDGET).facts == {"warmed": ["a", "b"]}
+    assert jail.check(first, {}, BUDGET).facts == {"warmed": ["a", "b"]}
+
+
+def test_a_folders_first_run_forks_from_a_server_that_loaded_a_folder(monkeypatch, tmp_path):
+    """A Hugging Face folder's child would otherwise import transformers' loaders inside its
+    own time budget (2.5 s of CPU, half the default): its task warms up with the demo's
+    folder; a model file's with the demo's .pt2."""
+    asked = []
+    monkeypatch.setattr(jail, "run", lambda task, payload, budget: asked.append(task))
+    model_formats.first_run(DEMO_DIR / "text_classifier", Limits())
+    model_formats.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), Limits())
+    assert asked == [tasks.FIRST_RUN_OF_A_FOLDER, tasks.FIRST_RUN]
+    assert all(huggingface.is_folder(path) for path in tasks.FIRST_RUN_OF_A_FOLDER.warm_files)
 
 
 def test_every_task_names_a_function_its_module_defines():

@@ -31,3 +31,16 @@ def arrays() -> dict:
     return {"n": 3, "arrays": {"x": np.arange(6, dtype=np.float32).reshape(2, 3),
                                "ok": np.array([True, False]),
                                "words": np.array(["a", "bc"])}}
+
+
+WARMED: list = []
+"""The sources `warmed` was called with in this process (the server, whose children inherit
+it)."""
+
+
+def warmed(source: str = "") -> dict:
+    """As a warm-up (`source` given), note the source; as a task, the sources noted before the
+    child forked."""
+    if source:
+        WARMED.append(source)
+    return {"warmed": list(WARMED)}

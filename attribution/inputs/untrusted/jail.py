@@ -96,7 +96,8 @@ class Task:
             `function(**payload)`; it returns a dict of JSON facts, whose "arrays" entry (if
             any) maps names to numpy arrays that cross back as `.npy` files.
         warm_files: paths the server loads with `function(source=path)` once, before the
-            task's first child, so that children inherit what a first load imports lazily
+            first child that names them, so that children inherit what a first load imports
+            lazily
             (torch.export's deserializer takes 1-3 s to import: inside a child it would eat
             the child's time budget).
     """
@@ -376,14 +377,17 @@ def _serve(scratch: str, warm: Optional[str], warm_files: tuple[str, ...]) -> No
 
     torch.set_num_threads(1)  # no thread pool before forking (a forked pool would hang)
     functions: dict[str, Any] = {}
+    warmed: set[tuple[str, str]] = set()
 
     def imported(function: str, files: Sequence[str]) -> Any:
-        """The task's function, its warm-up `files` loaded once (what they import lazily is
-        then imported before any child forks)."""
+        """The task's function, each of its warm-up `files` loaded once (what they import
+        lazily is then imported before the first child that asks for them forks)."""
         if function not in functions:
             module, _, name = function.partition(":")
             functions[function] = getattr(importlib.import_module(module), name)
-            for path in files:
+        for path in files:
+            if (function, path) not in warmed:
+                warmed.add((function, path))
                 try:
                     functions[function](source=path)
                 except Exception:  # noqa: BLE001 (a warm-up only saves time)
