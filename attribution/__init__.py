@@ -8,6 +8,9 @@
     at.probe(model, "fc2", inputs, clusters).accuracy     # do the neurons encode the clusters?
     at.scorecard(model, inputs, labels, clusters)         # which method to trust, per layer
 
+    view = at.View.of(model, "fc2", inputs, labels, clusters, method="gradient")
+    at.diagnose_on(view)                          # the same analyses, on a view bound once
+
 The names below are imported on first use (PEP 562), so `import attribution` and the command
 line's overview (`python -m attribution --help`) do not import torch.
 """
@@ -28,7 +31,10 @@ _HOMES = {
     ".analyses.oracle_sample": ("OraclePlan", "OracleSample", "plan_oracle", "sample_oracle"),
     ".analyses.scorecard": ("scorecard", "scorecard_cost"),
     ".analyses.diagnose": ("DiagnosePlan", "Finding", "diagnose", "diagnose_cost",
-                           "diagnose_plan"),
+                           "diagnose_cost_on", "diagnose_on", "diagnose_plan",
+                           "diagnose_plan_on"),
+    ".analyses.view": ("View",),
+    ".analyses.settings": ("AnalysisSettings",),
     ".inputs.architectures": ("Architecture", "parse_architecture"),
     ".inputs.loaded": ("LoadedModel",),
     ".inputs.model_formats": ("load_model",),

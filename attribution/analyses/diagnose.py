@@ -84,7 +84,7 @@ from ..engine.layers import resolve_layer, run_logits
 from .ranks import bootstrap_counts, interval
 from .oracle_sample import (OraclePlan, OracleSample, oracle_timing, plan_of_timing,
                             sample_oracle, sampled_spearman)
-from ..methods.passes import LayerPass, check_targets, on_device
+from ..methods.passes import LayerPass, check_targets
 from ..methods.paths import SUM_TOLERANCE, PathSums, SumCheck, sum_check
 from ..methods.registry import REGISTRY, method_label
 from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD,
@@ -94,9 +94,9 @@ from .settings import (BOOTSTRAP_DRAWS, DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DE
 from .costs import (CurvePlan, SampledCost, draw_samples, part_sizes, plan_curve,
                     probe_sizes, sampled_cost)
 from .pruning_curves import curve_summary, pruning_curve
-from ..methods.scores import (Inputs, ScoreFacts, check_method, check_reduce,
-                              cluster_codes, find_cluster, neuron_scores, reduce_scores,
-                              score_batches)
+from .view import View
+from ..methods.scores import (Inputs, ScoreFacts, check_method, cluster_codes, find_cluster,
+                              neuron_scores, reduce_scores, score_batches)
 
 SEVERITIES = ("ok", "warning", "problem")
 CHECKS = ("non_finite", "flat_output", "constant_scores", "tiny_scores", "sign_cancellation",
@@ -250,7 +250,8 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
              batch_size: int = DEFAULT_BATCH_SIZE, n_steps: int = DEFAULT_N_STEPS,
              oracle_neurons: Optional[int] = None, plan: Optional[DiagnosePlan] = None,
              progress: FindingsProgress = None, device=None) -> list[Finding]:
-    """Check whether `method`'s cluster scores on `layer` are degenerate, and why.
+    """Check whether `method`'s cluster scores on `layer` are degenerate, and why:
+    `diagnose_on` the view of these arguments.
 
     Args:
         model: classifier returning logits [N, n_classes]; left exactly as it was found.
@@ -262,17 +263,40 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
             method fitted to the clusters (`probe`) needs them, and is fitted on all samples.
         cluster: check only this cluster; None = check every cluster, report the worst.
         reduce: how per-sample scores become the cluster score ("mean", "mean_abs", "std").
+        n_random, seed: random orders of the evidence curve, and the seed of every draw.
+        batch_size, n_steps, device: as in `neuron_scores`.
+        user_scores, metric, ablation, oracle_neurons, plan, progress: as in `diagnose_on`.
+    """
+    view = View.of(model, layer, inputs, targets, clusters, method=method, cluster=cluster,
+                   reduce=reduce, n_random=n_random, seed=seed, batch_size=batch_size,
+                   n_steps=n_steps, device=device)
+    return diagnose_on(view, user_scores=user_scores, metric=metric, ablation=ablation,
+                       oracle_neurons=oracle_neurons, plan=plan, progress=progress)
+
+
+def diagnose_on(view: View, *, user_scores=None, metric: str = EVIDENCE_METRIC,
+                ablation: str = DEFAULT_ABLATION, oracle_neurons: Optional[int] = None,
+                plan: Optional[DiagnosePlan] = None,
+                progress: FindingsProgress = None) -> list[Finding]:
+    """Check whether the view's method's cluster scores on its layer are degenerate, and
+    why: on the view's cluster (`settings.cluster`), or on every cluster, reporting the
+    worst.
+
+    Args:
+        view: the model, inputs (held in memory here; batches are read into it), targets
+            (LongTensor [N], None: the predicted class, or "labels": y of (x, y) batches),
+            clusters and settings. A method fitted to the clusters (`probe`) needs them,
+            and is fitted on all samples.
         user_scores: optional scores from one's own code for the same method and samples
-            (the analysed ones: the cluster's when `cluster` is given, whose rows are also
+            (the analysed ones: the cluster's when the view has one, whose rows are also
             taken from rows for every sample): per-sample [m, n] (or [k, m, n]), or one
             cluster score [n] (compared with the signed mean).
-        metric, ablation, n_random, seed: for the pruning curve of not_better_than_random
-            (returned as its finding's `curve`).
-        batch_size, n_steps, device: as in `neuron_scores`.
+        metric, ablation: what the evidence curve of not_better_than_random measures, and
+            what a removed neuron's output becomes (as in `pruning_curve`).
         oracle_neurons: how many neurons disagrees_with_ablation ablates exactly, drawn at
             random, on every sample (all: the layer's n or more); None = as the plan says.
-        plan: the sizes of exact ablation and of the evidence curve (`diagnose_plan`, made
-            with oracle_neurons); None = `diagnose_plan` of these inputs: the full work
+        plan: the sizes of exact ablation and of the evidence curve (`diagnose_plan_on`,
+            made with oracle_neurons); None = that plan of this view: the full work
             where it fits `oracle_sample.ORACLE_SECONDS` and `costs.CURVE_SECONDS`, else a
             random sample of the neurons (and samples) and fewer k (and samples), said in
             the findings.
@@ -284,24 +308,24 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         not_better_than_random finding carries the pruning curve it rests on (`curve`): the
         cluster's `reduce` scores ranking its neurons, `metric` on its samples.
     """
-    check_method(method)
-    check_reduce(reduce)
+    s = view.settings
+    check_method(s.method)
     if plan is not None and oracle_neurons is not None:
         raise AttributionError("Pass oracle_neurons to diagnose_plan, or to diagnose without "
                                "a plan, not both.")
-    model = on_device(model, device)
-    x, targets = _materialise(model, inputs, targets, batch_size)
-    names, codes = _analysed(clusters, cluster, x.shape[0])
+    model, layer, n_steps = view.placed(), view.layer, view.steps()
+    x, targets = _materialise(model, view.inputs, view.targets, s.batch_size)
+    names, codes = _analysed(view.clusters, s.cluster, x.shape[0])
     sample_ids = np.flatnonzero(codes >= 0)  # the analysed samples' positions in the inputs
-    options = dict(batch_size=batch_size, n_steps=n_steps, seed=seed)
+    options = dict(batch_size=s.batch_size, n_steps=n_steps, seed=s.seed)
 
     def report(fraction: float, findings: list) -> None:
         if progress is not None:
             progress(fraction, list(findings))
 
-    measured = _measure(model, layer, x, targets, method, clusters, codes, options,
+    measured = _measure(model, layer, x, targets, s.method, view.clusters, codes, options,
                         progress=lambda fraction: report(0.2 * fraction, []))
-    if cluster is not None:
+    if s.cluster is not None:
         if isinstance(user_scores, torch.Tensor):
             user_scores = user_scores.detach().cpu().numpy()
         if user_scores is not None and np.ndim(user_scores) == 2 and len(user_scores) == len(codes):
@@ -315,31 +339,31 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
         report(1.0, [finding])
         return [finding]
     if plan is None:
-        plan = _plan(model, layer, x, targets, codes, oracle_neurons, n_random, seed,
-                     batch_size, device)
-    if method == "ablation":  # exact on every neuron already
+        plan = _plan(model, layer, x, targets, codes, oracle_neurons, s.n_random, s.seed,
+                     s.batch_size, view.device)
+    if s.method == "ablation":  # exact on every neuron already
         oracle = OracleSample(np.arange(scores.shape[1]), scores.shape[1], scores)
     else:
         oracle = sample_oracle(model, layer, x, targets, plan.oracle, codes,
-                               batch_size=batch_size, seed=seed)
+                               batch_size=s.batch_size, seed=s.seed)
     reach = _reach(model, layer, x, gradients, activations, codes, options)
     report(0.4, [])
 
-    groups = _groups(names, codes, measured, oracle, reach, reduce, seed)
+    groups = _groups(names, codes, measured, oracle, reach, s.reduce, s.seed)
     labelled = len(groups) > 1
     everywhere_dead = _dead(reach, activations)
     findings = [Finding("non_finite", "ok", "Every score is finite.", 0.0)]
     findings.append(_worst([_constant(g) for g in groups], groups, labelled))
-    findings.append(_worst([_tiny(g, method) for g in groups], groups, labelled))
-    findings.append(_worst([_cancellation(g, reduce) for g in groups], groups, labelled))
+    findings.append(_worst([_tiny(g, s.method) for g in groups], groups, labelled))
+    findings.append(_worst([_cancellation(g, s.reduce) for g in groups], groups, labelled))
     zeroed = _zero_weights_after(model, layer)
     findings.append(_worst([_dead_neurons(g, everywhere_dead, zeroed) for g in groups], groups,
                            labelled))
     report(0.5, findings)
     curves = []
     for position, group in enumerate(groups):
-        curves.append(_evidence_curve(model, layer, group, metric, ablation, plan.curve, seed,
-                                      batch_size))
+        curves.append(_evidence_curve(model, layer, group, metric, ablation, plan.curve, s.seed,
+                                      s.batch_size))
         report(0.5 + 0.4 * (position + 1) / len(groups), findings)
     findings.insert(1, _worst([_flat(g, c, metric) for g, c in zip(groups, curves)], groups,
                               labelled))
@@ -349,13 +373,13 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
                                                  (curve.attrs["n_samples"], len(g.x)),
                                                  "the cluster's"))
                             for g, curve in zip(groups, curves)], groups, labelled))
-    findings.append(_worst([_oracle(g, reduce, np.random.default_rng([seed, position]))
+    findings.append(_worst([_oracle(g, s.reduce, np.random.default_rng([s.seed, position]))
                             for position, g in enumerate(groups)], groups, labelled))
     checked = sum_check(measured.sums, n_steps)
     if checked is not None:
-        findings.append(integral_finding(checked, method, n_steps))
+        findings.append(integral_finding(checked, s.method, n_steps))
     if user_scores is not None:
-        findings.append(_capture(user_scores, scores, method))
+        findings.append(_capture(user_scores, scores, s.method))
     report(1.0, findings)
     return findings
 
@@ -364,59 +388,67 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
                   method: str = DEFAULT_METHOD, clusters=None, *, cluster=None,
                   **options) -> SampledCost:
     """The seconds `diagnose(model, layer, inputs, targets, method, clusters, cluster=...,
-    **options)` will take, said before it runs. Its plan (`diagnose_plan`, made first on
-    every sample unless given, and kept: the run ablates the same neurons on the same
-    samples and draws the same curve) sizes its two long parts, exact ablation and the
-    evidence curve. Where exact ablation is exact (every neuron on every sample), the curve
-    runs on every sample and the data is more than one timing's sample, diagnose itself is
-    timed on samples that keep every cluster (`costs.sampled_cost`) and extrapolated:
-    every part grows with the samples. Where the plan sized exact ablation to its budget (a
-    sample of the neurons or of the samples: timed by the plan already) or measures a share
-    of the samples for the curve, or one sample would be all the data (the estimate would
-    cost the work), those two parts are taken at the plan's seconds and only the rest is
-    timed (the scores, gradients, activations and logits, the bootstrap and the agreement,
-    on the scores in the ablation's place), on an eighth and a quarter of the samples where
-    they are under two batches (`costs.part_sizes`). In-memory inputs only (a tensor, an
-    array or named inputs)."""
-    check_method(method)
-    batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
-    if options.get("plan") is None:
-        planned = {key: options.pop(key) for key in ("oracle_neurons", "n_random")
-                   if key in options}
-        options["plan"] = diagnose_plan(
-            model, layer, inputs, targets, clusters, cluster=cluster, **planned,
-            seed=options.get("seed", DEFAULT_SEED), batch_size=batch_size,
-            device=options.get("device"))
-    plan = options["plan"]
-    total = model_io.n_rows(model_io.named(inputs))
-    if plan.oracle.exact and plan.curve.share >= 1 and \
-            probe_sizes(total, batch_size)[0] < total:
-        def run(sample) -> None:
-            diagnose(model, layer, sample(inputs), sample(targets), method, sample(clusters),
-                     cluster=cluster, **options)
+    **options)` will take, said before it runs: `diagnose_cost_on` its view."""
+    on_view = {key: options.pop(key) for key in _CHECK_OPTIONS if key in options}
+    view = View.of(model, layer, inputs, targets, clusters, method=method, cluster=cluster,
+                   **options)
+    return diagnose_cost_on(view, **on_view)
 
-        return sampled_cost("diagnose", run, inputs, clusters, batch_size)
-    placed = on_device(model, options.get("device"))
-    measures = dict(batch_size=batch_size, n_steps=options.get("n_steps", DEFAULT_N_STEPS),
-                    seed=options.get("seed", DEFAULT_SEED))
-    reduce, seed = options.get("reduce", DEFAULT_REDUCE), measures["seed"]
+
+_CHECK_OPTIONS = ("user_scores", "metric", "ablation", "oracle_neurons", "plan")
+"""`diagnose_on`'s options besides the view (and progress)."""
+
+
+def diagnose_cost_on(view: View, **checks) -> SampledCost:
+    """The seconds `diagnose_on(view, **checks)` will take, said before it runs. Its plan
+    (`diagnose_plan_on`, made first on every sample unless given as plan=, and kept: the
+    run ablates the same neurons on the same samples and draws the same curve) sizes its
+    two long parts, exact ablation and the evidence curve. Where exact ablation is exact
+    (every neuron on every sample), the curve runs on every sample and the data is more
+    than one timing's sample, diagnose itself is timed on samples that keep every cluster
+    (`costs.sampled_cost`) and extrapolated: every part grows with the samples. Where the
+    plan sized exact ablation to its budget (a sample of the neurons or of the samples:
+    timed by the plan already) or measures a share of the samples for the curve, or one
+    sample would be all the data (the estimate would cost the work), those two parts are
+    taken at the plan's seconds and only the rest is timed (the scores, gradients,
+    activations and logits, the bootstrap and the agreement, on the scores in the
+    ablation's place), on an eighth and a quarter of the samples where they are under two
+    batches (`costs.part_sizes`). In-memory inputs only (a tensor, an array or named
+    inputs)."""
+    s = view.settings
+    check_method(s.method)
+    if checks.get("plan") is None:
+        checks["plan"] = diagnose_plan_on(view, oracle_neurons=checks.pop("oracle_neurons",
+                                                                          None))
+    plan = checks["plan"]
+    total = model_io.n_rows(model_io.named(view.inputs))
+    if plan.oracle.exact and plan.curve.share >= 1 and \
+            probe_sizes(total, s.batch_size)[0] < total:
+        def run(sample) -> None:
+            diagnose_on(replace(view, inputs=sample(view.inputs), targets=sample(view.targets),
+                                clusters=sample(view.clusters)), **checks)
+
+        return sampled_cost("diagnose", run, view.inputs, view.clusters, s.batch_size)
+    placed = view.placed()
+    measures = dict(batch_size=s.batch_size, n_steps=view.steps(), seed=s.seed)
 
     def rest(sample) -> None:  # diagnose on `sample` but for ablation and the curve
-        x, chosen = _materialise(placed, sample(inputs), sample(targets), batch_size)
-        names, codes = _analysed(sample(clusters), cluster, x.shape[0])
-        measured = _measure(placed, layer, x, chosen, method, sample(clusters), codes,
-                            measures)
+        x, chosen = _materialise(placed, sample(view.inputs), sample(view.targets),
+                                 s.batch_size)
+        names, codes = _analysed(sample(view.clusters), s.cluster, x.shape[0])
+        measured = _measure(placed, view.layer, x, chosen, s.method, sample(view.clusters),
+                            codes, measures)
         neurons = np.arange(min(plan.oracle.neurons, measured.scores.shape[1]))
         stand_in = OracleSample(neurons, measured.scores.shape[1],  # its shape, not its passes
                                 measured.scores[:, neurons])
         groups = _groups(names, codes[codes >= 0], measured, stand_in,
-                         np.abs(measured.gradients), reduce, seed)
+                         np.abs(measured.gradients), s.reduce, s.seed)
         for position, group in enumerate(groups):
-            _oracle(group, reduce, np.random.default_rng([seed, position]))
+            _oracle(group, s.reduce, np.random.default_rng([s.seed, position]))
 
-    timed = sampled_cost("the scores", rest, inputs, clusters, batch_size,
-                         sizes=part_sizes(total, batch_size))
-    planned = [("exact ablation", plan.oracle.seconds)] if method != "ablation" else []
+    timed = sampled_cost("the scores", rest, view.inputs, view.clusters, s.batch_size,
+                         sizes=part_sizes(total, s.batch_size))
+    planned = [("exact ablation", plan.oracle.seconds)] if s.method != "ablation" else []
     return timed.with_planned(*planned, ("the evidence curve", plan.curve.seconds))
 
 
@@ -425,25 +457,35 @@ def diagnose_plan(model: nn.Module, layer, inputs: Inputs, targets=None, cluster
                   oracle_neurons: Optional[int] = None, n_random: int = DEFAULT_N_RANDOM,
                   seed: int = DEFAULT_SEED, batch_size: int = DEFAULT_BATCH_SIZE,
                   device=None) -> DiagnosePlan:
-    """What `diagnose` will measure exactly on the samples it analyses (the cluster's, with
-    `cluster`), timed now (`oracle_sample.oracle_timing`): exact ablation of every neuron
-    where it fits `oracle_sample.ORACLE_SECONDS`, else of a random sample of them (and of
-    the samples), or of `oracle_neurons` on every sample; the evidence curve at
-    EVIDENCE_CURVE_POINTS k steps where it fits `costs.CURVE_SECONDS`, else fewer (and a
-    share of the samples). A front end passes it to `diagnose_cost` and `diagnose` alike.
-    In-memory inputs only."""
-    names, codes = _analysed(clusters, cluster, model_io.n_rows(model_io.named(inputs)))
+    """What `diagnose` will measure exactly: `diagnose_plan_on` the view of these
+    arguments."""
+    view = View.of(model, layer, inputs, targets, clusters, cluster=cluster,
+                   n_random=n_random, seed=seed, batch_size=batch_size, device=device)
+    return diagnose_plan_on(view, oracle_neurons=oracle_neurons)
+
+
+def diagnose_plan_on(view: View, oracle_neurons: Optional[int] = None) -> DiagnosePlan:
+    """What `diagnose_on(view)` will measure exactly on the samples it analyses (the view's
+    cluster's, where it has one), timed now (`oracle_sample.oracle_timing`): exact ablation
+    of every neuron where it fits `oracle_sample.ORACLE_SECONDS`, else of a random sample
+    of them (and of the samples), or of `oracle_neurons` on every sample; the evidence
+    curve at EVIDENCE_CURVE_POINTS k steps where it fits `costs.CURVE_SECONDS`, else fewer
+    (and a share of the samples). A front end passes it to `diagnose_cost_on` and
+    `diagnose_on` alike. In-memory inputs only."""
+    s = view.settings
+    names, codes = _analysed(view.clusters, s.cluster,
+                             model_io.n_rows(model_io.named(view.inputs)))
     rows = torch.from_numpy(np.flatnonzero(codes >= 0))
-    kept = model_io.take(model_io.named(inputs), rows)
-    targets = targets[rows] if isinstance(targets, torch.Tensor) else None
-    return _plan(model, layer, kept, targets, codes[codes >= 0], oracle_neurons, n_random,
-                 seed, batch_size, device)
+    kept = model_io.take(model_io.named(view.inputs), rows)
+    targets = view.targets[rows] if isinstance(view.targets, torch.Tensor) else None
+    return _plan(view.model, view.layer, kept, targets, codes[codes >= 0], oracle_neurons,
+                 s.n_random, s.seed, s.batch_size, view.device)
 
 
 def _plan(model, layer, x, targets, codes: np.ndarray,
           oracle_neurons: Optional[int], n_random: int, seed: int, batch_size: int,
           device) -> DiagnosePlan:
-    """`diagnose_plan` of the analysed samples `x` of cluster `codes` [N]."""
+    """`diagnose_plan_on` the analysed samples `x` of cluster `codes` [N]."""
     fixed, per_pass, n_neurons = oracle_timing(model, layer, x, targets,
                                                batch_size=batch_size, device=device)
     oracle = plan_of_timing(fixed, per_pass, n_neurons, codes, seed=seed)

@@ -1,0 +1,74 @@
+"""A view: one model's layer on one dataset with the analysis settings, bound once.
+
+Every analysis of a layer reads the same things: the model, the inputs, the logit each sample
+is scored for, the clusters, and the settings (layer, method, reduce, the cluster in focus,
+random orders, batch size, seed), with the path methods' steps and the device. A `View`
+holds them, and the analyses take it (`diagnose_on`, `oracle_agreement_on`, ...); the flat
+functions of the notebooks (`diagnose(model, layer, inputs, ...)`) build one and call them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..methods.passes import on_device
+from ..methods.scores import Inputs
+from .path_steps import StepsChoice, steps_in
+from .settings import DEFAULT_N_STEPS, AnalysisSettings
+
+
+@dataclass(frozen=True)
+class View:
+    """What every analysis of one layer reads.
+
+    Attributes:
+        model: classifier returning logits [N, n_classes] (or a regression or multi-label
+            head); every analysis leaves it exactly as it was found.
+        inputs: [N, ...] tensor or array, named inputs, or (where an analysis says so) a
+            re-iterable of batches.
+        targets: the logit each sample is scored for, LongTensor [N] (or a head's own
+            targets), or None: the predicted class.
+        clusters: one cluster id per sample [N], or None: every sample in one cluster.
+        settings: the choices behind the view (`AnalysisSettings`): `layer` (a dotted name,
+            "name:axis", or the module itself), `method`, `reduce`, `n_random`,
+            `batch_size`, `seed`, and `cluster`, the cluster analysed (None: every cluster).
+        n_steps: the path methods' steps, one number or {method: steps or StepsPlan}.
+        device: where the analyses run (None: where the model is).
+    """
+
+    model: nn.Module
+    inputs: Inputs
+    targets: Optional[torch.Tensor]
+    clusters: Optional[np.ndarray]
+    settings: AnalysisSettings
+    n_steps: StepsChoice = DEFAULT_N_STEPS
+    device: Any = None
+
+    @classmethod
+    def of(cls, model: nn.Module, layer, inputs: Inputs, targets=None, clusters=None, *,
+           n_steps: StepsChoice = DEFAULT_N_STEPS, device=None, **settings) -> "View":
+        """The view of the flat arguments the notebook functions take: `settings` are
+        `AnalysisSettings` fields (method=, reduce=, cluster=, n_random=, ...)."""
+        return cls(model, inputs, targets, clusters, AnalysisSettings(layer=layer, **settings),
+                   n_steps, device)
+
+    def with_settings(self, **changes) -> "View":
+        """This view with some settings changed (cluster=, method=, ...)."""
+        return replace(self, settings=replace(self.settings, **changes))
+
+    @property
+    def layer(self):
+        """The layer analysed: a dotted name, "name:axis", or the module."""
+        return self.settings.layer
+
+    def placed(self) -> nn.Module:
+        """The model on the view's device (the model itself where that is where it is)."""
+        return on_device(self.model, self.device)
+
+    def steps(self, method: Optional[str] = None) -> int:
+        """The path steps `method` (by default the view's method) integrates with."""
+        return steps_in(self.n_steps, method or self.settings.method)

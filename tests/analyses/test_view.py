@@ -1,0 +1,68 @@
+"""The view (`attribution.analyses.view`): the analyses take one View, and the flat functions
+of the notebooks are thin wrappers that pass every argument into it."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import attribution as at
+from attribution.analyses.view import View
+from tests.support.diagnosis import HandSetNet, data
+
+
+def _view(**settings):
+    model, (x, y) = HandSetNet().eval(), data()
+    return View.of(model, "fc", x, y, y.numpy() % 2, **settings)
+
+
+def _values(findings):
+    return [(f.code, f.severity, f.value, f.low, f.high, f.message) for f in findings]
+
+
+def test_the_flat_diagnose_is_the_view_of_its_arguments():
+    """Every setting the flat function takes reaches the analysis: the same findings from
+    `diagnose` and from `diagnose_on` of a view holding those settings, and different
+    findings where one setting differs."""
+    options = dict(method="gradient", reduce="mean_abs", cluster=1, n_random=5, seed=3,
+                   batch_size=7)
+    view = _view(**options)
+    flat = at.diagnose(view.model, "fc", view.inputs, view.targets, clusters=view.clusters,
+                       **options)
+    assert _values(at.diagnose_on(view)) == _values(flat)
+    assert _values(at.diagnose_on(view.with_settings(reduce="mean"))) != _values(flat)
+
+
+def test_a_plan_made_on_the_view_is_the_one_its_estimate_and_its_run_keep():
+    view = _view(method="gradient", cluster=0)
+    plan = at.diagnose_plan_on(view, oracle_neurons=3)
+    assert plan.oracle.neurons == 3
+    cost = at.diagnose_cost_on(view, plan=plan)
+    assert cost.seconds > 0
+    findings = {f.code: f for f in at.diagnose_on(view, plan=plan)}
+    assert "on 3 of" in findings["disagrees_with_ablation"].message
+    with pytest.raises(at.AttributionError, match="not both"):
+        at.diagnose_on(view, plan=plan, oracle_neurons=3)
+
+
+def test_a_view_reads_its_settings_and_refuses_what_is_not_one():
+    view = _view(method="integrated_gradients", reduce="mean_abs")
+    assert view.layer == "fc" and view.settings.reduce == "mean_abs"
+    assert view.steps() == 32 and view.steps("gradient") == 32
+    assert dataclasses.replace(view, n_steps={"integrated_gradients": 8}).steps() == 8
+    assert view.with_settings(cluster=1).settings.cluster == 1
+    assert view.settings.cluster is None  # frozen: the original is unchanged
+    with pytest.raises(TypeError):
+        _view(n_stepz=8)
+    with pytest.raises(at.AttributionError, match="reduce"):
+        _view(reduce="median")
+
+
+def test_the_view_leaves_the_model_as_found():
+    view = _view(method="gradient")
+    before = {name: value.clone() for name, value in view.model.state_dict().items()}
+    at.diagnose_on(view)
+    assert view.placed() is view.model  # no device asked: the model where it is
+    assert all(torch.equal(before[name], value)
+               for name, value in view.model.state_dict().items())
+    assert not view.model.training and np.ndim(view.clusters) == 1
