@@ -27,7 +27,7 @@ _HOMES = {
                                  "pruning_curve"),
     ".analyses.prune": ("PruneCheck", "curve_checks", "prune", "prune_check", "save_folder",
                         "save_pt2"),
-    ".analyses.oracle": ("oracle_agreement",),
+    ".analyses.oracle": ("oracle_agreement", "oracle_agreement_on"),
     ".analyses.oracle_sample": ("OraclePlan", "OracleSample", "plan_oracle", "sample_oracle"),
     ".analyses.scorecard": ("scorecard", "scorecard_cost"),
     ".analyses.diagnose": ("DiagnosePlan", "Finding", "diagnose", "diagnose_cost",

@@ -25,14 +25,15 @@ from ..errors import AttributionError
 from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, DEFAULT_REDUCE, DEFAULT_SEED
 from ..methods.registry import REGISTRY, method_names, methods_for
 from ..methods.passes import check_targets
-from ..methods.scores import (Inputs, ScoreFacts, check_method, check_reduce, cluster_codes,
+from ..methods.scores import (Inputs, ScoreFacts, check_method, cluster_codes,
                               find_cluster, n_samples, neuron_scores)
 from ..engine.layers import module_kind, resolve_layer
 from ..engine.runners import LAYER_KEYS
-from .path_steps import StepsChoice, steps_in
+from .path_steps import StepsChoice
 from .oracle_sample import (OraclePlan, OracleSample, Resamples, agreement_draws,
                             sample_counts_of, sample_oracle)
 from .settings import BOOTSTRAP_DRAWS
+from .view import View
 
 ORACLE_COLUMNS = ("cluster", "method", "n", "samples", "spearman_signed", "spearman_abs",
                   "kendall_signed", "kendall_abs", "top_k_overlap_signed",
@@ -51,8 +52,8 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
                      n_steps: StepsChoice = DEFAULT_N_STEPS,
                      seed: int = DEFAULT_SEED, progress: TableProgress = None,
                      device=None) -> pd.DataFrame:
-    """Rank correlation of each method's cluster scores with the exact ablation oracle, on
-    every neuron or on a random sample of them (`oracle_sample`), with 95% intervals.
+    """Rank correlation of each method's cluster scores with the exact ablation oracle:
+    `oracle_agreement_on` the view of these arguments.
 
     Args:
         model: classifier returning logits [N, n_classes]; left exactly as it was found.
@@ -60,18 +61,45 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         inputs: [N, ...] tensor or array, or a re-iterable of batches (a DataLoader, a
             list: it is read once per method; a one-shot iterator is refused).
         targets: LongTensor [N] of class ids, or None (the predicted class).
+        clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
+        cluster: compare on this cluster alone (one row per method); None: every cluster.
+        reduce: how each method's per-sample scores become a cluster score.
+        batch_size, seed, device: as in `cluster_scores`; seed also draws the neurons and
+            the bootstrap.
+        n_steps: a path method's steps, or {method: steps or its `path_steps.StepsPlan`}
+            (DEFAULT_N_STEPS for a method it leaves out).
+        methods, top_k, oracle_neurons, progress: as in `oracle_agreement_on`.
+    """
+    view = View.of(model, layer, inputs, targets, clusters, cluster=cluster, reduce=reduce,
+                   batch_size=batch_size, seed=seed, n_steps=n_steps, device=device)
+    return oracle_agreement_on(view, methods, top_k=top_k, oracle_neurons=oracle_neurons,
+                               progress=progress)
+
+
+def oracle_agreement_on(view: View, methods: Optional[Sequence[str]] = None, *,
+                        top_k: Optional[int] = None,
+                        oracle_neurons: Union[int, OraclePlan, None] = None,
+                        progress: TableProgress = None) -> pd.DataFrame:
+    """Rank correlation of each method's cluster scores on the view's layer with the exact
+    ablation oracle, on every neuron or on a random sample of them (`oracle_sample`), with
+    95% intervals: on the view's cluster (`settings.cluster`; one row per method; inputs
+    held in memory), scoring its samples only (a method fitted to the clusters, `probe`, is
+    fitted on every sample's), or on every cluster; each method's per-sample scores become
+    a cluster score by the view's `reduce` (the oracle is always the signed mean effect).
+    The view's inputs
+    may be a re-iterable of batches (a DataLoader, a list: it is read once per method; a
+    one-shot iterator is refused), its clusters None: all samples form one cluster "all".
+    The view's seed also draws the neurons and the bootstrap.
+
+    Args:
+        view: the model, inputs, targets (LongTensor [N] of class ids, or None: the
+            predicted class), clusters and settings.
         methods: method names of `method_names()` (the oracle itself, "ablation", scores
             1.0); None, or all of them (as registered now), leaves out those that cannot
             score integer inputs (`Method.needs_float_inputs`: conductance) or this kind of
             layer (`Method.layer_kinds`: bn_scale, weight_norm), and those that refuse this
             model (deeplift where a ReLU module runs twice): `attrs["refused"]` says why. A
             method named in a list of your own that refuses raises its AttributionError.
-        clusters: 1-D array of cluster ids [N]; None = all samples form one cluster "all".
-        cluster: compare on this cluster alone (one row per method), scoring its samples
-            only; a method fitted to the clusters (`probe`) is fitted on every sample's.
-            None: every cluster. Needs inputs held in memory.
-        reduce: how each method's per-sample scores become a cluster score ("mean",
-            "mean_abs" or "std"); the oracle is always the signed mean effect.
         top_k: k of the top-k overlap on the layer's n neurons; None = 10% of them, at least
             1 (on m sampled neurons, `oracle_sample.overlap_k`).
         oracle_neurons: how many neurons to ablate exactly, drawn at random, on every sample
@@ -79,10 +107,6 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             share of each cluster's samples; every method is then compared on those
             samples); None = `oracle_sample.plan_oracle`'s, as fit
             `oracle_sample.ORACLE_SECONDS` (inputs in memory; an iterable: all).
-        batch_size, seed, device: as in `cluster_scores`; seed also draws the neurons and
-            the bootstrap.
-        n_steps: a path method's steps, or {method: steps or its `path_steps.StepsPlan`}
-            (DEFAULT_N_STEPS for a method it leaves out).
         progress: called as progress(fraction, partial_table) as work advances; may raise.
     Returns:
         DataFrame with columns `ORACLE_COLUMNS`, one row per (cluster, method) in the order
@@ -94,6 +118,10 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         `attrs`: the layer's neuron axis (`runners.layer_attrs`) and "refused": {method: the
         reason} for the methods left out.
     """
+    s = view.settings
+    model, layer, inputs, targets, clusters = (view.model, view.layer, view.inputs,
+                                               view.targets, view.clusters)
+    cluster = s.cluster
     methods = list(dict.fromkeys(method_names() if methods is None else methods))
     every = tuple(methods) == method_names()
     if every:
@@ -103,7 +131,6 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         raise AttributionError("Pass at least one method to compare with the oracle.")
     for method in methods:
         check_method(method)
-    check_reduce(reduce)
     if not model_io.is_batch(model_io.named(inputs)) and iter(inputs) is inputs:
         # a generator: the second method would find it empty
         raise AttributionError("oracle_agreement reads the inputs once per method: pass a "
@@ -127,7 +154,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         inputs, clusters = model_io.take(inputs, rows), np.asarray(clusters)[kept]
         targets = targets[rows] if isinstance(targets, torch.Tensor) else targets
         codes, ids = cluster_codes(clusters, len(kept))
-    options = dict(batch_size=batch_size, seed=seed, device=device)
+    options = dict(batch_size=s.batch_size, seed=s.seed, device=view.device)
     steps = 1 + len(methods)
 
     def report(index: int):
@@ -152,7 +179,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
         raise AttributionError(f"top_k must lie in 1..{oracle.n_neurons} (the layer's "
                                "neurons).")
     groups = [np.flatnonzero(codes == code) for code in range(len(ids))]
-    generator = np.random.default_rng(seed)  # the same draws for every method
+    generator = np.random.default_rng(s.seed)  # the same draws for every method
     pivot = oracle.samples is not None
     resamples = [Resamples(oracle.effects[rows], oracle.n_neurons,
                            sample_counts_of(len(rows), int(size), BOOTSTRAP_DRAWS, generator),
@@ -161,13 +188,13 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
     for index, method in enumerate(methods, start=1):
         fitted_here = kept is not None and REGISTRY[method].fit is not None
         try:
-            if method == "ablation" and reduce == "mean":
+            if method == "ablation" and s.reduce == "mean":
                 scores = oracle.effects  # the oracle itself
             else:
                 scores = neuron_scores(model, layer, *(every_sample[:2] if fitted_here else
                                                        (inputs, targets)), method,
                                        clusters=every_sample[2] if fitted_here else clusters,
-                                       n_steps=steps_in(n_steps, method),
+                                       n_steps=view.steps(method),
                                        progress=report(index),
                                        neurons=neurons, **options).numpy()
                 scores = scores[kept] if fitted_here else scores
@@ -177,7 +204,7 @@ def oracle_agreement(model: nn.Module, layer, inputs: Inputs, targets,
             refused[method] = str(error)
             continue
         for group, size, rows, resampled in zip(ids, sizes, groups, resamples):
-            measured = agreement_draws(scores[rows], resampled, reduce, top_k=k,
+            measured = agreement_draws(scores[rows], resampled, s.reduce, top_k=k,
                                        drawn=("spearman",))
             row = {"cluster": group, "method": method, "n": int(size), "samples": len(rows),
                    "neurons": len(oracle.neurons), "n_neurons": oracle.n_neurons, "top_k": k}

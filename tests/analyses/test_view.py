@@ -66,3 +66,15 @@ def test_the_view_leaves_the_model_as_found():
     assert all(torch.equal(before[name], value)
                for name, value in view.model.state_dict().items())
     assert not view.model.training and np.ndim(view.clusters) == 1
+
+
+def test_the_flat_oracle_agreement_is_the_view_of_its_arguments():
+    options = dict(cluster=1, reduce="mean_abs", seed=2, batch_size=5, n_steps=4)
+    view = _view(**options)
+    methods = ["gradient", "integrated_gradients", "ablation"]
+    flat = at.oracle_agreement(view.model, "fc", view.inputs, view.targets, methods,
+                               view.clusters, top_k=2, **options)
+    on_view = at.oracle_agreement_on(view, methods, top_k=2)
+    assert on_view.equals(flat) and list(on_view["cluster"].unique()) == [1]
+    assert not at.oracle_agreement_on(view.with_settings(reduce="mean"), methods,
+                                      top_k=2).equals(flat)
