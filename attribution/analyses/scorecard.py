@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -49,11 +50,12 @@ from .oracle_sample import (MEASURES, OraclePlan, OracleSample, Resamples, agree
                             draw_neurons, interval_of, plan_oracle, sample_counts_of,
                             sample_oracle)
 from .ranks import bootstrap_counts, row_ranks, row_spearman
-from .path_steps import StepsChoice, steps_in, takes_steps
+from .path_steps import StepsChoice, takes_steps
 from .costs import (SampledCost, cluster_codes_of, part_sizes, probe_sizes, sampled_cost,
                     stratified, take_rows)
 from .prune import copy_model
 from .pruning_curves import model_default_metric, order_curves, random_orders, spaced_ks
+from .view import View
 from .settings import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
                        DEFAULT_SEED, BOOTSTRAP_DRAWS, SCORECARD_CURVE_POINTS,
                        SCORECARD_METHODS, SCORECARD_N_RANDOM)
@@ -72,24 +74,46 @@ TableProgress = Optional[Callable[[float, pd.DataFrame], object]]
 
 
 def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
-              layers: Optional[Sequence[str]] = None,
-              methods: Sequence[str] = SCORECARD_METHODS,
-              n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
-              curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
-              curve_targets="targets", ablation: str = DEFAULT_ABLATION,
-              oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan, OracleSample]],
-                                    None] = None,
-              batch_size: int = DEFAULT_BATCH_SIZE,
-              n_steps: StepsChoice = DEFAULT_N_STEPS, seed: int = DEFAULT_SEED,
-              progress: TableProgress = None, resume: Optional[pd.DataFrame] = None,
-              device=None) -> pd.DataFrame:
-    """Every method's agreement with exact ablation on every layer (see the module's table).
+              batch_size: int = DEFAULT_BATCH_SIZE, n_steps: StepsChoice = DEFAULT_N_STEPS,
+              seed: int = DEFAULT_SEED, device=None, **card) -> pd.DataFrame:
+    """Every method's agreement with exact ablation on every layer: `scorecard_on` the view
+    of these arguments.
 
     Args:
         model: classifier returning logits [N, n_classes]; left exactly as it was found.
         inputs: [N, ...] tensor or array, or named inputs, held in memory.
         targets: the true class of each sample, LongTensor [N]; None = the predicted class.
         clusters: one cluster id per sample [N]; None = all samples form one cluster.
+        batch_size, seed, device: as in `neuron_scores` (seed also draws the neurons, the
+            bootstrap, the random orders and the re-initialisation).
+        n_steps: a path method's steps on every layer, or {"layer/method": steps or its
+            `path_steps.StepsPlan`} (`plan_layer_steps`: as many as fit a budget on each
+            layer; DEFAULT_N_STEPS where a key is missing).
+        card: `scorecard_on`'s options (layers=, methods=, n_boot=, ..., resume=).
+    """
+    view = View.of(model, None, inputs, targets, clusters, batch_size=batch_size, seed=seed,
+                   n_steps=n_steps, device=device)
+    return scorecard_on(view, **card)
+
+
+def scorecard_on(view: View, *, layers: Optional[Sequence[str]] = None,
+                 methods: Sequence[str] = SCORECARD_METHODS,
+                 n_boot: int = BOOTSTRAP_DRAWS, n_random: int = SCORECARD_N_RANDOM,
+                 curve_points: int = SCORECARD_CURVE_POINTS, metric: Optional[str] = None,
+                 curve_targets="targets", ablation: str = DEFAULT_ABLATION,
+                 oracle_neurons: Union[int, Mapping[str, Union[int, OraclePlan,
+                                                                OracleSample]], None] = None,
+                 progress: TableProgress = None,
+                 resume: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """Every method's agreement with exact ablation on every layer of the view's model (see
+    the module's table), on the view's inputs (held in memory), targets (the true class of
+    each sample, LongTensor [N]; None = the predicted class) and clusters (None: one
+    cluster), with its batch size, path steps ({"layer/method": steps or its
+    `path_steps.StepsPlan`} from `plan_layer_steps`, or one number), seed (it also draws the
+    neurons, the bootstrap, the random orders and the re-initialisation) and device; the
+    view's layer is not read.
+
+    Args:
         layers: layer names (or "name:axis" specs); None = every layer of `list_layers`.
         methods: scoring methods; a method that refuses a layer (weight_norm on a ReLU,
             conductance on token ids) leaves that row out, its reason in attrs["refused"].
@@ -112,11 +136,6 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
             remove them only), its intervals over the samples and the neurons drawn; where
             the plan measures a share of each cluster's samples, the layer's every column
             is measured on those samples.
-        batch_size, seed, device: as in `neuron_scores` (seed also draws the neurons, the
-            bootstrap, the random orders and the re-initialisation).
-        n_steps: a path method's steps on every layer, or {"layer/method": steps or its
-            `path_steps.StepsPlan`} (`plan_layer_steps`: as many as fit a budget on each
-            layer; DEFAULT_N_STEPS where a key is missing).
         progress: called as progress(fraction, partial_table) after each method's scores
             (on the model, then on its randomised copy with the method's row); may raise.
             The partial table's attrs: "layers_done" (the layers whose every row is in it),
@@ -132,6 +151,8 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
         {"layer/method": reason}, "reinitialised" {layer: the modules re-initialised after
         it}, n_boot, n_random, metric, ablation, ks {layer: the k values of its curves}.
     """
+    model, inputs, targets, clusters = view.model, view.inputs, view.targets, view.clusters
+    batch_size, seed, device = view.settings.batch_size, view.settings.seed, view.device
     methods = list(dict.fromkeys(methods))
     for method in methods:
         check_method(method)
@@ -196,7 +217,7 @@ def scorecard(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
                                pivot=oracle.samples is not None)
                      for counts, rows in zip(draws, rows_of)]
         scored: dict[str, np.ndarray] = {}
-        steps_of = {method: steps_in(n_steps, f"{layer}/{method}") for method in methods}
+        steps_of = {method: view.steps(f"{layer}/{method}") for method in methods}
         for method in methods:
             try:
                 scored[method] = oracle.effects if method == ORACLE else neuron_scores(
@@ -392,24 +413,44 @@ def scorecard_oracle_plans(model: nn.Module, inputs: Inputs, targets=None, clust
                            layers: Optional[Sequence[str]] = None,
                            batch_size: int = DEFAULT_BATCH_SIZE, seed: int = DEFAULT_SEED,
                            device=None) -> dict[str, OraclePlan]:
-    """{layer: the oracle `scorecard(..., oracle_neurons=None)` runs on it}: as many
-    neurons (and, where even the fewest pass the budget, as large a share of each cluster's
+    """{layer: the oracle `scorecard(..., oracle_neurons=None)` runs on it}:
+    `scorecard_oracle_plans_on` the view of these arguments."""
+    view = View.of(model, None, inputs, targets, clusters, batch_size=batch_size, seed=seed,
+                   device=device)
+    return scorecard_oracle_plans_on(view, layers)
+
+
+def scorecard_oracle_plans_on(view: View, layers: Optional[Sequence[str]] = None
+                              ) -> dict[str, OraclePlan]:
+    """{layer: the oracle `scorecard_on(view, layers=layers)` runs on it}: as many neurons
+    (and, where even the fewest pass the budget, as large a share of each cluster's
     samples) as fit `oracle_sample.ORACLE_SECONDS`, timed now (`plan_oracle`). A front end
-    passes the plans to `scorecard_cost` and `scorecard` alike. In-memory inputs only."""
-    x = model_io.named(inputs)
+    passes the plans to `scorecard_cost_on` and `scorecard_on` alike. In-memory inputs
+    only."""
+    x = model_io.named(view.inputs)
     x = torch.as_tensor(x) if isinstance(x, np.ndarray) else x
     if layers is None:
-        layers = [info.spec for info in list_layers(model, model_io.take(x, slice(0, 2)))]
-    targets = None if targets is None else torch.as_tensor(targets)
-    return {layer: plan_oracle(model, layer, x, targets, clusters, batch_size=batch_size,
-                               seed=seed, device=device) for layer in layers}
+        layers = [info.spec for info in list_layers(view.model, model_io.take(x, slice(0, 2)))]
+    targets = None if view.targets is None else torch.as_tensor(view.targets)
+    return {layer: plan_oracle(view.model, layer, x, targets, view.clusters,
+                               batch_size=view.settings.batch_size, seed=view.settings.seed,
+                               device=view.device) for layer in layers}
 
 
-def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None,
-                   **options) -> SampledCost:
-    """The seconds `scorecard(model, inputs, targets, clusters, **options)` will take, said
-    before it runs. The oracle's sizes are chosen first, on all the samples
-    (`scorecard_oracle_plans`), and kept: the timing and the run ablate the same neurons.
+def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None, *,
+                   batch_size: int = DEFAULT_BATCH_SIZE, n_steps: StepsChoice = DEFAULT_N_STEPS,
+                   seed: int = DEFAULT_SEED, device=None, **card) -> SampledCost:
+    """The seconds `scorecard(model, inputs, targets, clusters, ...)` will take, said before
+    it runs: `scorecard_cost_on` the view of these arguments."""
+    view = View.of(model, None, inputs, targets, clusters, batch_size=batch_size, seed=seed,
+                   n_steps=n_steps, device=device)
+    return scorecard_cost_on(view, **card)
+
+
+def scorecard_cost_on(view: View, **card) -> SampledCost:
+    """The seconds `scorecard_on(view, **card)` will take, said before it runs. The
+    oracle's sizes are chosen first, on all the samples (`scorecard_oracle_plans_on`), and
+    kept: the timing and the run ablate the same neurons.
     Where every layer's oracle is exact (every neuron on every sample) and the data is more
     than one timing's sample, the scorecard itself is timed on samples that keep every
     cluster (`costs.sampled_cost`) and extrapolated: every part grows with the samples.
@@ -423,14 +464,11 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     scores on the model and its copy, the bootstrap and the curves, with stand-in effects
     in the oracle's place on as large a share of the samples as it measures. Per-sample
     `curve_targets` are sampled too. In-memory inputs only."""
-    batch_size = options.get("batch_size", DEFAULT_BATCH_SIZE)
-    seed = options.get("seed", DEFAULT_SEED)
-    if options.get("oracle_neurons") is None:
-        plans = scorecard_oracle_plans(model, inputs, targets, clusters,
-                                       layers=options.get("layers"), batch_size=batch_size,
-                                       seed=seed, device=options.get("device"))
-        options = dict(options, oracle_neurons=plans)
-    chosen = dict(options, progress=None)
+    inputs, clusters = view.inputs, view.clusters
+    batch_size, seed = view.settings.batch_size, view.settings.seed
+    if card.get("oracle_neurons") is None:
+        card = dict(card, oracle_neurons=scorecard_oracle_plans_on(view, card.get("layers")))
+    chosen = dict(card, progress=None)
     plans = chosen["oracle_neurons"]
     total = model_io.n_rows(model_io.named(inputs))
     planned = isinstance(plans, Mapping) and plans and all(
@@ -440,10 +478,11 @@ def scorecard_cost(model: nn.Module, inputs: Inputs, targets=None, clusters=None
     codes = cluster_codes_of(clusters, total)
 
     def run(sample, **changed) -> None:
-        card = dict(chosen, **changed)
-        if "curve_targets" in card:
-            card["curve_targets"] = sample(card["curve_targets"])
-        scorecard(model, sample(inputs), sample(targets), sample(clusters), **card)
+        options = dict(chosen, **changed)
+        if "curve_targets" in options:
+            options["curve_targets"] = sample(options["curve_targets"])
+        scorecard_on(replace(view, inputs=sample(inputs), targets=sample(view.targets),
+                             clusters=sample(clusters)), **options)
 
     if not planned or (not sized and not one_timing):
         return sampled_cost("scorecard", run, inputs, clusters, batch_size)

@@ -36,6 +36,7 @@ class View:
         settings: the choices behind the view (`AnalysisSettings`): `layer` (a dotted name,
             "name:axis", or the module itself), `method`, `reduce`, `n_random`,
             `batch_size`, `seed`, and `cluster`, the cluster analysed (None: every cluster).
+            The layer is None in a view of the whole model (the scorecard's).
         n_steps: the path methods' steps, one number or {method: steps or StepsPlan}.
         device: where the analyses run (None: where the model is).
     """
@@ -69,6 +70,6 @@ class View:
         """The model on the view's device (the model itself where that is where it is)."""
         return on_device(self.model, self.device)
 
-    def steps(self, method: Optional[str] = None) -> int:
-        """The path steps `method` (by default the view's method) integrates with."""
-        return steps_in(self.n_steps, method or self.settings.method)
+    def steps(self, key: Optional[str] = None) -> int:
+        """The path steps of `key` ("method" or "layer/method"; None: the view's method)."""
+        return steps_in(self.n_steps, key or self.settings.method)

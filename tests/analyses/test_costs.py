@@ -97,16 +97,17 @@ def test_a_diagnosis_is_priced_by_timing_it_on_samples_that_keep_every_cluster(m
     clock = [0.0]
     seen = []
 
-    def fake(model, layer, x, targets, method, clusters, **options):
-        plan = options["plan"]
-        seen.append((len(x), sorted(set(clusters)), len(targets), plan.oracle.neurons))
+    def fake(view, **options):
+        plan, x = options["plan"], view.inputs
+        seen.append((len(x), sorted(set(view.clusters)), len(view.targets),
+                     plan.oracle.neurons))
         clock[0] += 0.5 + 0.001 * len(x)
 
     def timing(model, layer, x, targets, **options):
         assert len(x) == 10_000 and len(targets) == 10_000
         return 0.2, 0.001, 3072  # every neuron on every sample fits, and the curve
 
-    monkeypatch.setattr(diagnosis, "diagnose", fake)
+    monkeypatch.setattr(diagnosis, "diagnose_on", fake)
     monkeypatch.setattr(diagnosis, "oracle_timing", timing)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
@@ -154,9 +155,9 @@ def test_a_diagnosis_sampled_by_its_plan_is_priced_by_the_plan_and_its_scores_ti
 
     monkeypatch.setattr(diagnosis, "_measure", fake)
     monkeypatch.setattr(diagnosis, "_materialise", lambda model, x, targets, size: (x, targets))
-    monkeypatch.setattr(diagnosis, "on_device", lambda model, device: model)
+    monkeypatch.setattr(diagnosis.View, "placed", lambda view: view.model)
     monkeypatch.setattr(diagnosis, "oracle_timing", timing)
-    for name in ("sample_oracle", "pruning_curve", "diagnose"):
+    for name in ("sample_oracle", "pruning_curve", "diagnose_on"):
         monkeypatch.setattr(diagnosis, name, never)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
@@ -194,7 +195,7 @@ def test_a_diagnosis_of_one_batch_is_priced_without_running_it(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("the estimate ran the diagnosis, exact ablation or a curve")
 
-    for name in ("sample_oracle", "pruning_curve", "diagnose"):
+    for name in ("sample_oracle", "pruning_curve", "diagnose_on"):
         monkeypatch.setattr(diagnosis, name, never)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.ReLU(),
@@ -219,19 +220,20 @@ def test_a_scorecard_is_priced_on_samples_with_its_curve_targets_sampled_alike(m
     clock = [0.0]
     seen = []
 
-    def fake(model, x, targets, clusters, **options):
+    def fake(view, **options):
+        x = view.inputs
         curve = options["curve_targets"]
         assert torch.equal(curve, x[:, 0].long()) and options["progress"] is None
         assert options["oracle_neurons"] == {"fc": OraclePlan(2048, 2048, 1.0)}
         seen.append(len(x))
         clock[0] += 0.2 + 0.002 * len(x)
 
-    def sizes(model, x, targets, clusters, **options):
-        assert len(x) == 5_000
+    def sizes(view, layers):
+        assert len(view.inputs) == 5_000
         return {"fc": OraclePlan(2048, 2048, 1.0)}
 
-    monkeypatch.setattr(card, "scorecard", fake)
-    monkeypatch.setattr(card, "scorecard_oracle_plans", sizes)
+    monkeypatch.setattr(card, "scorecard_on", fake)
+    monkeypatch.setattr(card, "scorecard_oracle_plans_on", sizes)
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x = torch.arange(5_000.0)[:, None].repeat(1, 3)
     clusters = np.repeat([0, 1], [4_000, 1_000])
@@ -307,7 +309,8 @@ def test_a_scorecard_whose_oracle_is_sized_to_its_budget_times_only_the_rest(mon
     plan = OraclePlan(32, 3072, 0.5, 1.0, share=share, samples=int(10_000 * share),
                       n_samples=10_000)
 
-    def fake(model, x, targets, clusters, **options):
+    def fake(view, **options):
+        x = view.inputs
         oracle = options["oracle_neurons"]["h"]
         assert isinstance(oracle, card.OracleSample) and len(oracle.neurons) == 32
         rows = len(x) if oracle.samples is None else len(oracle.samples)
@@ -317,7 +320,7 @@ def test_a_scorecard_whose_oracle_is_sized_to_its_budget_times_only_the_rest(mon
         seen.append(len(x))
         clock[0] += 0.3 + 0.001 * rows
 
-    monkeypatch.setattr(card, "scorecard", fake)
+    monkeypatch.setattr(card, "scorecard_on", fake)
     monkeypatch.setattr(card, "sample_oracle", None)  # never called
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x = torch.zeros(10_000, 3)
@@ -344,13 +347,13 @@ def test_a_scorecard_of_one_batch_is_priced_on_parts_of_it(monkeypatch):
     x = torch.randn(costs.COST_PROBE_ROWS, 6)
     plans = card.scorecard_oracle_plans(model, x, layers=["1"])
     sizes = []
-    real = card.scorecard
+    real = card.scorecard_on
 
-    def counting(model, x, *args, **options):
-        sizes.append(len(x))
-        return real(model, x, *args, **options)
+    def counting(view, **options):
+        sizes.append(len(view.inputs))
+        return real(view, **options)
 
-    monkeypatch.setattr(card, "scorecard", counting)
+    monkeypatch.setattr(card, "scorecard_on", counting)
     monkeypatch.setattr(card, "sample_oracle", None)
     cost = card.scorecard_cost(model, x, layers=["1"], methods=["gradient", "ablation"],
                                oracle_neurons=plans)

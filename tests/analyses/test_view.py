@@ -78,3 +78,18 @@ def test_the_flat_oracle_agreement_is_the_view_of_its_arguments():
     assert on_view.equals(flat) and list(on_view["cluster"].unique()) == [1]
     assert not at.oracle_agreement_on(view.with_settings(reduce="mean"), methods,
                                       top_k=2).equals(flat)
+
+
+def test_the_flat_scorecard_and_its_estimate_are_the_view_of_their_arguments():
+    """Batch size, steps and seed reach the scorecard through the view; a different seed
+    draws a different card."""
+    view = dataclasses.replace(_view(seed=4, batch_size=9), n_steps=4)
+    card = dict(methods=["gradient", "integrated_gradients", "ablation"], n_boot=20,
+                n_random=2, curve_points=2)
+    flat = at.scorecard(view.model, view.inputs, view.targets, view.clusters, seed=4,
+                        batch_size=9, n_steps=4, **card)
+    on_view = at.scorecard_on(view, **card)
+    assert on_view.equals(flat) and set(on_view["n_steps"].dropna()) == {4}
+    assert not at.scorecard_on(view.with_settings(seed=5), **card).equals(flat)
+    plans = at.scorecard_oracle_plans_on(view)
+    assert at.scorecard_cost_on(view, oracle_neurons=plans, **card).seconds > 0
