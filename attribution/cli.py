@@ -45,12 +45,13 @@ from .commands import Parser, add_command, overview_parser
 from .model_command import (EXIT_OK, EXIT_PROBLEM, add_layers_command, file_size, is_writer,
                             limits_from, load_model_from, model_parser, positive, run_parsed,
                             say)
-from .analyses.diagnose import diagnose, diagnose_cost, diagnose_plan
+from .analyses.diagnose import diagnose_cost_on, diagnose_on, diagnose_plan_on
 from .analyses.oracle_sample import ORACLE_SECONDS
 from .analyses.path_steps import (FEWEST_STEPS, PATH_SECONDS, layer_steps_words,
                                   plan_layer_steps, plan_steps, takes_steps)
-from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard, scorecard_cost,
-                                 scorecard_oracle_plans)
+from .analyses.scorecard import (SCORECARD_COLUMNS, scorecard_cost_on, scorecard_on,
+                                 scorecard_oracle_plans_on)
+from .analyses.view import View
 from .errors import AttributionError
 from .engine import model_io
 from .engine.model_io import NamedInputs
@@ -936,32 +937,27 @@ def run_diagnose(args) -> int:
         focus = cluster_id(args.cluster, clusters)
     user_scores = None if args.user_scores is None else _per_sample(
         args, args.user_scores, "user scores")
-    options = dict(reduce=args.reduce, metric=args.metric, ablation=args.ablation,
-                   seed=args.seed, batch_size=args.batch_size,
+    view = View.of(problem.model.module, args.layer, problem.inputs, targets, clusters,
+                   method=args.method, cluster=focus, reduce=args.reduce,
+                   n_random=args.n_random, seed=args.seed, batch_size=args.batch_size,
                    n_steps=steps_of(args, problem, args.method, targets))
+    checks = dict(metric=args.metric, ablation=args.ablation)
     in_memory = isinstance(problem.inputs, torch.Tensor | NamedInputs)
     if in_memory:  # the same plan for the estimate and the work
-        options["plan"] = diagnose_plan(
-            problem.model.module, args.layer, problem.inputs, targets, clusters, cluster=focus,
-            oracle_neurons=args.oracle_neurons, n_random=args.n_random, seed=args.seed,
-            batch_size=args.batch_size)
+        checks["plan"] = diagnose_plan_on(view, oracle_neurons=args.oracle_neurons)
+        if not args.quiet:
+            say("diagnose: " + diagnose_cost_on(view, **checks).words())
     else:
-        options.update(oracle_neurons=args.oracle_neurons, n_random=args.n_random)
-    if not args.quiet and in_memory:
-        say("diagnose: " + diagnose_cost(problem.model.module, args.layer, problem.inputs,
-                                          targets, args.method, clusters, cluster=focus,
-                                          **options).words())
+        checks["oracle_neurons"] = args.oracle_neurons
     with ProgressBar("diagnose", args.quiet) as bar:
-        findings = diagnose(problem.model.module, args.layer, problem.inputs, targets,
-                            args.method, clusters, cluster=focus, user_scores=user_scores,
-                            progress=bar, **options)
+        findings = diagnose_on(view, user_scores=user_scores, progress=bar, **checks)
     records = [{"code": f.code, "severity": f.severity, "value": _finite_or_none(f.value),
                 "low": _finite_or_none(f.low), "high": _finite_or_none(f.high),
                 "message": f.message, "hint": f.hint} for f in findings]
     if args.out is not None:
         write_json({**scored_layer(problem.model.module, args.layer, problem.inputs),
                     "method": args.method, "reduce": args.reduce,
-                    **_plan_record(options.get("plan"), args), "findings": records},
+                    **_plan_record(checks.get("plan"), args), "findings": records},
                    args.out)
     print(findings_table(records))
     failing = {"problem"} if args.fail_on == "problem" else {"problem", "warning"}
@@ -1034,21 +1030,18 @@ def run_scorecard(args) -> int:
     metric = metric_of(args, problem)
     clusters = (None if args.clusters == NO_CLUSTERS
                 else clusters_of(args, problem, (args.layers or [None])[0]))
+    view = View.of(problem.model.module, None, dataset.inputs, targets, clusters,
+                   batch_size=args.batch_size, seed=args.seed,
+                   n_steps=args.n_steps or _layer_steps(args, problem, dataset, targets))
     options = dict(layers=args.layers, methods=args.methods, n_boot=args.n_boot,
                    n_random=args.n_random, curve_points=args.curve_points, metric=metric,
                    curve_targets=analysis.curve_targets(metric, problem.labels, targets),
-                   ablation=args.ablation, batch_size=args.batch_size,
-                   n_steps=args.n_steps or _layer_steps(args, problem, dataset, targets),
-                   seed=args.seed, oracle_neurons=args.oracle_neurons or scorecard_oracle_plans(
-                       problem.model.module, dataset.inputs, targets, clusters,
-                       layers=args.layers, batch_size=args.batch_size,
-                       seed=args.seed))  # for the estimate and the work
+                   ablation=args.ablation, oracle_neurons=args.oracle_neurons
+                   or scorecard_oracle_plans_on(view, args.layers))  # the estimate's and the work's
     if not args.quiet:
-        say("scorecard: " + scorecard_cost(problem.model.module, dataset.inputs, targets,
-                                            clusters, **options).words())
+        say("scorecard: " + scorecard_cost_on(view, **options).words())
     with ProgressBar("scorecard", args.quiet) as bar:
-        card = scorecard(problem.model.module, dataset.inputs, targets, clusters,
-                         progress=bar, **options)
+        card = scorecard_on(view, progress=bar, **options)
     for key, reason in card.attrs["refused"].items():
         say(f"left out {key}: {reason}")
     for layer, row in card.groupby("layer", sort=False).first().iterrows():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -25,20 +25,20 @@ from plotly.offline import get_plotlyjs
 
 from . import plots
 from .cells import inert_text
-from ..analyses.settings import (DEFAULT_N_STEPS, SCORECARD_METHODS, AnalysisSettings,
-                                 cluster_label, is_regression)
+from ..analyses.settings import (DEFAULT_N_RANDOM, DEFAULT_N_STEPS, SCORECARD_METHODS,
+                                 AnalysisSettings, cluster_label, is_regression)
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
-from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose,
-                                 diagnose_plan, permutation_words,
-                                 random_severity)
+from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose_on,
+                                 diagnose_plan_on, permutation_words, random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
 from ..inputs.model_formats import LoadedModel
 from ..methods.registry import method_names
-from ..analyses.oracle import oracle_agreement
-from ..analyses.scorecard import scorecard
+from ..analyses.oracle import oracle_agreement_on
+from ..analyses.scorecard import scorecard_on
+from ..analyses.view import View
 from ..analyses.path_steps import plan_layer_steps, plan_steps, takes_steps
 from ..analyses.pruning_curves import curve_summary
 from ..methods.scores import ScoreFacts, neuron_scores
@@ -330,29 +330,20 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
     curves = settings.pruning_curves(model, dataset, clusters, targets,
                                      settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
-    plan = diagnose_plan(model, settings.layer, dataset.inputs, targets, clusters,
-                         cluster=settings.cluster, seed=settings.seed,
-                         batch_size=settings.batch_size)  # one oracle for both
-    findings = diagnose(model, settings.layer, dataset.inputs, targets, settings.method,
-                        clusters, cluster=settings.cluster, reduce=settings.reduce,
-                        user_scores=user_scores, seed=settings.seed,
-                        batch_size=settings.batch_size,
-                        n_steps=steps.get(settings.method, DEFAULT_N_STEPS), plan=plan)
+    view = View(model, dataset.inputs, targets, clusters, settings, n_steps=steps)
+    checked = view.with_settings(n_random=DEFAULT_N_RANDOM)  # the check's own random orders
+    plan = diagnose_plan_on(checked)  # one oracle for both
+    findings = diagnose_on(checked, user_scores=user_scores, plan=plan)
     step(0.7, "agreement with ablation")
-    oracle = oracle_agreement(model, settings.layer, dataset.inputs, targets,
-                              methods=settings.methods, clusters=clusters,
-                              cluster=settings.cluster, reduce=settings.reduce,
-                              oracle_neurons=plan.oracle, batch_size=settings.batch_size,
-                              n_steps=steps, seed=settings.seed)
+    oracle = oracle_agreement_on(view, settings.methods, oracle_neurons=plan.oracle)
     step(0.75, "which method to trust, every layer")
-    card = scorecard(model, dataset.inputs, targets, clusters, metric=settings.metric,
-                     curve_targets=settings.curve_targets(dataset.labels, targets),
-                     batch_size=settings.batch_size, seed=settings.seed,
-                     n_steps=n_steps or plan_layer_steps(
-                         model, dataset.inputs, targets, methods=SCORECARD_METHODS,
-                         batch_size=settings.batch_size, known=view_steps),
-                     progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
-                                                       "which method to trust, every layer"))
+    every_layer = replace(view, n_steps=n_steps or plan_layer_steps(
+        model, dataset.inputs, targets, methods=SCORECARD_METHODS,
+        batch_size=settings.batch_size, known=view_steps))
+    card = scorecard_on(every_layer, metric=settings.metric,
+                        curve_targets=settings.curve_targets(dataset.labels, targets),
+                        progress=lambda fraction, _: step(0.75 + 0.2 * fraction,
+                                                          "which method to trust, every layer"))
     predicted = predictions(loaded, dataset.inputs, batch_size=settings.batch_size).numpy()
     activations = per_sample.get("activation")
     if dataset.image_chw is not None and activations is None:

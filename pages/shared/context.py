@@ -18,18 +18,19 @@ import torch
 import attribution as at
 import attribution.progress
 from attribution.analyses.costs import CurvePlan, SampledCost
-from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost, diagnose_plan,
-                                          integral_finding)
+from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost_on,
+                                          diagnose_plan_on, integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
-from attribution.analyses.path_steps import StepsPlan, plan_steps, takes_steps
-from attribution.analyses.scorecard import scorecard_cost, scorecard_oracle_plans
+from attribution.analyses.path_steps import StepsChoice, StepsPlan, plan_steps, takes_steps
+from attribution.analyses.scorecard import scorecard_cost_on, scorecard_oracle_plans_on
+from attribution.analyses.view import View
 from attribution.methods import REGISTRY
 from attribution.methods.paths import PathSums, sum_check
 from attribution.methods.scores import ScoreFacts
 from attribution.presentation import plots
 from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
-                                           DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS, cluster_label,
-                                           is_regression)
+                                           DEFAULT_BATCH_SIZE, DEFAULT_N_RANDOM,
+                                           DEFAULT_N_STEPS, cluster_label, is_regression)
 from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant_class,
                                           try_remedies)
 from pages.shared import keys
@@ -58,14 +59,11 @@ def _per_sample(key: str, layer: str, method: str, target_key: str, partition_ke
 @st.cache_data(max_entries=16, show_spinner="Running the degeneracy checks…")
 def _findings(key: str, layer: str, method: str, target_key: str, cluster_key: str,
               reduce: str, batch_size: int, n_steps: int, user_key: str, plan_key: str,
-              _plan: DiagnosePlan, _model, _inputs, _targets, _clusters, cluster, _user_scores,
-              _progress) -> list:
-    """The checks (`diagnose`); `_progress` is told the findings so far."""
+              _plan: DiagnosePlan, _view: View, _user_scores, _progress) -> list:
+    """The checks (`diagnose_on`); `_progress` is told the findings so far."""
     with _progress:
-        return at.diagnose(_model, layer, _inputs, _targets, method, _clusters,
-                           cluster=cluster, reduce=reduce, user_scores=_user_scores,
-                           batch_size=batch_size, n_steps=n_steps, plan=_plan,
-                           progress=_progress)
+        return at.diagnose_on(_view, user_scores=_user_scores, plan=_plan,
+                              progress=_progress)
 
 
 @st.cache_data(max_entries=256, show_spinner="Timing the path method on a sample…")
@@ -76,60 +74,53 @@ def _steps_plan(key: str, layer: str, method: str, target_key: str, batch_size: 
 
 @st.cache_data(max_entries=16, show_spinner="Timing exact ablation on a sample…")
 def _diagnose_plan(key: str, layer: str, target_key: str, cluster_key: str, batch_size: int,
-                   _model, _inputs, _targets, _clusters, cluster) -> DiagnosePlan:
-    return diagnose_plan(_model, layer, _inputs, _targets, _clusters, cluster=cluster,
-                         batch_size=batch_size)
+                   _view: View) -> DiagnosePlan:
+    return diagnose_plan_on(_view)
 
 
 @st.cache_data(max_entries=16, show_spinner="Comparing every method with exact ablation…")
 def _oracle(key: str, layer: str, methods: tuple, target_key: str, cluster_key: str,
             reduce: str, batch_size: int, steps: tuple, plan_key: str, _plan: OraclePlan,
-            _model, _inputs, _targets, _clusters, cluster, _progress):
+            _view: View, _progress):
+    """`oracle_agreement_on` the view (its steps: `steps`)."""
     with _progress:
-        table = at.oracle_agreement(_model, layer, _inputs, _targets, methods=methods,
-                                    clusters=_clusters, cluster=cluster, reduce=reduce,
-                                    oracle_neurons=_plan, batch_size=batch_size,
-                                    n_steps=dict(steps), progress=_progress)
+        table = at.oracle_agreement_on(_view, methods, oracle_neurons=_plan,
+                                       progress=_progress)
     return table.drop(columns="cluster")
 
 
 @st.cache_data(max_entries=8, show_spinner="Measuring every method on every layer…")
 def _scorecard(key: str, target_key: str, partition_key: str, metric: str, batch_size: int,
-               methods: tuple, plans_key: str, _plans: dict, _steps: dict, _model, _inputs,
-               _targets, _curve_targets, _clusters, _progress, _resume):
-    """The scorecard, resumed from `_resume` (a partial card of the same key, or None):
-    the same card either way, so the resumed part is not in the key."""
+               methods: tuple, plans_key: str, _plans: dict, _view: View, _curve_targets,
+               _progress, _resume):
+    """The scorecard (`scorecard_on` the view, whose steps the plans' key names), resumed
+    from `_resume` (a partial card of the same key, or None): the same card either way, so
+    the resumed part is not in the key."""
     with _progress:
-        return at.scorecard(_model, _inputs, _targets, _clusters, methods=methods,
-                            metric=metric, curve_targets=_curve_targets,
-                            oracle_neurons=_plans, batch_size=batch_size, n_steps=_steps,
-                            progress=_progress, resume=_resume)
+        return at.scorecard_on(_view, methods=methods, metric=metric,
+                               curve_targets=_curve_targets, oracle_neurons=_plans,
+                               progress=_progress, resume=_resume)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing exact ablation on every layer…")
 def _scorecard_oracle_plans(key: str, target_key: str, partition_key: str, batch_size: int,
-                            _model, _inputs, _targets, _clusters) -> dict:
-    return scorecard_oracle_plans(_model, _inputs, _targets, _clusters, batch_size=batch_size)
+                            _view: View) -> dict:
+    return scorecard_oracle_plans_on(_view)
 
 
 @st.cache_data(max_entries=16, show_spinner="Timing the checks on a sample…")
 def _findings_cost(key: str, layer: str, method: str, target_key: str, cluster_key: str,
                    reduce: str, batch_size: int, n_steps: int, plan_key: str,
-                   _plan: DiagnosePlan, _model, _inputs, _targets, _clusters,
-                   cluster) -> SampledCost:
-    return diagnose_cost(_model, layer, _inputs, _targets, method, _clusters,
-                         cluster=cluster, reduce=reduce, batch_size=batch_size,
-                         n_steps=n_steps, plan=_plan)
+                   _plan: DiagnosePlan, _view: View) -> SampledCost:
+    return diagnose_cost_on(_view, plan=_plan)
 
 
 @st.cache_data(max_entries=8, show_spinner="Timing the scorecard on a sample…")
 def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
                     batch_size: int, methods: tuple, plans_key: str, _plans: dict,
-                    _steps: dict, _model, _inputs, _targets, _curve_targets,
-                    _clusters) -> SampledCost:
-    return scorecard_cost(_model, _inputs, _targets, _clusters, methods=methods,
-                          metric=metric, curve_targets=_curve_targets,
-                          oracle_neurons=_plans, batch_size=batch_size, n_steps=_steps)
+                    _view: View, _curve_targets) -> SampledCost:
+    return scorecard_cost_on(_view, methods=methods, metric=metric,
+                             curve_targets=_curve_targets, oracle_neurons=_plans)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -252,6 +243,18 @@ class Context:
                            self.clusters if fitted else None,
                            ProgressLine(f"Scoring neurons by {plots.method_label(method)}"))
 
+    def view(self, settings: Optional[AnalysisSettings] = None,
+             clusters: Optional[np.ndarray] = None,
+             n_steps: StepsChoice = DEFAULT_N_STEPS) -> View:
+        """The analyses' view of `settings` on `clusters` (this context's when None): the
+        workspace's model and inputs, the targets scored, path methods at `n_steps`. The
+        degeneracy check's evidence curve keeps its own DEFAULT_N_RANDOM random orders, not
+        the Pruning page's band (the cache keys leave that choice out)."""
+        s = self.settings if settings is None else settings
+        return View(self.ws.model, self.ws.data.inputs, self.targets,
+                    self.clusters if clusters is None else clusters,
+                    replace(s, n_random=DEFAULT_N_RANDOM), n_steps)
+
     def focus_targets(self) -> Optional[torch.Tensor]:
         return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
 
@@ -264,10 +267,9 @@ class Context:
         (`findings_run`) keeps the findings so far."""
         s = self.settings
         plan = self.diagnose_plan(s)
-        return _findings(*self._findings_key(user_key), plan, self.ws.model,
-                         self.ws.data.inputs, self.targets, self.clusters, s.cluster,
-                         user_scores, ProgressLine("Running the degeneracy checks",
-                                                   keep=run and run.keep))
+        return _findings(*self._findings_key(user_key), plan,
+                         self.view(s, n_steps=self.n_steps(s.method)), user_scores,
+                         ProgressLine("Running the degeneracy checks", keep=run and run.keep))
 
     def findings_run(self, user_key: str = "") -> StoppableRun:
         """The state of the checks' run (`findings`) in this session."""
@@ -285,12 +287,10 @@ class Context:
         cached)."""
         s = self.settings if settings is None else settings
         clusters = self.clusters if clusters is None else clusters
-        plan = self.diagnose_plan(s, clusters)
+        plan, n_steps = self.diagnose_plan(s, clusters), self.n_steps(s.method, s)
         return _findings_cost(self.ws.key, s.layer, s.method, keys.target_key(s),
-                              keys.cluster_key(s), s.reduce, s.batch_size,
-                              self.n_steps(s.method, s), repr(plan), plan,
-                              self.ws.model, self.ws.data.inputs, self.targets, clusters,
-                              s.cluster)
+                              keys.cluster_key(s), s.reduce, s.batch_size, n_steps,
+                              repr(plan), plan, self.view(s, clusters, n_steps))
 
     def with_exact_oracle(self, exact: bool) -> "Context":
         """This context with every neuron ablated exactly (`exact`) or as many as fit the
@@ -305,8 +305,7 @@ class Context:
         s = self.settings if settings is None else settings
         clusters = self.clusters if clusters is None else clusters
         plan = _diagnose_plan(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
-                              s.batch_size, self.ws.model, self.ws.data.inputs, self.targets,
-                              clusters, s.cluster)
+                              s.batch_size, self.view(s, clusters))
         return plan.with_oracle_neurons() if self.exact_oracle else plan
 
     def oracle_plan(self, settings: Optional[AnalysisSettings] = None,
@@ -375,11 +374,10 @@ class Context:
 
     def _findings_of(self, settings: AnalysisSettings, clusters: np.ndarray) -> list:
         s = settings
-        plan = self.diagnose_plan(s, clusters)
+        plan, n_steps = self.diagnose_plan(s, clusters), self.n_steps(s.method, s)
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
-                         keys.cluster_key(s), s.reduce, s.batch_size, self.n_steps(s.method, s),
-                         "", repr(plan), plan, self.ws.model,
-                         self.ws.data.inputs, self.targets, clusters, s.cluster, None,
+                         keys.cluster_key(s), s.reduce, s.batch_size, n_steps, "", repr(plan),
+                         plan, self.view(s, clusters, n_steps), None,
                          ProgressLine("Trying a remedy"))
 
     def focus_scored_classes(self) -> torch.Tensor:
@@ -400,11 +398,11 @@ class Context:
     def oracle(self, methods: Sequence[str]):
         """Agreement of `methods` with ablation on the cluster in focus (cached)."""
         s = self.settings
-        plan = self.oracle_plan(s)
+        plan, steps = self.oracle_plan(s), self.method_steps(methods)
         return _oracle(self.ws.key, s.layer, tuple(methods), self.target_key, self.cluster_key,
-                       s.reduce, s.batch_size, self.method_steps(methods), repr(plan), plan,
-                       self.ws.model, self.ws.data.inputs, self.targets, self.clusters,
-                       s.cluster, ProgressLine("Comparing every method with exact ablation"))
+                       s.reduce, s.batch_size, steps, repr(plan), plan,
+                       self.view(n_steps=dict(steps)),
+                       ProgressLine("Comparing every method with exact ablation"))
 
     def scorecard(self, methods: Sequence[str] = SCORECARD_METHODS,
                   run: Optional[StoppableRun] = None):
@@ -413,10 +411,11 @@ class Context:
         cell empty); `run` (`scorecard_run`) keeps the partial card, and a run cut off
         resumes from its layers done."""
         s = self.settings
+        plans_key, plans, steps = self._scorecard_plans(methods)
         return _scorecard(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                          s.batch_size, tuple(methods), *self._scorecard_plans(methods),
-                          self.ws.model, self.ws.data.inputs, self.targets,
-                          s.curve_targets(self.ws.data.labels, self.targets), self.clusters,
+                          s.batch_size, tuple(methods), plans_key, plans,
+                          self.view(n_steps=steps),
+                          s.curve_targets(self.ws.data.labels, self.targets),
                           ProgressLine("Measuring every method on every layer",
                                        keep=run and run.keep), run and run.kept)
 
@@ -455,18 +454,17 @@ class Context:
         partition, and cached)."""
         s = self.settings
         return _scorecard_oracle_plans(self.ws.key, self.target_key, keys.partition_key(s),
-                                       s.batch_size, self.ws.model, self.ws.data.inputs,
-                                       self.targets, self.clusters)
+                                       s.batch_size, self.view())
 
     def scorecard_cost(self, methods: Sequence[str] = SCORECARD_METHODS) -> SampledCost:
         """What `scorecard(methods)` will take, said before it runs (`scorecard_cost`: timed
         on a sample that keeps every cluster; cached)."""
         s = self.settings
+        plans_key, plans, steps = self._scorecard_plans(methods)
         return _scorecard_cost(self.ws.key, self.target_key, keys.partition_key(s), s.metric,
-                               s.batch_size, tuple(methods), *self._scorecard_plans(methods),
-                               self.ws.model, self.ws.data.inputs, self.targets,
-                               s.curve_targets(self.ws.data.labels, self.targets),
-                               self.clusters)
+                               s.batch_size, tuple(methods), plans_key, plans,
+                               self.view(n_steps=steps),
+                               s.curve_targets(self.ws.data.labels, self.targets))
 
     def predictions(self) -> np.ndarray:
         return predictions(self.ws)

@@ -99,8 +99,8 @@ def build(app) -> None:
 
 def test_a_slow_diagnosis_says_how_long_it_takes(monkeypatch, drawn, cold):
     app = run_app()
-    checks = slowed_first_step(monkeypatch, at, "diagnose")
-    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement")
+    checks = slowed_first_step(monkeypatch, at, "diagnose_on")
+    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement_on")
     drawn.clear()
     app.switch_page("pages/diagnosis.py").run()
     assert_no_line_left(app)  # each line removed when its work ended
@@ -119,7 +119,7 @@ def test_a_slow_report_says_how_long_it_takes(monkeypatch, drawn, cold):
     app.switch_page("pages/export.py").run()
     assert_clean(app)
     curves = slowed_first_step(monkeypatch, analysis, "cluster_pruning_curves")
-    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement")
+    oracle = slowed_first_step(monkeypatch, at, "oracle_agreement_on")
     drawn.clear()
     build(app)
     assert curves and curves[0] <= 0.4 and oracle and oracle[0] <= 0.4
@@ -199,8 +199,8 @@ def test_the_pruning_page_says_the_curves_cost_and_its_cheaper_setting_first(mon
 
 
 @pytest.mark.parametrize("page, patched, said", [
-    ("pages/diagnosis.py", "diagnose", "These checks take "),
-    ("pages/trust.py", "scorecard", "The scorecard takes "),
+    ("pages/diagnosis.py", "diagnose_on", "These checks take "),
+    ("pages/trust.py", "scorecard_on", "The scorecard takes "),
 ])
 def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatch, cold,
                                                                        page, patched, said):
@@ -208,7 +208,7 @@ def test_the_diagnosis_and_trust_pages_say_their_cost_before_they_run(monkeypatc
     what it times on samples, `costs.sampled_cost`) and said above its result; then the work
     runs on every sample."""
     from attribution.analyses import diagnose, scorecard
-    module = diagnose if patched == "diagnose" else scorecard
+    module = diagnose if patched == "diagnose_on" else scorecard
     real, real_cost, calls = getattr(at, patched), module.sampled_cost, []
 
     def recorded(*args, progress=None, **kwargs):
@@ -279,9 +279,9 @@ def test_the_diagnosis_page_offers_every_step_asked_of_its_path_method(monkeypat
     monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
     context._steps_plan.clear()
     checked = []
-    real = at.diagnose
-    monkeypatch.setattr(at, "diagnose", lambda *args, n_steps, **options: (
-        checked.append(n_steps), real(*args, n_steps=n_steps, **options))[1])
+    real = at.diagnose_on
+    monkeypatch.setattr(at, "diagnose_on", lambda view, **options: (
+        checked.append(view.steps()), real(view, **options))[1])
     try:
         app = run_app({"method": "integrated_gradients", "compare": ""})
         app.switch_page("pages/diagnosis.py").run()

@@ -18,8 +18,8 @@ PAGE = "pages/trust.py"
 def test_the_page_draws_the_scorecard_of_the_clusters_in_view(monkeypatch):
     st.cache_data.clear()
     calls = []
-    original = at.scorecard
-    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: calls.append(1) or original(
+    original = at.scorecard_on
+    monkeypatch.setattr(at, "scorecard_on", lambda *args, **kwargs: calls.append(1) or original(
         *args, **kwargs))
     app = run_app()
     app.switch_page(PAGE).run()
@@ -27,7 +27,7 @@ def test_the_page_draws_the_scorecard_of_the_clusters_in_view(monkeypatch):
     context = app.session_state["context"]
     data = context.ws.data
     steps = {key: plan.n_steps for key, plan in context.scorecard_steps().items()}
-    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
+    expected = at.scorecard(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
                         n_steps=steps)
     shown = figure(app, "Which method to trust")["data"]
     layers, methods = shown[0]["y"], shown[0]["x"]
@@ -58,8 +58,8 @@ def test_the_report_built_on_the_export_page_holds_the_pages_scorecard(monkeypat
     again) and its tables hold it as scorecard.csv."""
     st.cache_data.clear()
     calls = []
-    original = at.scorecard
-    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: calls.append(1) or original(
+    original = at.scorecard_on
+    monkeypatch.setattr(at, "scorecard_on", lambda *args, **kwargs: calls.append(1) or original(
         *args, **kwargs))
     app = run_app({"cluster_by": "provided"})
     app.switch_page(PAGE).run()
@@ -103,9 +103,9 @@ def test_each_layer_takes_the_path_steps_that_fit_and_the_page_says_so(monkeypat
     monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
     st.cache_data.clear()
     given = []
-    original = at.scorecard
-    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: given.append(
-        kwargs["n_steps"]) or original(*args, **kwargs))
+    original = at.scorecard_on
+    monkeypatch.setattr(at, "scorecard_on", lambda view, **kwargs: given.append(
+        view.n_steps) or original(view, **kwargs))
     try:
         app = run_app()
         app.switch_page(PAGE).run()

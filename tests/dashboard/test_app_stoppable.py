@@ -40,8 +40,8 @@ def button(app, label: str):
 def test_a_stopped_scorecard_shows_its_layers_done_and_continues_with_the_rest(monkeypatch,
                                                                                stop_when):
     st.cache_data.clear()
-    resumed, original = [], at.scorecard
-    monkeypatch.setattr(at, "scorecard", lambda *args, **kwargs: resumed.append(
+    resumed, original = [], at.scorecard_on
+    monkeypatch.setattr(at, "scorecard_on", lambda *args, **kwargs: resumed.append(
         kwargs.get("resume")) or original(*args, **kwargs))
     fired = stop_when(lambda card: len(card.attrs["layers_done"]) == 1)
     app = run_app()
@@ -60,8 +60,8 @@ def test_a_stopped_scorecard_shows_its_layers_done_and_continues_with_the_rest(m
     assert resumed[0] is None and resumed[1].attrs["layers_done"] == [first]
     data = context.ws.data
     steps = {key: plan.n_steps for key, plan in context.scorecard_steps().items()}
-    expected = original(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
-                        n_steps=steps)
+    expected = at.scorecard(context.ws.model, data.inputs, data.labels, data.labels.numpy(),
+                            n_steps=steps)
     shown = figure(app, "Which method to trust")["data"][0]
     assert shown["y"] == [info.name for info in context.ws.layers]
     grid = expected.pivot(index="layer", columns="method", values="spearman")

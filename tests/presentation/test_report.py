@@ -312,11 +312,14 @@ def test_every_default_has_one_home_that_the_library_reads():
                 assert parameters[name].default == value, (function.__name__, name)
     for function in (pruning_curves.pruning_curve, pruning_curves.cluster_pruning_curves,
                      pruning_curves.model_metric, distributed.pruning_curve,
-                     distributed.cluster_pruning_curves, at.scorecard):
+                     distributed.cluster_pruning_curves, at.scorecard_on):
         assert inspect.signature(function).parameters["metric"].default is None  # the head's
     assert pruning_curves.chosen_metric(None, 10, None) == analysis.DEFAULT_METRIC  # a classifier's
     assert inspect.signature(at.diagnose).parameters["metric"].default == \
+        inspect.signature(at.diagnose_on).parameters["metric"].default == \
         analysis.EVIDENCE_METRIC
+    assert inspect.signature(at.View.of).parameters["n_steps"].default == \
+        analysis.DEFAULT_N_STEPS
     settings = analysis.AnalysisSettings(layer="x")
     assert (settings.method, settings.reduce, settings.metric, settings.n_random,
             settings.batch_size, settings.seed, settings.k, settings.compare) == (
@@ -406,21 +409,22 @@ def test_the_steps_given_reach_every_path_method_of_the_report(demo, monkeypatch
         real = getattr(report, name)
 
         def record(*args, **options):
-            taken.append((name, path_steps.steps_in(options.get("n_steps", 0),
-                                                    "integrated_gradients")))
+            steps = args[0].n_steps if args and isinstance(args[0], at.View) else \
+                options.get("n_steps", 0)
+            taken.append((name, path_steps.steps_in(steps, "integrated_gradients")))
             return real(*args, **options)
         monkeypatch.setattr(report, name, record)
 
-    for name in ("neuron_scores", "diagnose", "oracle_agreement"):
+    for name in ("neuron_scores", "diagnose_on", "oracle_agreement_on"):
         recording(name)
     given = report.collect_report(loaded, small, settings, n_steps=4)
     assert set(taken) - {("neuron_scores", 0)} == {  # 0: activations, without steps
-        ("neuron_scores", 4), ("diagnose", 4), ("oracle_agreement", 4)}
+        ("neuron_scores", 4), ("diagnose_on", 4), ("oracle_agreement_on", 4)}
     assert set(steps_of(given.scorecard).values()) == {4}
     taken.clear()
     monkeypatch.setattr(path_steps, "PATH_SECONDS", 1e-9)
     planned = report.collect_report(loaded, small, settings)
     fewest = path_steps.FEWEST_STEPS
     assert set(taken) - {("neuron_scores", 0)} == {
-        ("neuron_scores", fewest), ("diagnose", fewest), ("oracle_agreement", fewest)}
+        ("neuron_scores", fewest), ("diagnose_on", fewest), ("oracle_agreement_on", fewest)}
     assert set(steps_of(planned.scorecard).values()) == {fewest}
