@@ -274,6 +274,13 @@ def diagnose(model: nn.Module, layer, inputs: Inputs, targets=None, method: str 
                        oracle_neurons=oracle_neurons, plan=plan, progress=progress)
 
 
+def for_checks(view: View) -> View:
+    """`view` with the checks' own DEFAULT_N_RANDOM random orders for the evidence curve:
+    a front end's band of random orders (the Pruning page's `settings.n_random`) is a
+    drawing choice, and fewer orders would coarsen the check's p-value."""
+    return view.with_settings(n_random=DEFAULT_N_RANDOM)
+
+
 def diagnose_on(view: View, *, user_scores=None, metric: str = EVIDENCE_METRIC,
                 ablation: str = DEFAULT_ABLATION, oracle_neurons: Optional[int] = None,
                 plan: Optional[DiagnosePlan] = None,

@@ -17,7 +17,8 @@ and choices here, so the same data opens the same view in each of them:
     targets = settings.targets(dataset, n_classes=10)   # LongTensor [N], or None = predicted
     focus = settings.cluster_rows(clusters)              # bool [N]
     ranking = settings.ranking(per_sample, clusters)     # [n] the focus cluster's scores
-    curves = settings.pruning_curves(model, dataset, clusters, targets, ranking)
+    view = View(model, dataset.inputs, targets, clusters, settings, labels=dataset.labels)
+    curves = pruning_curves_on(view, ranking)            # the analyses take it (`view`)
 
 The scalar defaults that the library's own function signatures also take (method, reduce,
 batch size, integration steps, seed, random orders, pruning metric, ablation) are defined in
@@ -73,7 +74,6 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
 
@@ -86,9 +86,9 @@ from ..errors import AttributionError
 from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
 from ..engine.processes import default_device
-from .costs import CurveCost, CurvePlan, curve_cost, draw_samples, plan_curve, take_rows
+from .costs import CurveCost, CurvePlan, plan_curve
 from .prune import prune, save_pt2
-from .pruning_curves import ABLATIONS, METRICS, cluster_pruning_curves, spaced_ks
+from .pruning_curves import ABLATIONS, METRICS, spaced_ks
 from ..methods.passes import check_targets
 from ..methods.registry import method_label
 from ..methods.scores import (REDUCTIONS, check_reduce, cluster_codes, cluster_table,
@@ -455,38 +455,13 @@ class AnalysisSettings:
         values, else that many evenly spaced ones."""
         return spaced_ks(n_neurons, CURVE_K_STEPS)
 
-    def pruning_curves(self, model: nn.Module, dataset: Dataset, clusters: Sequence,
-                       targets: Optional[torch.Tensor], ranking: np.ndarray,
-                       plan: Optional[CurvePlan] = None, **run) -> pd.DataFrame:
-        """`cluster_pruning_curves` of the focus cluster against the rest of the data.
-
-        Args:
-            targets: the scoring targets (`targets`), LongTensor [N] or None.
-            ranking: [n] the scores that order the neurons (`ranking`).
-            plan: the curves' size (`curve_plan`): its k values, on its share of the focus
-                cluster's and of the rest's samples (`costs.draw_samples`); None: every
-                one of `curve_ks` on every sample.
-            run: passed through: progress=, resume=, device=.
-        """
-        inputs, measured = dataset.inputs, self.curve_targets(dataset.labels, targets)
-        ks = self.curve_ks(len(ranking)) if plan is None else plan.ks(len(ranking))
-        if plan is not None and plan.share < 1:
-            rows = draw_samples(self.cluster_rows(clusters).astype(np.int64), plan.share,
-                                self.seed)
-            inputs, measured, clusters = (take_rows(value, rows)
-                                          for value in (inputs, measured, clusters))
-        return cluster_pruning_curves(
-            model, self.layer, inputs, measured, clusters, self.cluster, ranking, ks=ks,
-            n_random=self.n_random, seed=self.seed, metric=self.metric,
-            batch_size=self.batch_size, **run)
-
     def curve_plan(self, cost: CurveCost, clusters: Sequence,
                    full: bool = False) -> CurvePlan:
-        """The pruning curves' size from their `curve_cost`: every one of `curve_ks` on
-        every sample where they fit PAGE_CURVE_SECONDS less the seconds the estimate took
-        (the wait is the budget's; always, with `full`); else fewer k, then a share of the
-        focus cluster's and of the rest's samples (`costs.plan_curve`, the random orders
-        kept)."""
+        """The pruning curves' size from their cost (`view.curve_cost_on`): every one of
+        `curve_ks` on every sample where they fit PAGE_CURVE_SECONDS less the seconds the
+        estimate took (the wait is the budget's; always, with `full`); else fewer k, then
+        a share of the focus cluster's and of the rest's samples (`costs.plan_curve`, the
+        random orders kept)."""
         fixed = cost.seconds * cost.front_share
         per_mask = cost.seconds * (1 - cost.front_share) / max(cost.masks, 1)
         return plan_curve(fixed, per_mask, cost.n_neurons,
@@ -494,13 +469,6 @@ class AnalysisSettings:
                           CURVE_K_STEPS, budget=math.inf if full else max(
                               PAGE_CURVE_SECONDS - cost.priced_in, 0.0),
                           seed=self.seed)
-
-    def curve_cost(self, model: nn.Module, dataset: Dataset,
-                   targets: Optional[torch.Tensor]) -> CurveCost:
-        """What `pruning_curves` will cost (`costs.curve_cost`), said before it runs."""
-        return curve_cost(model, self.layer, dataset.inputs,
-                          self.curve_targets(dataset.labels, targets), ks=self.curve_ks,
-                          n_random=self.n_random, seed=self.seed, batch_size=self.batch_size)
 
     def pruned_model_file(self, model: nn.Module, dataset: Dataset, ranking: np.ndarray,
                           k: int, class_names: Optional[Sequence[str]] = None) -> bytes:

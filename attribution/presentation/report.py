@@ -25,12 +25,13 @@ from plotly.offline import get_plotlyjs
 
 from . import plots
 from .cells import inert_text
-from ..analyses.settings import (DEFAULT_N_RANDOM, DEFAULT_N_STEPS, SCORECARD_METHODS,
+from ..analyses.settings import (DEFAULT_N_STEPS, SCORECARD_METHODS,
                                  AnalysisSettings, cluster_label, is_regression)
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose_on,
-                                 diagnose_plan_on, permutation_words, random_severity)
+                                 diagnose_plan_on, for_checks, permutation_words,
+                                 random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo
 from ..engine.model_io import NamedInputs
@@ -38,7 +39,7 @@ from ..inputs.model_formats import LoadedModel
 from ..methods.registry import method_names
 from ..analyses.oracle import oracle_agreement_on
 from ..analyses.scorecard import scorecard_on
-from ..analyses.view import View
+from ..analyses.view import View, pruning_curves_on
 from ..analyses.path_steps import plan_layer_steps, plan_steps, takes_steps
 from ..analyses.pruning_curves import curve_summary
 from ..methods.scores import ScoreFacts, neuron_scores
@@ -326,12 +327,12 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         if facts.fit is not None:
             notes[method] = facts.fit.note
     focus = settings.cluster_rows(clusters)
+    view = View(model, dataset.inputs, targets, clusters, settings, n_steps=steps,
+                labels=dataset.labels)
     step(0.4, "pruning curves")
-    curves = settings.pruning_curves(model, dataset, clusters, targets,
-                                     settings.ranking(per_sample[settings.method], clusters))
+    curves = pruning_curves_on(view, settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
-    view = View(model, dataset.inputs, targets, clusters, settings, n_steps=steps)
-    checked = view.with_settings(n_random=DEFAULT_N_RANDOM)  # the check's own random orders
+    checked = for_checks(view)
     plan = diagnose_plan_on(checked)  # one oracle for both
     findings = diagnose_on(checked, user_scores=user_scores, plan=plan)
     step(0.7, "agreement with ablation")

@@ -19,18 +19,18 @@ import attribution as at
 import attribution.progress
 from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost_on,
-                                          diagnose_plan_on, integral_finding)
+                                          diagnose_plan_on, for_checks, integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses.path_steps import StepsChoice, StepsPlan, plan_steps, takes_steps
 from attribution.analyses.scorecard import scorecard_cost_on, scorecard_oracle_plans_on
-from attribution.analyses.view import View
+from attribution.analyses.view import View, curve_cost_on, pruning_curves_on
 from attribution.methods import REGISTRY
 from attribution.methods.paths import PathSums, sum_check
 from attribution.methods.scores import ScoreFacts
 from attribution.presentation import plots
 from attribution.analyses.settings import (SCORECARD_METHODS, AnalysisSettings,
-                                           DEFAULT_BATCH_SIZE, DEFAULT_N_RANDOM,
-                                           DEFAULT_N_STEPS, cluster_label, is_regression)
+                                           DEFAULT_BATCH_SIZE, DEFAULT_N_STEPS,
+                                           cluster_label, is_regression)
 from attribution.analyses.verdict import (Remedy, TriedRemedy, Verdict, dominant_class,
                                           try_remedies)
 from pages.shared import keys
@@ -124,8 +124,8 @@ def _scorecard_cost(key: str, target_key: str, partition_key: str, metric: str,
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _curve_cost(curve_key: tuple, _settings: AnalysisSettings, _model, _dataset, _targets):
-    return _settings.curve_cost(_model, _dataset, _targets)
+def _curve_cost(curve_key: tuple, _view: View):
+    return curve_cost_on(_view)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -247,13 +247,19 @@ class Context:
              clusters: Optional[np.ndarray] = None,
              n_steps: StepsChoice = DEFAULT_N_STEPS) -> View:
         """The analyses' view of `settings` on `clusters` (this context's when None): the
-        workspace's model and inputs, the targets scored, path methods at `n_steps`. The
-        degeneracy check's evidence curve keeps its own DEFAULT_N_RANDOM random orders, not
-        the Pruning page's band (the cache keys leave that choice out)."""
-        s = self.settings if settings is None else settings
+        workspace's model, inputs and labels, the targets scored, path methods at
+        `n_steps`."""
         return View(self.ws.model, self.ws.data.inputs, self.targets,
                     self.clusters if clusters is None else clusters,
-                    replace(s, n_random=DEFAULT_N_RANDOM), n_steps)
+                    self.settings if settings is None else settings, n_steps,
+                    labels=self.ws.data.labels)
+
+    def checks_view(self, settings: Optional[AnalysisSettings] = None,
+                    clusters: Optional[np.ndarray] = None,
+                    n_steps: StepsChoice = DEFAULT_N_STEPS) -> View:
+        """The degeneracy checks' `view` (`diagnose.for_checks`: their own random orders,
+        which the cache keys of the checks leave out)."""
+        return for_checks(self.view(settings, clusters, n_steps))
 
     def focus_targets(self) -> Optional[torch.Tensor]:
         return None if self.targets is None else self.targets[torch.from_numpy(self.focus)]
@@ -268,7 +274,7 @@ class Context:
         s = self.settings
         plan = self.diagnose_plan(s)
         return _findings(*self._findings_key(user_key), plan,
-                         self.view(s, n_steps=self.n_steps(s.method)), user_scores,
+                         self.checks_view(s, n_steps=self.n_steps(s.method)), user_scores,
                          ProgressLine("Running the degeneracy checks", keep=run and run.keep))
 
     def findings_run(self, user_key: str = "") -> StoppableRun:
@@ -290,7 +296,7 @@ class Context:
         plan, n_steps = self.diagnose_plan(s, clusters), self.n_steps(s.method, s)
         return _findings_cost(self.ws.key, s.layer, s.method, keys.target_key(s),
                               keys.cluster_key(s), s.reduce, s.batch_size, n_steps,
-                              repr(plan), plan, self.view(s, clusters, n_steps))
+                              repr(plan), plan, self.checks_view(s, clusters, n_steps))
 
     def with_exact_oracle(self, exact: bool) -> "Context":
         """This context with every neuron ablated exactly (`exact`) or as many as fit the
@@ -305,7 +311,7 @@ class Context:
         s = self.settings if settings is None else settings
         clusters = self.clusters if clusters is None else clusters
         plan = _diagnose_plan(self.ws.key, s.layer, keys.target_key(s), keys.cluster_key(s),
-                              s.batch_size, self.view(s, clusters))
+                              s.batch_size, self.checks_view(s, clusters))
         return plan.with_oracle_neurons() if self.exact_oracle else plan
 
     def oracle_plan(self, settings: Optional[AnalysisSettings] = None,
@@ -377,7 +383,7 @@ class Context:
         plan, n_steps = self.diagnose_plan(s, clusters), self.n_steps(s.method, s)
         return _findings(self.ws.key, s.layer, s.method, keys.target_key(s),
                          keys.cluster_key(s), s.reduce, s.batch_size, n_steps, "", repr(plan),
-                         plan, self.view(s, clusters, n_steps), None,
+                         plan, self.checks_view(s, clusters, n_steps), None,
                          ProgressLine("Trying a remedy"))
 
     def focus_scored_classes(self) -> torch.Tensor:
@@ -474,18 +480,16 @@ class Context:
 
     def pruning_curves(self, **run):
         """The focus cluster's pruning curves against the rest, ranked by the main method's
-        cluster scores, at the size of `curve_plan` (`AnalysisSettings.pruning_curves`);
+        cluster scores, at the size of `curve_plan` (`view.pruning_curves_on`);
         `run`: progress=, resume=."""
         s = self.settings
-        return s.pruning_curves(self.ws.model, self.ws.data, self.clusters, self.targets,
-                                s.ranking(self.scores(s.method), self.clusters),
-                                plan=self.curve_plan(), **run)
+        return pruning_curves_on(self.view(), s.ranking(self.scores(s.method), self.clusters),
+                                 plan=self.curve_plan(), **run)
 
     def curve_cost(self):
-        """What the full pruning curves would cost (`AnalysisSettings.curve_cost`), measured
-        once per curve (a probe of a batch of samples)."""
-        return _curve_cost(self._curve_settings_key(), self.settings, self.ws.model,
-                           self.ws.data, self.targets)
+        """What the full pruning curves would cost (`view.curve_cost_on`), measured once per
+        curve (a probe of a batch of samples)."""
+        return _curve_cost(self._curve_settings_key(), self.view())
 
     def curve_plan(self) -> CurvePlan:
         """The pruning curves' size: sized to `costs.CURVE_SECONDS`, or every k on every

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attribution as at
-from attribution.analyses.view import View
+from attribution.analyses.view import View, curve_cost_on, pruning_curves_on
 from tests.support.diagnosis import HandSetNet, data
 
 
@@ -93,3 +93,20 @@ def test_the_flat_scorecard_and_its_estimate_are_the_view_of_their_arguments():
     assert not at.scorecard_on(view.with_settings(seed=5), **card).equals(flat)
     plans = at.scorecard_oracle_plans_on(view)
     assert at.scorecard_cost_on(view, oracle_neurons=plans, **card).seconds > 0
+
+
+def test_the_views_pruning_curves_are_the_flat_curves_of_its_settings():
+    """The view's cluster against the rest, measured by its metric against its labels (or
+    the targets scored), with its random orders and seed; a plan's share of the samples
+    draws them from each subset."""
+    view = _view(method="gradient", cluster=1, n_random=3, seed=2, metric="accuracy")
+    view = dataclasses.replace(view, labels=view.targets, targets=None)
+    ranking = np.arange(view.model.fc.out_features, dtype=float)
+    ks = view.settings.curve_ks(len(ranking))
+    flat = at.cluster_pruning_curves(view.model, "fc", view.inputs, view.labels, view.clusters,
+                                     1, ranking, ks=ks, n_random=3, seed=2, metric="accuracy")
+    assert pruning_curves_on(view, ranking).equals(flat)
+    logit = view.with_settings(metric="target_logit")
+    assert logit.curve_targets is None  # the predicted class's logit: no targets scored
+    assert not pruning_curves_on(logit, ranking).equals(flat)
+    assert curve_cost_on(view).seconds > 0

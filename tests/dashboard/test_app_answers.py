@@ -11,7 +11,7 @@ from attribution.analyses.neuron import neuron_view
 from attribution.analyses.verdict import CHECK_NAMES, verdict
 from pages.shared.routing import NEURON_CHOICE
 import attribution as at
-from attribution.analyses import settings as analysis
+from attribution.analyses import view as view_module
 from tests.support.app import (OCTET, assert_clean, demo_bytes, figure, run_app,
                                sidebar_widget, stop_at_first_points, upload, values)
 from tests.support.models import token_files
@@ -21,13 +21,13 @@ MIXED = {"cluster_by": "correctness", "method": "gradient"}  # "correct": every 
 
 def _record_resumes(monkeypatch) -> list:
     """The resume= of every curve the Pruning page computes from now on."""
-    calls, real = [], analysis.cluster_pruning_curves
+    calls, real = [], view_module.cluster_pruning_curves
 
     def recording(*args, resume=None, **kwargs):
         calls.append(resume)
         return real(*args, resume=resume, **kwargs)
 
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", recording)
+    monkeypatch.setattr(view_module, "cluster_pruning_curves", recording)
     return calls
 
 
@@ -217,7 +217,7 @@ def test_a_curve_that_fails_says_why_once_and_can_be_tried_again(monkeypatch):
         raise at.AttributionError("No memory left for the curve\nfree some and retry")
 
     with monkeypatch.context() as patch:
-        patch.setattr(analysis, "cluster_pruning_curves", failing)
+        patch.setattr(view_module, "cluster_pruning_curves", failing)
         app.run()  # one failure, shown by the rerun that ends the computing run
     assert_clean(app)
     assert [e.value for e in app.error] == ["No memory left for the curve"]
@@ -238,7 +238,7 @@ def test_a_curve_that_crashes_shows_the_crash_not_a_stop(monkeypatch):
     def crashing(*args, **kwargs):
         raise RuntimeError("a bug in the curve")
 
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", crashing)
+    monkeypatch.setattr(view_module, "cluster_pruning_curves", crashing)
     app.run()
     assert len(app.exception) == 1  # (its details are for the server log: see config.toml)
     assert not app.session_state["running_curves"]  # the stop watch leaves the crash on screen

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses import costs, settings as analysis
+from attribution.analyses import costs, settings as analysis, view
 from attribution.progress import SAY_ABOVE_SECONDS, TimeLeft
 from pages.shared import context
 from tests.support.app import (ESTIMATE, assert_clean, assert_no_line_left, run_app,
@@ -118,7 +118,7 @@ def test_a_slow_report_says_how_long_it_takes(monkeypatch, drawn, cold):
     app = run_app()
     app.switch_page("pages/export.py").run()
     assert_clean(app)
-    curves = slowed_first_step(monkeypatch, analysis, "cluster_pruning_curves")
+    curves = slowed_first_step(monkeypatch, view, "cluster_pruning_curves")
     oracle = slowed_first_step(monkeypatch, at, "oracle_agreement_on")
     drawn.clear()
     build(app)
@@ -144,7 +144,7 @@ def test_the_fast_demo_views_show_no_estimate(drawn, cold):
 
 def test_a_slow_pruning_curve_says_how_long_it_takes(monkeypatch, drawn):
     app = run_app()
-    curves = slowed_first_step(monkeypatch, analysis, "cluster_pruning_curves")
+    curves = slowed_first_step(monkeypatch, view, "cluster_pruning_curves")
     drawn.clear()
     app.switch_page("pages/pruning.py").run()
     assert_no_line_left(app)

@@ -10,7 +10,7 @@ import numpy as np
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.testing.v1 import AppTest
 
-from attribution.analyses import settings as analysis
+from attribution.analyses import view as view_module
 from attribution.inputs.shipped import DEMO_DIR
 from tests.support import ROOT
 
@@ -92,7 +92,7 @@ def stop_at_first_points(monkeypatch) -> None:
     """Make the pruning page's run stop at its curve's first progress update, as a stop
     reaches a script (a request of its run, raised at its next Streamlit call: inside that
     update): the stop lands mid-curve however fast or loaded the machine, without a clock."""
-    real = analysis.cluster_pruning_curves  # what the page calls, through AnalysisSettings
+    real = view_module.cluster_pruning_curves  # what the page calls, through the view
 
     def stopping(*args, progress, **kwargs):
         def stop(fraction, partial):
@@ -101,7 +101,7 @@ def stop_at_first_points(monkeypatch) -> None:
             raise AssertionError("the progress update did not raise the stop requested")
         return real(*args, progress=stop, **kwargs)
 
-    monkeypatch.setattr(analysis, "cluster_pruning_curves", stopping)
+    monkeypatch.setattr(view_module, "cluster_pruning_curves", stopping)
 
 
 ESTIMATE = re.compile(r"about \d+ (s|min) left")
