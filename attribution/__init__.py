@@ -35,7 +35,7 @@ _HOMES = {
     ".analyses.diagnose": ("DiagnosePlan", "Finding", "diagnose", "diagnose_cost",
                            "diagnose_cost_on", "diagnose_on", "diagnose_plan",
                            "diagnose_plan_on"),
-    ".analyses.view": ("View",),
+    ".analyses.view": ("View", "curve_cost_on", "pruned_model_file_on", "pruning_curves_on"),
     ".analyses.settings": ("AnalysisSettings",),
     ".inputs.architectures": ("Architecture", "parse_architecture"),
     ".inputs.loaded": ("LoadedModel",),

@@ -75,7 +75,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DEFAULT_METRIC,
                         DEFAULT_N_RANDOM, DEFAULT_N_STEPS, DEFAULT_PRUNE_REDUCE,
@@ -83,11 +82,9 @@ from ..defaults import (DEFAULT_ABLATION, DEFAULT_BATCH_SIZE, DEFAULT_METHOD, DE
 from ..inputs.data import Dataset
 from .clusters import CLUSTER_SOURCES
 from ..errors import AttributionError
-from ..engine import model_io
 from ..engine.layers import LayerInfo, split_axis
 from ..engine.processes import default_device
 from .costs import CurveCost, CurvePlan, plan_curve
-from .prune import prune, save_pt2
 from .pruning_curves import ABLATIONS, METRICS, spaced_ks
 from ..methods.passes import check_targets
 from ..methods.registry import method_label
@@ -469,15 +466,6 @@ class AnalysisSettings:
                           CURVE_K_STEPS, budget=math.inf if full else max(
                               PAGE_CURVE_SECONDS - cost.priced_in, 0.0),
                           seed=self.seed)
-
-    def pruned_model_file(self, model: nn.Module, dataset: Dataset, ranking: np.ndarray,
-                          k: int, class_names: Optional[Sequence[str]] = None) -> bytes:
-        """A .pt2 of `model` with the layer's k lowest-ranked neurons removed as the pruning
-        curves remove them (its metric is their "bottom" point at k, per subset)."""
-        pruned = prune(model, self.layer, ranking, k, mode=DEFAULT_ABLATION, remove="bottom",
-                       inputs=dataset.inputs, batch_size=self.batch_size)
-        return save_pt2(pruned, model_io.take(dataset.inputs, slice(0, 2)),
-                        class_names=class_names)
 
     # ------------------------------------------------------------ in words
 

@@ -10,7 +10,7 @@ own pruning curves are here: `pruning_curves_on`); the flat functions of the not
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,10 +19,12 @@ from torch import nn
 
 from ..methods.passes import on_device
 from ..methods.scores import Inputs
+from ..engine import model_io
 from .costs import CurveCost, CurvePlan, curve_cost, draw_samples, take_rows
 from .path_steps import StepsChoice, steps_in
+from .prune import prune, save_pt2
 from .pruning_curves import cluster_pruning_curves
-from .settings import DEFAULT_N_STEPS, AnalysisSettings
+from .settings import DEFAULT_ABLATION, DEFAULT_N_STEPS, AnalysisSettings
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,13 @@ def curve_cost_on(view: View) -> CurveCost:
     return curve_cost(view.model, view.layer, view.inputs, view.curve_targets,
                       ks=s.curve_ks, n_random=s.n_random, seed=s.seed,
                       batch_size=s.batch_size)
+
+
+def pruned_model_file_on(view: View, ranking: np.ndarray, k: int,
+                         class_names: Optional[Sequence[str]] = None) -> bytes:
+    """A .pt2 of the view's model with its layer's k lowest-ranked neurons (by `ranking`
+    [n]) removed as `pruning_curves_on` removes them: its metric is their "bottom" point at
+    k, per subset."""
+    pruned = prune(view.model, view.layer, ranking, k, mode=DEFAULT_ABLATION, remove="bottom",
+                   inputs=view.inputs, batch_size=view.settings.batch_size)
+    return save_pt2(pruned, model_io.take(view.inputs, slice(0, 2)), class_names=class_names)

@@ -23,7 +23,8 @@ from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost_
 from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses.path_steps import StepsChoice, StepsPlan, plan_steps, takes_steps
 from attribution.analyses.scorecard import scorecard_cost_on, scorecard_oracle_plans_on
-from attribution.analyses.view import View, curve_cost_on, pruning_curves_on
+from attribution.analyses.view import (View, curve_cost_on, pruned_model_file_on,
+                                      pruning_curves_on)
 from attribution.methods import REGISTRY
 from attribution.methods.paths import PathSums, sum_check
 from attribution.methods.scores import ScoreFacts
@@ -512,11 +513,10 @@ class Context:
 
     def pruned_model_file(self, k: int) -> bytes:
         """A .pt2 of the model with the layer's k lowest-ranked neurons removed, ranked as
-        the pruning curves rank them (`AnalysisSettings.pruned_model_file`)."""
+        the pruning curves rank them (`view.pruned_model_file_on`)."""
         s = self.settings
-        return s.pruned_model_file(self.ws.model, self.ws.data,
-                                   s.ranking(self.scores(s.method), self.clusters), k,
-                                   class_names=self.ws.class_names)
+        return pruned_model_file_on(self.view(), s.ranking(self.scores(s.method), self.clusters),
+                                    k, class_names=self.ws.class_names)
 
     def _curve_settings_key(self) -> tuple:
         return keys.curve_key(self.ws.key, self.settings)

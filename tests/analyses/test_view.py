@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import attribution as at
-from attribution.analyses.view import View, curve_cost_on, pruning_curves_on
+from attribution.analyses.view import (View, curve_cost_on, pruned_model_file_on,
+                                      pruning_curves_on)
 from tests.support.diagnosis import HandSetNet, data
 
 
@@ -110,3 +111,20 @@ def test_the_views_pruning_curves_are_the_flat_curves_of_its_settings():
     assert logit.curve_targets is None  # the predicted class's logit: no targets scored
     assert not pruning_curves_on(logit, ranking).equals(flat)
     assert curve_cost_on(view).seconds > 0
+
+
+def test_the_views_pruned_model_measures_its_curves_bottom_point(tmp_path):
+    """The k lowest-ranked neurons removed, as the curves remove them: the file's target
+    logit on each subset is the curves' "bottom" point at k, and differs from k = 0."""
+    view = _view(method="gradient", cluster=1, n_random=1, metric="target_logit")
+    ranking = np.linspace(1.0, 0.0, view.model.fc.out_features)
+    curves = pruning_curves_on(view, ranking)
+    path = tmp_path / "pruned.pt2"
+    path.write_bytes(pruned_model_file_on(view, ranking, 3))
+    pruned = at.load_model(path, sandbox=False).module
+    ones = torch.from_numpy(view.clusters == 1)
+    for subset, rows in (("cluster", ones), ("rest", ~ones)):
+        measured = at.model_metric(pruned, view.inputs[rows], view.targets[rows],
+                                   metric="target_logit")
+        points = curves[curves["subset"] == subset].set_index("k")["bottom"]
+        assert measured == pytest.approx(points[3], abs=1e-5) and points[3] != points[0]
