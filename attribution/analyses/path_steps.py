@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from torch import nn
@@ -180,17 +180,27 @@ def plan_layer_steps(model: nn.Module, inputs: Inputs, targets=None, *,
     if layers is None:
         layers = [info.spec for info in list_layers(model, take(named(inputs), slice(0, 2)))]
     budget = PATH_SECONDS if budget is None else budget
+
+    def plan(layer: str, method: str) -> StepsPlan:
+        kept = known.get(f"{layer}/{method}")
+        if kept is not None and (kept.asked, kept.budget) == (n_steps, budget):
+            return kept
+        return plan_steps(model, layer, inputs, targets, method, n_steps=n_steps,
+                          budget=budget, batch_size=batch_size, device=device)
+
+    return layer_plans(layers, methods, plan)
+
+
+def layer_plans(layers: Sequence[str], methods: Sequence[str],
+                plan: Callable[[str, str], StepsPlan]) -> dict[str, StepsPlan]:
+    """{"layer/method": plan(layer, method)} for every path method of `methods` on every
+    layer of `layers`; a layer the method refuses (`plan` raises AttributionError:
+    conductance on token ids) has no entry, and the analysis says why."""
     plans = {}
     for layer in layers:
         for method in filter(takes_steps, dict.fromkeys(methods)):
-            key = f"{layer}/{method}"
-            if key in known and (known[key].asked, known[key].budget) == (n_steps, budget):
-                plans[key] = known[key]
-                continue
             try:
-                plans[key] = plan_steps(
-                    model, layer, inputs, targets, method, n_steps=n_steps, budget=budget,
-                    batch_size=batch_size, device=device)
+                plans[f"{layer}/{method}"] = plan(layer, method)
             except AttributionError:
                 continue
     return plans

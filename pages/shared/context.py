@@ -21,7 +21,8 @@ from attribution.analyses.costs import CurvePlan, SampledCost
 from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost_on,
                                           diagnose_plan_on, for_checks, integral_finding)
 from attribution.analyses.oracle_sample import OraclePlan
-from attribution.analyses.path_steps import StepsChoice, StepsPlan, plan_steps, takes_steps
+from attribution.analyses.path_steps import (StepsChoice, StepsPlan, layer_plans, plan_steps,
+                                            takes_steps)
 from attribution.analyses.scorecard import scorecard_cost_on, scorecard_oracle_plans_on
 from attribution.analyses.view import (View, curve_cost_on, pruned_model_file_on,
                                       pruning_curves_on)
@@ -446,15 +447,10 @@ class Context:
     def scorecard_steps(self, methods: Sequence[str] = SCORECARD_METHODS
                         ) -> dict[str, StepsPlan]:
         """{"layer/method": `layer_steps_plan` of each path method of `methods` on every
-        layer that takes it} (as `path_steps.plan_layer_steps`, each plan cached alone)."""
-        plans = {}
-        for layer in (info.spec for info in self.ws.layers):
-            for method in filter(takes_steps, dict.fromkeys(methods)):
-                try:
-                    plans[f"{layer}/{method}"] = self.layer_steps_plan(layer, method)
-                except at.AttributionError:  # conductance on token ids: the card says why
-                    continue
-        return plans
+        layer that takes it} (`path_steps.layer_plans`, as `plan_layer_steps`, each plan
+        cached alone)."""
+        return layer_plans([info.spec for info in self.ws.layers], methods,
+                           self.layer_steps_plan)
 
     def scorecard_oracle_plans(self) -> dict[str, OraclePlan]:
         """{layer: its default oracle} (`scorecard_oracle_plans`, timed once per data and

@@ -121,7 +121,7 @@ class App:
         idle.wait_for(timeout=120_000)
         uploader = self.page.get_by_test_id("stFileUploader").filter(has_text=label)
         uploader.locator("input[type=file]").set_input_files(path)
-        uploader.get_by_text(path.name, exact=True).wait_for(timeout=60_000)
+        uploader.get_by_text(path.name, exact=True).wait_for(timeout=120_000)
         idle.wait_for(timeout=120_000)
 
     def open_with_files(self, model: Path, data: Path) -> None:
