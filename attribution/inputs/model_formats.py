@@ -112,7 +112,8 @@ def first_run(source: Any, limits: Limits, **options: Any) -> jail.Answer:
                          work=f"Loading the model and running a batch of "
                               f"{DEFAULT_BATCH_SIZE} samples",
                          name="a first run")
-    return jail.run(first_run_task(huggingface.is_folder(source)),
+    of_a_folder = not isinstance(source, (bytes, bytearray)) and huggingface.is_folder(source)
+    return jail.run(first_run_task(of_a_folder),  # by its path or names: no byte parsed here
                     {"source": source, "limits": limits, **options}, budget)
 
 

@@ -18,7 +18,9 @@ FIRST_RUN_OF_A_FOLDER = jail.Task(FIRST_RUN.function,
 
 
 def first_run_task(of_a_folder: bool) -> jail.Task:
-    """The task that loads and runs a model: a Hugging Face folder's, or a model file's."""
+    """The task that loads and runs a model: a Hugging Face folder's (known by its path or
+    its files' names), or a model file's (bytes, a folder's zip included: nothing of them is
+    read before the jail accepts them)."""
     return FIRST_RUN_OF_A_FOLDER if of_a_folder else FIRST_RUN
 
 

@@ -232,15 +232,31 @@ def test_each_warm_up_file_is_loaded_once_before_the_first_child_that_names_it(i
     assert jail.check(first, {}, BUDGET).facts == {"warmed": ["a", "b"]}
 
 
-def test_a_folders_first_run_forks_from_a_server_that_loaded_a_folder(monkeypatch, tmp_path):
+def _zipped(folder) -> bytes:
+    """The files of `folder` as the bytes of a zip archive."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in folder.iterdir():
+            archive.write(path, path.name)
+    return buffer.getvalue()
+
+
+def test_a_folders_first_run_forks_from_a_server_that_loaded_a_folder(monkeypatch):
     """A Hugging Face folder's child would otherwise import transformers' loaders inside its
     own time budget (2.5 s of CPU, half the default): its task warms up with the demo's
     folder; a model file's with the demo's .pt2."""
     asked = []
     monkeypatch.setattr(jail, "run", lambda task, payload, budget: asked.append(task))
-    model_formats.first_run(DEMO_DIR / "text_classifier", Limits())
+    folder = DEMO_DIR / "text_classifier"
+    model_formats.first_run(folder, Limits())
+    model_formats.first_run({path.name: path.read_bytes() for path in folder.iterdir()},
+                            Limits())  # its files uploaded together: known by their names
     model_formats.first_run((DEMO_DIR / "digits_mlp.pt2").read_bytes(), Limits())
-    assert asked == [tasks.FIRST_RUN_OF_A_FOLDER, tasks.FIRST_RUN]
+    assert asked == [tasks.FIRST_RUN_OF_A_FOLDER, tasks.FIRST_RUN_OF_A_FOLDER, tasks.FIRST_RUN]
+    asked.clear()  # bytes are not opened here before the jail accepts them, a zip included
+    monkeypatch.setattr(huggingface, "zip_entry_names", None)
+    model_formats.first_run(_zipped(folder), Limits())
+    assert asked == [tasks.FIRST_RUN]
     assert all(huggingface.is_folder(path) for path in tasks.FIRST_RUN_OF_A_FOLDER.warm_files)
 
 
