@@ -61,12 +61,11 @@ from .inputs.untrusted.files import open_regular, sniff
 from .methods.paths import SUM_TOLERANCE
 from .methods.registry import REGISTRY, method_names
 from .analyses.prune import REMOVALS, prune, prune_check, save_folder, save_pt2
-from .analyses.pruning_curves import ABLATIONS, METRICS, curve_summary
+from .analyses.pruning_curves import ABLATIONS, curve_summary
 from .analyses import settings as analysis
-from .analyses.settings import (AnalysisSettings, default_cluster_source, default_target,
-                                scoring_targets)
+from .analyses.settings import SETTINGS, AnalysisSettings, DataFacts, scoring_targets
 from .presentation.report import collect_report, csv_text, render_report, report_csvs
-from .methods.scores import (REDUCTIONS, cluster_codes, find_cluster, neuron_scores,
+from .methods.scores import (cluster_codes, find_cluster, neuron_scores,
                              scored_layer)
 from .engine.processes import rank_and_size
 from .engine.runners import LAYER_KEYS
@@ -78,6 +77,37 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
 # ---------------------------------------------------------------------------- arguments
+
+SETTINGS_DEFAULT = object()  # add_setting's default when a command does not pass its own
+_READERS = {"positive": positive, "integer": int}  # how a setting's `kind` is read
+
+
+def add_setting(group, name: str, *, default: object = SETTINGS_DEFAULT,
+                flag: Optional[str] = None, choices: Optional[Sequence] = None,
+                help: Optional[str] = None, more: str = "", default_words: str = "",
+                **argparse_options) -> None:
+    """The option of `SETTINGS[name]`, the dashboard's widget's twin: its flag, meaning
+    (`help`, then `more`), values and default come from the table (a default of None: the
+    data decides, said in the table's words). A command passes its own `default`, `flag`,
+    `choices` (empty: any text), `help` or `default_words` where it differs, and argparse's
+    other options (dest, nargs...)."""
+    setting = SETTINGS[name]
+    if default is SETTINGS_DEFAULT:
+        default = setting.default
+    values = setting.choices if choices is None and setting.kind == "choice" else choices
+    said = (" ".join(default) if isinstance(default, (list, tuple)) else "%(default)s"
+            ) if default is not None else default_words or setting.default_words or "none"
+    text = ((help or setting.help) + more).rstrip(".")
+    text = text[0].lower() + text[1:]  # as argparse's own lines: "show this help message"
+    if not argparse_options.get("required"):
+        text += f" (default: {said})"
+    options = dict(default=default, help=text)
+    if values:
+        options["choices"] = values
+    if setting.kind in _READERS:
+        options["type"] = _READERS[setting.kind]
+    group.add_argument(flag or setting.flag, **{**options, **argparse_options})
+
 
 def _oracle_argument(group, which: str) -> None:
     """--oracle-neurons: how many neurons exact ablation measures (`oracle_sample`)."""
@@ -118,28 +148,22 @@ def _data_arguments(group, kmeans_flag: str) -> None:
     group.add_argument("--sample", type=positive, metavar="N",
                        help="work on a random N of the samples (seeded by --seed, in their "
                             "order): a curve or a diagnosis that costs less")
-    group.add_argument("--clusters", choices=CLUSTER_SOURCES, metavar="SOURCE",
-                       help=f"how samples are grouped: {', '.join(CLUSTER_SOURCES)} (default: "
-                            "the label when the data has labels, else the data's cluster ids, "
-                            "else the predicted class; none: one cluster 'all')")
-    group.add_argument(kmeans_flag, dest="kmeans_k", type=positive, default=analysis.DEFAULT_K,
-                       help="k-means clusters (default %(default)s)")
-    group.add_argument("--targets", default=None,
-                       help="label, predicted, all or a class id (default: label when the "
-                            "data has labels, else predicted)")
+    add_setting(group, "cluster_source", choices=CLUSTER_SOURCES, metavar="SOURCE",
+                more=f" One of {', '.join(CLUSTER_SOURCES)} (none: one cluster 'all').")
+    add_setting(group, "k", flag=kmeans_flag, dest="kmeans_k")
+    add_setting(group, "target", choices=(),
+                more=" Here: label, predicted, all (every class) or a class id.")
 
 
 def _run_arguments(group, seeded: str) -> None:
     """--batch-size, --n-steps, --seed (of `seeded`, in words) and --quiet."""
-    group.add_argument("--batch-size", type=positive, default=analysis.DEFAULT_BATCH_SIZE,
-                       help="samples per pass (default %(default)s)")
+    add_setting(group, "batch_size")
     group.add_argument("--n-steps", type=positive, default=None,
                        help=f"integration steps (integrated_gradients, conductance; default "
                             f"{analysis.DEFAULT_N_STEPS}, or for score, curve and diagnose on "
                             f"data in memory as many of them as fit {PATH_SECONDS:.0f} s, "
                             f"halving, at least {FEWEST_STEPS}, said)")
-    group.add_argument("--seed", type=int, default=analysis.DEFAULT_SEED,
-                       help=f"seed of {seeded} (default %(default)s)")
+    add_setting(group, "seed", help=f"The seed of {seeded}.")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -149,62 +173,78 @@ def _method_argument(parser, what: str,
     """`flag`: one of the registered methods, or one or more where `default` is a list;
     `what` they are for, in words."""
     names, many = method_names(), not isinstance(default, str)
-    parser.add_argument(flag, nargs="+" if many else None, choices=names, metavar="METHOD",
-                        default=list(default) if many else default,
-                        help=f"{what} ({', '.join(names)}; default "
-                             f"{' '.join(default) if many else default})")
+    add_setting(parser, "method", flag=flag, choices=names, metavar="METHOD",
+                nargs="+" if many else None, default=list(default) if many else default,
+                help=f"{what} ({', '.join(names)}).")
+
+
+def _data_parent(kmeans_flag: str) -> Parser:
+    """The data options (`_data_arguments`); prune's --k counts neurons, so its k-means k is
+    `kmeans_flag` --kmeans-k."""
+    data = Parser(add_help=False)
+    _data_arguments(data.add_argument_group("data"), kmeans_flag)
+    return data
+
+
+def _computation_parent(reduce: object = SETTINGS_DEFAULT) -> Parser:
+    """The layer, its neuron axis, the reduction (default `reduce`, else the table's) and
+    `_run_arguments`: one parent per default, as parents share their actions."""
+    parser = Parser(add_help=False)
+    group = parser.add_argument_group("computation")
+    add_setting(group, "layer", required=True, more=" Its dotted name, as `layers` lists it.")
+    add_setting(group, "neuron_axis", more=" E.g. 2 for a sequence [N, T, F]; the same as "
+                                           "--layer NAME:AXIS.")
+    add_setting(group, "reduce", default=reduce)
+    _run_arguments(group, "random orders, k-means and the random method")
+    return parser
+
+
+def _band_parent(metric: Optional[str]) -> Parser:
+    """The pruning curves' random orders and metric (default `metric`; None: the data's),
+    one parent per default."""
+    parser = Parser(add_help=False)
+    group = parser.add_argument_group("pruning curves")
+    add_setting(group, "n_random")
+    add_setting(group, "metric", default=metric)
+    return parser
+
+
+@dataclass(frozen=True)
+class _Parents:
+    """The option groups several commands share (argparse parents)."""
+
+    model: Parser
+    data: Parser
+    compute: Parser
+    ablation: Parser
+    written: Parser
+
+    @classmethod
+    def build(cls) -> "_Parents":
+        ablation = Parser(add_help=False)
+        ablation.add_argument("--ablation", choices=ABLATIONS, default=analysis.DEFAULT_ABLATION,
+                              help="a removed neuron's output becomes 0 or its mean (default "
+                                   "%(default)s)")
+        written = Parser(add_help=False)
+        written.add_argument("--force", action="store_true",
+                             help="write over output files that exist (without it an existing "
+                                  "file is refused before any work)")
+        return cls(model_parser(), _data_parent("--k"), _computation_parent(), ablation,
+                   written)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m attribution` parser with its seven commands."""
     parser, commands = overview_parser()
-    model = model_parser()
+    parents = _Parents.build()
+    add_layers_command(commands, parents.model)
+    for add in (_add_score, _add_curve, _add_prune, _add_diagnose, _add_report, _add_scorecard):
+        add(commands, parents)
+    return parser
 
-    def data_options(kmeans_flag: str) -> Parser:  # prune's --k counts neurons
-        data = Parser(add_help=False)
-        _data_arguments(data.add_argument_group("data"), kmeans_flag)
-        return data
 
-    data = data_options("--k")
-
-    def computation(reduce: str) -> Parser:  # one per default: parents share actions
-        parser = Parser(add_help=False)
-        group = parser.add_argument_group("computation")
-        group.add_argument("--layer", required=True, help="dotted layer name (see `layers`)")
-        group.add_argument("--neuron-axis", type=int, default=None,
-                           help="the output dim holding the layer's neurons (batch = 0), e.g. "
-                                "2 for a sequence [N, T, F]; default: read from the data (see "
-                                "`layers`); the same as --layer NAME:AXIS")
-        group.add_argument("--reduce", choices=REDUCTIONS, default=reduce,
-                           help="per-cluster reduction of per-sample scores (default "
-                                "%(default)s)")
-        _run_arguments(group, "random orders, k-means and the random method")
-        return parser
-
-    compute = computation(analysis.DEFAULT_REDUCE)
-
-    def band(metric: Optional[str]) -> Parser:  # one per default: parents share actions
-        parser = Parser(add_help=False)
-        group = parser.add_argument_group("pruning curves")
-        group.add_argument("--n-random", type=positive, default=analysis.DEFAULT_N_RANDOM,
-                           help="random orders forming the band (default %(default)s)")
-        group.add_argument("--metric", choices=METRICS, default=metric,
-                           help=f"what the curves measure (default {metric or METRIC_WORDS})")
-        return parser
-
-    ablation = Parser(add_help=False)
-    ablation.add_argument("--ablation", choices=ABLATIONS, default=analysis.DEFAULT_ABLATION,
-                          help="a removed neuron's output becomes 0 or its mean (default "
-                               "%(default)s)")
-
-    written = Parser(add_help=False)
-    written.add_argument("--force", action="store_true",
-                         help="write over output files that exist (without it an existing "
-                              "file is refused before any work)")
-
-    add_layers_command(commands, model)
-
-    command = add_command(commands, "score", [model, data, compute, written])
+def _add_score(commands, p: _Parents) -> None:
+    command = add_command(commands, "score", [p.model, p.data, p.compute, p.written])
     _method_argument(command, "one or more methods", [analysis.DEFAULT_METHOD])
     command.add_argument("--out", required=True,
                          help="table (.csv or .parquet; '-' = CSV on stdout) with columns "
@@ -214,25 +254,28 @@ def build_parser() -> argparse.ArgumentParser:
                               "methods: one file each, NAME.METHOD.npy)")
     command.set_defaults(run=run_score)
 
-    command = add_command(commands, "curve",
-                          [model, data, compute, band(None), ablation, written])
+
+def _add_curve(commands, p: _Parents) -> None:
+    command = add_command(commands, "curve", [p.model, p.data, p.compute, _band_parent(None),
+                                              p.ablation, p.written])
     command.add_argument("--ks", default="all",
                          help="neuron counts to remove: 'all' or a comma-separated list")
     _method_argument(command, "the scores that rank the neurons")
-    command.add_argument("--cluster", help="rank by this cluster's scores and measure it "
-                                           "against the rest (default: all the data)")
+    add_setting(command, "cluster", help="Rank by this cluster's scores and measure it "
+                                         "against the rest.", default_words="all the data")
     command.add_argument("--out", required=True, help="curve table (.csv, .parquet or '-')")
     command.add_argument("--summary", type=Path, help="summary as JSON")
     command.set_defaults(run=run_curve)
 
-    command = add_command(commands, "prune",
-                          [model, data_options("--kmeans-k"),
-                           computation(analysis.DEFAULT_PRUNE_REDUCE), ablation, written])
+
+def _add_prune(commands, p: _Parents) -> None:
+    command = add_command(commands, "prune", [
+        p.model, _data_parent("--kmeans-k"), _computation_parent(analysis.DEFAULT_PRUNE_REDUCE),
+        p.ablation, p.written])
     command.add_argument("--k", type=positive, required=True,
                          help="how many neurons of the layer to remove")
-    command.add_argument("--n-random", type=positive, default=analysis.DEFAULT_N_RANDOM,
-                         help="random draws of K neurons the removal is compared with "
-                              "(default %(default)s)")
+    add_setting(command, "n_random",
+                help="Random draws of K neurons the removal is compared with.")
     command.add_argument("--oracle", choices=analysis.ORACLE_CHOICES, default="auto",
                          help="also remove the K neurons exact ablation finds least important, "
                               "for comparison: auto (when estimated under "
@@ -242,10 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the K lowest-ranked neurons (bottom, the default) or the K "
                               "highest (top)")
     _method_argument(command, "the scores that rank the neurons")
-    command.add_argument("--cluster", help="rank by this cluster's scores (default: all the "
-                                           "data)")
-    command.add_argument("--metric", choices=METRICS,
-                         help=f"what is reported before and after (default {METRIC_WORDS})")
+    add_setting(command, "cluster", help="Rank by this cluster's scores.",
+                default_words="all the data")
+    add_setting(command, "metric", help="What is reported before and after.")
     command.add_argument("--out", required=True, type=Path,
                          help="the pruned model: a .pt2 file (torch.export), or for a Hugging "
                          "Face model a folder name without .pt2 (save_pretrained); either "
@@ -254,11 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "and after, as JSON")
     command.set_defaults(run=run_prune)
 
-    command = add_command(commands, "diagnose",
-                          [model, data, compute, band(analysis.EVIDENCE_METRIC), ablation,
-                           written])
+
+def _add_diagnose(commands, p: _Parents) -> None:
+    command = add_command(commands, "diagnose", [
+        p.model, p.data, p.compute, _band_parent(analysis.EVIDENCE_METRIC), p.ablation,
+        p.written])
     _method_argument(command, "the method under test")
-    command.add_argument("--cluster", help="check only this cluster (default: every cluster)")
+    add_setting(command, "cluster", help="Check only this cluster.",
+                default_words="every cluster")
     command.add_argument("--user-scores", type=Path,
                          help="your own per-sample scores (.npy) to check your hook code: "
                               "one row per sample (with --cluster, its rows or every "
@@ -269,30 +314,34 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lowest severity that makes the exit code 1 (default problem)")
     command.set_defaults(run=run_diagnose)
 
-    command = add_command(commands, "report", [model, data, compute, band(None), written])
+
+def _add_report(commands, p: _Parents) -> None:
+    command = add_command(commands, "report", [p.model, p.data, p.compute, _band_parent(None),
+                                               p.written])
     _method_argument(command, "methods to show, as the dashboard's; the first ranks the "
                               "pruning curves",
                      [analysis.DEFAULT_METHOD, *analysis.DEFAULT_COMPARE])
-    command.add_argument("--cluster", help="the cluster in focus (default: the first)")
+    add_setting(command, "cluster", default_words="the first")
     command.add_argument("--title", help="the report's heading")
     command.add_argument("--out", required=True, type=Path, help="report (.html)")
     command.add_argument("--csv-dir", type=Path, help="also write the report's tables as CSVs")
     command.set_defaults(run=run_report)
 
-    command = add_command(commands, "scorecard", [model, data, ablation, written])
+
+def _add_scorecard(commands, p: _Parents) -> None:
+    command = add_command(commands, "scorecard", [p.model, p.data, p.ablation, p.written])
     group = command.add_argument_group("scorecard")
     group.add_argument("--layers", nargs="+", metavar="LAYER",
                        help="layer names (default: every layer of `layers`)")
     _method_argument(group, "one or more methods", analysis.SCORECARD_METHODS, "--methods")
     group.add_argument("--n-boot", type=positive, default=analysis.BOOTSTRAP_DRAWS,
                        help="bootstrap draws of the spearman interval (default %(default)s)")
-    group.add_argument("--n-random", type=positive, default=analysis.SCORECARD_N_RANDOM,
-                       help="random orders of curve_area (default %(default)s)")
+    add_setting(group, "n_random", default=analysis.SCORECARD_N_RANDOM,
+                help="Random orders of curve_area.")
     group.add_argument("--curve-points", type=positive,
                        default=analysis.SCORECARD_CURVE_POINTS,
                        help="k steps of the curves of curve_area (default %(default)s)")
-    group.add_argument("--metric", choices=METRICS, default=None,
-                       help=f"what the curves measure (default {METRIC_WORDS})")
+    add_setting(group, "metric")
     _oracle_argument(group, "each layer's neurons")
     _run_arguments(group, "the neurons drawn, the bootstrap, random orders, re-initialisation, "
                           "k-means and the random method")
@@ -300,7 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="table (.csv, .parquet or '-') with one row per (layer, method): "
                             + ", ".join(SCORECARD_COLUMNS))
     command.set_defaults(run=run_scorecard)
-    return parser
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -328,6 +376,14 @@ class Problem:
     @property
     def n_samples(self) -> int:
         return int(self.inputs.shape[0])
+
+    @property
+    def facts(self) -> DataFacts:
+        """What this model and data decide about the settings' defaults (`SETTINGS`)."""
+        return DataFacts(has_labels=self.labels is not None,
+                         has_provided_clusters=self.provided_clusters is not None,
+                         n_samples=self.n_samples,
+                         regression=analysis.is_regression(self.model.n_classes))
 
     @property
     def streamed(self) -> bool:
@@ -466,8 +522,7 @@ def _per_sample(args, path: Path, what: str) -> np.ndarray:
 def cluster_source_of(args, problem: Problem) -> str:
     """`--clusters`, or the default for this data (`settings.default_cluster_source`: the
     label, else the data's cluster ids, else the predicted class); may be "none"."""
-    return args.clusters or default_cluster_source(problem.labels is not None,
-                                                   problem.provided_clusters is not None)
+    return args.clusters or SETTINGS["cluster_source"].default_of(problem.facts)
 
 
 _STREAMED_HINTS = {  # cluster source -> where .npy data gets what it needs
@@ -501,16 +556,9 @@ def clusters_of(args, problem: Problem, layer: Optional[str] = None) -> np.ndarr
                                f"{_STREAMED_HINTS[source]}.") from None
 
 
-METRIC_WORDS = (f"{analysis.DEFAULT_METRIC}; a regression head's squared_error, or "
-                "target_logit, its output, for data without true values")
-
-
 def metric_of(args, problem: Problem) -> str:
     """`--metric`, or the default for this model and data (`settings.default_metric`)."""
-    if args.metric is not None:
-        return args.metric
-    return analysis.default_metric(regression=analysis.is_regression(problem.model.n_classes),
-                                   has_labels=problem.labels is not None)
+    return args.metric or SETTINGS["metric"].default_of(problem.facts)
 
 
 def target_choice(args, problem: Problem) -> tuple[str, int]:
@@ -518,8 +566,7 @@ def target_choice(args, problem: Problem) -> tuple[str, int]:
     fixed class). The default is `settings.default_target`: the label when the data has
     labels, else the prediction."""
     if args.targets is None:
-        return default_target(problem.labels is not None,
-                              regression=analysis.is_regression(problem.model.n_classes)), 0
+        return SETTINGS["target"].default_of(problem.facts), 0
     choice = args.targets
     if choice in ("label", "predicted", "all"):
         return {"label": "true"}.get(choice, choice), 0

@@ -21,7 +21,7 @@ from pages.shared.curve_states import TO_COMPUTE, PruningCurve, State, progress_
 from pages.shared.draw import chart, escape_markdown, guarded, show_error
 from pages.shared.routing import require_entrypoint
 from attribution.analyses.settings import RANDOM_ORDERS, metric_label
-from pages.shared.sidebar import metric_options, page_widget
+from pages.shared.sidebar import draw_setting, metric_options, page_widget
 
 require_entrypoint()
 
@@ -46,11 +46,9 @@ st.caption("Remove the layer's neurons one by one in the order of their scores a
 controls = st.columns([1, 1, 2])
 metrics, default_metric = metric_options(ctx.ws)
 page_widget("w_metric", metrics, default_metric)
-controls[0].selectbox("Measure", list(metrics), key="w_metric",
-                      format_func=lambda metric: metric_label(metric, ctx.regression))
+draw_setting(controls[0], "metric", metrics, ctx.regression)
 page_widget("w_random")
-controls[1].select_slider("Random orders", list(RANDOM_ORDERS), key="w_random",
-                          help="More orders give a smoother band and take longer.")
+draw_setting(controls[1], "n_random", RANDOM_ORDERS)
 titles = {"cluster": f"cluster {plots.plain(focus_label)}", "rest": "rest of the data"}
 n_neurons = ctx.n_neurons
 try:  # a wide layer: the curve sized to its budget, the full one on request

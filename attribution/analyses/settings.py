@@ -3,7 +3,9 @@ setting from what the data has, how it is said in words, and `AnalysisSettings`,
 behind one view of the results.
 
 The dashboard (sidebar and pages), its HTML report and the command line read their defaults
-and choices here, so the same data opens the same view in each of them:
+and choices here, so the same data opens the same view in each of them; the command line's
+options and the dashboard's widgets are both made from one table, `SETTINGS` (a `Setting`
+row per choice: flag, widget, label, help, values, default):
 
     source = default_cluster_source(has_labels, has_provided_clusters)   # "label" ...
     sources = cluster_source_choices(has_labels, has_provided_clusters)  # the menu, in order
@@ -11,6 +13,8 @@ and choices here, so the same data opens the same view in each of them:
     layer = default_layer(layers)                                          # a LayerInfo list
     settings = AnalysisSettings.for_data(layers, has_labels=True, has_provided_clusters=True)
     words = partition_words("kmeans_activations", k=8, layer="relu2")     # for the notices
+    facts = DataFacts(layers, has_labels=True, has_provided_clusters=False, n_samples=500)
+    SETTINGS["cluster_source"].menu(facts), SETTINGS["k"].default_of(facts)  # ("label", ...), 8
 
     settings = AnalysisSettings(layer="relu2", cluster=3, target="fixed", fixed_class=3)
     settings = settings.with_cluster_of(clusters)       # a cluster that exists ("3" -> 3)
@@ -69,9 +73,10 @@ here. The defaults, and why:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -106,7 +111,8 @@ __all__ = [  # the defaults re-exported from attribution.defaults, and this modu
     "cluster_source_choices", "default_cluster_source", "target_choices", "default_target",
     "default_device", "default_layer", "k_choices", "default_k", "evidence_ks",
     "partition_words", "class_label",
-    "cluster_label", "curve_targets", "scoring_targets", "AnalysisSettings",
+    "cluster_label", "curve_targets", "scoring_targets", "DataFacts", "Setting", "SETTINGS",
+    "AnalysisSettings",
 ]
 
 # ---------------------------------------------------------------- choices and their words
@@ -344,6 +350,159 @@ def scoring_targets(labels: Optional[torch.Tensor], n_samples: int, target: str,
     raise AttributionError(f"Unknown target {target!r}; use one of {', '.join(TARGETS)}.")
 
 
+# ---------------------------------------------------------------- the table front ends draw
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What a model and its data decide about the settings' menus and defaults.
+
+    Attributes:
+        layers: the model's scorable layers in order (`list_layers`).
+        has_labels: the data has true labels (or, for a regression head, true values).
+        has_provided_clusters: the data has its own cluster column.
+        n_samples: the number of samples (None: not known, e.g. not yet read).
+        regression: the model has one output (`is_regression`).
+    """
+
+    layers: Sequence[LayerInfo] = ()
+    has_labels: bool = True
+    has_provided_clusters: bool = False
+    n_samples: Optional[int] = None
+    regression: bool = False
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One choice behind a view as every front end offers it: the command line's option
+    (`cli.add_setting`) and the dashboard's widget (`pages.shared.sidebar.draw_setting`)
+    are both made from it, so they share their name, meaning, values and default.
+
+    Attributes:
+        name: the `AnalysisSettings` field it sets ("neuron_axis": the layer's "name:axis").
+        flag: the command line's option; None where the dashboard alone offers it.
+        key: the dashboard's widget key (session state; the page address names it without
+            its "w_"); None where the command line alone offers it.
+        label: the widget's label.
+        help: what it means, one sentence for the option's help and the widget's tooltip.
+        widget: the Streamlit element that draws it ("selectbox", "radio", "select_slider",
+            "multiselect").
+        kind: how the command line reads it: "choice" (one of `choices`), "positive" (an
+            integer of at least 1), "integer" or "text".
+        choices: every value the command line accepts ("choice"), and the dashboard's menu
+            unless `menu_for` narrows it to what the data offers.
+        default: the default where the data does not decide it.
+        default_for: the default the data decides (`DataFacts` -> value), said in
+            `default_words` on the command line, which resolves it once the data is read.
+        menu_for: the values this data offers (`DataFacts` -> tuple), a subset of `choices`.
+        words: how a menu names a value (value, regression -> text); None: the value itself.
+    """
+
+    name: str
+    flag: Optional[str]
+    key: Optional[str]
+    label: str
+    help: str
+    widget: str = "selectbox"
+    kind: str = "choice"
+    choices: Optional[tuple] = None
+    default: Any = None
+    default_for: Optional[Callable[[DataFacts], Any]] = None
+    default_words: str = ""
+    menu_for: Optional[Callable[[DataFacts], tuple]] = None
+    words: Optional[Callable[[Any, bool], str]] = None
+
+    def menu(self, facts: DataFacts) -> tuple:
+        """The values this data offers, in menu order."""
+        return tuple(self.menu_for(facts)) if self.menu_for else tuple(self.choices or ())
+
+    def default_of(self, facts: DataFacts) -> Any:
+        """The value used when none is chosen, for this data."""
+        return self.default_for(facts) if self.default_for else self.default
+
+    def word(self, value: Any, regression: bool = False) -> str:
+        """How a menu names `value`."""
+        return self.words(value, regression) if self.words else str(value)
+
+
+SETTINGS = {setting.name: setting for setting in (
+    Setting("layer", "--layer", "w_layer", "Layer",
+            "The layer whose neurons are scored. A neuron is a unit of a Linear layer, a "
+            "channel of a conv layer, or a feature of a layer applied at every position of a "
+            "sequence (found from the data: its positions follow the input's length).",
+            kind="text",
+            default_for=lambda facts: default_layer(facts.layers),
+            default_words="the last hidden activation",
+            menu_for=lambda facts: tuple(info.name for info in facts.layers)),
+    Setting("cluster_source", "--clusters", "w_cluster_by", "Clusters from",
+            "How samples are grouped; scores are averaged within each cluster.",
+            choices=CLUSTER_SOURCES,
+            default_for=lambda facts: default_cluster_source(facts.has_labels,
+                                                             facts.has_provided_clusters),
+            default_words="the label when the data has labels, else the data's cluster ids, "
+                          "else the predicted class",
+            menu_for=lambda facts: cluster_source_choices(
+                facts.has_labels, facts.has_provided_clusters, regression=facts.regression),
+            words=lambda source, regression: cluster_source_label(source, regression)),
+    Setting("k", "--k", "w_k", "Number of k-means clusters",
+            "How many clusters k-means forms.", widget="select_slider", kind="positive",
+            default=DEFAULT_K,
+            default_for=lambda facts: (DEFAULT_K if facts.n_samples is None
+                                       else default_k(facts.n_samples)),
+            menu_for=lambda facts: k_choices(facts.n_samples or K_RANGE[1])),
+    Setting("cluster", "--cluster", "w_cluster", "Cluster",
+            "The cluster whose neurons are ranked and pruned.", kind="text"),
+    Setting("method", "--method", "w_method", "Method",
+            "How a neuron's importance for one sample is measured.", default=DEFAULT_METHOD,
+            words=lambda method, _regression: method_label(method)),
+    Setting("compare", None, "w_compare", "Compare with",
+            "Methods shown beside the main one on the Scores page.", widget="multiselect",
+            default=DEFAULT_COMPARE, words=lambda method, _regression: method_label(method)),
+    Setting("reduce", "--reduce", "w_reduce", "Reduction over a cluster",
+            "How a cluster's per-sample scores become one per neuron: the signed mean "
+            "(positive and negative effects cancel) or the mean magnitude (mean |·|).",
+            widget="radio", choices=REDUCTIONS, default=DEFAULT_REDUCE,
+            menu_for=lambda facts: REDUCE_CHOICES,
+            words=lambda reduce, _regression: REDUCTION_LABELS.get(reduce, reduce)),
+    Setting("target", "--targets", "w_target", "Score the logit of the",
+            "Which logit each sample is scored for. A model with one output (a regression "
+            "head) has no classes: its score is the output itself.", widget="radio",
+            choices=TARGETS,
+            default_for=lambda facts: default_target(facts.has_labels,
+                                                     regression=facts.regression),
+            default_words="the true class when the data has labels, else the predicted one",
+            menu_for=lambda facts: target_choices(facts.has_labels,
+                                                  regression=facts.regression),
+            words=lambda target, regression: target_label(target, regression)),
+    Setting("fixed_class", None, "w_class", "Class", "The class every sample is scored for.",
+            default=0),
+    Setting("batch_size", "--batch-size", "w_batch", "Batch size",
+            "Samples per pass; results do not depend on it, memory does.",
+            widget="select_slider", kind="positive", choices=BATCH_SIZES,
+            default=DEFAULT_BATCH_SIZE),
+    Setting("metric", "--metric", "w_metric", "Measure", "What the pruning curves measure.",
+            choices=METRICS,
+            default_for=lambda facts: default_metric(regression=facts.regression,
+                                                     has_labels=facts.has_labels),
+            default_words=f"{DEFAULT_METRIC}; a regression head's squared_error, or "
+                          "target_logit, its output, for data without true values",
+            menu_for=lambda facts: metric_choices(regression=facts.regression,
+                                                  has_labels=facts.has_labels),
+            words=lambda metric, regression: metric_label(metric, regression)),
+    Setting("n_random", "--n-random", "w_random", "Random orders",
+            "Random orders of the neurons forming the pruning curves' band: more give a "
+            "smoother band and take longer.",
+            widget="select_slider", kind="positive", choices=RANDOM_ORDERS,
+            default=DEFAULT_N_RANDOM),
+    Setting("neuron_axis", "--neuron-axis", "w_axis", "Neurons along",
+            "Which dim of the layer's output holds its neurons (dim 0 is the batch); the "
+            "scores of the other dims' positions are pooled.", kind="integer",
+            default_words="read from the data"),
+    Setting("seed", "--seed", None, "Seed", "The seed of every random draw.",
+            kind="integer", default=DEFAULT_SEED),
+)}
+"""Every setting a front end offers, by `AnalysisSettings` field."""
+
+
 @dataclass(frozen=True)
 class AnalysisSettings:
     """Every choice behind one view of the results (the dashboard's sidebar, the CLI's flags).
@@ -389,16 +548,15 @@ class AnalysisSettings:
     def for_data(cls, layers: Sequence[LayerInfo], *, has_labels: bool,
                  has_provided_clusters: bool, n_samples: Optional[int] = None,
                  regression: bool = False, **choices) -> "AnalysisSettings":
-        """The settings a front end starts from for this model and data: `default_layer`,
-        `default_cluster_source`, `default_target`, `default_metric`, `default_k` (with
-        `n_samples`) and every other field's default; `regression` for a model with one
-        output (`is_regression`); `choices` (any field, e.g. layer="fc2") replace them."""
-        defaults = dict(layer=default_layer(layers),
-                        cluster_source=default_cluster_source(has_labels, has_provided_clusters),
-                        target=default_target(has_labels, regression=regression),
-                        metric=default_metric(regression=regression, has_labels=has_labels))
-        if n_samples is not None:
-            defaults["k"] = default_k(n_samples)
+        """The settings a front end starts from for this model and data: every field's
+        default in `SETTINGS` for these `DataFacts` (the layer, cluster source, target, metric
+        and k the data decides); `regression` for a model with one output (`is_regression`);
+        `choices` (any field, e.g. layer="fc2") replace them."""
+        facts = DataFacts(tuple(layers), has_labels, has_provided_clusters, n_samples,
+                          regression)
+        fields = {field.name for field in dataclasses.fields(cls)}
+        defaults = {name: setting.default_of(facts) for name, setting in SETTINGS.items()
+                    if name in fields and setting.default_of(facts) is not None}
         return cls(**{**defaults, **choices})
 
     def layer_info(self, layers: Sequence[LayerInfo]) -> LayerInfo:

@@ -19,11 +19,10 @@ import numpy as np
 import streamlit as st
 
 import attribution as at
-from attribution.presentation import plots
 from attribution.inputs.demo import DEMOS
 from attribution.analyses import settings as analysis
-from attribution.analyses.settings import (AnalysisSettings, cluster_label, cluster_source_label,
-                                           is_regression, partition_words, target_label)
+from attribution.analyses.settings import (SETTINGS, AnalysisSettings, cluster_label,
+                                           is_regression, partition_words)
 from attribution.analyses.verdict import cluster_composition, describe_mix
 from attribution.analyses.clusters import quartiles
 from pages.shared.context import Context
@@ -33,15 +32,15 @@ from pages.shared.url import URL_KEYS, from_url, sync_url, waits_for_upload
 from pages.shared.workspace import (DEMO_TITLES, UPLOAD, Workspace, cluster_ids, predictions,
                                     workspace_of)
 
-CHOICE_KEYS = {"reduce": "w_reduce", "method": "w_method", "cluster_source": "w_cluster_by"}
+CHOICE_KEYS = {name: setting.key for name, setting in SETTINGS.items() if setting.key}
+"""A setting (`attribution.analyses.verdict.Remedy.choice`) -> the widget that shows it
+(`apply_choice`)."""
 SIDEBAR_BOX_CHARS = 36
 """About the most characters a sidebar select box shows before it cuts its text with "…";
 a longer layer choice is written out in full beneath it."""
-"""`attribution.analyses.verdict.Remedy.choice` -> the sidebar widget it changes
-(`apply_choice`)."""
 _PAGE_KEYS = {  # widgets that live on one page: (default, options)
-    "w_metric": (analysis.DEFAULT_METRIC, tuple(analysis.METRIC_LABELS)),
-    "w_random": (analysis.DEFAULT_N_RANDOM, analysis.RANDOM_ORDERS)}
+    "w_metric": (analysis.DEFAULT_METRIC, SETTINGS["metric"].choices),
+    "w_random": (SETTINGS["n_random"].default, SETTINGS["n_random"].choices)}
 
 
 def _prepare(key: str, options: Sequence, default: Any) -> None:
@@ -57,6 +56,33 @@ def _prepare(key: str, options: Sequence, default: Any) -> None:
     match = [option for option in options if str(option) == wanted]
     current = st.session_state.get(key)
     st.session_state[key] = match[0] if match else current if current in options else default
+
+
+def draw_setting(where, name: str, values: Sequence, regression: bool = False,
+                 **widget_options) -> Any:
+    """Draw the widget of `SETTINGS[name]` (the command line's option's twin) in `where`
+    with `values` as its options: its label, help and menu words from the table unless
+    `widget_options` (the Streamlit element's) say otherwise. Returns the value chosen."""
+    setting = SETTINGS[name]
+    options = {"label": setting.label, "help": setting.help,
+               "format_func": lambda value: setting.word(value, regression),
+               **widget_options}
+    getattr(where, setting.widget)(options.pop("label"), list(values), key=setting.key,
+                                   **options)
+    return st.session_state[setting.key]
+
+
+def choose(where, name: str, facts: analysis.DataFacts, values: Optional[Sequence] = None,
+           drawn: bool = True, **widget_options) -> Any:
+    """`SETTINGS[name]` for this data: given a valid value (`_prepare`: the link's, its own,
+    else the table's default for `facts`) among `values` (default: the table's menu for
+    `facts`), then drawn unless `drawn` is False (`draw_setting`). Returns the value."""
+    setting = SETTINGS[name]
+    values = list(setting.menu(facts) if values is None else values)
+    _prepare(setting.key, values, setting.default_of(facts))
+    if drawn:
+        draw_setting(where, name, values, facts.regression, **widget_options)
+    return st.session_state[setting.key]
 
 
 def apply_choice(key: str, value: Any) -> None:
@@ -99,9 +125,8 @@ def page_widget(key: str, options: Optional[Sequence] = None, default: Any = Non
 
 def metric_options(ws: Workspace) -> tuple[tuple[str, ...], str]:
     """(the pruning metrics this model and data can measure, the default one)."""
-    regression, has_labels = is_regression(ws.loaded.n_classes), ws.data.labels is not None
-    return (analysis.metric_choices(regression=regression, has_labels=has_labels),
-            analysis.default_metric(regression=regression, has_labels=has_labels))
+    metric = SETTINGS["metric"]
+    return metric.menu(ws.facts), metric.default_of(ws.facts)
 
 
 CLUSTER_SHOWN = "cluster_shown"  # session state: what the last run's cluster choice was
@@ -168,7 +193,8 @@ def _prepare_cluster(ws: Workspace, source: str, ids: list, bar, page: str) -> N
 
 
 def _axis_label(info: at.LayerInfo, axis: int) -> str:
-    """One option of the "Neurons along" box, e.g. "features · 128 (dim 2, found from the data)"."""
+    """One option of the "Neurons along" box, e.g. "features · 128 (dim 2, found from the
+    data)"."""
     size = info.shape[axis - 1]
     if axis != info.neuron_axis:
         return f"positions · {size} (dim {axis})"
@@ -187,11 +213,8 @@ def _axis_choice(bar, info: at.LayerInfo) -> at.LayerInfo:
         st.session_state["axis_of"] = info.name
     axes = list(range(1, len(info.shape) + 1))
     _prepare("w_axis", axes, info.neuron_axis)
-    bar.selectbox("Neurons along", axes, key="w_axis",
-                  format_func=lambda axis: _axis_label(info, axis),
-                  help="Which dim of the layer's output holds its neurons (dim 0 is the "
-                       "batch); the scores of the other dims' positions are pooled.")
-    chosen = info.with_axis(st.session_state["w_axis"])
+    axis = draw_setting(bar, "neuron_axis", axes, format_func=lambda axis: _axis_label(info, axis))
+    chosen = info.with_axis(axis)
     bar.caption(f"Neurons: {escape_markdown(chosen.axis_words())}.")
     return chosen
 
@@ -219,35 +242,20 @@ def sidebar(page: str = "") -> Optional[Context]:
         show_error(error, before="The model or data could not be loaded: ")
         return None
 
-    layer_names = [info.name for info in ws.layers]
+    facts = ws.facts
+    has_labels, regression = facts.has_labels, facts.regression
     info_of = {info.name: info for info in ws.layers}
-    _prepare("w_layer", layer_names, analysis.default_layer(ws.layers))
+
     def layer_words(name: str) -> str:
         return f"{name} · {info_of[name].kind} · {info_of[name].describe()}"
 
-    bar.selectbox("Layer", layer_names, key="w_layer", format_func=layer_words,
-                  help="A neuron is a unit of a Linear layer, a channel of a conv layer, or a "
-                       "feature of a layer applied at every position of a sequence (found from "
-                       "the data: its positions follow the input's length).")
-    if len(layer_words(st.session_state["w_layer"])) > SIDEBAR_BOX_CHARS:  # the box cuts it
-        bar.caption(escape_markdown(layer_words(st.session_state["w_layer"])))
-    layer = _axis_choice(bar, info_of[st.session_state["w_layer"]]).spec
+    layer_name = choose(bar, "layer", facts, format_func=layer_words)
+    if len(layer_words(layer_name)) > SIDEBAR_BOX_CHARS:  # the box cuts it
+        bar.caption(escape_markdown(layer_words(layer_name)))
+    layer = _axis_choice(bar, info_of[layer_name]).spec
 
-    has_labels = ws.data.labels is not None
-    has_provided = ws.data.clusters is not None
-    regression = is_regression(ws.loaded.n_classes)
-    sources_ok = list(analysis.cluster_source_choices(has_labels, has_provided,
-                                                      regression=regression))
-    _prepare("w_cluster_by", sources_ok,
-             analysis.default_cluster_source(has_labels, has_provided))
-    bar.selectbox("Clusters from", sources_ok, key="w_cluster_by",
-                  format_func=lambda source: cluster_source_label(source, regression),
-                  help="How samples are grouped; scores are averaged within each cluster.")
-    cluster_by = st.session_state["w_cluster_by"]
-    k_options = list(analysis.k_choices(len(ws.data)))
-    _prepare("w_k", k_options, analysis.default_k(len(ws.data)))
-    if cluster_by.startswith("kmeans"):
-        bar.select_slider("Number of k-means clusters", k_options, key="w_k")
+    cluster_by = choose(bar, "cluster_source", facts)
+    choose(bar, "k", facts, drawn=cluster_by.startswith("kmeans"))
     try:
         clusters = cluster_ids(ws.key, cluster_by, st.session_state["w_k"],
                                layer if cluster_by == "kmeans_activations" else "",
@@ -267,46 +275,28 @@ def sidebar(page: str = "") -> Optional[Context]:
         composition = cluster_composition(clusters, classes, ws.class_names)
         mixes = {c: " · " + describe_mix(composition, c, shown=1) for c in id_list}
     _prepare_cluster(ws, cluster_by, id_list, bar, page)
-    bar.selectbox("Cluster", id_list, key="w_cluster",
-                  format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
-                                        f"{sizes[c]} samples{mixes.get(c, '')}",
-                  help="The cluster whose neurons the pages rank and prune.")
+    draw_setting(bar, "cluster", id_list,
+                 format_func=lambda c: f"{cluster_label(c, cluster_by, ws.class_names)} · "
+                                       f"{sizes[c]} samples{mixes.get(c, '')}")
 
-    layer_kind = info_of[st.session_state["w_layer"]].kind
-    methods = list(at.methods_for(ws.data.inputs.dtype, layer_kind, ws.model))
-    _prepare("w_method", methods, analysis.DEFAULT_METHOD)
-    bar.selectbox("Method", methods, key="w_method", format_func=plots.method_label,
-                  help="How a neuron's importance for one sample is measured.")
+    methods = list(at.methods_for(ws.data.inputs.dtype, info_of[layer_name].kind, ws.model))
+    choose(bar, "method", facts, methods)
     compared = st.session_state.get("w_compare")
     if not isinstance(compared, list) or any(m not in methods for m in compared):
-        compared = list(analysis.DEFAULT_COMPARE)
+        compared = list(SETTINGS["compare"].default)
     wanted = from_url().pop("w_compare", None)
     if wanted is not None:
         compared = [m for m in wanted.split(",") if m in methods]
     others = [m for m in methods if m != st.session_state["w_method"]]  # not the main one
     st.session_state["w_compare"] = [m for m in compared if m in others]
-    bar.multiselect("Compare with", others, key="w_compare", format_func=plots.method_label,
-                    help="Methods shown beside the main one on the Scores page.")
+    draw_setting(bar, "compare", others)
 
-    reductions = list(analysis.REDUCE_CHOICES)
-    _prepare("w_reduce", reductions, analysis.DEFAULT_REDUCE)
-    bar.radio("Reduction over a cluster", reductions, key="w_reduce", horizontal=True,
-              format_func=analysis.REDUCTION_LABELS.get,
-              help="Signed mean: positive and negative effects cancel. Mean |·|: magnitude.")
-    targets_ok = list(analysis.target_choices(has_labels, regression=regression))
-    _prepare("w_target", targets_ok, analysis.default_target(has_labels, regression=regression))
-    bar.radio("Score" if regression else "Score the logit of the", targets_ok, key="w_target",
-              format_func=lambda target: target_label(target, regression), horizontal=True,
-              help="A model with one output (a regression head) has no classes: its score "
-                   "is the output itself." if regression else None)
-    classes = list(range(ws.loaded.n_classes))
-    _prepare("w_class", classes, 0)
-    if st.session_state["w_target"] == "fixed":
-        bar.selectbox("Class", classes, key="w_class",
-                      format_func=lambda c: cluster_label(c, "label", ws.class_names))
-    _prepare("w_batch", list(analysis.BATCH_SIZES), analysis.DEFAULT_BATCH_SIZE)
-    bar.select_slider("Batch size", list(analysis.BATCH_SIZES), key="w_batch",
-                      help="Samples per pass; results do not depend on it, memory does.")
+    choose(bar, "reduce", facts, horizontal=True)
+    target = choose(bar, "target", facts, horizontal=True,
+                    **({"label": "Score"} if regression else {}))
+    choose(bar, "fixed_class", facts, range(ws.loaded.n_classes), drawn=target == "fixed",
+           format_func=lambda c: cluster_label(c, "label", ws.class_names))
+    choose(bar, "batch_size", facts)
 
     state = st.session_state
     settings = AnalysisSettings(

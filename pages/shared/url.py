@@ -7,14 +7,16 @@ from typing import Optional
 
 import streamlit as st
 
+from attribution.analyses.settings import SETTINGS
 from pages.shared.workspace import UPLOAD
 
-# session-state key -> URL parameter, for every choice a shared link reproduces
-URL_KEYS = {"w_source": "source", "w_layer": "layer", "w_cluster_by": "cluster_by",
-            "w_k": "k", "w_cluster": "cluster", "w_method": "method", "w_compare": "compare",
-            "w_reduce": "reduce", "w_target": "target", "w_class": "class",
-            "w_batch": "batch", "w_metric": "metric", "w_random": "random",
-            "w_neuron": "neuron", "w_axis": "axis"}
+URL_KEYS = {"w_source": "source",
+            **{setting.key: setting.key.removeprefix("w_") for setting in SETTINGS.values()
+               if setting.key},
+            "w_neuron": "neuron"}
+"""Session-state key -> URL parameter, for every choice a shared link reproduces: the model
+and data, every setting's widget (`attribution.analyses.settings.SETTINGS`) and the neuron
+in view."""
 
 
 def from_url() -> dict[str, str]:

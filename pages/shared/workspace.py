@@ -18,6 +18,7 @@ import torch
 import attribution as at
 from attribution.analyses import settings as analysis
 from attribution.analyses import clusters
+from attribution.analyses.settings import DataFacts, is_regression
 from attribution.inputs.data import Dataset, check_data
 from attribution.inputs.data_files import load_data
 from attribution.inputs import model_formats
@@ -78,6 +79,13 @@ class Workspace:
     @property
     def class_names(self) -> Optional[tuple[str, ...]]:
         return self.data.class_names or self.loaded.class_names
+
+    @property
+    def facts(self) -> DataFacts:
+        """What this model and data decide about the settings' menus and defaults."""
+        return DataFacts(self.layers, self.data.labels is not None,
+                         self.data.clusters is not None, len(self.data),
+                         is_regression(self.loaded.n_classes))
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the demo model…")
