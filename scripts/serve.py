@@ -13,13 +13,18 @@ app.py imports plotly's optional modules to the end before its first figure
 script's sys.argv are warmed: the app's own (pages/shared: its st.cache decorators, the
 `--trust-code` argument) are left to the first run, ~0.1 s.
 
+A server that stops answering says why: `kill -USR1 <pid>` writes every thread's stack to its
+output (the tests do it when a browser test fails, and show the stacks in the report).
+
 Here, not in attribution/ (which never imports streamlit) nor in pages/ (what Streamlit
 serves and the page scripts share): it is a command run from the shell, like make_demo.py.
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import importlib
+import signal
 import sys
 import threading
 import time
@@ -52,6 +57,7 @@ def warm_up() -> None:
 
 def main(arguments: list[str]) -> None:
     sys.path.insert(0, str(ROOT))  # as `streamlit run` puts app.py's folder first
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every stack
     from streamlit.web import cli  # before the warm-up: it imports PIL and plotly too
 
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()

@@ -92,6 +92,16 @@ def app(browser, server):
     check_and_close(tab, context)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that fails shows where its module's server was at that moment: a
+    server that stopped answering is found stuck, not guessed at."""
+    report = (yield).get_result()
+    server = getattr(item, "funcargs", {}).get("server")
+    if report.failed and call.when == "call" and server is not None:
+        report.sections.append(("dashboard server's threads at the failure", server.stacks()))
+
+
 def pytest_terminal_summary(terminalreporter):
     if BROWSER_TIMINGS:
         terminalreporter.section("dashboard timings in headless Chromium")

@@ -58,6 +58,23 @@ class Server:
     url: str
     started: float
     process: subprocess.Popen
+    log: Path | None = None  # what it printed
+    dumps_stacks: bool = False  # started by scripts/serve.py, which dumps them on SIGUSR1
+
+    def stacks(self) -> str:
+        """Every thread's stack in the server now, from the end of its log: where a server
+        that stopped answering is stuck ("" where it cannot say)."""
+        if self.log is None or not self.dumps_stacks or self.process.poll() is not None:
+            return ""
+        size = self.log.stat().st_size
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.log.stat().st_size == size:
+            time.sleep(0.1)  # the dump is written by the server's own signal handler
+        time.sleep(0.5)
+        with open(self.log, "rb") as log:
+            log.seek(size)
+            return log.read()[-20_000:].decode(errors="replace")
 
 
 @dataclass
@@ -244,7 +261,7 @@ def streamlit_server(log_name: str, entry_point: str = "make run",
             cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until_healthy(url, process, log_path)
-            yield Server(url, started, process)
+            yield Server(url, started, process, log_path, entry_point == "make run")
         finally:
             process.terminate()
             try:

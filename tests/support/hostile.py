@@ -1,6 +1,7 @@
 """Hostile files, built by scripts: zips whose headers lie, decompression bombs in .npz and
 parquet, pickles that expand or contain themselves, tensors whose storage or strides lie,
 architectures of absurd depth or size, and models that compute or allocate far too much."""
+import functools
 import io
 import json
 import struct
@@ -9,7 +10,6 @@ import zlib
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -183,6 +183,7 @@ def pickle_cycle() -> bytes:
     return saved({"inputs": value})
 
 
+@functools.cache  # two cases (a .pt of data and a state dict) read the same 5 MB
 def many_tensors() -> bytes:
     """60,000 views of one storage: a 5 MB pickle that PyTorch's safe unpickler reads for
     ~15 s (200,000 views: 42 s)."""
@@ -480,7 +481,7 @@ def many_clusters() -> bytes:
 
 
 def long_cluster_names_csv() -> bytes:
-    """200,000 rows whose cluster ids are 50 names of 1,000 characters (+2.6 GiB as text)."""
-    names = np.char.add(np.full(200_000, "c" * 995), (np.arange(200_000) % 50).astype(str))
-    frame = pd.DataFrame({"f0": np.zeros(200_000, np.float32), "label": 0, "cluster": names})
-    return frame.to_csv(index=False).encode()
+    """200,000 rows whose cluster ids are 50 names of 1,000 characters (+2.6 GiB as text):
+    row i names cluster i % 50, written as pandas' to_csv writes them (~10x faster)."""
+    rows = b"".join(f"0.0,0,{'c' * 995}{index}\n".encode() for index in range(50))
+    return b"f0,label,cluster\n" + rows * (200_000 // 50)
