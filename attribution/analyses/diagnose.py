@@ -67,6 +67,7 @@ conductance, ablation), or |score| x mean |activation| (gradient); methods witho
 """
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import warnings
@@ -402,8 +403,9 @@ def diagnose_cost(model: nn.Module, layer, inputs: Inputs, targets=None,
     return diagnose_cost_on(view, **on_view)
 
 
-_CHECK_OPTIONS = ("user_scores", "metric", "ablation", "oracle_neurons", "plan")
-"""`diagnose_on`'s options besides the view (and progress)."""
+_CHECK_OPTIONS = tuple(inspect.signature(diagnose_on).parameters)[1:]
+"""`diagnose_on`'s options besides the view, read from its signature: an option added there
+is one `diagnose_cost` passes on, not a setting of the view."""
 
 
 def diagnose_cost_on(view: View, **checks) -> SampledCost:

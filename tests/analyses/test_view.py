@@ -1,6 +1,7 @@
 """The view (`attribution.analyses.view`): the analyses take one View, and the flat functions
 of the notebooks are thin wrappers that pass every argument into it."""
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -44,6 +45,18 @@ def test_a_plan_made_on_the_view_is_the_one_its_estimate_and_its_run_keep():
     assert "on 3 of" in findings["disagrees_with_ablation"].message
     with pytest.raises(at.AttributionError, match="not both"):
         at.diagnose_on(view, plan=plan, oracle_neurons=3)
+
+
+def test_the_flat_estimate_takes_every_option_the_analysis_takes():
+    """`diagnose_cost` passes every keyword of `diagnose_on` but the view on to the
+    analysis (progress, the plan...), and the rest into the view."""
+    view = _view(method="gradient")
+    options = {name: parameter.default for name, parameter in
+               inspect.signature(at.diagnose_on).parameters.items() if name != "view"}
+    options.update(progress=lambda *_: None, metric="accuracy", oracle_neurons=2)
+    cost = at.diagnose_cost(view.model, "fc", view.inputs, view.targets, "gradient",
+                            view.clusters, seed=4, **options)
+    assert cost.seconds > 0
 
 
 def test_a_view_reads_its_settings_and_refuses_what_is_not_one():
