@@ -25,8 +25,8 @@ from plotly.offline import get_plotlyjs
 
 from . import plots
 from .cells import inert_text
-from ..analyses.settings import (DEFAULT_N_STEPS, SCORECARD_METHODS,
-                                 AnalysisSettings, cluster_label, is_regression)
+from ..analyses.settings import (SCORECARD_METHODS, AnalysisSettings, cluster_label,
+                                 is_regression)
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
 from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose_on,
@@ -315,6 +315,8 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         for method in filter(takes_steps, settings.methods)}
     steps = {method: n_steps or view_steps[f"{settings.layer}/{method}"].n_steps
              for method in filter(takes_steps, settings.methods)}
+    view = View(model, dataset.inputs, targets, clusters, settings, n_steps=steps,
+                labels=dataset.labels)
     per_sample, notes = {}, {}
     for index, method in enumerate(settings.methods):
         step(0.1 + 0.3 * index / len(settings.methods), f"{method} scores")
@@ -322,13 +324,10 @@ def collect_report(loaded: LoadedModel, dataset: Dataset, settings: AnalysisSett
         per_sample[method] = neuron_scores(model, settings.layer, dataset.inputs, targets,
                                            method, batch_size=settings.batch_size,
                                            seed=settings.seed, clusters=clusters,
-                                           n_steps=steps.get(method, DEFAULT_N_STEPS),
-                                           facts=facts).numpy()
+                                           n_steps=view.steps(method), facts=facts).numpy()
         if facts.fit is not None:
             notes[method] = facts.fit.note
     focus = settings.cluster_rows(clusters)
-    view = View(model, dataset.inputs, targets, clusters, settings, n_steps=steps,
-                labels=dataset.labels)
     step(0.4, "pruning curves")
     curves = pruning_curves_on(view, settings.ranking(per_sample[settings.method], clusters))
     step(0.6, "diagnosis")
