@@ -374,7 +374,7 @@ class DataFacts:
 @dataclass(frozen=True)
 class Setting:
     """One choice behind a view as every front end offers it: the command line's option
-    (`cli.add_setting`) and the dashboard's widget (`pages.shared.sidebar.draw_setting`)
+    (`cli_options.add_setting`) and the dashboard's widget (`pages.shared.sidebar.draw_setting`)
     are both made from it, so they share their name, meaning, values and default.
 
     Attributes:

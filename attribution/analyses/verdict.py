@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 
 from ..engine import model_io
-from .diagnose import TOO_FEW_NEURONS, Finding
+from .findings import TOO_FEW_NEURONS, Finding
 from ..engine.layers import LayerInfo
 from ..methods.registry import REGISTRY
 

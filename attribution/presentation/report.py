@@ -29,8 +29,8 @@ from ..analyses.settings import (SCORECARD_METHODS, AnalysisSettings, cluster_la
                                  is_regression)
 from ..analyses.clusters import make_clusters, predictions
 from ..inputs.data import Dataset
-from ..analyses.diagnose import (FEWEST_RANDOM_ORDERS, SIGNAL_P, diagnose_on,
-                                 diagnose_plan_on, for_checks, permutation_words,
+from ..analyses.diagnose import diagnose_on, diagnose_plan_on, for_checks
+from ..analyses.findings import (FEWEST_RANDOM_ORDERS, SIGNAL_P, permutation_words,
                                  random_severity)
 from ..errors import AttributionError
 from ..engine.layers import LayerInfo

@@ -18,8 +18,9 @@ import torch
 import attribution as at
 import attribution.progress
 from attribution.analyses.costs import CurvePlan, SampledCost
-from attribution.analyses.diagnose import (DiagnosePlan, Finding, diagnose_cost_on,
-                                          diagnose_plan_on, for_checks, integral_finding)
+from attribution.analyses.diagnose import (DiagnosePlan, diagnose_cost_on, diagnose_plan_on,
+                                          for_checks)
+from attribution.analyses.findings import Finding, integral_finding
 from attribution.analyses.oracle_sample import OraclePlan
 from attribution.analyses.path_steps import (StepsChoice, StepsPlan, layer_plans, plan_steps,
                                             takes_steps)

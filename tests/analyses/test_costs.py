@@ -134,7 +134,7 @@ def test_a_diagnosis_sampled_by_its_plan_is_priced_by_the_plan_and_its_scores_ti
     after an untimed run on two samples a cluster, extrapolated linearly: a measurement
     costing 0.3 s + 1 ms a sample is priced at exactly that, plus the plan. Nothing is
     ablated."""
-    from attribution.analyses import diagnose as diagnosis
+    from attribution.analyses import diagnose as diagnosis, findings
 
     clock = [0.0]
     seen = []
@@ -157,8 +157,9 @@ def test_a_diagnosis_sampled_by_its_plan_is_priced_by_the_plan_and_its_scores_ti
     monkeypatch.setattr(diagnosis, "_materialise", lambda model, x, targets, size: (x, targets))
     monkeypatch.setattr(diagnosis.View, "placed", lambda view: view.model)
     monkeypatch.setattr(diagnosis, "oracle_timing", timing)
-    for name in ("sample_oracle", "pruning_curve", "diagnose_on"):
+    for name in ("sample_oracle", "diagnose_on"):
         monkeypatch.setattr(diagnosis, name, never)
+    monkeypatch.setattr(findings, "pruning_curve", never)  # the evidence curve
     monkeypatch.setattr(costs.time, "perf_counter", lambda: clock[0])
     x, targets = torch.zeros(10_000, 3), torch.zeros(10_000, dtype=torch.long)
     clusters = np.repeat(["a", "b", "c", "d"], [7000, 2000, 900, 100])
@@ -190,13 +191,14 @@ def test_a_diagnosis_of_one_batch_is_priced_without_running_it(monkeypatch):
     ablation and the curve
     are taken at their plan's seconds even where they run on every sample, and only the
     rest is timed, so the estimate costs the scores, not the diagnosis."""
-    from attribution.analyses import diagnose as diagnosis
+    from attribution.analyses import diagnose as diagnosis, findings
 
     def never(*args, **kwargs):
         raise AssertionError("the estimate ran the diagnosis, exact ablation or a curve")
 
-    for name in ("sample_oracle", "pruning_curve", "diagnose_on"):
+    for name in ("sample_oracle", "diagnose_on"):
         monkeypatch.setattr(diagnosis, name, never)
+    monkeypatch.setattr(findings, "pruning_curve", never)  # the evidence curve
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 24), torch.nn.ReLU(),
                                 torch.nn.Linear(24, 3)).eval()

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.diagnose import CHECKS, SEVERITIES
+from attribution.analyses.findings import CHECKS, SEVERITIES
 from tests.support import references
 from tests.support.diagnosis import (WIDTH, HandSetNet, LeakyGradientAttribution, data,
                                      seed_000_stale_gradient_loop, seed_002_whole_batch_loop,

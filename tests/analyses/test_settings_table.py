@@ -1,12 +1,12 @@
 """`attribution.analyses.settings.SETTINGS`: one row per setting, from which the command line's
-options (`cli.add_setting`) and the dashboard's widgets (`sidebar.choose`, `draw_setting`)
+options (`cli_options.add_setting`) and the dashboard's widgets (`sidebar.choose`, `draw_setting`)
 are made, and `AnalysisSettings.for_data` takes its defaults. Each test changes a row and
 sees both front ends change, so a widget or an option written out by hand again fails."""
 from dataclasses import replace
 
 import pytest
 
-from attribution import cli
+from attribution import cli, model_command
 from attribution.analyses import settings
 from attribution.analyses.settings import SETTINGS, AnalysisSettings, DataFacts
 from attribution.engine.layers import LayerInfo
@@ -60,7 +60,7 @@ def test_a_rows_default_and_values_are_the_options(monkeypatch):
     assert options["--reduce"].default == "mean_abs"
     assert options["--reduce"].choices == ("mean_abs", "mean")
     assert options["--batch-size"].default == 77 and options["--k"].default == 5
-    assert options["--batch-size"].type is cli.positive
+    assert options["--batch-size"].type is model_command.positive
     assert options["--clusters"].default is None  # the data decides: label, provided...
     assert SETTINGS["cluster_source"].default_words in options["--clusters"].help
     assert options["--metric"].choices == settings.METRICS

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import attribution as at
-from attribution.analyses.diagnose import CAPTURE_PATTERNS, CHECKS
+from attribution.analyses.findings import CAPTURE_PATTERNS, CHECKS
 from attribution.analyses.verdict import (CAPTURE_HEADLINES, CAUSES, CHECK_NAMES, CHOICES,
                                           HEADLINES, SIGNAL, Finding, Remedy, check_name,
                                           check_package, cluster_composition, describe_mix,
@@ -345,7 +345,7 @@ def test_an_agreement_too_few_neurons_can_tell_asks_to_ablate_more_not_to_change
     """disagrees_with_ablation on a sample too small to tell (`TOO_FEW_NEURONS`): the ranking
     is "untold", not "loosely" tracking ablation; the action is its hint (ablate more), no
     method is offered in its place, and the headline says what the curve showed."""
-    from attribution.analyses.diagnose import TOO_FEW_NEURONS
+    from attribution.analyses.findings import TOO_FEW_NEURONS
 
     severities = {code: "ok" for code in CHECKS if code != "suspicious_gradient_capture"}
     findings = [Finding(code, severity, f"{code} measured.", 0.5) for code, severity

@@ -16,7 +16,7 @@ from attribution.analyses import settings as analysis
 from attribution.presentation import cells, plots
 from attribution.presentation import report
 from attribution.inputs.demo import load_demo
-from attribution.analyses.diagnose import Finding
+from attribution.analyses.findings import Finding
 
 SETTINGS = report.AnalysisSettings(layer="relu2", method="gradient_x_activation",
                                    compare=("gradient",), cluster=3, n_random=5)
