@@ -43,14 +43,11 @@ from .presentation import plots
 from .analyses.costs import curve_cost
 from . import cli_options
 from .cli_options import NO_CLUSTERS
-from .model_command import (EXIT_OK, EXIT_PROBLEM, file_size, is_writer,
-                            limits_from, load_model_from, run_parsed,
-                            say)
+from .model_command import (EXIT_OK, EXIT_PROBLEM, file_size, is_writer, limits_from,
+                            load_model_from, run_parsed, say)
 from .analyses.diagnose import diagnose_cost_on, diagnose_on, diagnose_plan_on
-from .analyses.path_steps import (layer_steps_words,
-                                  plan_layer_steps, plan_steps, takes_steps)
-from .analyses.scorecard import (scorecard_cost_on, scorecard_on,
-                                 scorecard_oracle_plans_on)
+from .analyses.path_steps import layer_steps_words, plan_layer_steps, plan_steps, takes_steps
+from .analyses.scorecard import scorecard_cost_on, scorecard_on, scorecard_oracle_plans_on
 from .analyses.view import View
 from .errors import AttributionError
 from .engine import model_io
