@@ -28,7 +28,7 @@ from attribution.analyses.costs import CURVE_SECONDS, draw_samples, seconds_word
 from attribution.analyses.path_steps import PATH_SECONDS, plan_layer_steps, plan_steps
 from attribution.analyses.settings import (PAGE_CURVE_SECONDS, SCORECARD_METHODS,
                                            AnalysisSettings)
-from attribution.inputs.data import Dataset
+from attribution.analyses.view import View, curve_cost_on, pruning_curves_on
 from attribution.analyses.oracle_sample import ORACLE_SECONDS
 from benchmarks.common import note, record, run
 
@@ -145,12 +145,13 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, targets: torch.Tensor,
     path_seconds, _ = timed(lambda: at.neuron_scores(model, layer, x, targets,
                                                      "integrated_gradients",
                                                      n_steps=steps.n_steps, **options))
-    page = AnalysisSettings(layer=layer, cluster=int(targets[0]))
-    dataset, clusters = Dataset(inputs=x, labels=targets), targets.numpy()
-    page_plan_seconds, page_plan = timed(lambda: page.curve_plan(
-        page.curve_cost(model, dataset, targets), clusters))
-    page_seconds, _ = timed(lambda: page.pruning_curves(model, dataset, clusters, targets,
-                                                        ranking, plan=page_plan))
+    clusters = targets.numpy()
+    page = View(model, x, targets, clusters, AnalysisSettings(layer=layer,
+                                                              cluster=int(targets[0])),
+                labels=targets)
+    page_plan_seconds, page_plan = timed(lambda: page.settings.curve_plan(
+        curve_cost_on(page), clusters))
+    page_seconds, _ = timed(lambda: pruning_curves_on(page, ranking, plan=page_plan))
     card_plans = {layer: plan}
     if with_scorecard:
         card_steps_seconds, card_steps = timed(lambda: plan_layer_steps(
