@@ -251,33 +251,32 @@ def _probe(model, layer, probe, targets, batch_size: int, device, n_neurons: int
     [rows, ...]: a curve of one order at k = 0 (the front and one pass), then of the ranked,
     bottom and two random orders at eight k (the front and up to 32 passes), four times as
     many random orders until their passes add MEASURABLE_SECONDS (or would pass a quarter of
-    the `most_masks` of the curve priced); the difference is the passes'. Where 32 passes
-    of the first curve's time would pass PROBE_SECONDS, both are timed on fewer of the
-    probe's samples (at least 1/SMALLEST_PROBE_SHARE of them). The fastest of up to
-    PROBE_RUNS runs of each (`fastest`: short timings are the noisy ones, and cheap to
-    repeat)."""
-    def timed(orders_of, ks_of) -> tuple[float, int]:
-        best = fastest(lambda: order_curves(model, layer, probe, targets, orders_of, ks_of,
+    the `most_masks` of the curve priced); the difference is the passes'. Both run on as
+    many of the probe's samples as keep 32 passes of the first curve's time within
+    PROBE_SECONDS (at least 1/SMALLEST_PROBE_SHARE of them), read from that first curve
+    timed on the fewest: a slow tail never runs a pass of the whole probe. The fastest of
+    up to PROBE_RUNS runs of each (`fastest`: short timings are the noisy ones, and cheap
+    to repeat)."""
+    def timed(rows: int, orders_of, ks_of) -> tuple[float, int]:
+        x, x_targets = take(probe, slice(0, rows)), None if targets is None else targets[:rows]
+        best = fastest(lambda: order_curves(model, layer, x, x_targets, orders_of, ks_of,
                                              batch_size=batch_size, device=device),
                         PROBE_RUNS)
         return best, _count_masks(orders_of, ks_of)
 
     ranked = torch.arange(n_neurons)
-    one, one_masks = timed(ranked[None], [0])
-    rows = n_rows(probe)
-    fewer = max(-(-rows // SMALLEST_PROBE_SHARE),
-                math.floor(rows * PROBE_SECONDS / max(32 * one, 1e-9)))
-    if fewer < rows:  # a slow tail: every pass in proportion to the samples
-        rows = fewer
-        probe = take(probe, slice(0, rows))
-        targets = None if targets is None else targets[:rows]
-        one, one_masks = timed(ranked[None], [0])
+    fewest = -(-n_rows(probe) // SMALLEST_PROBE_SHARE)
+    one, one_masks = timed(fewest, ranked[None], [0])
+    rows = min(n_rows(probe), max(fewest, math.floor(fewest * PROBE_SECONDS
+                                                     / max(32 * one, 1e-9))))
+    if rows > fewest:  # a quick tail: timed on more samples (all, where they fit)
+        one, one_masks = timed(rows, ranked[None], [0])
     ks = sorted({min(n_neurons, k) for k in range(1, 9)})
     n_random = 2
     while True:
-        several, masks = timed(torch.cat([ranked[None], ranked.flip(0)[None],
-                                          random_orders(n_neurons, n_random, DEFAULT_SEED)]),
-                               ks)
+        orders = torch.cat([ranked[None], ranked.flip(0)[None],
+                            random_orders(n_neurons, n_random, DEFAULT_SEED)])
+        several, masks = timed(rows, orders, ks)
         if several - one >= MEASURABLE_SECONDS or 16 * masks > most_masks or \
                 n_random >= MOST_PROBE_ORDERS:  # four times as many would pass a quarter
             break

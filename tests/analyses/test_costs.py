@@ -273,15 +273,17 @@ def test_the_curve_probe_adds_orders_until_their_passes_can_be_timed(per_mask, o
 
 
 @pytest.mark.parametrize("per_row_mask, rows", [
-    (1e-4, [256]),  # 32 passes of the batch: 1.6 s, within PROBE_SECONDS
-    (3e-3, [256, 80]),  # 25 s: timed again on 80 samples (8 s of passes)
-    (1.0, [256, 32]),  # hours: on an eighth of the batch, the fewest it takes
+    (1e-4, [32, 256]),  # 32 passes of the batch: 1.6 s, within PROBE_SECONDS
+    (3e-3, [32, 80]),  # 25 s: timed on 80 samples (8 s of passes)
+    (1.0, [32]),  # hours: on an eighth of the batch, the fewest it takes, and only there
 ])
 def test_a_slow_tail_is_probed_on_fewer_samples_and_scaled_to_all(per_row_mask, rows,
                                                                   monkeypatch):
-    """Where 32 masked passes of the first batch would pass PROBE_SECONDS, the probe times
-    both its curves again on fewer of its samples (an eighth at the least), and the estimate
-    scales them to every sample: the same seconds as a probe of the whole batch gives."""
+    """The probe's first curve runs on an eighth of the first batch; where 32 masked passes
+    of the whole batch would pass PROBE_SECONDS, both its curves run on fewer of its
+    samples (that eighth at the least: a slow tail never runs a pass of the whole batch),
+    and the estimate scales them to every sample: the same seconds as a probe of the whole
+    batch gives."""
     clock, seen = [0.0], []
 
     def fake(model, layer, x, targets, order_of, ks, **options):
