@@ -49,8 +49,8 @@ def row_spearman(ranks_a: np.ndarray, ranks_b: np.ndarray) -> np.ndarray:
 
 
 KENDALL_TABLE_MOST = 256
-"""`row_kendall` counts pairs in sign tables up to this many neurons, through scipy (one
-call a row, about 1 ms at any width) above: a row of n costs n^2 table entries."""
+"""`row_kendall` counts pairs in sign tables up to this many neurons, and goes through scipy
+(one call a row, n log n) above: a row of n costs n^2 table entries."""
 
 
 def row_kendall(a: np.ndarray, b: np.ndarray, most: int = KENDALL_TABLE_MOST) -> np.ndarray:
